@@ -1,0 +1,351 @@
+"""Compile gradient tensors into callable kernels: TE -> PrimFunc -> schedule -> tvm.compile.
+
+>>> dw = dsl.conv2d_backprop_filter(fmap, dy, filter_sizes, para_dict)
+>>> kernel = tvm_convgrad.build(dw)              # or build([fmap, dy, dw], target="cuda")
+>>> dw_np = kernel(fmap_np, dy_np)               # numpy in, numpy out
+>>> kernel.time().gflops, kernel.source, kernel.export_library("dw.so")
+
+Argument order (``Kernel.args``): the operator's inputs in TBE order, then the result:
+``conv2d_backprop_filter``: ``(input_x, out_backprop, dw)``; ``conv2d_backprop_input``:
+``(filters, out_backprop[, tensor_bias], dx)``. The compiled function's symbol is the
+``kernel_name`` of the ``para_dict``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import te, tirx
+from tvm.target import Target
+
+from . import schedule
+from .dsl import result_info
+from .errors import ConvGradError
+from .params import ConvGradParams
+
+__all__ = ["ArgSpec", "Kernel", "Timing", "build", "lower", "resolve_target"]
+
+_INT32_LIMIT = 2**31
+
+
+# ---------------------------------------------------------------------------------------------
+# Targets
+# ---------------------------------------------------------------------------------------------
+
+
+def _cuda_arch() -> str:
+    dev = tvm.cuda(0)
+    if tvm.runtime.enabled("cuda") and dev.exist:
+        return "sm_" + dev.compute_version.replace(".", "")
+    return "sm_80"
+
+
+def resolve_target(target: str | dict | Target = "llvm") -> Target:
+    """A :class:`tvm.target.Target` from ``"llvm"`` (this CPU, all cores), ``"cuda"`` (this GPU's
+    arch, else sm_80), a target dict, or a Target."""
+    if isinstance(target, Target):
+        return target
+    if isinstance(target, dict):
+        return Target(target)
+    if target == "llvm":
+        cpu = tvm.target.codegen.llvm_get_system_cpu()
+        return Target({"kind": "llvm", "mcpu": cpu, "num-cores": os.cpu_count() or 1})
+    if target == "cuda":
+        return Target({"kind": "cuda", "arch": _cuda_arch()})
+    raise ConvGradError("build", "target", target, "must be 'llvm', 'cuda', a target dict or a tvm.target.Target")
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------------------------
+
+
+def _placeholders(output: te.Tensor) -> list[te.Tensor]:
+    """The placeholders ``output`` depends on, in depth-first order of first use."""
+    found: list[te.Tensor] = []
+    seen: set[int] = set()
+
+    def visit(t: te.Tensor):
+        for inp in t.op.input_tensors:
+            if isinstance(inp.op, te.PlaceholderOp):
+                if not any(inp.same_as(f) for f in found):
+                    found.append(inp)
+            elif hash(inp.op) not in seen:
+                seen.add(hash(inp.op))
+                visit(inp)
+
+    visit(output)
+    return found
+
+
+def _graph_tensors(output: te.Tensor) -> list[te.Tensor]:
+    tensors, stack, seen = [], [output], set()
+    while stack:
+        t = stack.pop()
+        if hash(t.op) in seen:
+            continue
+        seen.add(hash(t.op))
+        tensors.append(t)
+        stack.extend(t.op.input_tensors)
+    return tensors
+
+
+def _arguments(tensors: te.Tensor | Sequence[te.Tensor]) -> tuple[list[te.Tensor], ConvGradParams | None]:
+    """``(arguments in order, params)`` for a result tensor or an explicit argument list."""
+    if isinstance(tensors, te.Tensor):
+        info = result_info(tensors)
+        if info is not None:
+            return [*info[1], tensors], info[0]
+        output, inputs = tensors, _placeholders(tensors)
+    else:
+        if not isinstance(tensors, (list, tuple)) or not tensors or not all(isinstance(t, te.Tensor) for t in tensors):
+            raise ConvGradError("build", "tensors", tensors, "must be a result te.Tensor or a list [inputs..., result]")
+        *inputs, output = tensors
+        needed = _placeholders(output)
+        missing = [t.op.name for t in needed if not any(t.same_as(i) for i in inputs)]
+        extra = [t.op.name for t in inputs if not any(t.same_as(n) for n in needed)]
+        if missing or extra:
+            raise ConvGradError(
+                "build", "tensors", [t.op.name for t in tensors],
+                f"the inputs must be exactly the placeholders the result reads: missing {missing}, not read {extra}",
+            )  # fmt: skip
+    if "kernel_name" not in output.op.attrs:
+        raise ConvGradError("build", "tensors", output.op.name, "the result must come from tvm_convgrad.dsl (or a frontend)")
+    info = result_info(output)
+    return [*inputs, output], (info[0] if info else None)
+
+
+def _prim_func(args: list[te.Tensor], kernel_name: str) -> tirx.PrimFunc:
+    largest = max(math.prod(int(d) for d in t.shape) for t in _graph_tensors(args[-1]))
+    index_dtype = "int64" if largest >= _INT32_LIMIT else None
+    func = te.create_prim_func(args, index_dtype_override=index_dtype)
+    return func.with_attr("global_symbol", kernel_name)
+
+
+def lower(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target = "llvm") -> tvm.IRModule:
+    """The scheduled ``IRModule`` of a gradient, ready for your own ``tvm.compile(mod, target)``.
+
+    Its one function is named by the ``kernel_name``.
+    """
+    target = resolve_target(target)
+    args, _ = _arguments(tensors)
+    name = str(args[-1].op.attrs["kernel_name"])
+    sch = schedule.apply(_prim_func(args, name), target)
+    return tvm.IRModule({name: sch.mod["main"]})
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One argument of a kernel: its placeholder name, static shape and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per run, one entry per repeat, and the derived rates."""
+
+    results: tuple[float, ...]
+    flops: int
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.results))
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.results))
+
+    @property
+    def min(self) -> float:
+        return float(np.min(self.results))
+
+    @property
+    def gflops(self) -> float:
+        """GFLOP/s at the median time."""
+        return self.flops / self.median / 1e9
+
+    def __str__(self) -> str:
+        return f"{self.median * 1e3:.3f} ms (median of {len(self.results)}), {self.gflops:.1f} GFLOP/s"
+
+
+def _random_array(spec: ArgSpec, rng: np.random.Generator) -> np.ndarray:
+    return rng.uniform(-1.0, 1.0, spec.shape).astype(spec.dtype)
+
+
+class Kernel:
+    """A compiled gradient: callable on numpy arrays (returns numpy) or ``tvm.runtime.Tensor``.
+
+    ``args`` lists the arguments in call order (inputs, then the result); call with the inputs
+    only. ``flops`` is ``2*N*Cout*(Cin/groups)*KH*KW*Ho*Wo``.
+    """
+
+    def __init__(self, executable, mod: tvm.IRModule, args: list[te.Tensor], params: ConvGradParams | None, target: Target):
+        self.executable = executable
+        self.mod = mod
+        self.target = target
+        self.params = params
+        self.name = str(args[-1].op.attrs["kernel_name"])
+        self.args = tuple(ArgSpec(t.op.name, tuple(int(d) for d in t.shape), str(t.dtype)) for t in args)
+        self.flops = int(args[-1].op.attrs["flops"])
+        self._ptx: str | None = None
+
+    def __repr__(self) -> str:
+        sig = ", ".join(f"{a.name}: {a.dtype}{list(a.shape)}" for a in self.args[:-1])
+        out = self.args[-1]
+        return f"<Kernel {self.name}({sig}) -> {out.dtype}{list(out.shape)} on {self.target.kind.name}>"
+
+    @property
+    def inputs(self) -> tuple[ArgSpec, ...]:
+        return self.args[:-1]
+
+    @property
+    def output(self) -> ArgSpec:
+        return self.args[-1]
+
+    @property
+    def device(self) -> tvm.runtime.Device:
+        return tvm.cuda(0) if self.target.kind.name == "cuda" else tvm.cpu(0)
+
+    def _check_device(self):
+        if self.target.kind.name == "cuda" and not (tvm.runtime.enabled("cuda") and self.device.exist):
+            raise RuntimeError(
+                f"{self.name} is a CUDA kernel and this machine has no CUDA device: use .source / .ptx, "
+                "or export_library() and load it where a GPU is"
+            )
+
+    def _to_device(self, i: int, value: Any) -> tvm.runtime.Tensor:
+        spec = self.args[i]
+        shape, dtype = tuple(value.shape), str(value.dtype)
+        if shape != spec.shape or dtype != spec.dtype:
+            raise ConvGradError(
+                self.name, f"argument {i} ({spec.name})", f"{dtype}{list(shape)}", f"must be {spec.dtype}{list(spec.shape)}"
+            )
+        if isinstance(value, tvm.runtime.Tensor):
+            return value
+        return tvm.runtime.tensor(np.ascontiguousarray(value), self.device)
+
+    def __call__(self, *inputs: Any, out: tvm.runtime.Tensor | None = None):
+        """Run on the inputs (numpy arrays or ``tvm.runtime.Tensor``); returns the result.
+
+        The result is a numpy array when the inputs are numpy arrays and ``out`` is not given,
+        else the ``tvm.runtime.Tensor`` written (``out``, or a new one).
+        """
+        if len(inputs) != len(self.inputs):
+            names = [a.name for a in self.inputs]
+            raise ConvGradError(self.name, "inputs", f"{len(inputs)} arrays", f"must be {len(names)} arrays: {names}")
+        self._check_device()
+        tensors = [self._to_device(i, v) for i, v in enumerate(inputs)]
+        result = self._to_device(len(inputs), out) if out is not None else tvm.runtime.empty(self.output.shape, self.output.dtype, self.device)
+        self.executable[self.name](*tensors, result)
+        if out is None and all(isinstance(v, np.ndarray) for v in inputs):
+            return result.numpy()
+        return result
+
+    def time(self, *inputs: Any, repeat: int = 5, min_repeat_ms: int = 100, seed: int = 0) -> Timing:
+        """Time the kernel (compile excluded) on ``inputs``, or on random ones when none are given.
+
+        Each of the ``repeat`` results is the mean of as many runs as fill ``min_repeat_ms``.
+        """
+        self._check_device()
+        rng = np.random.default_rng(seed)
+        arrays = inputs or tuple(_random_array(a, rng) for a in self.inputs)
+        tensors = [self._to_device(i, v) for i, v in enumerate(arrays)]
+        result = tvm.runtime.empty(self.output.shape, self.output.dtype, self.device)
+        evaluator = self.executable.mod.time_evaluator(
+            self.name, self.device, number=1, repeat=repeat, min_repeat_ms=int(min_repeat_ms)
+        )
+        return Timing(tuple(evaluator(*tensors, result).results), self.flops)
+
+    # --- what was generated -----------------------------------------------------------------
+
+    def inspect_source(self, fmt: str = "") -> str:
+        """Generated code: ``"asm"`` / ``"ll"`` (LLVM host code), ``"cuda"`` (CUDA C++), ``"ptx"``,
+        ``"tir"`` (the scheduled TensorIR). The default is ``"cuda"`` on CUDA, ``"asm"`` on LLVM."""
+        cuda = self.target.kind.name == "cuda"
+        fmt = fmt or ("cuda" if cuda else "asm")
+        if fmt == "tir":
+            return self.mod.script()
+        if fmt == "ptx":
+            return self.ptx
+        if fmt == "cuda":
+            if not cuda:
+                raise ValueError(f"{self.name} is an LLVM kernel: it has no CUDA source")
+            return self.executable.mod.imports[0].inspect_source("cuda")
+        return self.executable.mod.inspect_source(fmt)
+
+    @property
+    def source(self) -> str:
+        """CUDA C++ for a CUDA kernel, assembly for an LLVM kernel."""
+        return self.inspect_source()
+
+    @property
+    def ptx(self) -> str:
+        """PTX of a CUDA kernel, compiled with nvcc from the generated CUDA source."""
+        if self.target.kind.name != "cuda":
+            raise ValueError(f"{self.name} is an LLVM kernel: it has no PTX")
+        if self._ptx is None:
+            built = self.executable.mod.imports[0].inspect_source("ptx")
+            if not built:
+                if shutil.which("nvcc") is None:
+                    raise RuntimeError("PTX needs nvcc (no CUDA runtime here to compile it) and nvcc is not on PATH")
+                from tvm.support import nvcc
+
+                arch = str(self.target.attrs.get("arch", "sm_80"))
+                with self.target:
+                    built = nvcc.compile_cuda(self.source, target_format="ptx", arch=arch, compiler="nvcc").decode()
+            self._ptx = built
+        return self._ptx
+
+    def export_library(self, path: str | os.PathLike) -> str:
+        """Write a shared library that ``tvm.runtime.load_module(path)[kernel.name]`` runs with
+        the TVM runtime alone (a CUDA library holds CUDA source, compiled when loaded)."""
+        path = os.fspath(path)
+        self.executable.export_library(path)
+        return path
+
+
+# ---------------------------------------------------------------------------------------------
+# build
+# ---------------------------------------------------------------------------------------------
+
+_CACHE: dict[tuple[int, str], list[tuple[tirx.PrimFunc, Kernel]]] = {}
+
+
+def build(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target = "llvm") -> Kernel:
+    """Compile a gradient for ``target`` (``"llvm"``, ``"cuda"``, a dict or a Target).
+
+    ``tensors`` is the result of ``tvm_convgrad.dsl`` (its inputs are known), or the argument
+    list ``[inputs..., result]`` as for ``te.create_prim_func``. Compiled kernels are cached by
+    workload and target: building the same thing twice returns the same :class:`Kernel`.
+    """
+    target = resolve_target(target)
+    args, params = _arguments(tensors)
+    name = str(args[-1].op.attrs["kernel_name"])
+    func = _prim_func(args, name)
+    key = (tvm_ffi.structural_hash(func), str(target))
+    for cached_func, kernel in _CACHE.get(key, []):
+        if tvm_ffi.structural_equal(cached_func, func):
+            return kernel
+    sch = schedule.apply(func, target)
+    mod = tvm.IRModule({name: sch.mod["main"]})
+    executable = tvm.compile(mod, target=target)
+    kernel = Kernel(executable, mod, args, params, target)
+    if target.kind.name == "cuda" and not tvm.runtime.enabled("cuda") and shutil.which("nvcc"):
+        kernel.ptx  # no CUDA runtime to JIT it: produce the PTX now, with nvcc
+    _CACHE.setdefault(key, []).append((func, kernel))
+    return kernel

@@ -1,0 +1,106 @@
+"""TBE's conv-gradient DSL (``tbe.dsl``) on TVM: exact signatures, ``para_dict`` keys and defaults.
+
+Both functions validate their arguments (raising :class:`~tvm_convgrad.ConvGradError`) and
+return the result ``te.Tensor``. Build it with :func:`tvm_convgrad.build` (arguments in TBE
+order: inputs, then the result) or put it in your own ``te.create_prim_func`` list.
+
+* ``conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict)``: 5HD x and dy
+  (float16) -> dW ``(real_g, cin1_g*KH*KW, cout_g, 16)`` in ``res_dtype`` (float32).
+* ``conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para_dict)``: FracZ(_g)
+  forward weight and 5HD dy (float16) -> dX ``(N, ceil(Cin,16), H*W, 16)`` in ``res_dtype``
+  (float16), the memory of 5HD ``input_sizes``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from tvm import te
+
+from ..params import ConvGradParams, filter_grad_params, input_grad_params
+from . import compute
+from .compute import conv2d_backprop_filter_compute, conv2d_backprop_input_compute
+
+__all__ = ["conv2d_backprop_filter", "conv2d_backprop_input", "compute", "result_info"]
+
+
+def _attach(result: te.Tensor, params: ConvGradParams, inputs: Sequence[te.Tensor]) -> te.Tensor:
+    """Remember on the returned tensor what :func:`tvm_convgrad.build` needs (params, arg order)."""
+    result.convgrad_params = params
+    result.convgrad_inputs = tuple(inputs)
+    return result
+
+
+def result_info(result: te.Tensor) -> tuple[ConvGradParams, tuple[te.Tensor, ...]] | None:
+    """``(params, inputs in argument order)`` of a tensor returned by this module, else None."""
+    params = getattr(result, "convgrad_params", None)
+    return None if params is None else (params, result.convgrad_inputs)
+
+
+def conv2d_backprop_filter(
+    input_x: te.Tensor, out_backprop: te.Tensor, filter_sizes: Sequence[int], para_dict: dict[str, Any]
+) -> te.Tensor:
+    """Weight gradient of a 2-D convolution (TBE ``tbe.dsl.conv2d_backprop_filter``).
+
+    Parameters
+    ----------
+    input_x : te.Tensor
+        Forward feature map x, 5HD ``(N, ceil(Cin,16), H, W, 16)`` float16.
+    out_backprop : te.Tensor
+        dy, 5HD ``(N, ceil(Cout,16), Ho, Wo, 16)`` float16.
+    filter_sizes : list | tuple
+        ``[Cout, Cin_g, KH, KW]``: the NCHW weight shape, Cin per group.
+    para_dict : dict
+        ``strides`` ``[sh, sw]`` (default ``[1, 1]``), ``padding`` ``[top, bottom, left, right]``
+        (``[0, 0, 0, 0]``), ``dilations`` ``[1, 1, dh, dw]`` (``[1, 1, 1, 1]``), ``groups`` (1),
+        ``res_dtype`` (``"float32"``; ``"float16"`` rounds the fp32 sums), ``kernel_name``
+        (``"conv2d_backprop_filter_cce"``, the compiled function's symbol).
+
+    Returns
+    -------
+    te.Tensor
+        ``(real_g, cin1_g*KH*KW, cout_g, 16)``: row ``c1*KH*KW + kh*KW + kw`` of extended group
+        ``g``, column ``co`` (Cout of that group, padded to 16), lane ``ci0``. Its memory order
+        is FracZ_g; :func:`tvm_convgrad.layout.dw_result_to_oihw` gives OIHW.
+    """
+    params = filter_grad_params(input_x, out_backprop, filter_sizes, para_dict)
+    result = conv2d_backprop_filter_compute(input_x, out_backprop, params)
+    return _attach(result, params, (input_x, out_backprop))
+
+
+def conv2d_backprop_input(
+    filters: te.Tensor,
+    out_backprop: te.Tensor,
+    filter_sizes: Sequence[int],
+    input_sizes: Sequence[int],
+    para_dict: dict[str, Any],
+) -> te.Tensor:
+    """Input gradient of a 2-D convolution (TBE ``tbe.dsl.conv2d_backprop_input``).
+
+    Parameters
+    ----------
+    filters : te.Tensor
+        The forward weight in FracZ(_g): ``(g_extend*dx_c1_extend*KH*KW, dy_c1_extend, 16, 16)`` float16.
+    out_backprop : te.Tensor
+        dy, 5HD ``(N, ceil(Cout,16), Ho, Wo, 16)`` float16.
+    filter_sizes : list | tuple
+        ``[Cout, Cin_g, KH, KW]``.
+    input_sizes : list | tuple
+        ``[N, Cin, H, W]``: the shape of dX (all groups).
+    para_dict : dict
+        Required ``strides`` ``[sh, sw]``, ``padding`` ``[up, down, left, right]``, ``dilations``
+        ``[1, 1, dh, dw]``; optional ``res_dtype`` (``"float16"``), ``offset_x`` (0), ``offset_w``
+        (must be None), ``kernel_name`` (``"conv2d_backprop_input_cce"``), ``group_dict``
+        (checked against what the shapes imply; computed from ``input_sizes[1] / filter_sizes[1]``
+        when absent, see :func:`cube_util.calculate_group`), ``tensor_bias`` (a ``(Cin,)`` tensor
+        added before the final cast).
+
+    Returns
+    -------
+    te.Tensor
+        ``(N, ceil(Cin,16), H*W, 16)`` in ``res_dtype``: the memory of 5HD ``(N, C1, H, W, 16)``.
+    """
+    params = input_grad_params(filters, out_backprop, filter_sizes, input_sizes, para_dict)
+    bias = para_dict.get("tensor_bias")
+    result = conv2d_backprop_input_compute(filters, out_backprop, params, bias)
+    return _attach(result, params, (filters, out_backprop) + ((bias,) if bias is not None else ()))

@@ -1,0 +1,13 @@
+"""Helpers shared by the two gradient computes."""
+
+from __future__ import annotations
+
+from tvm import te, tirx
+
+ACC = "float32"
+"""Accumulation dtype of the cube: fp16 x fp16 products are exact in fp32."""
+
+
+def guarded(conds: list, value):
+    """``value`` where all ``conds`` hold, else 0; no select at all when nothing needs a guard."""
+    return te.if_then_else(tirx.all(*conds), value, tirx.const(0, str(value.ty))) if conds else value

@@ -1,0 +1,1 @@
+"""Operator-level frontends that map other input forms onto the gradient computes."""
