@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -221,8 +222,13 @@ class Kernel:
     def device(self) -> tvm.runtime.Device:
         return tvm.cuda(0) if self.target.kind.name == "cuda" else tvm.cpu(0)
 
+    @property
+    def has_device(self) -> bool:
+        """Whether this machine can run the kernel (always for LLVM; a GPU for CUDA)."""
+        return self.target.kind.name != "cuda" or (tvm.runtime.enabled("cuda") and self.device.exist)
+
     def _check_device(self):
-        if self.target.kind.name == "cuda" and not (tvm.runtime.enabled("cuda") and self.device.exist):
+        if not self.has_device:
             raise RuntimeError(
                 f"{self.name} is a CUDA kernel and this machine has no CUDA device: use .source / .ptx, "
                 "or export_library() and load it where a GPU is"
@@ -310,6 +316,11 @@ class Kernel:
                     built = nvcc.compile_cuda(self.source, target_format="ptx", arch=arch, compiler="nvcc").decode()
             self._ptx = built
         return self._ptx
+
+    @property
+    def ptx_entries(self) -> list[str]:
+        """Names of the GPU kernels (``.entry`` functions) in :attr:`ptx`."""
+        return re.findall(r"\.entry\s+(\w+)", self.ptx)
 
     def export_library(self, path: str | os.PathLike) -> str:
         """Write a shared library that ``tvm.runtime.load_module(path)[kernel.name]`` runs with

@@ -1,38 +1,25 @@
-"""Validated, normalised attributes of the two convolution gradients.
+"""The rules of TBE's DSL functions ``conv2d_backprop_filter`` / ``conv2d_backprop_input``.
 
-Every accepted input form ends up here as one frozen :class:`ConvGradParams`, and every
-validation rule of the package lives in this module: each raises :class:`ConvGradError` naming
-the parameter, the value, what is allowed and TBE's error code (``tbe_spec.md`` §2.3, §3.3).
-Nothing downstream (compute, schedules, TVM) ever sees an invalid parameter set.
-
-Rules that depend on the Ascend chip (L1 buffer size, SoC-specific load3d cases, fusion
-buffers) do not apply off the chip and are not checked.
+Spec §2.3 and §3.3, in TBE's order, with TBE's error codes. Rules that depend on the Ascend chip
+(L1 buffer size, SoC-specific load3d cases, fusion buffers) do not apply off the chip.
 """
 
 from __future__ import annotations
 
-import functools
-import re
-from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-import numpy as np
-
-from .errors import ConvGradError
-from .layout import C0, GroupExtension, align, ceil_div, group_extension
+from ..layout import C0, GroupExtension, align, ceil_div, group_extension
+from .geometry import FILTER_OP, INPUT_OP, ConvGeometry, ConvGradParams, out_size
+from .rules import Rules, is_int
 
 __all__ = [
-    "ConvGeometry",
-    "ConvGradParams",
-    "FILTER_OP",
-    "INPUT_OP",
     "filter_grad_params",
     "input_grad_params",
+    "group_dict_of",
     "check_group_dict",
+    "GROUP_DICT_KEYS",
+    "FILTER_ORI_FORMATS",
 ]
-
-FILTER_OP = "conv2d_backprop_filter"
-INPUT_OP = "conv2d_backprop_input"
 
 # TBE's limits (tbe_spec.md §2.3 and §3.3).
 DW_KERNEL_MAX = 255  # KH, KW outside DMA mode
@@ -44,212 +31,15 @@ W_MAX = 4096
 W_MAX_LIFTED = 2**31 - 1  # conv1d / w-split / DMA cases
 ADDR_MAX = 2**63 - 1
 
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-@dataclass(frozen=True)
-class ConvGeometry:
-    """NCHW view of the forward convolution ``y = conv2d(x, w)`` whose gradients are taken.
-
-    ``x: (batch, cin, h, w)``, ``w: (cout, cin // groups, kh, kw)``, ``y: (batch, cout, ho, wo)``.
-    ``pads`` is ``(top, bottom, left, right)``, ``strides`` and ``dilations`` are ``(h, w)``.
-    """
-
-    batch: int
-    cin: int
-    h: int
-    w: int
-    cout: int
-    kh: int
-    kw: int
-    ho: int
-    wo: int
-    strides: tuple[int, int]
-    pads: tuple[int, int, int, int]
-    dilations: tuple[int, int]
-    groups: int
-
-    @property
-    def cin_g(self) -> int:
-        return self.cin // self.groups
-
-    @property
-    def cout_g(self) -> int:
-        return self.cout // self.groups
-
-    @functools.cached_property
-    def group(self) -> GroupExtension:
-        return group_extension(self.cin_g, self.cout_g, self.groups)
-
-    @property
-    def filter_sizes(self) -> tuple[int, int, int, int]:
-        return (self.cout, self.cin_g, self.kh, self.kw)
-
-    @property
-    def input_sizes(self) -> tuple[int, int, int, int]:
-        return (self.batch, self.cin, self.h, self.w)
-
-    @property
-    def output_sizes(self) -> tuple[int, int, int, int]:
-        return (self.batch, self.cout, self.ho, self.wo)
-
-    @property
-    def c1_x(self) -> int:
-        """16-channel blocks of x / dX."""
-        return ceil_div(self.cin, C0)
-
-    @property
-    def c1_y(self) -> int:
-        """16-channel blocks of dy."""
-        return ceil_div(self.cout, C0)
-
-    @property
-    def kh_dilated(self) -> int:
-        return (self.kh - 1) * self.dilations[0] + 1
-
-    @property
-    def kw_dilated(self) -> int:
-        return (self.kw - 1) * self.dilations[1] + 1
-
-    @property
-    def flops(self) -> int:
-        """Multiply-adds x 2 of one gradient: ``2*N*Cout*(Cin/groups)*KH*KW*Ho*Wo``."""
-        return 2 * self.batch * self.cout * self.cin_g * self.kh * self.kw * self.ho * self.wo
-
-
-def out_size(size: int, kernel: int, stride: int, pad_before: int, pad_after: int, dilation: int) -> int:
-    """Forward-convolution output size along one axis."""
-    return (size + pad_before + pad_after - ((kernel - 1) * dilation + 1)) // stride + 1
-
-
-@dataclass(frozen=True)
-class ConvGradParams:
-    """Everything a gradient compute needs, validated.
-
-    ``op`` is ``"conv2d_backprop_filter"`` or ``"conv2d_backprop_input"``; ``in_dtype`` is the
-    dtype of both inputs, ``res_dtype`` the dtype of the result (the reduction runs in float32).
-    ``offset_x`` is the dX ``offset_x`` (0 for float16 inputs); ``has_bias`` says whether dX adds
-    ``tensor_bias``.
-    """
-
-    op: str
-    geom: ConvGeometry
-    in_dtype: str
-    res_dtype: str
-    kernel_name: str
-    offset_x: int = 0
-    has_bias: bool = False
-
-    @property
-    def flops(self) -> int:
-        return self.geom.flops
-
-
-# ---------------------------------------------------------------------------------------------
-# Generic rule helpers
-# ---------------------------------------------------------------------------------------------
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
-class _Rules:
-    """Raises :class:`ConvGradError` for one operator, with that operator's TBE codes."""
-
-    def __init__(self, op: str, codes: Mapping[str, str | None]):
-        self.op = op
-        self.codes = codes
-
-    def fail(self, param: str, value: Any, allowed: str, code: str | None = None):
-        raise ConvGradError(self.op, param, value, allowed, code)
-
-    def tensor(self, param: str, value: Any):
-        from tvm import te
-
-        if not isinstance(value, te.Tensor):
-            self.fail(param, type(value).__name__, "must be a tvm.te.Tensor (a te.placeholder)")
-        return value
-
-    def sequence(self, param: str, value: Any, length: int) -> tuple:
-        if not isinstance(value, (list, tuple)):
-            self.fail(param, value, f"must be a list or tuple of {length} ints", self.codes["type"])
-        if len(value) != length:
-            self.fail(param, value, f"must have exactly {length} elements, got {len(value)}", self.codes["length"])
-        return tuple(value)
-
-    def ints(self, param: str, value: Any, length: int, lo: int) -> tuple[int, ...]:
-        seq = self.sequence(param, value, length)
-        for v in seq:
-            if not _is_int(v):
-                self.fail(param, value, f"every element must be an int, got {type(v).__name__}", self.codes["type"])
-        if any(v < lo for v in seq):
-            bound = "positive" if lo == 1 else f">= {lo}"
-            self.fail(param, value, f"every element must be {bound}", self.codes["value"])
-        return tuple(int(v) for v in seq)
-
-    def int_value(self, param: str, value: Any, lo: int) -> int:
-        if not _is_int(value) or value < lo:
-            self.fail(param, value, f"must be an int >= {lo}", self.codes["value"])
-        return int(value)
-
-    def in_range(self, param: str, value: int, lo: int, hi: int, code: str | None, what: str = ""):
-        if not lo <= value <= hi:
-            self.fail(param, value, f"{what}must be in [{lo}, {hi}]", code)
-
-    def static_shape(self, param: str, tensor, rank: int, code: str | None) -> tuple[int, ...]:
-        from tvm import tirx
-
-        dims = list(tensor.shape)
-        if len(dims) != rank:
-            self.fail(param, tuple(dims), f"must have rank {rank}, got rank {len(dims)}", code)
-        shape = []
-        for d in dims:
-            if not isinstance(d, tirx.IntImm):
-                self.fail(param, tuple(dims), "must be static: dynamic (symbolic) shapes are not supported")
-            shape.append(int(d))
-        if any(d < 1 for d in shape):
-            self.fail(param, tuple(shape), "every dimension must be positive", code)
-        return tuple(shape)
-
-    def choice(self, param: str, value: Any, allowed: Sequence[str], code: str | None) -> str:
-        if value not in allowed:
-            self.fail(param, value, f"must be one of {list(allowed)}", code)
-        return value
-
-    def kernel_name(self, param: str, value: Any) -> str:
-        if not isinstance(value, str) or not _IDENTIFIER.match(value):
-            self.fail(param, value, "must be a C identifier ([A-Za-z_][A-Za-z0-9_]*): it names the compiled function")
-        return value
-
-    def keys(self, param: str, value: Any, known: Sequence[str], required: Sequence[str] = ()) -> dict:
-        if not isinstance(value, dict):
-            self.fail(param, type(value).__name__, "must be a dict")
-        unknown = sorted(set(value) - set(known))
-        if unknown:
-            self.fail(f"{param}[{unknown[0]!r}]", value[unknown[0]], f"is not a key of {param}; known keys: {sorted(known)}")
-        for key in required:
-            if key not in value:
-                self.fail(f"{param}[{key!r}]", None, "is required")
-        return value
-
-    def flag_off(self, param: str, value: Any, what: str):
-        if value:
-            self.fail(param, value, f"must be False: {what} is not supported")
-
-
 _DW_CODES = {"type": "E64004", "length": "E64003", "value": "E64004"}
 _DX_CODES = {"type": "E65001", "length": "E60006", "value": "E60114"}
 
 
-def _check_addressing(r: _Rules, param: str, nbytes: int):
+def _check_addressing(r: Rules, param: str, nbytes: int):
     if nbytes > ADDR_MAX:
-        r.fail(param, nbytes, f"tensor size in bytes must be <= 2**63-1 (64-bit addressing)", "E60020")
+        r.fail(param, nbytes, "tensor size in bytes must be <= 2**63-1 (64-bit addressing)", "E60020")
 
 
-# ---------------------------------------------------------------------------------------------
-# conv2d_backprop_filter (dW)
-# ---------------------------------------------------------------------------------------------
 
 _DW_KEYS = (
     "strides", "padding", "dilations", "groups", "res_dtype", "kernel_name",
@@ -260,7 +50,7 @@ DW_DEFAULT_KERNEL_NAME = "conv2d_backprop_filter_cce"
 
 def filter_grad_params(input_x, out_backprop, filter_sizes, para_dict) -> ConvGradParams:
     """Validate TBE ``conv2d_backprop_filter`` arguments (spec §2.2, §2.3)."""
-    r = _Rules(FILTER_OP, _DW_CODES)
+    r = Rules(FILTER_OP, _DW_CODES)
     r.tensor("input_x", input_x)
     r.tensor("out_backprop", out_backprop)
     r.keys("para_dict", para_dict, _DW_KEYS)
@@ -268,9 +58,10 @@ def filter_grad_params(input_x, out_backprop, filter_sizes, para_dict) -> ConvGr
     r.flag_off("para_dict['correct_range_flag']", para_dict.get("correct_range_flag", False), "dynamic-shape range correction")
 
     # Check 1: dtypes, integer lists, shapes and channel consistency.
-    if input_x.dtype != out_backprop.dtype:
-        r.fail("out_backprop.dtype", out_backprop.dtype, f"must equal input_x.dtype ({input_x.dtype})", "E60038")
-    r.choice("input_x.dtype", input_x.dtype, ("float16",), "E60005")
+    x_dtype, dy_dtype = str(input_x.dtype), str(out_backprop.dtype)
+    if x_dtype != dy_dtype:
+        r.fail("out_backprop.dtype", dy_dtype, f"must equal input_x.dtype ({x_dtype})", "E60038")
+    r.choice("input_x.dtype", x_dtype, ("float16",), "E60005")
     res_dtype = r.choice("para_dict['res_dtype']", para_dict.get("res_dtype", "float32"), ("float32", "float16"), "E60005")
     kernel_name = r.kernel_name("para_dict['kernel_name']", para_dict.get("kernel_name", DW_DEFAULT_KERNEL_NAME))
     cout, cin_g, kh, kw = r.ints("filter_sizes", filter_sizes, 4, lo=1)
@@ -330,7 +121,7 @@ def filter_grad_params(input_x, out_backprop, filter_sizes, para_dict) -> ConvGr
     _check_addressing(r, "filter_sizes", c1x * kh * kw * c1y * C0 * C0 * 4)
 
     geom = ConvGeometry(n, cin, h, w, cout, kh, kw, ho, wo, (sh, sw), pads, (dh, dw), groups)
-    return ConvGradParams(FILTER_OP, geom, input_x.dtype, res_dtype, kernel_name)
+    return ConvGradParams(FILTER_OP, geom, x_dtype, res_dtype, kernel_name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,7 +157,7 @@ def group_dict_of(ext: GroupExtension, filter_ori_format: str = "NCHW") -> dict[
     }
 
 
-def check_group_dict(r: _Rules, group_dict: Any, ext: GroupExtension):
+def check_group_dict(r: Rules, group_dict: Any, ext: GroupExtension):
     """A given ``group_dict`` must hold exactly what the shapes imply (``calculate_group``)."""
     r.keys("para_dict['group_dict']", group_dict, GROUP_DICT_KEYS, required=GROUP_DICT_KEYS)
     r.choice("para_dict['group_dict']['filter_ori_format']", group_dict["filter_ori_format"], FILTER_ORI_FORMATS, "E65007")
@@ -384,7 +175,7 @@ def check_group_dict(r: _Rules, group_dict: Any, ext: GroupExtension):
 
 def input_grad_params(filters, out_backprop, filter_sizes, input_sizes, para_dict) -> ConvGradParams:
     """Validate TBE ``conv2d_backprop_input`` arguments (spec §3.2, §3.3)."""
-    r = _Rules(INPUT_OP, _DX_CODES)
+    r = Rules(INPUT_OP, _DX_CODES)
     r.tensor("filters", filters)
     r.tensor("out_backprop", out_backprop)
     r.keys("para_dict", para_dict, _DX_KEYS, required=("strides", "padding", "dilations"))
@@ -394,11 +185,12 @@ def input_grad_params(filters, out_backprop, filter_sizes, input_sizes, para_dic
         r.fail("para_dict['pooling_mode']", para_dict["pooling_mode"], "must be None: avg_pool_grad fusion is not supported")
 
     # 1. dtypes (TBE's sets first, then equality, then what this package implements).
-    r.choice("filters.dtype", filters.dtype, ("float16", "int8"), "E60011")
-    r.choice("out_backprop.dtype", out_backprop.dtype, ("float16", "int8"), "E60011")
-    if filters.dtype != out_backprop.dtype:
-        r.fail("out_backprop.dtype", out_backprop.dtype, f"must equal filters.dtype ({filters.dtype})", "E65002")
-    if filters.dtype == "int8":
+    w_dtype, dy_dtype = str(filters.dtype), str(out_backprop.dtype)
+    r.choice("filters.dtype", w_dtype, ("float16", "int8"), "E60011")
+    r.choice("out_backprop.dtype", dy_dtype, ("float16", "int8"), "E60011")
+    if w_dtype != dy_dtype:
+        r.fail("out_backprop.dtype", dy_dtype, f"must equal filters.dtype ({w_dtype})", "E65002")
+    if w_dtype == "int8":
         r.fail("filters.dtype", "int8", "int8 (quantized) dX is not implemented by tvm_convgrad; use float16")
     res_dtype = r.choice("para_dict['res_dtype']", para_dict.get("res_dtype", "float16"), ("float16", "float32"), "E60011")
     kernel_name = r.kernel_name("para_dict['kernel_name']", para_dict.get("kernel_name", DX_DEFAULT_KERNEL_NAME))
@@ -416,7 +208,7 @@ def input_grad_params(filters, out_backprop, filter_sizes, input_sizes, para_dic
     if para_dict.get("offset_w") is not None:
         r.fail("para_dict['offset_w']", para_dict["offset_w"], "must be None", "E65004")
     offset_x = para_dict.get("offset_x", 0)
-    if not _is_int(offset_x):
+    if not is_int(offset_x):
         r.fail("para_dict['offset_x']", offset_x, "must be an int", "E65001")
     if offset_x != 0:
         r.fail("para_dict['offset_x']", offset_x, "must be 0 for float16 inputs (it is the int8 quantization offset of dy)")
@@ -444,7 +236,7 @@ def input_grad_params(filters, out_backprop, filter_sizes, input_sizes, para_dic
         (bias_len,) = r.static_shape("para_dict['tensor_bias'].shape", bias, 1, "E60011")
         if bias_len not in (cin, align(cin, C0)):
             r.fail("para_dict['tensor_bias'].shape", (bias_len,), f"must be (Cin,) = ({cin},) or (align(Cin,16),) = ({align(cin, C0)},)", "E60011")
-        r.choice("para_dict['tensor_bias'].dtype", bias.dtype, ("float16", "float32"), "E60011")
+        r.choice("para_dict['tensor_bias'].dtype", str(bias.dtype), ("float16", "float32"), "E60011")
 
     # 4./5. dy and filter shapes.
     if dy_c0 != C0:
@@ -494,4 +286,4 @@ def input_grad_params(filters, out_backprop, filter_sizes, input_sizes, para_dic
     _check_addressing(r, "filters.shape", rows * ext.cout1_g * C0 * C0 * 2)
 
     geom = ConvGeometry(n, cin, h, w, cout, kh, kw, ho, wo, (sh, sw), pads, (dh, dw), groups)
-    return ConvGradParams(INPUT_OP, geom, filters.dtype, res_dtype, kernel_name, int(offset_x), bias is not None)
+    return ConvGradParams(INPUT_OP, geom, w_dtype, res_dtype, kernel_name, int(offset_x), bias is not None)

@@ -1,0 +1,142 @@
+"""``tvm-convgrad``: build, run and check the gradients from the command line.
+
+* ``tvm-convgrad demo``: the two TBE documentation examples, end to end on LLVM.
+* ``tvm-convgrad run --op filter|input --input N,C,H,W --filter Cout,Cin_g,KH,KW [...]``: any shape.
+
+Each builds the kernel, runs it on random data, compares every element with the float64
+reference, and prints the error, the time and GFLOP/s. Bad arguments print the error message and
+exit with status 2; a result outside the error bound exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+from typing import Sequence
+
+from . import dsl, layout
+from .build import Kernel, build
+from .dsl.compute import cube_util
+from .errors import ConvGradError
+from .examples import SEEDS
+from .params import out_size
+from .params.rules import Rules
+from .params.tbe_op import resolve_pads
+from .tvm import placeholder
+from .verify import check_kernel
+
+__all__ = ["main"]
+
+
+def _ints(count: int, names: str):
+    """argparse type: ``count`` comma-separated ints (a single int is repeated)."""
+
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            values = tuple(int(v) for v in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {count} comma-separated ints ({names})") from None
+        if len(values) == 1:
+            values *= count
+        if len(values) != count:
+            raise argparse.ArgumentTypeError(f"{text!r} must be {count} comma-separated ints ({names})")
+        return values
+
+    return parse
+
+
+def _pads(text: str):
+    return text if text in ("SAME", "VALID") else _ints(4, "top,bottom,left,right")(text)
+
+
+def _report(title: str, kernel: Kernel, compile_s: float, repeat: int) -> bool:
+    print(f"{title}")
+    print(f"  kernel   {kernel!r}")
+    print(f"  compile  {compile_s:.2f} s")
+    if kernel.target.kind.name == "cuda" and not kernel.has_device:
+        print(f"  PTX      {len(kernel.ptx)} chars, GPU kernels {kernel.ptx_entries} (not run: no CUDA device here)")
+        return True
+    check = check_kernel(kernel)
+    print(f"  check    {check}")
+    print(f"  time     {kernel.time(repeat=repeat)}")
+    return check.ok
+
+
+def _build(tensor, target: str) -> tuple[Kernel, float]:
+    start = time.perf_counter()
+    kernel = build(tensor, target)
+    return kernel, time.perf_counter() - start
+
+
+def demo(args: argparse.Namespace) -> int:
+    ok = True
+    for op, (module, attr) in SEEDS.items():
+        result = getattr(importlib.import_module(module), attr)
+        kernel, seconds = _build(result, args.target)
+        ok &= _report(f"[{op}] TBE documentation example ({module})", kernel, seconds, args.repeat)
+    return 0 if ok else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    n, cin, h, w = args.input
+    cout, cin_g, kh, kw = args.filter
+    sh, sw = args.strides
+    dh, dw = args.dilations
+    pads = resolve_pads(Rules("tvm-convgrad run", {}), args.pads, (h, w), (kh, kw), (sh, sw), (dh, dw))
+    ho = max(out_size(h, kh, sh, pads[0], pads[1], dh), 1)  # the DSL names an impossible geometry
+    wo = max(out_size(w, kw, sw, pads[2], pads[3], dw), 1)
+    dy = placeholder(layout.shape_5hd(n, cout, ho, wo), name="out_backprop", dtype="float16")
+    para = {"strides": [sh, sw], "padding": pads, "dilations": [1, 1, dh, dw]}
+    if args.res_dtype:
+        para["res_dtype"] = args.res_dtype
+    if args.op == "filter":
+        x = placeholder(layout.shape_5hd(n, cin, h, w), name="input_x", dtype="float16")
+        result = dsl.conv2d_backprop_filter(x, dy, [cout, cin_g, kh, kw], {**para, "groups": args.groups})
+    else:
+        para["group_dict"] = cube_util.calculate_group([cout, cin_g, kh, kw], args.groups)  # checked by the DSL
+        filters = placeholder(layout.shape_fracz((cout, cin_g, kh, kw), args.groups), name="filters", dtype="float16")
+        result = dsl.conv2d_backprop_input(filters, dy, [cout, cin_g, kh, kw], [n, cin, h, w], para)
+    geometry = f"x {args.input}, w {args.filter}, strides {args.strides}, pads {tuple(pads)}, dilations {args.dilations}, groups {args.groups}"
+    kernel, seconds = _build(result, args.target)
+    return 0 if _report(f"[conv2d_backprop_{args.op}] {geometry}", kernel, seconds, args.repeat) else 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tvm-convgrad", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser):
+        p.add_argument("--target", default="llvm", choices=("llvm", "cuda"), help="llvm (this CPU) or cuda (PTX only without a GPU)")
+        p.add_argument("--repeat", type=int, default=5, help="timing repeats (median reported)")
+
+    p_demo = sub.add_parser("demo", help="build, run and check the two TBE documentation examples")
+    common(p_demo)
+    p_demo.set_defaults(func=demo)
+
+    p_run = sub.add_parser("run", help="build, run and check one gradient for any shape")
+    p_run.add_argument("--op", required=True, choices=("filter", "input"), help="conv2d_backprop_filter (dW) or _input (dX)")
+    p_run.add_argument("--input", required=True, type=_ints(4, "N,C,H,W"), metavar="N,C,H,W", help="forward input x (= dX) shape")
+    p_run.add_argument("--filter", required=True, type=_ints(4, "Cout,Cin_g,KH,KW"), metavar="Cout,Cin_g,KH,KW", help="weight shape, Cin per group")
+    p_run.add_argument("--strides", type=_ints(2, "sh,sw"), default=(1, 1), metavar="SH,SW")
+    p_run.add_argument("--pads", type=_pads, default=(0, 0, 0, 0), metavar="T,B,L,R|SAME|VALID")
+    p_run.add_argument("--dilations", type=_ints(2, "dh,dw"), default=(1, 1), metavar="DH,DW")
+    p_run.add_argument("--groups", type=int, default=1)
+    p_run.add_argument("--res-dtype", choices=("float32", "float16"), help="result dtype (default: float32 for dW, float16 for dX)")
+    common(p_run)
+    p_run.set_defaults(func=run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConvGradError as err:
+        print(f"tvm-convgrad: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

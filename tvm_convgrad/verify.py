@@ -1,0 +1,104 @@
+"""Run a kernel on random data and compare every output element with the float64 reference.
+
+Used by the command line (``demo``, ``run``) and the tests. Inputs are drawn uniformly from
+[-1, 1] and rounded to the kernel's input dtype; the reference sees the rounded values, so the
+only differences are the kernel's fp32 accumulation and the final rounding to ``res_dtype``:
+
+    |result - reference| <= 4 * K * 2**-24  +  eps(res_dtype) * |reference|
+
+with ``K`` the reduction length (each product is at most 1 in magnitude). A wrong index gives
+errors of the order of the values themselves, far above that bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import layout, reference
+from .build import ArgSpec, Kernel
+from .params import FILTER_OP, ConvGradParams
+
+__all__ = ["Inputs", "Check", "random_inputs", "expected_result", "check_kernel"]
+
+_EPS = {"float32": 2.0**-23, "float16": 2.0**-10}
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Random NCHW / OIHW inputs of one gradient (already rounded to the input dtype)."""
+
+    x: np.ndarray  # (N, Cin, H, W)        dW only
+    dy: np.ndarray  # (N, Cout, Ho, Wo)
+    w: np.ndarray  # (Cout, Cin_g, KH, KW)  dX only
+    bias: np.ndarray | None  # (Cin,)      dX with tensor_bias
+
+
+def random_inputs(params: ConvGradParams, seed: int = 0, bias: ArgSpec | None = None) -> Inputs:
+    """Uniform [-1, 1] inputs; ``bias`` is the kernel's ``tensor_bias`` argument, if it has one."""
+    g = params.geom
+    rng = np.random.default_rng(seed)
+
+    def draw(shape, dtype=params.in_dtype):
+        return rng.uniform(-1.0, 1.0, shape).astype(dtype)
+
+    bias_array = draw(bias.shape, bias.dtype) if bias is not None else None
+    return Inputs(draw(g.input_sizes), draw(g.output_sizes), draw(g.filter_sizes), bias_array)
+
+
+def kernel_arrays(params: ConvGradParams, inputs: Inputs) -> list[np.ndarray]:
+    """The kernel's input arrays (TBE layouts, argument order) for NCHW / OIHW ``inputs``."""
+    if params.op == FILTER_OP:
+        return [layout.nchw_to_5hd(inputs.x), layout.nchw_to_5hd(inputs.dy)]
+    arrays = [layout.oihw_to_fracz(inputs.w, params.geom.groups), layout.nchw_to_5hd(inputs.dy)]
+    return arrays + ([inputs.bias] if inputs.bias is not None else [])
+
+
+def expected_result(params: ConvGradParams, inputs: Inputs) -> np.ndarray:
+    """The whole TBE-layout result in float64 (dW: every block entry; dX: pad channels = 0)."""
+    g = params.geom
+    if params.op == FILTER_OP:
+        return reference.conv2d_backprop_filter_tbe(inputs.x, inputs.dy, g.filter_sizes, g.strides, g.pads, g.dilations, g.groups)
+    dx = reference.conv2d_backprop_input(inputs.w, inputs.dy, (g.h, g.w), g.strides, g.pads, g.dilations, g.groups)
+    if inputs.bias is not None:
+        dx = dx + inputs.bias[: g.cin].astype(np.float64)[None, :, None, None]
+    return layout.nchw_to_5hd(dx).reshape(layout.shape_dx_result(g.input_sizes))
+
+
+def reduction_length(params: ConvGradParams) -> int:
+    g = params.geom
+    if params.op == FILTER_OP:
+        return g.batch * g.ho * g.wo
+    return g.group.cout1_g * 16 * g.kh * g.kw + 1
+
+
+@dataclass(frozen=True)
+class Check:
+    """Outcome of :func:`check_kernel`."""
+
+    max_abs_error: float
+    max_abs_reference: float
+    worst_ratio: float  # max over elements of |error| / allowed error; <= 1 passes
+    result: np.ndarray
+    expected: np.ndarray
+
+    @property
+    def ok(self) -> bool:
+        return self.worst_ratio <= 1.0
+
+    def __str__(self) -> str:
+        rel = self.max_abs_error / max(self.max_abs_reference, 1e-30)
+        verdict = "OK" if self.ok else "MISMATCH"
+        return f"max |error| {self.max_abs_error:.3g} (relative {rel:.2g}, {self.worst_ratio:.2g} of the bound): {verdict}"
+
+
+def check_kernel(kernel: Kernel, seed: int = 0) -> Check:
+    """Run ``kernel`` on random inputs and compare it with the float64 reference, elementwise."""
+    params = kernel.params
+    inputs = random_inputs(params, seed, kernel.inputs[2] if len(kernel.inputs) > 2 else None)
+    result = kernel(*kernel_arrays(params, inputs))
+    expected = expected_result(params, inputs)
+    error = np.abs(result.astype(np.float64) - expected)
+    bound = 4 * reduction_length(params) * 2.0**-24 + _EPS[params.res_dtype] * np.abs(expected)
+    return Check(float(error.max()), float(np.abs(expected).max()), float((error / bound).max()), result, expected)
