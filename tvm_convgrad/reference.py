@@ -50,7 +50,7 @@ def conv2d_backprop_filter(
     for kh in range(kh_n):
         for kw in range(kw_n):
             window = xg[..., _tap_window(kh, dil_h, sh, ho), _tap_window(kw, dil_w, sw, wo)]
-            dw[..., kh, kw] = np.einsum("ngoyx,ngiyx->goi", dyg, window)
+            dw[..., kh, kw] = np.einsum("ngoyx,ngiyx->goi", dyg, window, optimize=True)
     return dw.reshape(cout, cin // groups, kh_n, kw_n)
 
 
@@ -75,7 +75,7 @@ def conv2d_backprop_input(
     wg = w.reshape(groups, cout // groups, cin_g, kh_n, kw_n)
     for kh in range(kh_n):
         for kw in range(kw_n):
-            contribution = np.einsum("ngoyx,goi->ngiyx", dyg, wg[..., kh, kw])
+            contribution = np.einsum("ngoyx,goi->ngiyx", dyg, wg[..., kh, kw], optimize=True)
             dxpad[..., _tap_window(kh, dil_h, sh, ho), _tap_window(kw, dil_w, sw, wo)] += contribution
     return dxpad[..., pt : pt + h, pl : pl + w_in].reshape(n, groups * cin_g, h, w_in)
 

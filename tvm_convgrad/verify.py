@@ -20,7 +20,7 @@ from . import layout, reference
 from .build import ArgSpec, Kernel
 from .params import FILTER_OP, ConvGradParams
 
-__all__ = ["Inputs", "Check", "random_inputs", "expected_result", "check_kernel"]
+__all__ = ["Inputs", "Check", "random_inputs", "kernel_arrays", "expected_result", "error_bound", "check_kernel"]
 
 _EPS = {"float32": 2.0**-23, "float16": 2.0**-10}
 
@@ -73,6 +73,11 @@ def reduction_length(params: ConvGradParams) -> int:
     return g.group.cout1_g * 16 * g.kh * g.kw + 1
 
 
+def error_bound(params: ConvGradParams, expected: np.ndarray) -> np.ndarray:
+    """Elementwise allowed ``|result - expected|``: fp32 accumulation plus rounding to ``res_dtype``."""
+    return 4 * reduction_length(params) * 2.0**-24 + _EPS[params.res_dtype] * np.abs(expected)
+
+
 @dataclass(frozen=True)
 class Check:
     """Outcome of :func:`check_kernel`."""
@@ -100,5 +105,5 @@ def check_kernel(kernel: Kernel, seed: int = 0) -> Check:
     result = kernel(*kernel_arrays(params, inputs))
     expected = expected_result(params, inputs)
     error = np.abs(result.astype(np.float64) - expected)
-    bound = 4 * reduction_length(params) * 2.0**-24 + _EPS[params.res_dtype] * np.abs(expected)
-    return Check(float(error.max()), float(np.abs(expected).max()), float((error / bound).max()), result, expected)
+    ratio = error / error_bound(params, expected)
+    return Check(float(error.max()), float(np.abs(expected).max()), float(ratio.max()), result, expected)

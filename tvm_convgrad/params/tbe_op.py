@@ -84,18 +84,18 @@ def resolve_pads(
     return [int(p) for p in pads]
 
 
-def _groups(r: Rules, groups: Any, x_c: int, dy_c: int, filter_n: int, filter_c: int, x_name: str):
+def _groups(r: Rules, groups: Any, x_c: int, dy_c: int, filter_n: int, filter_c: int, x_param: str):
     """Op-level group checks (UDC / OPW): divisibility and channel consistency."""
     if not is_int(groups) or groups < 1:
         r.fail("groups", groups, "must be a positive int", "E60108")
     if x_c % groups:
-        r.fail("groups", groups, f"must divide the {x_name} channels C = {x_c}", "E60108")
+        r.fail("groups", groups, f"must divide the channels of {x_param}, C = {x_c}", "E60108")
     if dy_c % groups:
-        r.fail("groups", groups, f"must divide the out_backprop channels C = {dy_c}", "E60108")
+        r.fail("groups", groups, f"must divide the channels of out_backprop, C = {dy_c}", "E60108")
     if dy_c != filter_n:
         r.fail("out_backprop['ori_shape']", dy_c, f"channels must equal the filter's N = {filter_n}", "E64002")
     if x_c != filter_c * groups:
-        r.fail(f"{x_name}['ori_shape']", x_c, f"channels must equal filter C * groups = {filter_c}*{groups}", "E64002")
+        r.fail(x_param, x_c, f"channels must equal filter C * groups = {filter_c}*{groups}", "E64002")
 
 
 def filter_op_args(
@@ -114,7 +114,7 @@ def filter_op_args(
     dilation_nchw = _hw_attr(r, "dilations", dilations, data_format)
     cout, cin_g, kh, kw = y_nchw
     padding = resolve_pads(r, pads, x_nchw[2:], (kh, kw), (sh, sw), dilation_nchw[2:])
-    _groups(r, groups, x_nchw[1], dy_nchw[1], cout, cin_g, "x")
+    _groups(r, groups, x_nchw[1], dy_nchw[1], cout, cin_g, "x['ori_shape']")
     r.choice("y['dtype']", y_dtype, ("float32",), None)
     para_dict = {
         "strides": [sh, sw],
@@ -137,16 +137,22 @@ def input_op_args(
     r.choice("data_format", data_format, DATA_FORMATS, None)
     w_nchw, w_dtype = _tensor(r, "filter", filter, FILTER_ORI_FORMATS)
     dy_nchw, dy_dtype = _tensor(r, "out_backprop", out_backprop, DATA_FORMATS)
-    dx_nchw, dx_dtype = _tensor(r, "y", y, DATA_FORMATS)
-    if not isinstance(input_size, (list, tuple)) or tuple(input_size) != tuple(y["ori_shape"]):
-        r.fail("input_size", input_size, f"must equal y's ori_shape {tuple(y['ori_shape'])}", "E64002")
+    _, dx_dtype = _tensor(r, "y", y, DATA_FORMATS)
+    # input_size is dX's shape (in y's format), as in TBE: y lends only its format and dtype.
+    if not isinstance(input_size, (list, tuple)) or len(input_size) != 4 or not all(is_int(v) for v in input_size):
+        r.fail("input_size", input_size, f"must be 4 ints in y's ori_format ({y['ori_format']}) order", "E60107")
+    dx_nchw = _to_nchw(tuple(int(v) for v in input_size), y["ori_format"])
+    r.choice("filter['dtype']", w_dtype, ("float16", "int8"), "E60011")
+    r.choice("out_backprop['dtype']", dy_dtype, ("float16", "int8"), "E60011")
+    if w_dtype == dy_dtype:  # (a mismatch is the DSL's E65002)
+        if w_dtype == "int8":
+            r.fail("filter['dtype']", w_dtype, "int8 (quantized) dX is not implemented by tvm_convgrad; use float16")
+        r.choice("y['dtype']", dx_dtype, ("float16",), "E60011")
     _, _, sh, sw = _hw_attr(r, "strides", strides, data_format)
     dilation_nchw = _hw_attr(r, "dilations", dilations, data_format)
     cout, cin_g, kh, kw = w_nchw
     padding = resolve_pads(r, pads, dx_nchw[2:], (kh, kw), (sh, sw), dilation_nchw[2:])
-    _groups(r, groups, dx_nchw[1], dy_nchw[1], cout, cin_g, "y")
-    r.choice("filter['dtype']", w_dtype, ("float16", "int8"), "E60011")
-    r.choice("y['dtype']", dx_dtype, {"float16": ("float16",), "int8": ("int32",)}[w_dtype], "E60011")
+    _groups(r, groups, dx_nchw[1], dy_nchw[1], cout, cin_g, "input_size")
     filter_sizes = (cout, cin_g, kh, kw)
     ext = layout.group_extension(cin_g, cout // groups, groups)
     para_dict = {

@@ -1,0 +1,49 @@
+"""Shared test helpers: the PyTorch oracle (when torch is installed) and closeness checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tvm_convgrad.params import ConvGeometry, ConvGradParams
+from tvm_convgrad.verify import error_bound
+
+try:
+    import torch
+except ImportError:  # the oracle tests skip without it
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch is not installed (pip install torch==2.13.0)")
+
+
+def torch_filter_grad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
+    """dW OIHW in float64 from ``torch.nn.grad.conv2d_weight`` (asymmetric pads: pad x first)."""
+    pt, pb, pl, pr = geom.pads
+    xpad = torch.nn.functional.pad(torch.from_numpy(x.astype(np.float64)), (pl, pr, pt, pb))
+    return torch.nn.grad.conv2d_weight(
+        xpad, geom.filter_sizes, torch.from_numpy(dy.astype(np.float64)),
+        stride=geom.strides, padding=0, dilation=geom.dilations, groups=geom.groups,
+    ).numpy()  # fmt: skip
+
+
+def torch_input_grad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
+    """dX NCHW in float64 from ``torch.nn.grad.conv2d_input`` on the padded input, then cropped."""
+    pt, pb, pl, pr = geom.pads
+    padded = (geom.batch, geom.cin, geom.h + pt + pb, geom.w + pl + pr)
+    dx = torch.nn.grad.conv2d_input(
+        padded, torch.from_numpy(w.astype(np.float64)), torch.from_numpy(dy.astype(np.float64)),
+        stride=geom.strides, padding=0, dilation=geom.dilations, groups=geom.groups,
+    ).numpy()  # fmt: skip
+    return dx[:, :, pt : pt + geom.h, pl : pl + geom.w]
+
+
+def assert_within_bound(actual: np.ndarray, expected: np.ndarray, params: ConvGradParams, what: str = ""):
+    """Every element within :func:`tvm_convgrad.verify.error_bound` of ``expected``."""
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    error = np.abs(actual.astype(np.float64) - expected)
+    ratio = error / error_bound(params, expected)
+    worst = np.unravel_index(np.argmax(ratio), ratio.shape)
+    assert ratio.max() <= 1.0, (
+        f"{what}: max error {error.max():.3g} is {ratio.max():.3g}x the bound, "
+        f"worst at {worst}: {actual[worst]} vs {expected[worst]}"
+    )
