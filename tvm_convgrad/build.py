@@ -28,6 +28,7 @@ from tvm.target import Target
 
 from . import schedule
 from .dsl import result_info
+from .dsl.compute import ARGUMENT_STAGES
 from .errors import ConvGradError
 from .params import ConvGradParams
 
@@ -69,20 +70,16 @@ def resolve_target(target: str | dict | Target = "llvm") -> Target:
 
 
 def _placeholders(output: te.Tensor) -> list[te.Tensor]:
-    """The placeholders ``output`` depends on, in depth-first order of first use."""
+    """The placeholders ``output`` reads, in TBE argument order (``ARGUMENT_STAGES``)."""
+    stages = {t.op.name: t for t in _graph_tensors(output)}
     found: list[te.Tensor] = []
-    seen: set[int] = set()
-
-    def visit(t: te.Tensor):
-        for inp in t.op.input_tensors:
-            if isinstance(inp.op, te.PlaceholderOp):
-                if not any(inp.same_as(f) for f in found):
-                    found.append(inp)
-            elif hash(inp.op) not in seen:
-                seen.add(hash(inp.op))
-                visit(inp)
-
-    visit(output)
+    for stage in ARGUMENT_STAGES.get(output.op.tag, ()):
+        for inp in stages[stage].op.input_tensors:
+            if isinstance(inp.op, te.PlaceholderOp) and not any(inp.same_as(f) for f in found):
+                found.append(inp)
+    for t in stages.values():  # any others (a graph this package did not make): in walk order
+        if isinstance(t.op, te.PlaceholderOp) and not any(t.same_as(f) for f in found):
+            found.append(t)
     return found
 
 
