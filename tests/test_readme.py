@@ -1,0 +1,34 @@
+"""The README's two set-up commands exist, and CI runs the test command's steps in order."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+
+
+def _commands() -> list[str]:
+    return re.findall(r"```bash\n(python3 -m venv[^\n]*)\n```", (ROOT / "README.md").read_text())
+
+
+def test_readme_has_the_two_setup_commands():
+    main, tests = _commands()
+    assert main.endswith("tvm-convgrad demo") and "pip install -e ." in main
+    assert tests.endswith("python -m pytest -q") and '".[test]"' in tests
+
+
+def test_ci_runs_the_readme_test_command():
+    steps = _commands()[1].split(" && ")
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith(("#", "set ", "cd "))]
+    assert [line for line in ci if "torch" not in line] == steps
+    assert ".venv/bin/pip install torch==2.13.0" in ci
+
+
+def test_readme_usage_snippet_runs(tmp_path, monkeypatch, capsys):
+    snippet = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(snippet, "README.md", "exec"), {})
+    error = float(capsys.readouterr().out.splitlines()[0])
+    assert error < 1e-4
+    assert (tmp_path / "my_dw.so").exists()
