@@ -48,6 +48,26 @@ _DW_KEYS = (
 DW_DEFAULT_KERNEL_NAME = "conv2d_backprop_filter_cce"
 
 
+def _check_kernel_reach(r: Rules, hw, kernel, pads, dilations, codes):
+    """The dilated kernel fits in the padded input: ``(K-1)*d+1 <= size + pads`` (per axis)."""
+    for axis, (size, k, before, after, d, code) in enumerate(zip(hw, kernel, pads[::2], pads[1::2], dilations, codes)):
+        name, what = ("H", "height") if axis == 0 else ("W", "width")
+        if (k - 1) * d + 1 > size + before + after:
+            r.fail(f"filter_sizes[{2 + axis}]", k, f"dilated kernel {what} (K{name}-1)*dilation+1 = {(k - 1) * d + 1} "
+                   f"must be <= {name}+pads = {size + before + after}", code)  # fmt: skip
+
+
+def _check_output_size(r: Rules, hw, out_hw, kernel, strides, pads, dilations, codes):
+    """dy's Ho / Wo equal the forward convolution's output size."""
+    for axis, (size, out, k, s, before, after, d, code) in enumerate(
+        zip(hw, out_hw, kernel, strides, pads[::2], pads[1::2], dilations, codes)
+    ):
+        expect = out_size(size, k, s, before, after, d)
+        if out != expect:
+            name = "HW"[axis]
+            r.fail(f"out_backprop.shape[{2 + axis}]", out, f"{name}o must be ({name}+pads-dilated K{name})//stride+1 = {expect}", code)
+
+
 def filter_grad_params(input_x, out_backprop, filter_sizes, para_dict) -> ConvGradParams:
     """Validate TBE ``conv2d_backprop_filter`` arguments (spec §2.2, §2.3)."""
     r = Rules(FILTER_OP, _DW_CODES)
@@ -90,17 +110,8 @@ def filter_grad_params(input_x, out_backprop, filter_sizes, para_dict) -> ConvGr
     r.in_range("para_dict['dilations'][3]", dw, 1, DILATION_MAX, "E64001", "dilation_w ")
     if cout % groups:
         r.fail("para_dict['groups']", groups, f"must divide Cout = filter_sizes[0] = {cout}", "E60108")
-    pt, pb, pl, pr = pads
-    if (kh - 1) * dh + 1 > h + pt + pb:
-        r.fail("filter_sizes[2]", kh, f"dilated kernel height (KH-1)*dilation_h+1 = {(kh - 1) * dh + 1} must be <= H+pad_top+pad_bottom = {h + pt + pb}", "E60014")
-    if (kw - 1) * dw + 1 > w + pl + pr:
-        r.fail("filter_sizes[3]", kw, f"dilated kernel width (KW-1)*dilation_w+1 = {(kw - 1) * dw + 1} must be <= W+pad_left+pad_right = {w + pl + pr}", "E60015")
-    ho_expect = out_size(h, kh, sh, pt, pb, dh)
-    wo_expect = out_size(w, kw, sw, pl, pr, dw)
-    if ho != ho_expect:
-        r.fail("out_backprop.shape[2]", ho, f"Ho must be (H+pad_top+pad_bottom-dilated KH)//stride_h+1 = {ho_expect}", "E60024")
-    if wo != wo_expect:
-        r.fail("out_backprop.shape[3]", wo, f"Wo must be (W+pad_left+pad_right-dilated KW)//stride_w+1 = {wo_expect}", "E60025")
+    _check_kernel_reach(r, (h, w), (kh, kw), pads, (dh, dw), ("E60014", "E60015"))
+    _check_output_size(r, (h, w), (ho, wo), (kh, kw), (sh, sw), pads, (dh, dw), ("E60024", "E60025"))
 
     # Limits. Kernel > 255, stride > 63 and pad > 255 are TBE's DMA mode, which needs dilation 1.
     dma = (dh, dw) == (1, 1)
@@ -250,11 +261,7 @@ def input_grad_params(filters, out_backprop, filter_sizes, input_sizes, para_dic
     rows = ext.g_extend * ext.cin1_g * kh * kw
     if fz_shape[0] != rows:
         r.fail("filters.shape[0]", fz_shape[0], f"must be g_extend*dx_c1_extend*KH*KW = {ext.g_extend}*{ext.cin1_g}*{kh}*{kw} = {rows}", "E65007")
-    pt, pb, pl, pr = pads
-    if (kh - 1) * dh + 1 > h + pt + pb:
-        r.fail("filter_sizes[2]", kh, f"dilated kernel height (KH-1)*dilation_h+1 = {(kh - 1) * dh + 1} must be <= H+pad_up+pad_down = {h + pt + pb}", "E65005")
-    if (kw - 1) * dw + 1 > w + pl + pr:
-        r.fail("filter_sizes[3]", kw, f"dilated kernel width (KW-1)*dilation_w+1 = {(kw - 1) * dw + 1} must be <= W+pad_left+pad_right = {w + pl + pr}", "E65005")
+    _check_kernel_reach(r, (h, w), (kh, kw), pads, (dh, dw), ("E65005", "E65005"))
 
     # 9. dilations.
     if (dil_n, dil_c) != (1, 1):
@@ -265,15 +272,10 @@ def input_grad_params(filters, out_backprop, filter_sizes, input_sizes, para_dic
     # 6. dx shape against dy.
     if n != n_dy:
         r.fail("out_backprop.shape[0]", n_dy, f"batch must equal input_sizes[0] = {n}", "E65007")
-    ho_expect = out_size(h, kh, sh, pt, pb, dh)
-    wo_expect = out_size(w, kw, sw, pl, pr, dw)
-    if ho != ho_expect:
-        r.fail("out_backprop.shape[2]", ho, f"Ho must be (H+pad_up+pad_down-dilated KH)//stride_h+1 = {ho_expect}", "E65007")
-    if wo != wo_expect:
-        r.fail("out_backprop.shape[3]", wo, f"Wo must be (W+pad_left+pad_right-dilated KW)//stride_w+1 = {wo_expect}", "E65007")
+    _check_output_size(r, (h, w), (ho, wo), (kh, kw), (sh, sw), pads, (dh, dw), ("E65007", "E65007"))
 
     # 4./6. Size limits; the conv1d situation lifts the W limits.
-    conv1d = h + pt + pb == 1 and kh == 1 and ho == 1
+    conv1d = h + pads[0] + pads[1] == 1 and kh == 1 and ho == 1
     w_max = W_MAX_LIFTED if conv1d else W_MAX
     r.in_range("input_sizes[2]", h, 1, H_MAX, "E60011", "dx H ")
     r.in_range("input_sizes[3]", w, 1, w_max, "E60011", "dx W ")
