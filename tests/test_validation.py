@@ -192,6 +192,8 @@ OTHER_RULES = [
     ("tensors", None, lambda: build(_foreign_result())),
     ("target", None, lambda: build(_valid_dw(), target="opencl")),
     ("target", None, lambda: build(_valid_dw(), target={"kind": "c"})),
+    ("target", None, lambda: build(_valid_dw(), target={"kind": "no-such-kind"})),
+    ("target", None, lambda: build(_valid_dw(), target="llvm -mcpu=znver4")),
     ("w_shape_nchw", None, lambda: cube_util.calculate_group([32, 32, 3], 1)),
     ("groups", "E60108", lambda: cube_util.calculate_group([32, 32, 3, 3], 3)),
     ("c0_size_k", None, lambda: cube_util.calculate_group([32, 32, 3, 3], 1, c0_size_k=32)),

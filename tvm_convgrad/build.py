@@ -55,7 +55,10 @@ def resolve_target(target: str | dict | Target = "llvm") -> Target:
     if isinstance(target, Target):
         return target
     if isinstance(target, dict):
-        return Target(target)
+        try:
+            return Target(target)
+        except Exception as err:  # TVM's own message says which key is wrong
+            raise ConvGradError("build", "target", target, f"is not a valid TVM target: {str(err).strip().splitlines()[-1]}") from None
     if target == "llvm":
         cpu = tvm.target.codegen.llvm_get_system_cpu()
         return Target({"kind": "llvm", "mcpu": cpu, "num-cores": os.cpu_count() or 1})
