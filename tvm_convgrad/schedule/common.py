@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-__all__ = ["CONVGRAD_STAGES", "stage_blocks", "split_loop_kinds", "is_convgrad_func"]
+__all__ = ["PACK_STAGES", "stage_blocks", "split_loop_kinds"]
 
-CONVGRAD_STAGES = {
-    "conv2d_backprop_filter": ("grads_2_matrix", "fmap_l1", "dw_cc", "dw_ddr"),
-    "conv2d_backprop_input": ("dy_filling", "w_col", "dx_cc", "c_ddr"),
-}
-"""The named stages of each gradient's compute, producers first (``dsl.compute``)."""
+PACK_STAGES = ("grads_2_matrix", "fmap_l1", "dy_pad", "w_col")
+"""The stages that cast (and pad) the inputs to fp32: elementwise, read by the mads."""
 
 
 def stage_blocks(sch: s_tir.Schedule) -> list[s_tir.schedule.SBlockRV]:
@@ -26,13 +23,3 @@ def split_loop_kinds(sch: s_tir.Schedule, block) -> tuple[list, list]:
     spatial = [lp for lp, it in zip(loops, iters) if it.iter_type == tirx.IterVar.DataPar]
     reduce = [lp for lp, it in zip(loops, iters) if it.iter_type == tirx.IterVar.CommReduce]
     return spatial, reduce
-
-
-def is_convgrad_func(func: tirx.PrimFunc) -> str | None:
-    """Which gradient a PrimFunc computes (``"conv2d_backprop_filter"``/``"..._input"``), if any."""
-    sch = s_tir.Schedule(func)
-    names = {sch.get(b).name_hint for b in stage_blocks(sch)}
-    for op, stages in CONVGRAD_STAGES.items():
-        if set(stages) <= names:
-            return op
-    return None

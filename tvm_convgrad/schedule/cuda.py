@@ -11,12 +11,11 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight import ScheduleRule
 from tvm.target import Target
 
-from .common import CONVGRAD_STAGES, split_loop_kinds, stage_blocks
+from .common import PACK_STAGES, split_loop_kinds, stage_blocks
 
 __all__ = ["CudaRule"]
 
 THREADS_PER_BLOCK = 256
-_INLINED = {stages[0] for stages in CONVGRAD_STAGES.values()} | {stages[1] for stages in CONVGRAD_STAGES.values()}
 
 
 class CudaRule(ScheduleRule):
@@ -30,7 +29,7 @@ class CudaRule(ScheduleRule):
             return None
         sch = s_tir.Schedule(func)
         for block in stage_blocks(sch):
-            if sch.get(block).name_hint in _INLINED:
+            if sch.get(block).name_hint in PACK_STAGES:
                 sch.compute_inline(block)
         for block in stage_blocks(sch):
             spatial, reduce = split_loop_kinds(sch, block)

@@ -8,6 +8,6 @@ __all__ = ["ARGUMENT_STAGES", "cube_util", "conv2d_backprop_filter_compute", "co
 
 ARGUMENT_STAGES = {
     "conv2d_backprop_filterdw_ddr": ("fmap_l1", "grads_2_matrix"),  # input_x, out_backprop
-    "conv2d_backprop_input": ("w_col", "dy_filling", "c_ddr"),  # filters, out_backprop, tensor_bias
+    "conv2d_backprop_input": ("w_col", "dy_pad", "c_ddr"),  # filters, out_backprop, tensor_bias
 }
 """Result tag -> the stages that read the inputs, in TBE argument order (each reads one input)."""

@@ -1,35 +1,80 @@
 """TE compute of ``conv2d_backprop_input`` (dX) on a 5HD dy and a FracZ(_g) forward weight.
 
-The input gradient is a stride-1 convolution of the zero-inserted, padded dy with the weight
-rotated by 180 degrees (TBE's general pattern, spec §3.6). Stages, inputs fp16, reduction fp32:
+dX is the transposed convolution ``dX[h] = sum_kh dyd[h + pad - kh*dil]`` of the zero-inserted dy
+``dyd`` (TBE's ``dy_filling``, spec §3.6). Instead of multiplying the inserted zeros, the output is
+split by stride phase (sub-pixel decomposition): the rows ``h`` with ``(h + pad) % stride == r``
+only meet the taps ``kh`` with ``kh*dil % stride == r``, and for them ``dyd`` lands on real dy rows
+``y = j + base_r - m*(dil/g)`` (``h = h_r + j*stride``, ``kh = kh0_r + m*(stride/g)``,
+``g = gcd(dil, stride)``). Each phase is a stride-1 correlation over a zero-padded dy with a
+constant offset per tap; stride 1 is the single phase ``r = 0``. See :class:`AxisPhase`.
 
-===============  ============================================  =============================================
-stage            shape                                         value
-===============  ============================================  =============================================
-``dy_filling``   ``(N, g_extend*dy_c1_extend, Hf, Wf, 16)``    dy with ``stride-1`` zeros between rows/cols
-                 fp32, ``Hf = H + (KH-1)*dh``                  and the stride-1 conv's padding (or crop)
-``w_col``        ``(C1x, dy_c1_extend, KH, KW, 16, 16)`` fp32  the FracZ weight, ``[.., co0, ci0]``
-``dx_cc``        ``(N, C1x, H, W, 16)`` fp32                   the mad
-``c_ddr``        ``(N, C1x, H*W, 16)``, ``res_dtype``          the result (+ ``tensor_bias``), tag
-                                                               ``conv2d_backprop_input``
-===============  ============================================  =============================================
+Stages, inputs fp16, reduction fp32:
 
-``dx_cc[n, c1, h, w, c0] = sum_{co1, kh, kw, co0} dy_filling[n, e*dy_c1_extend + co1, h + (KH-1-kh)*dh,
-w + (KW-1-kw)*dw, co0] * w_col[c1, co1, kh, kw, co0, c0]`` with ``e = c1 // dx_c1_extend``, where
-``dy_filling[.., i, j, ..] = dy[.., (i-pb_h)/sh, (j-pb_w)/sw, ..]`` when both divide exactly and lie
-inside dy, else 0; ``pb_h = (KH-1)*dh - pad_up`` (negative: the crop case).
+==================  ============================================  ==========================================
+stage               shape                                         value
+==================  ============================================  ==========================================
+``dy_pad``          ``(N, g_extend*dy_c1_extend, Hy, Wy, 16)``    dy with the zero rows/cols the taps reach
+``w_col``           ``(C1x, dy_c1_extend, KH, KW, 16, 16)``       the FracZ weight, ``[.., co0, ci0]``
+``dx_cc_{rh}_{rw}`` ``(N, C1x, H_rh, W_rw, 16)``                  one phase's mad (phases with taps only)
+``c_ddr``           ``(N, C1x, H*W, 16)``, ``res_dtype``          each pixel from its phase (+ bias), tag
+                                                                  ``conv2d_backprop_input``
+==================  ============================================  ==========================================
+
+with ``dx_cc[n, c1, j, i, c0] = sum_{co1, mh, mw, co0} dy_pad[n, e*dy_c1_extend + co1, j + off_h(mh),
+i + off_w(mw), co0] * w_col[c1, co1, kh(mh), kw(mw), co0, c0]``, ``e = c1 // dx_c1_extend``.
 """
 
 from __future__ import annotations
 
-from tvm import te
+import math
+from dataclasses import dataclass
+
+from tvm import te, tirx
 
 from ... import layout
 from ...layout import C0
 from ...params import ConvGradParams
 from .common import ACC, guarded
 
-__all__ = ["conv2d_backprop_input_compute"]
+__all__ = ["AxisPhase", "axis_phases", "conv2d_backprop_input_compute", "phase_stage_name"]
+
+
+@dataclass(frozen=True)
+class AxisPhase:
+    """The output positions ``first + j*stride`` (``j < count``) of one stride phase along an axis,
+    and the taps ``tap0 + m*tap_step`` (``m < taps``) that reach them; ``j`` reads dy position
+    ``j + base - m*dy_step``."""
+
+    first: int
+    count: int
+    tap0: int
+    taps: int
+    tap_step: int
+    base: int
+    dy_step: int
+
+    def dy_span(self) -> tuple[int, int]:
+        """Lowest and highest dy position read."""
+        return self.base - (self.taps - 1) * self.dy_step, self.count - 1 + self.base
+
+
+def axis_phases(size: int, kernel: int, stride: int, pad_before: int, dilation: int) -> list[AxisPhase]:
+    """The stride phases of one axis that have output positions and taps, ordered by ``first``."""
+    g = math.gcd(dilation, stride)
+    phases = []
+    for first in range(min(stride, size)):
+        r = (first + pad_before) % stride
+        tap0 = next((k for k in range(min(kernel, stride // g)) if (k * dilation) % stride == r), None)
+        if tap0 is None:
+            continue  # no tap reaches this phase: its outputs are 0
+        taps = -(-(kernel - tap0) // (stride // g))
+        base = (first + pad_before - tap0 * dilation) // stride  # exact: the division has no remainder
+        phases.append(AxisPhase(first, -(-(size - first) // stride), tap0, taps, stride // g, base, dilation // g))
+    return phases
+
+
+def phase_stage_name(ph: AxisPhase, pw: AxisPhase) -> str:
+    return f"dx_cc_{ph.first}_{pw.first}"
 
 
 def conv2d_backprop_input_compute(
@@ -39,24 +84,27 @@ def conv2d_backprop_input_compute(
     g = params.geom
     ext = g.group
     (sh, sw), (dil_h, dil_w), (pu, _, pl, _) = g.strides, g.dilations, g.pads
-    hf = g.h + (g.kh - 1) * dil_h
-    wf = g.w + (g.kw - 1) * dil_w
-    pb_h = (g.kh - 1) * dil_h - pu
-    pb_w = (g.kw - 1) * dil_w - pl
+    rows = axis_phases(g.h, g.kh, sh, pu, dil_h)
+    cols = axis_phases(g.w, g.kw, sw, pl, dil_w)
+
+    # dy_pad: dy with zeros around it, as far as any phase's taps reach.
+    def padding(phases: list[AxisPhase], extent: int) -> tuple[int, int]:
+        spans = [p.dy_span() for p in phases] or [(0, 0)]
+        return max(0, -min(lo for lo, _ in spans)), max(extent, max(hi for _, hi in spans) + 1)
+
+    top, end_h = padding(rows, g.ho)
+    left, end_w = padding(cols, g.wo)
     c1_dy = ext.g_extend * ext.cout1_g
 
-    def filling(n, c1, i, j, c0):
-        yi, yj = i - pb_h, j - pb_w  # positions in the zero-inserted dy
+    def pad_value(n, c1, i, j, c0):
         conds = [c1 < g.c1_y] if c1_dy > g.c1_y else []
-        conds += [yi >= 0] if pb_h > 0 else []
-        conds += [yj >= 0] if pb_w > 0 else []
-        conds += [yi % sh == 0] if sh > 1 else []
-        conds += [yj % sw == 0] if sw > 1 else []
-        conds += [yi <= (g.ho - 1) * sh] if hf - 1 - pb_h > (g.ho - 1) * sh else []
-        conds += [yj <= (g.wo - 1) * sw] if wf - 1 - pb_w > (g.wo - 1) * sw else []
-        return guarded(conds, dy[n, c1, yi // sh, yj // sw, c0].astype(ACC))
+        conds += [i >= top] if top else []
+        conds += [i < top + g.ho] if end_h > g.ho else []
+        conds += [j >= left] if left else []
+        conds += [j < left + g.wo] if end_w > g.wo else []
+        return guarded(conds, dy[n, c1, i - top, j - left, c0].astype(ACC))
 
-    dy_filling = te.compute((g.batch, c1_dy, hf, wf, C0), filling, name="dy_filling", tag="stride_filling")
+    dy_pad = te.compute((g.batch, c1_dy, top + end_h, left + end_w, C0), pad_value, name="dy_pad", tag="dy_pad")
 
     w_col = te.compute(
         (g.c1_x, ext.cout1_g, g.kh, g.kw, C0, C0),
@@ -65,23 +113,31 @@ def conv2d_backprop_input_compute(
         tag="w_col",
     )
 
-    co1 = te.reduce_axis((0, ext.cout1_g), name="co1")
-    kh = te.reduce_axis((0, g.kh), name="kh")
-    kw = te.reduce_axis((0, g.kw), name="kw")
-    co0 = te.reduce_axis((0, C0), name="co0")
+    def phase_mad(ph: AxisPhase, pw: AxisPhase) -> te.Tensor:
+        co1 = te.reduce_axis((0, ext.cout1_g), name="co1")
+        mh = te.reduce_axis((0, ph.taps), name="mh")
+        mw = te.reduce_axis((0, pw.taps), name="mw")
+        co0 = te.reduce_axis((0, C0), name="co0")
 
-    def mad(n, c1, h, w, c0):
-        e = c1 // ext.cin1_g
-        return te.sum(
-            dy_filling[n, e * ext.cout1_g + co1, h + (g.kh - 1 - kh) * dil_h, w + (g.kw - 1 - kw) * dil_w, co0]
-            * w_col[c1, co1, kh, kw, co0, c0],
-            axis=[co1, kh, kw, co0],
-        )
+        def mad(n, c1, j, i, c0):
+            e = c1 // ext.cin1_g
+            return te.sum(
+                dy_pad[n, e * ext.cout1_g + co1, j + ph.base + top - mh * ph.dy_step, i + pw.base + left - mw * pw.dy_step, co0]
+                * w_col[c1, co1, ph.tap0 + mh * ph.tap_step, pw.tap0 + mw * pw.tap_step, co0, c0],
+                axis=[co1, mh, mw, co0],
+            )
 
-    dx_cc = te.compute((g.batch, g.c1_x, g.h, g.w, C0), mad, name="dx_cc", tag="mad")
+        return te.compute((g.batch, g.c1_x, ph.count, pw.count, C0), mad, name=phase_stage_name(ph, pw), tag="mad")
+
+    phases = [(ph, pw, phase_mad(ph, pw)) for ph in rows for pw in cols]
 
     def result(n, c1, hw, c0):
-        value = dx_cc[n, c1, hw // g.w, hw % g.w, c0]
+        h, w = hw // g.w, hw % g.w
+        value = tirx.const(0.0, ACC)
+        for ph, pw, mad in reversed(phases):  # each pixel reads its own phase
+            here = mad[n, c1, h // sh, w // sw, c0]
+            conds = ([h % sh == ph.first] if sh > 1 else []) + ([w % sw == pw.first] if sw > 1 else [])
+            value = te.if_then_else(tirx.all(*conds), here, value) if conds else here
         if bias is not None:
             channel = c1 * C0 + c0
             conds = [channel < int(bias.shape[0])] if int(bias.shape[0]) < g.c1_x * C0 else []
