@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tvm
 
+import tvm_convgrad
 from tvm_convgrad import Timing, build, dsl, layout, lower
 from tvm_convgrad.tvm import placeholder
 from tvm_convgrad.verify import check_kernel, expected_result, kernel_arrays, random_inputs
@@ -136,7 +137,8 @@ def test_lower_feeds_tvm_compile():
     result = _dx("lowered_dx")
     mod = lower(result)
     assert [gv.name_hint for gv in mod.get_global_vars()] == ["lowered_dx"]
-    executable = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}))
+    with tvm_convgrad.pass_context("llvm"):
+        executable = tvm.compile(mod, target=tvm_convgrad.resolve_target("llvm"))
     kernel = build(result)
     inputs = random_inputs(kernel.params, seed=4)
     arrays = kernel_arrays(kernel.params, inputs)
@@ -146,12 +148,17 @@ def test_lower_feeds_tvm_compile():
     np.testing.assert_allclose(out.numpy(), kernel(*arrays), rtol=1e-6)
 
 
-def test_int64_indices_for_tensors_past_2_31_elements():
-    """A 2**31-element dy gets int64 indices (built only: 4 GiB of data is not allocated)."""
+def test_index_width():
+    """LLVM kernels keep 64-bit indices (no NarrowDataType); CUDA ones use 32-bit unless a tensor
+    has 2**31 elements or more (built only: 4 GiB of data is not allocated)."""
+    assert "T.int64(" in build(_dw("wide_dw")).inspect_source("tir")
+    asm = build(_dx("wide_dx")).source
+    assert "vpsraq" not in asm, "no vectorized sign extension of 32-bit addresses"
+    assert "T.int64(" not in build(_dw("narrow_dw"), target="cuda").inspect_source("tir")
     x = placeholder((1, 1, 1, 2**27, 16), name="x", dtype="float16")
     dy = placeholder((1, 1, 1, 2**27, 16), name="dy", dtype="float16")
-    kernel = build(dsl.conv2d_backprop_filter(x, dy, (16, 16, 1, 1), {"kernel_name": "huge_dw"}))
-    assert "T.int64(134217728)" in kernel.inspect_source("tir")
+    huge = dsl.conv2d_backprop_filter(x, dy, (16, 16, 1, 1), {"kernel_name": "huge_dw"})
+    assert "T.int64(134217728)" in build(huge, target="cuda").inspect_source("tir")
 
 
 def test_small_kernels_check_against_the_reference():

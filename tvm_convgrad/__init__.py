@@ -14,7 +14,7 @@ import os
 os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 
 from . import dsl, layout, reference, tvm  # noqa: E402
-from .build import ArgSpec, Kernel, Timing, build, lower, resolve_target  # noqa: E402
+from .build import ArgSpec, Kernel, Timing, build, lower, pass_context, resolve_target  # noqa: E402
 from .errors import ConvGradError  # noqa: E402
 from .params import ConvGeometry, ConvGradParams  # noqa: E402
 
@@ -31,6 +31,7 @@ __all__ = [
     "dsl",
     "layout",
     "lower",
+    "pass_context",
     "reference",
     "resolve_target",
     "tvm",

@@ -2,6 +2,8 @@
 
 * ``tvm-convgrad demo``: the two TBE documentation examples, end to end on LLVM.
 * ``tvm-convgrad run --op filter|input --input N,C,H,W --filter Cout,Cin_g,KH,KW [...]``: any shape.
+* ``tvm-convgrad bench [--suite resnet50|all] [--batch 1|8] [--op filter|input|both] [--filter REGEX]``:
+  the benchmark shape set against PyTorch's oneDNN kernels (needs the ``bench`` extra).
 
 Each builds the kernel, runs it on random data, compares every element with the float64
 reference, and prints the error, the time and GFLOP/s. Bad arguments print the error message and
@@ -14,6 +16,7 @@ import argparse
 import importlib
 import sys
 import time
+from pathlib import Path
 from typing import Sequence
 
 from . import dsl, layout
@@ -103,6 +106,26 @@ def run(args: argparse.Namespace) -> int:
     return 0 if _report(f"[conv2d_backprop_{args.op}] {geometry}", kernel, seconds, args.repeat) else 1
 
 
+def bench(args: argparse.Namespace) -> int:
+    try:
+        from . import bench as bench_module
+
+        import matplotlib  # noqa: F401
+        import torch  # noqa: F401
+        import tqdm  # noqa: F401
+    except ImportError as err:
+        print(f"tvm-convgrad bench: {err.name} is missing: pip install -e '.[bench]'", file=sys.stderr)
+        return 2
+    batches = (1, 8) if args.batch == "all" else (int(args.batch),)
+    ops = ("filter", "input") if args.op == "both" else (args.op,)
+    try:
+        bench_module.main(args.suite, batches, ops, args.filter, args.rounds, Path(args.out), progress=not args.no_progress)
+    except ValueError as err:
+        print(f"tvm-convgrad bench: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tvm-convgrad", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -126,6 +149,16 @@ def _parser() -> argparse.ArgumentParser:
     p_run.add_argument("--res-dtype", choices=("float32", "float16"), help="result dtype (default: float32 for dW, float16 for dX)")
     common(p_run)
     p_run.set_defaults(func=run)
+
+    p_bench = sub.add_parser("bench", help="time the benchmark shape set against PyTorch (oneDNN), interleaved")
+    p_bench.add_argument("--suite", choices=("resnet50", "all"), default="resnet50", help="ResNet-50 layers, or every case")
+    p_bench.add_argument("--batch", choices=("1", "8", "all"), default="all")
+    p_bench.add_argument("--op", choices=("filter", "input", "both"), default="both", help="wgrad, dgrad or both")
+    p_bench.add_argument("--filter", metavar="REGEX", help="only cases whose name matches")
+    p_bench.add_argument("--rounds", type=int, default=5, help="interleaved samples per kernel (medians reported)")
+    p_bench.add_argument("--out", default="bench_out", help="folder for bench.json and bench.png")
+    p_bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p_bench.set_defaults(func=bench)
     return parser
 
 

@@ -1,11 +1,27 @@
-"""LLVM (CPU) schedule rule for the two gradients.
+"""LLVM (CPU) schedule rule: cube tiles of 16x16 fp32 blocks held in AVX-512 registers.
 
-The default rule: every stage runs parallel over its outer spatial loops and vectorized over
-C0 (its innermost axis, 16 lanes = one AVX-512 fp32 register); reduction stages keep their
-reduction loops between the two, so each C0 vector accumulates in place.
+Both gradients are GEMMs whose N axis is a 16-channel block (C0 = 16 fp32 lanes = one zmm
+register). Each mad runs as register tiles of ``rows x 16`` accumulators fed by broadcast FMAs:
+
+* dW (``dw_cc``): a tile is one ``(co1, c1, kh, kw)`` block, 16 Cout rows x 16 Cin lanes; the
+  whole reduction over ``(n, ho, wo)`` runs inside it, each step one fmap row (16 lanes, constant
+  offset per tap) times 16 broadcast dy values. Tiles are spread over the cores by ``(g, co1, c1)``;
+  when there are fewer tiles than cores the reduction is split across cores (``rfactor``: each core
+  sums its own part, then the parts are added in a fixed order, so results do not vary run to run).
+* dX (``dx_cc_<rh>_<rw>``, one per stride phase): a tile is ``TH x TW`` output pixels of one
+  16-channel block, the reduction over ``(co1, taps, co0)`` inside, each step one w_col row times
+  ``TH*TW`` broadcast dy values (constant offsets). Parallel over ``(c1, n, row tiles)``, so a
+  core's w_col panel stays in its cache while it walks the pixels.
+
+The fp16 -> fp32 conversion happens once, in the packing stages (``fmap_l1``, ``grads_2_matrix``,
+``dy_pad``, ``w_col``), which run parallel and vectorized over C0, as do the result stages.
+With ``tunable=True`` the tile sizes are MetaSchedule samples (``sample_perfect_tile``).
 """
 
 from __future__ import annotations
+
+import os
+from dataclasses import dataclass
 
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight import ScheduleRule
@@ -13,7 +29,108 @@ from tvm.target import Target
 
 from .common import split_loop_kinds, stage_blocks
 
-__all__ = ["CpuRule"]
+__all__ = ["CpuRule", "pixel_tile"]
+
+MAX_TILE_PIXELS = 16  # dX accumulators per tile: 16 zmm of the 32, the rest for operands
+
+
+def _num_cores(target: Target) -> int:
+    return int(target.attrs.get("num-cores", 0)) or os.cpu_count() or 1
+
+
+def _extent(sch: s_tir.Schedule, loop) -> int:
+    return int(sch.get(loop).extent)
+
+
+def pixel_tile(rows: int, cols: int) -> tuple[int, int]:
+    """dX register tile ``(TH, TW)``: divisors of the phase's rows / cols with the most pixels
+    ``<= 16`` (whole tiles keep every row's FMAs unpredicated); a 16-wide ragged tile when the
+    columns have no divisor giving at least 8 pixels."""
+    divisors = lambda n: [d for d in range(1, min(n, MAX_TILE_PIXELS) + 1) if n % d == 0]  # noqa: E731
+    th, tw = max(
+        ((th, tw) for tw in divisors(cols) for th in divisors(rows) if th * tw <= MAX_TILE_PIXELS),
+        key=lambda t: (t[0] * t[1], t[1]),
+    )
+    if th * tw < 8 and cols > MAX_TILE_PIXELS:
+        return 1, MAX_TILE_PIXELS
+    return th, tw
+
+
+def _elementwise(sch: s_tir.Schedule, block):
+    """Parallel over the outer loops, vectorized over the C0 lanes."""
+    *outer, lanes = sch.get_loops(block)
+    if outer:
+        sch.parallel(sch.fuse(*outer))
+    sch.vectorize(lanes)
+
+
+@dataclass
+class _Cube:
+    sch: s_tir.Schedule
+    cores: int
+    tunable: bool
+
+    def split(self, loop, inner: int, max_inner: int):
+        """``(outer, inner)``: ``inner`` fixed, or sampled when tunable."""
+        if self.tunable:
+            factors = self.sch.sample_perfect_tile(loop, n=2, max_innermost_factor=max_inner)
+            return self.sch.split(loop, factors)
+        return self.sch.split(loop, [None, inner])
+
+    def filter_grad(self, block, kh: int, kw: int):
+        """dW: ``(g, co1, c1, kh, kw) x [n, ho, wo] x (co0 unrolled, c0 vectorized)``."""
+        sch = self.sch
+        g, fkk, co, c0, n, ho, wo = sch.get_loops(block)
+        c1, tap_h, tap_w = sch.split(fkk, [None, kh, kw])
+        co1, co0 = sch.split(co, [None, 16])
+        reduce = [n, ho, wo]
+        tiles = _extent(sch, g) * _extent(sch, co1) * _extent(sch, c1)
+        longest = max(range(3), key=lambda i: _extent(sch, reduce[i]))
+        if tiles < self.cores and _extent(sch, reduce[longest]) >= 2 * self.cores:
+            # Too few tiles for the cores: each core sums a part of the reduction (rfactor).
+            part, reduce[longest] = sch.split(reduce[longest], [self.cores, None])
+            sch.reorder(part, g, co1, c1, tap_h, tap_w, *reduce, co0, c0)
+            rf = sch.rfactor(part, 0)
+            loops = sch.get_loops(rf)  # part, g, co1, c1, tap_h, tap_w, reduction..., co0, c0
+            sch.parallel(loops[0])
+            self._tile_body(rf, loops[6])
+            _sum_parts(sch, block)
+            return
+        sch.reorder(g, co1, c1, tap_h, tap_w, *reduce, co0, c0)
+        sch.parallel(sch.fuse(g, co1, c1))
+        self._tile_body(block, n)
+
+    def _tile_body(self, block, first_reduce):
+        """The 16x16 register tile: C0 rows unrolled, C0 lanes vectorized; init before the reduction."""
+        *_, rows, lanes = self.sch.get_loops(block)
+        self.sch.unroll(rows)
+        self.sch.vectorize(lanes)
+        self.sch.decompose_reduction(block, first_reduce)
+
+    def input_grad(self, block):
+        """dX phase: ``(c1, n, j_o) x (i_o) x [co1, mh, mw, co0] x (j_i, i_i unrolled, c0 vectorized)``."""
+        sch = self.sch
+        n, c1, j, i, c0, co1, mh, mw, co0 = sch.get_loops(block)
+        th, tw = pixel_tile(_extent(sch, j), _extent(sch, i))
+        j_o, j_i = self.split(j, th, MAX_TILE_PIXELS)
+        i_o, i_i = self.split(i, tw, MAX_TILE_PIXELS)
+        sch.reorder(c1, n, j_o, i_o, co1, mh, mw, co0, j_i, i_i, c0)
+        sch.parallel(sch.fuse(c1, n, j_o))
+        sch.unroll(j_i)
+        sch.unroll(i_i)
+        sch.vectorize(c0)
+        sch.decompose_reduction(block, co1)
+
+
+def _sum_parts(sch: s_tir.Schedule, block):
+    """The write-back of an rfactor: ``dW = part_0 + part_1 + ...`` in a fixed order, vectorized."""
+    part, *spatial = sch.get_loops(block)
+    *outer, lanes = spatial
+    sch.reorder(*outer, part, lanes)
+    sch.parallel(sch.fuse(*outer))
+    sch.vectorize(lanes)
+    init = sch.decompose_reduction(block, part)
+    sch.vectorize(sch.get_loops(init)[-1])
 
 
 class CpuRule(ScheduleRule):
@@ -26,14 +143,14 @@ class CpuRule(ScheduleRule):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         sch = s_tir.Schedule(func)
+        cube = _Cube(sch, _num_cores(target), tunable)
         for block in stage_blocks(sch):
-            spatial, reduce = split_loop_kinds(sch, block)
-            *outer, lanes = spatial
-            sch.reorder(*outer, *reduce, lanes)
-            if outer:
-                sch.parallel(sch.fuse(*outer))
-            sch.vectorize(lanes)
-            if reduce:
-                init = sch.decompose_reduction(block, reduce[0])
-                sch.vectorize(sch.get_loops(init)[-1])
+            name = sch.get(block).name_hint
+            if name == "dw_cc":
+                attrs = sch.get(block).annotations
+                cube.filter_grad(block, int(attrs["kernel_h"]), int(attrs["kernel_w"]))
+            elif name.startswith("dx_cc_"):
+                cube.input_grad(block)
+            else:
+                _elementwise(sch, block)
         return sch

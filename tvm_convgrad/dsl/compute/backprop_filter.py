@@ -69,7 +69,7 @@ def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvG
         )
 
     shape = layout.shape_dw_result(g.filter_sizes, g.groups)
-    dw_cc = te.compute(shape, mad, name="dw_cc", tag="mad")
+    dw_cc = te.compute(shape, mad, name="dw_cc", tag="mad", attrs={"kernel_h": g.kh, "kernel_w": g.kw})
     mode = "f162f32" if params.res_dtype == "float32" else "f162f16"
     return te.compute(
         shape,

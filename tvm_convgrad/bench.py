@@ -1,0 +1,308 @@
+"""``tvm-convgrad bench``: the package's kernels against PyTorch's oneDNN kernels, in one process.
+
+For every case of the benchmark shape set (``data/bench_shapes.json``: ResNet-50 v1.5 from
+oneDNN's benchdnn, a ResNeXt grouped conv, MobileNetV2 depthwise, a dilated conv; N = 1 and 8)
+and each gradient:
+
+* ours: float16 inputs in TBE layouts (5HD / FracZ), float32 accumulation, compile excluded;
+* PyTorch: float32 NCHW ``torch.nn.grad.conv2d_weight`` / ``conv2d_input`` on all cores;
+
+timed interleaved (each sample >= 0.15 s, a pause between the two runtimes, whose idle worker
+threads would otherwise spin against each other), medians of ``rounds`` samples, and the ratio
+torch / ours (> 1: ours is faster). The in-run fp32 matmul peak (``torch.mm`` 2048^3) is measured
+before and after as a reference line. The machine is shared and noisy: only ratios from one run
+mean anything.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import tvm
+
+from . import dsl, layout
+from .build import Kernel, build
+from .dsl.compute import cube_util
+from .tvm import placeholder
+
+__all__ = ["BenchCase", "BenchResult", "load_cases", "run_bench", "summarize", "main"]
+
+SAMPLE_SECONDS = 0.15
+PAUSE_SECONDS = 0.25  # > the ~0.1-0.3 s that idle TVM (300k yields) and libgomp workers spin
+OPS = {"filter": "wgrad", "input": "dgrad"}
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """One convolution of the shape set (NCHW, PyTorch conventions, symmetric pads)."""
+
+    name: str
+    kind: str
+    N: int
+    Cin: int
+    H: int
+    W: int
+    Cout: int
+    KH: int
+    KW: int
+    stride: tuple[int, int]
+    pad: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+    OH: int
+    OW: int
+    count: int = 1
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.N * self.Cout * (self.Cin // self.groups) * self.KH * self.KW * self.OH * self.OW
+
+    @property
+    def filter_sizes(self) -> list[int]:
+        return [self.Cout, self.Cin // self.groups, self.KH, self.KW]
+
+    @property
+    def pads(self) -> list[int]:
+        return [self.pad[0], self.pad[0], self.pad[1], self.pad[1]]
+
+
+@dataclass
+class BenchResult:
+    case: str
+    kind: str
+    batch: int
+    op: str  # "wgrad" | "dgrad"
+    flops: int
+    compile_s: float
+    ours_ms: float
+    torch_ms: float
+    ours_samples_ms: list[float] = field(default_factory=list)
+    torch_samples_ms: list[float] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float:
+        """torch time / our time: > 1 means ours is faster."""
+        return self.torch_ms / self.ours_ms
+
+    @property
+    def ours_gflops(self) -> float:
+        return self.flops / self.ours_ms / 1e6
+
+    @property
+    def torch_gflops(self) -> float:
+        return self.flops / self.torch_ms / 1e6
+
+
+def load_cases(suite: str = "resnet50", batches: Sequence[int] = (1, 8), pattern: str | None = None) -> list[BenchCase]:
+    """Cases of the shape set: ``suite`` ``"resnet50"`` or ``"all"``, batch sizes, a name regex."""
+    text = resources.files("tvm_convgrad").joinpath("data/bench_shapes.json").read_text()
+    cases = []
+    for c in json.loads(text)["cases"]:
+        if (suite == "resnet50" and c["kind"] != "resnet50") or c["N"] not in batches:
+            continue
+        if pattern and not re.search(pattern, c["name"]):
+            continue
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in c.items() if k in BenchCase.__dataclass_fields__}
+        cases.append(BenchCase(**fields))
+    return cases
+
+
+def tbe_result(case: BenchCase, op: str):
+    """The DSL result tensor of one gradient of ``case`` (float16 inputs in TBE layouts)."""
+    dy = placeholder(layout.shape_5hd(case.N, case.Cout, case.OH, case.OW), name="out_backprop", dtype="float16")
+    para = {"strides": list(case.stride), "padding": case.pads, "dilations": [1, 1, *case.dilation]}
+    name = re.sub(r"\W", "_", f"bench_{OPS[op]}_{case.name}")
+    if op == "filter":
+        x = placeholder(layout.shape_5hd(case.N, case.Cin, case.H, case.W), name="input_x", dtype="float16")
+        return dsl.conv2d_backprop_filter(x, dy, case.filter_sizes, {**para, "groups": case.groups, "kernel_name": name})
+    filters = placeholder(layout.shape_fracz(case.filter_sizes, case.groups), name="filters", dtype="float16")
+    group_dict = cube_util.calculate_group(case.filter_sizes, case.groups)
+    return dsl.conv2d_backprop_input(
+        filters, dy, case.filter_sizes, [case.N, case.Cin, case.H, case.W], {**para, "group_dict": group_dict, "kernel_name": name}
+    )
+
+
+def _sample(fn: Callable[[], None]) -> float:
+    """Seconds per call of ``fn``, averaged over as many calls as fill SAMPLE_SECONDS."""
+    fn()
+    calls, start = 0, time.perf_counter()
+    while True:
+        fn()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= SAMPLE_SECONDS:
+            return elapsed / calls
+
+
+def _ours(kernel: Kernel, rng: np.random.Generator) -> Callable[[], float]:
+    dev = kernel.device
+    args = [tvm.runtime.tensor(rng.uniform(-1, 1, a.shape).astype(a.dtype), dev) for a in kernel.inputs]
+    args.append(tvm.runtime.empty(kernel.output.shape, kernel.output.dtype, dev))
+    evaluator = kernel.executable.mod.time_evaluator(kernel.name, dev, number=1, repeat=1, min_repeat_ms=int(SAMPLE_SECONDS * 1e3))
+    return lambda: float(evaluator(*args).mean)
+
+
+def _torch(case: BenchCase, op: str, rng: np.random.Generator) -> Callable[[], float]:
+    import torch
+
+    x = torch.from_numpy(rng.uniform(-1, 1, (case.N, case.Cin, case.H, case.W)).astype("float32"))
+    w = torch.from_numpy(rng.uniform(-1, 1, case.filter_sizes).astype("float32"))
+    dy = torch.from_numpy(rng.uniform(-1, 1, (case.N, case.Cout, case.OH, case.OW)).astype("float32"))
+    kw = {"stride": case.stride, "padding": case.pad, "dilation": case.dilation, "groups": case.groups}
+    if op == "filter":
+        call = lambda: torch.nn.grad.conv2d_weight(x, w.shape, dy, **kw)  # noqa: E731
+    else:
+        call = lambda: torch.nn.grad.conv2d_input(x.shape, w, dy, **kw)  # noqa: E731
+    return lambda: _sample(call)
+
+
+def matmul_peak_gflops(rounds: int = 5) -> float:
+    """fp32 ``torch.mm`` 2048^3 GFLOP/s, median of ``rounds`` samples."""
+    import torch
+
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    return 2 * 2048**3 / statistics.median(_sample(lambda: torch.mm(a, b)) for _ in range(rounds)) / 1e9
+
+
+def run_bench(cases: Sequence[BenchCase], ops: Sequence[str], rounds: int = 5, progress: bool = True) -> list[BenchResult]:
+    """Build and time every (case, op), ours and torch interleaved; see the module docstring."""
+    import torch
+    from tqdm import tqdm
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    rng = np.random.default_rng(0)
+    results = []
+    bar = tqdm([(c, op) for c in cases for op in ops], disable=not progress, unit="kernel", dynamic_ncols=True)
+    for case, op in bar:
+        bar.set_description(f"{OPS[op]} {case.name}")
+        start = time.perf_counter()
+        kernel = build(tbe_result(case, op))
+        compile_s = time.perf_counter() - start
+        ours, theirs = _ours(kernel, rng), _torch(case, op, rng)
+        ours_t, torch_t = [], []
+        for _ in range(rounds):
+            ours_t.append(ours())
+            time.sleep(PAUSE_SECONDS)
+            torch_t.append(theirs())
+            time.sleep(PAUSE_SECONDS)
+        result = BenchResult(
+            case.name, case.kind, case.N, OPS[op], case.flops, compile_s,
+            statistics.median(ours_t) * 1e3, statistics.median(torch_t) * 1e3,
+            [t * 1e3 for t in ours_t], [t * 1e3 for t in torch_t],
+        )  # fmt: skip
+        results.append(result)
+        bar.set_postfix(ratio=f"{result.ratio:.2f}")
+    return results
+
+
+def _geomean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def summarize(results: Sequence[BenchResult]) -> dict[str, dict]:
+    """Per (kind, op, batch): geometric mean and minimum of torch/ours, max compile time."""
+    groups: dict[str, list[BenchResult]] = {}
+    for r in results:
+        groups.setdefault(f"{r.kind} {r.op} N={r.batch}", []).append(r)
+    return {
+        key: {
+            "cases": len(rs),
+            "geomean_ratio": _geomean([r.ratio for r in rs]),
+            "min_ratio": min(r.ratio for r in rs),
+            "min_case": min(rs, key=lambda r: r.ratio).case,
+            "max_compile_s": max(r.compile_s for r in rs),
+        }
+        for key, rs in sorted(groups.items())
+    }
+
+
+def format_table(results: Sequence[BenchResult], summary: dict, peaks: Sequence[float]) -> str:
+    lines = [
+        f"{'case':42s} {'op':5s} {'ours ms':>9s} {'torch ms':>9s} {'torch/ours':>10s} {'ours GF/s':>9s} {'torch GF/s':>10s} {'compile s':>9s}"
+    ]
+    for r in results:
+        lines.append(
+            f"{r.case:42s} {r.op:5s} {r.ours_ms:9.3f} {r.torch_ms:9.3f} {r.ratio:10.2f} {r.ours_gflops:9.1f} {r.torch_gflops:10.1f} {r.compile_s:9.2f}"
+        )
+    lines.append("")
+    lines.append(f"in-run fp32 matmul peak (torch.mm 2048^3): {' / '.join(f'{p:.1f}' for p in peaks)} GFLOP/s (before / after)")
+    for key, s in summary.items():
+        lines.append(
+            f"{key:24s} geomean torch/ours {s['geomean_ratio']:5.2f}  min {s['min_ratio']:5.2f} ({s['min_case']})  "
+            f"max compile {s['max_compile_s']:.2f} s  [{s['cases']} cases]"
+        )
+    return "\n".join(lines)
+
+
+def plot(results: Sequence[BenchResult], path: Path, title: str):
+    """Bar chart of torch/ours per case, one panel per (op, batch)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r.op, r.batch) for r in results})
+    fig, axes = plt.subplots(len(panels), 1, figsize=(14, 3.2 * len(panels)), squeeze=False)
+    for ax, (op, batch) in zip(axes[:, 0], panels):
+        rs = [r for r in results if (r.op, r.batch) == (op, batch)]
+        ratios = [r.ratio for r in rs]
+        ax.bar(range(len(rs)), ratios, color=["tab:green" if v >= 1 else "tab:red" for v in ratios])
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(rs)), [re.sub(r"^(resnet_50_v1_5|[a-z0-9_]+?)\.|\.n\d+$", "", r.case) for r in rs], rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("torch / ours")
+        ax.set_title(f"{op} N={batch}: geomean {_geomean(ratios):.2f}", fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def environment() -> dict:
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "llvm_mcpu": tvm.target.codegen.llvm_get_system_cpu(),
+        "tvm": tvm.__version__,
+        "torch": torch.__version__,
+        "TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS"),
+        "torch_threads": torch.get_num_threads(),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def main(suite: str, batches: Sequence[int], ops: Sequence[str], pattern: str | None, rounds: int, out_dir: Path, progress: bool = True) -> dict:
+    """Run, print the table, write ``bench.json`` and ``bench.png`` under ``out_dir``; returns the summary."""
+    cases = load_cases(suite, batches, pattern)
+    if not cases:
+        raise ValueError(f"no benchmark case matches suite={suite!r}, batches={list(batches)}, filter={pattern!r}")
+    peaks = [matmul_peak_gflops()]
+    results = run_bench(cases, ops, rounds, progress)
+    peaks.append(matmul_peak_gflops())
+    summary = summarize(results)
+    print(format_table(results, summary, peaks))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = {
+        "environment": environment(),
+        "settings": {"suite": suite, "batches": list(batches), "ops": list(ops), "filter": pattern, "rounds": rounds},
+        "matmul_peak_gflops": peaks,
+        "summary": summary,
+        "results": [asdict(r) | {"ratio": r.ratio, "ours_gflops": r.ours_gflops, "torch_gflops": r.torch_gflops} for r in results],
+    }
+    (out_dir / "bench.json").write_text(json.dumps(record, indent=1))
+    plot(results, out_dir / "bench.png", f"tvm_convgrad vs PyTorch {record['environment']['torch']} (oneDNN), torch.mm peak {peaks[0]:.0f} GFLOP/s")
+    print(f"wrote {out_dir / 'bench.json'} and {out_dir / 'bench.png'}")
+    return summary
