@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight import ScheduleRule
 from tvm.target import Target
@@ -32,6 +33,7 @@ from .common import split_loop_kinds, stage_blocks
 __all__ = ["CpuRule", "pixel_tile"]
 
 MAX_TILE_PIXELS = 16  # dX accumulators per tile: 16 zmm of the 32, the rest for operands
+WEIGHTS_IN_CACHE = 512 * 1024  # bytes of w_col kept in a core's L2 while dX walks the pixels
 
 
 def _num_cores(target: Target) -> int:
@@ -107,15 +109,24 @@ class _Cube:
         self.sch.vectorize(lanes)
         self.sch.decompose_reduction(block, first_reduce)
 
-    def input_grad(self, block):
-        """dX phase: ``(c1, n, j_o) x (i_o) x [co1, mh, mw, co0] x (j_i, i_i unrolled, c0 vectorized)``."""
+    def input_grad(self, block, weight_bytes: int):
+        """dX phase: pixel tiles ``(j_i x i_i)`` x 16 lanes, reduction ``[co1, mh, mw, co0]`` inside.
+
+        When all of w_col fits in a core's cache, the channel blocks ``c1`` loop inside each
+        pixel tile (dy is read once); otherwise ``c1`` is outermost (a core keeps its block's
+        w_col panel while dy streams past once per block).
+        """
         sch = self.sch
         n, c1, j, i, c0, co1, mh, mw, co0 = sch.get_loops(block)
         th, tw = pixel_tile(_extent(sch, j), _extent(sch, i))
         j_o, j_i = self.split(j, th, MAX_TILE_PIXELS)
         i_o, i_i = self.split(i, tw, MAX_TILE_PIXELS)
-        sch.reorder(c1, n, j_o, i_o, co1, mh, mw, co0, j_i, i_i, c0)
-        sch.parallel(sch.fuse(c1, n, j_o))
+        if weight_bytes <= WEIGHTS_IN_CACHE:
+            sch.reorder(n, j_o, i_o, c1, co1, mh, mw, co0, j_i, i_i, c0)
+            sch.parallel(sch.fuse(n, j_o, i_o))
+        else:
+            sch.reorder(c1, n, j_o, i_o, co1, mh, mw, co0, j_i, i_i, c0)
+            sch.parallel(sch.fuse(c1, n, j_o))
         sch.unroll(j_i)
         sch.unroll(i_i)
         sch.vectorize(c0)
@@ -131,6 +142,15 @@ def _sum_parts(sch: s_tir.Schedule, block):
     sch.vectorize(lanes)
     init = sch.decompose_reduction(block, part)
     sch.vectorize(sch.get_loops(init)[-1])
+
+
+def _buffer_bytes(sch: s_tir.Schedule, stage: str) -> int:
+    """Bytes of the buffer a stage writes."""
+    (buffer,) = [w.source for w in sch.get(sch.get_sblock(stage)).writes]
+    size = 1
+    for d in buffer.shape:
+        size *= int(d)
+    return size * tvm.DataType(buffer.dtype).bits // 8
 
 
 class CpuRule(ScheduleRule):
@@ -150,7 +170,7 @@ class CpuRule(ScheduleRule):
                 attrs = sch.get(block).annotations
                 cube.filter_grad(block, int(attrs["kernel_h"]), int(attrs["kernel_w"]))
             elif name.startswith("dx_cc_"):
-                cube.input_grad(block)
+                cube.input_grad(block, _buffer_bytes(sch, "w_col"))
             else:
                 _elementwise(sch, block)
         return sch
