@@ -77,10 +77,11 @@ def _placeholders(output: te.Tensor) -> list[te.Tensor]:
     """The placeholders ``output`` reads, in TBE argument order (``ARGUMENT_STAGES``)."""
     stages = {t.op.name: t for t in _graph_tensors(output)}
     found: list[te.Tensor] = []
-    for stage in ARGUMENT_STAGES.get(output.op.tag, ()):
-        for inp in stages[stage].op.input_tensors if stage in stages else ():
-            if isinstance(inp.op, te.PlaceholderOp) and not any(inp.same_as(f) for f in found):
-                found.append(inp)
+    for readers in ARGUMENT_STAGES.get(output.op.tag, ()):
+        for stage in (stages[name] for name in readers if name in stages):
+            for inp in stage.op.input_tensors:
+                if isinstance(inp.op, te.PlaceholderOp) and not any(inp.same_as(f) for f in found):
+                    found.append(inp)
     for t in stages.values():  # any others (a graph this package did not make): in walk order
         if isinstance(t.op, te.PlaceholderOp) and not any(t.same_as(f) for f in found):
             found.append(t)

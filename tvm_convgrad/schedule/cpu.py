@@ -59,11 +59,29 @@ def pixel_tile(rows: int, cols: int) -> tuple[int, int]:
 
 
 def _elementwise(sch: s_tir.Schedule, block):
-    """Parallel over the outer loops, vectorized over the C0 lanes."""
+    """Parallel over the outer loops, vectorized over the innermost (C0, or 16 of a longer row)."""
     *outer, lanes = sch.get_loops(block)
+    if _extent(sch, lanes) > 16:
+        if _extent(sch, lanes) % 16:
+            outer.append(lanes)  # a ragged row: parallel only, LLVM vectorizes what it can
+            lanes = None
+        else:
+            row, lanes = sch.split(lanes, [None, 16])
+            outer.append(row)
     if outer:
         sch.parallel(sch.fuse(*outer))
-    sch.vectorize(lanes)
+    if lanes is not None:
+        sch.vectorize(lanes)
+
+
+def _planar_pack(sch: s_tir.Schedule, block):
+    """A 5HD -> channel-plane pack (``dy_rows``, the transposed dW's ``fmap_l1``): walked in the
+    source's order (channels innermost), so every read is contiguous; 16 planes are written."""
+    n, c, i, j = sch.get_loops(block)
+    c1, c0 = sch.split(c, [None, 16])
+    sch.reorder(n, c1, i, j, c0)
+    sch.parallel(sch.fuse(n, c1, i))
+    sch.unroll(c0)
 
 
 @dataclass
@@ -133,6 +151,57 @@ class _Cube:
         sch.decompose_reduction(block, co1)
 
 
+    def transposed_filter_grad(self, block):
+        """dW with Cout on the lanes (``dw_cc_t[c, kh, kw, co]``): a tile is ``kw_i`` taps x
+        ``co1_i`` Cout vectors (<= 28 accumulators) of one ``(c, kh)``, fed by one broadcast x
+        value per tap and one dy vector per Cout block, summing ``(ho, wo)`` in registers.
+
+        With a batch, each image is a separate partial dW (``rfactor`` over ``n``): the images
+        run one after another with every tile reading that image's dy while it is in cache, and
+        the partials (``N`` small dWs: this layout is for few input channels) are summed after.
+        """
+        sch = self.sch
+        c, kh, kw, co, n, ho, wo = sch.get_loops(block)
+        co1, co0 = sch.split(co, [None, 16])
+        taps = _largest_divisor(_extent(sch, kw), 7)
+        vectors = _largest_divisor(_extent(sch, co1), 28 // taps)
+        kw_o, kw_i = sch.split(kw, [None, taps])
+        co1_o, co1_i = sch.split(co1, [None, vectors])
+        batched = _extent(sch, n) > 1
+        if batched:
+            sch.reorder(n, c, kh, kw_o, co1_o, ho, wo, kw_i, co1_i, co0)
+            mad = sch.rfactor(n, 0)
+            n, c, kh, kw_o, co1_o, ho, wo, kw_i, co1_i, co0 = sch.get_loops(mad)
+        else:
+            sch.reorder(c, kh, kw_o, co1_o, n, ho, wo, kw_i, co1_i, co0)
+            mad = block
+        sch.parallel(sch.fuse(c, kh, kw_o, co1_o))
+        sch.unroll(kw_i)
+        sch.unroll(co1_i)
+        sch.vectorize(co0)
+        sch.decompose_reduction(mad, ho if batched else n)
+        if batched:
+            _sum_parts(sch, block)
+
+    def pixel_lane_input_grad(self, block):
+        """dX with output columns on the lanes (``dx_px``): a tile is 16 columns x ``j_i`` rows x
+        every input channel (<= 24 accumulators); per ``(co, mh, mw)`` one dy vector per row, used
+        at once by every channel's broadcast weight (so one dy vector is live at a time)."""
+        sch = self.sch
+        n, ci, j, i, co, mh, mw = sch.get_loops(block)
+        i_o, i_i = sch.split(i, [None, 16]) if _extent(sch, i) > 16 else (None, i)
+        rows = _largest_divisor(_extent(sch, j), 24 // _extent(sch, ci))
+        j_o, j_i = sch.split(j, [None, rows])
+        outer = [n, j_o] + ([i_o] if i_o is not None else [])
+        sch.reorder(*outer, co, mh, mw, j_i, ci, i_i)
+        sch.parallel(sch.fuse(*outer))
+        sch.unroll(ci)
+        sch.unroll(j_i)
+        if _extent(sch, i_i) == 16 and sch.get(block).iter_vars[3].dom.extent % 16 == 0:
+            sch.vectorize(i_i)
+        sch.decompose_reduction(block, co)
+
+
 def _sum_parts(sch: s_tir.Schedule, block):
     """The write-back of an rfactor: ``dW = part_0 + part_1 + ...`` in a fixed order, vectorized."""
     part, *spatial = sch.get_loops(block)
@@ -142,6 +211,10 @@ def _sum_parts(sch: s_tir.Schedule, block):
     sch.vectorize(lanes)
     init = sch.decompose_reduction(block, part)
     sch.vectorize(sch.get_loops(init)[-1])
+
+
+def _largest_divisor(n: int, limit: int) -> int:
+    return max(d for d in range(1, min(n, max(limit, 1)) + 1) if n % d == 0)
 
 
 def _buffer_bytes(sch: s_tir.Schedule, stage: str) -> int:
@@ -169,8 +242,14 @@ class CpuRule(ScheduleRule):
             if name == "dw_cc":
                 attrs = sch.get(block).annotations
                 cube.filter_grad(block, int(attrs["kernel_h"]), int(attrs["kernel_w"]))
+            elif name == "dw_cc_t":
+                cube.transposed_filter_grad(block)
             elif name.startswith("dx_cc_"):
                 cube.input_grad(block, _buffer_bytes(sch, "w_col"))
+            elif name.startswith("dx_px_"):
+                cube.pixel_lane_input_grad(block)
+            elif name == "dy_rows" or (name == "fmap_l1" and len(sch.get_loops(block)) == 4):
+                _planar_pack(sch, block)
             else:
                 _elementwise(sch, block)
         return sch

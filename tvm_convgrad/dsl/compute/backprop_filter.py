@@ -1,6 +1,11 @@
 """TE compute of ``conv2d_backprop_filter`` (dW) on 5HD tensors.
 
-Stages (found by name by the schedules), inputs fp16, reduction fp32:
+The result is TBE's ``(real_g, cin1_g*KH*KW, cout_g, 16)``: row ``(c1, kh, kw)``, column ``co``,
+lane ``ci0``. Two formulations compute it; both sum fp16 x fp16 products (exact in fp32) in fp32,
+the cube's arithmetic, and both compute every entry of an extended group's blocks, the cross-slot
+ones too (spec §2.5).
+
+**Cube** (the general one): Cin on the 16 lanes.
 
 =================  ==============================================  =========================================
 stage              shape                                           value
@@ -11,29 +16,47 @@ stage              shape                                           value
                                                                    xpad[hq*sh + rh, wq*sw + rw]``; only the
                                                                    phases the taps read (PH = 1 when every
                                                                    ``kh*dh`` is a multiple of ``sh``)
-``dw_cc``          ``(real_g, cin1_g*KH*KW, cout_g, 16)`` fp32     the mad: sum over n, ho, wo
+``dw_cc``          ``(real_g, cin1_g*KH*KW, cout_g, 16)`` fp32     the mad over ``(n, ho, wo)``
 ``dw_ddr``         same, ``res_dtype``                             the result (tag ``conv2d_backprop_filterdw_ddr``)
 =================  ==============================================  =========================================
 
 ``dw_cc[g, (c1,kh,kw), co, c0] = sum_{n,ho,wo} grads_2_matrix[n, g*cout_g/16 + co//16, ho, wo, co%16]
-* xpad[n, g*cin1_g + c1, ho*sh + kh*dh, wo*sw + kw*dw, c0]``, xpad read through ``fmap_l1``, so that
-consecutive ``wo`` read consecutive memory whatever the stride: every entry of an extended group's
-blocks is computed, the cross-slot ones too (spec §2.5). The fp16 x fp16 products are exact in fp32,
-so this is the cube's arithmetic (exact multiply, fp32 accumulate).
+* xpad[n, g*cin1_g + c1, ho*sh + kh*dh, wo*sw + kw*dw, c0]``, xpad read through ``fmap_l1`` so that
+consecutive ``wo`` read consecutive memory whatever the stride.
+
+**Transposed** (few input channels, one extended group, e.g. a network's first layer with
+Cin = 3): Cout on the lanes, so that no lane multiplies a padding channel.
+
+=================  ==============================================  =========================================
+``grads_2_matrix`` as above
+``fmap_l1``        ``(N, Cin, Hp, Wp)`` fp32                       x with its zero padding, NCHW
+``dw_cc_t``        ``(Cin, KH, KW, cout_g)`` fp32                  ``sum_{n,ho,wo} fmap_l1[n, c, ho*sh +
+                                                                   kh*dh, wo*sw + kw*dw] * dy[n, co, ho, wo]``
+``dw_ddr``         TBE's shape, ``res_dtype``                      ``dw_cc_t`` transposed into TBE's layout
+                                                                   (0 for the padding channels)
+=================  ==============================================  =========================================
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvm import te
+from tvm import te, tirx
 
 from ... import layout
 from ...layout import C0
 from ...params import ConvGradParams
 from .common import ACC, guarded
 
-__all__ = ["conv2d_backprop_filter_compute"]
+__all__ = ["conv2d_backprop_filter_compute", "transposed_filter_grad"]
+
+TRANSPOSED_MAX_CIN = 8  # at most half the lanes of a channel block would be real channels
+
+
+def transposed_filter_grad(params: ConvGradParams) -> bool:
+    """Whether dW puts Cout on the lanes: one extended group holding at most 8 input channels."""
+    ext = params.geom.group
+    return ext.g_extend == 1 and params.geom.cin <= TRANSPOSED_MAX_CIN
 
 
 @dataclass(frozen=True)
@@ -59,7 +82,9 @@ class _StridePhases:
 
     @property
     def per_phase(self) -> int:
-        return -(-self.reach // self.stride) if self.phases > 1 else self.out + (self.kernel - 1) * self.dilation // self.stride
+        if self.phases > 1:
+            return -(-self.reach // self.stride)
+        return self.out + (self.kernel - 1) * self.dilation // self.stride
 
     @property
     def packed_extent(self) -> int:
@@ -75,33 +100,60 @@ class _StridePhases:
         return (shift % self.stride if self.phases > 1 else 0), shift // self.stride
 
 
+def _inside(i, j, pads: tuple[int, int, int, int], size: tuple[int, int], extent: tuple[int, int]) -> list:
+    """Conditions for padded position ``(i, j)`` to fall inside the image (only those needed)."""
+    pt, _, pl, _ = pads
+    h, w = size
+    conds = [i >= pt] if pt else []
+    conds += [i < pt + h] if extent[0] > pt + h else []
+    conds += [j >= pl] if pl else []
+    conds += [j < pl + w] if extent[1] > pl + w else []
+    return conds
+
+
 def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams) -> te.Tensor:
     """dW of TBE's shape ``(real_g, cin1_g*KH*KW, cout_g, 16)`` from 5HD ``fmap`` and ``dy``."""
     g = params.geom
     ext = g.group
-    (sh, sw), (dil_h, dil_w), (pt, _, pl, _) = g.strides, g.dilations, g.pads
-    rows = _StridePhases(g.ho, g.kh, sh, dil_h)
-    cols = _StridePhases(g.wo, g.kw, sw, dil_w)
     c1_grads = ext.g_extend * ext.cout1_g
-    c1_fmap = ext.g_extend * ext.cin1_g
 
     def grads_value(n, c1, ho, wo, c0):
         conds = [c1 < g.c1_y] if c1_grads > g.c1_y else []
         return guarded(conds, dy[n, c1, ho, wo, c0].astype(ACC))
 
     grads = te.compute((g.batch, c1_grads, g.ho, g.wo, C0), grads_value, name="grads_2_matrix", tag="grads_2_matrix")
+    shape = layout.shape_dw_result(g.filter_sizes, g.groups)
+    if transposed_filter_grad(params):
+        dw = _transposed_mad(fmap, grads, params)
+        value = lambda grp, fkk, co, ci0: _from_transposed(dw, fkk, co, ci0, params)  # noqa: E731
+    else:
+        dw = _cube_mad(fmap, grads, params, shape)
+        value = lambda *i: dw(*i)  # noqa: E731
+    mode = "f162f32" if params.res_dtype == "float32" else "f162f16"
+    return te.compute(
+        shape,
+        lambda *i: value(*i).astype(params.res_dtype),
+        name="dw_ddr",
+        tag="conv2d_backprop_filterdw_ddr",
+        attrs={"kernel_name": params.kernel_name, "mode": mode, "flops": params.flops},
+    )
+
+
+def _cube_mad(fmap: te.Tensor, grads: te.Tensor, params: ConvGradParams, shape) -> te.Tensor:
+    g = params.geom
+    ext = g.group
+    (sh, sw), (dil_h, dil_w) = g.strides, g.dilations
+    rows = _StridePhases(g.ho, g.kh, sh, dil_h)
+    cols = _StridePhases(g.wo, g.kw, sw, dil_w)
+    c1_fmap = ext.g_extend * ext.cin1_g
 
     def fmap_value(n, c1, rh, rw, hq, wq, c0):
         i, j = rows.padded_index(rh, hq), cols.padded_index(rw, wq)  # in the zero-padded x
-        conds = [c1 < g.c1_x] if c1_fmap > g.c1_x else []
-        conds += [i >= pt] if pt else []
-        conds += [i < pt + g.h] if rows.packed_extent > pt + g.h else []
-        conds += [j >= pl] if pl else []
-        conds += [j < pl + g.w] if cols.packed_extent > pl + g.w else []
-        return guarded(conds, fmap[n, c1, i - pt, j - pl, c0].astype(ACC))
+        conds = ([c1 < g.c1_x] if c1_fmap > g.c1_x else []) + _inside(i, j, g.pads, (g.h, g.w), (rows.packed_extent, cols.packed_extent))
+        return guarded(conds, fmap[n, c1, i - g.pads[0], j - g.pads[2], c0].astype(ACC))
 
-    shape = (g.batch, c1_fmap, rows.phases, cols.phases, rows.per_phase, cols.per_phase, C0)
-    fmap_l1 = te.compute(shape, fmap_value, name="fmap_l1", tag="fmap_l1")
+    packed = (g.batch, c1_fmap, rows.phases, cols.phases, rows.per_phase, cols.per_phase, C0)
+    fmap_l1 = te.compute(packed, fmap_value, name="fmap_l1", tag="fmap_l1")
 
     n = te.reduce_axis((0, g.batch), name="n")
     ho = te.reduce_axis((0, g.ho), name="ho")
@@ -116,13 +168,36 @@ def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvG
             axis=[n, ho, wo],
         )
 
-    shape = layout.shape_dw_result(g.filter_sizes, g.groups)
-    dw_cc = te.compute(shape, mad, name="dw_cc", tag="mad", attrs={"kernel_h": g.kh, "kernel_w": g.kw})
-    mode = "f162f32" if params.res_dtype == "float32" else "f162f16"
+    return te.compute(shape, mad, name="dw_cc", tag="mad", attrs={"kernel_h": g.kh, "kernel_w": g.kw})
+
+
+def _transposed_mad(fmap: te.Tensor, grads: te.Tensor, params: ConvGradParams) -> te.Tensor:
+    g = params.geom
+    (sh, sw), (dil_h, dil_w) = g.strides, g.dilations
+    reach = ((g.ho - 1) * sh + g.kh_dilated, (g.wo - 1) * sw + g.kw_dilated)
+
+    def fmap_value(n, c, i, j):
+        conds = _inside(i, j, g.pads, (g.h, g.w), reach)
+        return guarded(conds, fmap[n, c // C0, i - g.pads[0], j - g.pads[2], c % C0].astype(ACC))
+
+    fmap_l1 = te.compute((g.batch, g.cin, *reach), fmap_value, name="fmap_l1", tag="fmap_l1")
+    n = te.reduce_axis((0, g.batch), name="n")
+    ho = te.reduce_axis((0, g.ho), name="ho")
+    wo = te.reduce_axis((0, g.wo), name="wo")
     return te.compute(
-        shape,
-        lambda *i: dw_cc(*i).astype(params.res_dtype),
-        name="dw_ddr",
-        tag="conv2d_backprop_filterdw_ddr",
-        attrs={"kernel_name": params.kernel_name, "mode": mode, "flops": params.flops},
+        (g.cin, g.kh, g.kw, g.group.cout_g_padded),
+        lambda c, kh, kw, co: te.sum(
+            fmap_l1[n, c, ho * sh + kh * dil_h, wo * sw + kw * dil_w] * grads[n, co // C0, ho, wo, co % C0],
+            axis=[n, ho, wo],
+        ),
+        name="dw_cc_t",
+        tag="mad",
     )
+
+
+def _from_transposed(dw_t: te.Tensor, fkk, co, ci0, params: ConvGradParams):
+    """TBE's ``dw[0, (c1,kh,kw), co, ci0]`` from ``dw_cc_t[c, kh, kw, co]`` (0 past Cin)."""
+    g = params.geom
+    c1, kh, kw = layout.split_fracz_row(fkk, g.kh, g.kw)
+    c = c1 * C0 + ci0
+    return te.if_then_else(c < g.cin, dw_t[c, kh, kw, co], tirx.const(0.0, ACC))

@@ -22,6 +22,12 @@ stage               shape                                         value
 
 with ``dx_cc[n, c1, j, i, c0] = sum_{co1, mh, mw, co0} dy_pad[n, e*dy_c1_extend + co1, j + off_h(mh),
 i + off_w(mw), co0] * w_col[c1, co1, kh(mh), kw(mw), co0, c0]``, ``e = c1 // dx_c1_extend``.
+
+**Pixel lanes** (few input channels in one extended group, e.g. a network's first layer): the 16
+lanes hold 16 output columns instead of 16 channels, so no lane computes a padding channel:
+``dy_rows (N, Cout, Hy, Wy)`` and ``w_t (Cout, Cin, KH, KW)`` fp32 (NCHW / OIHW), one
+``dx_px_{rh}_{rw} (N, Cin, H_rh, W_rw)`` per phase summing ``dy_rows[n, co, j + off_h(mh), i +
+off_w(mw)] * w_t[co, ci, kh(mh), kw(mw)]`` over ``(co, mh, mw)``, and ``c_ddr`` as above (0 past Cin).
 """
 
 from __future__ import annotations
@@ -36,7 +42,14 @@ from ...layout import C0
 from ...params import ConvGradParams
 from .common import ACC, guarded
 
-__all__ = ["AxisPhase", "axis_phases", "conv2d_backprop_input_compute", "phase_stage_name"]
+__all__ = ["AxisPhase", "axis_phases", "conv2d_backprop_input_compute", "phase_stage_name", "pixel_lanes_input_grad"]
+
+PIXEL_LANES_MAX_CIN = 8  # at most half the lanes of a channel block would be real channels
+
+
+def pixel_lanes_input_grad(params: ConvGradParams) -> bool:
+    """Whether dX puts output columns on the lanes: one extended group of at most 8 channels."""
+    return params.geom.group.g_extend == 1 and params.geom.cin <= PIXEL_LANES_MAX_CIN
 
 
 @dataclass(frozen=True)
@@ -73,8 +86,8 @@ def axis_phases(size: int, kernel: int, stride: int, pad_before: int, dilation: 
     return phases
 
 
-def phase_stage_name(ph: AxisPhase, pw: AxisPhase) -> str:
-    return f"dx_cc_{ph.first}_{pw.first}"
+def phase_stage_name(ph: AxisPhase, pw: AxisPhase, prefix: str = "dx_cc") -> str:
+    return f"{prefix}_{ph.first}_{pw.first}"
 
 
 def conv2d_backprop_input_compute(
@@ -104,8 +117,44 @@ def conv2d_backprop_input_compute(
         conds += [j < left + g.wo] if end_w > g.wo else []
         return guarded(conds, dy[n, c1, i - top, j - left, c0].astype(ACC))
 
-    dy_pad = te.compute((g.batch, c1_dy, top + end_h, left + end_w, C0), pad_value, name="dy_pad", tag="dy_pad")
+    if pixel_lanes_input_grad(params):
+        phases, read = _pixel_lane_phases(filters, dy, params, rows, cols, (top, end_h, left, end_w))
+    else:
+        dy_pad = te.compute((g.batch, c1_dy, top + end_h, left + end_w, C0), pad_value, name="dy_pad", tag="dy_pad")
+        phases, read = _cube_phases(filters, dy_pad, params, rows, cols, (top, left))
 
+    def result(n, c1, hw, c0):
+        h, w = hw // g.w, hw % g.w
+        value = tirx.const(0.0, ACC)
+        for ph, pw, mad in reversed(phases):  # each pixel reads its own phase
+            here = read(mad, n, c1, h // sh, w // sw, c0)
+            conds = ([h % sh == ph.first] if sh > 1 else []) + ([w % sw == pw.first] if sw > 1 else [])
+            value = te.if_then_else(tirx.all(*conds), here, value) if conds else here
+        if bias is not None:
+            channel = c1 * C0 + c0
+            conds = [channel < int(bias.shape[0])] if int(bias.shape[0]) < g.c1_x * C0 else []
+            value = value + guarded(conds, bias[channel].astype(ACC))
+        return value.astype(params.res_dtype)
+
+    return te.compute(
+        layout.shape_dx_result(g.input_sizes),
+        result,
+        name="c_ddr",
+        tag="conv2d_backprop_input",
+        attrs={
+            "kernel_name": params.kernel_name,
+            "output_shape": list(layout.shape_5hd(*g.input_sizes)),
+            "output_dtype": params.res_dtype,
+            "flops": params.flops,
+        },
+    )
+
+
+def _cube_phases(filters: te.Tensor, dy_pad: te.Tensor, params: ConvGradParams, rows, cols, origin):
+    """One ``dx_cc`` mad per phase, 16 input channels on the lanes."""
+    g = params.geom
+    ext = g.group
+    top, left = origin
     w_col = te.compute(
         (g.c1_x, ext.cout1_g, g.kh, g.kw, C0, C0),
         lambda c1, co1, kh, kw, co0, ci0: filters[layout.fracz_row(c1, kh, kw, g.kh, g.kw), co1, co0, ci0].astype(ACC),
@@ -130,29 +179,48 @@ def conv2d_backprop_input_compute(
         return te.compute((g.batch, g.c1_x, ph.count, pw.count, C0), mad, name=phase_stage_name(ph, pw), tag="mad")
 
     phases = [(ph, pw, phase_mad(ph, pw)) for ph in rows for pw in cols]
+    return phases, lambda mad, n, c1, j, i, c0: mad[n, c1, j, i, c0]
 
-    def result(n, c1, hw, c0):
-        h, w = hw // g.w, hw % g.w
-        value = tirx.const(0.0, ACC)
-        for ph, pw, mad in reversed(phases):  # each pixel reads its own phase
-            here = mad[n, c1, h // sh, w // sw, c0]
-            conds = ([h % sh == ph.first] if sh > 1 else []) + ([w % sw == pw.first] if sw > 1 else [])
-            value = te.if_then_else(tirx.all(*conds), here, value) if conds else here
-        if bias is not None:
-            channel = c1 * C0 + c0
-            conds = [channel < int(bias.shape[0])] if int(bias.shape[0]) < g.c1_x * C0 else []
-            value = value + guarded(conds, bias[channel].astype(ACC))
-        return value.astype(params.res_dtype)
 
-    return te.compute(
-        layout.shape_dx_result(g.input_sizes),
-        result,
-        name="c_ddr",
-        tag="conv2d_backprop_input",
-        attrs={
-            "kernel_name": params.kernel_name,
-            "output_shape": list(layout.shape_5hd(*g.input_sizes)),
-            "output_dtype": params.res_dtype,
-            "flops": params.flops,
-        },
+def _pixel_lane_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows, cols, padding):
+    """One ``dx_px`` mad per phase, 16 output columns on the lanes (see the module docstring)."""
+    g = params.geom
+    top, end_h, left, end_w = padding
+
+    def rows_value(n, co, y, x):
+        conds = [y >= top] if top else []
+        conds += [y < top + g.ho] if end_h > g.ho else []
+        conds += [x >= left] if left else []
+        conds += [x < left + g.wo] if end_w > g.wo else []
+        return guarded(conds, dy[n, co // C0, y - top, x - left, co % C0].astype(ACC))
+
+    dy_rows = te.compute((g.batch, g.cout, top + end_h, left + end_w), rows_value, name="dy_rows", tag="dy_rows")
+    w_t = te.compute(
+        (g.cout, g.cin, g.kh, g.kw),
+        lambda co, ci, kh, kw: filters[layout.fracz_row(ci // C0, kh, kw, g.kh, g.kw), co // C0, co % C0, ci % C0].astype(ACC),
+        name="w_t",
+        tag="w_t",
     )
+
+    def phase_mad(ph: AxisPhase, pw: AxisPhase) -> te.Tensor:
+        co = te.reduce_axis((0, g.cout), name="co")
+        mh = te.reduce_axis((0, ph.taps), name="mh")
+        mw = te.reduce_axis((0, pw.taps), name="mw")
+        return te.compute(
+            (g.batch, g.cin, ph.count, pw.count),
+            lambda n, ci, j, i: te.sum(
+                dy_rows[n, co, j + ph.base + top - mh * ph.dy_step, i + pw.base + left - mw * pw.dy_step]
+                * w_t[co, ci, ph.tap0 + mh * ph.tap_step, pw.tap0 + mw * pw.tap_step],
+                axis=[co, mh, mw],
+            ),
+            name=phase_stage_name(ph, pw, "dx_px"),
+            tag="mad",
+        )
+
+    phases = [(ph, pw, phase_mad(ph, pw)) for ph in rows for pw in cols]
+
+    def read(mad, n, c1, j, i, c0):  # branch-free (the index is clamped): vectorizes over c0
+        channel = c1 * C0 + c0
+        return tirx.Select(channel < g.cin, mad[n, tirx.min(channel, g.cin - 1), j, i], tirx.const(0.0, ACC))
+
+    return phases, read
