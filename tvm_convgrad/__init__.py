@@ -9,9 +9,17 @@ from __future__ import annotations
 
 import os
 
-# TVM's CPU thread pool uses half the cores unless told otherwise (it assumes hyper-threading);
-# use them all unless the user chose. Read when the pool starts, so set it before any kernel runs.
-os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+# TVM's CPU thread pool takes TVM_NUM_THREADS, else OMP_NUM_THREADS, else half the cores (on x86 it
+# assumes hyper-threading). Unless the user set one of them, use every core. The pool reads it when
+# it starts (the first parallel kernel), so this must run before any TVM kernel does.
+if "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["TVM_NUM_THREADS"] = str(usable_cores())
 
 from . import dsl, layout, reference, tvm  # noqa: E402
 from .build import ArgSpec, Kernel, Timing, build, lower, pass_context, resolve_target  # noqa: E402
@@ -35,4 +43,5 @@ __all__ = [
     "reference",
     "resolve_target",
     "tvm",
+    "usable_cores",
 ]

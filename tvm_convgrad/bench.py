@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 import numpy as np
 import tvm
 
-from . import dsl, layout
+from . import dsl, layout, usable_cores
 from .build import Kernel, build
 from .dsl.compute import cube_util
 from .tvm import placeholder
@@ -180,7 +180,7 @@ def run_bench(cases: Sequence[BenchCase], ops: Sequence[str], rounds: int = 5, p
     import torch
     from tqdm import tqdm
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(usable_cores())
     rng = np.random.default_rng(0)
     results = []
     bar = tqdm([(c, op) for c in cases for op in ops], disable=not progress, unit="kernel", dynamic_ncols=True)

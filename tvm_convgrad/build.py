@@ -27,7 +27,7 @@ from tvm import te, tirx
 from tvm.ir.instrument import pass_instrument
 from tvm.target import Target
 
-from . import schedule
+from . import schedule, usable_cores
 from .dsl import result_info
 from .dsl.compute import ARGUMENT_STAGES
 from .errors import ConvGradError
@@ -62,7 +62,7 @@ def resolve_target(target: str | dict | Target = "llvm") -> Target:
             raise ConvGradError("build", "target", target, f"is not a valid TVM target: {str(err).strip().splitlines()[-1]}") from None
     if target == "llvm":
         cpu = tvm.target.codegen.llvm_get_system_cpu()
-        return Target({"kind": "llvm", "mcpu": cpu, "num-cores": os.cpu_count() or 1})
+        return Target({"kind": "llvm", "mcpu": cpu, "num-cores": usable_cores()})
     if target == "cuda":
         return Target({"kind": "cuda", "arch": _cuda_arch()})
     raise ConvGradError("build", "target", target, "must be 'llvm', 'cuda', a target dict or a tvm.target.Target")

@@ -28,10 +28,11 @@ consecutive ``wo`` read consecutive memory whatever the stride.
 Cin = 3): Cout on the lanes, so that no lane multiplies a padding channel.
 
 =================  ==============================================  =========================================
-``grads_2_matrix`` as above
 ``fmap_l1``        ``(N, Cin, Hp, Wp)`` fp32                       x with its zero padding, NCHW
 ``dw_cc_t``        ``(Cin, KH, KW, cout_g)`` fp32                  ``sum_{n,ho,wo} fmap_l1[n, c, ho*sh +
-                                                                   kh*dh, wo*sw + kw*dw] * dy[n, co, ho, wo]``
+                                                                   kh*dh, wo*sw + kw*dw] * dy[n, co, ho, wo]``,
+                                                                   dy read from the 5HD input (its 16-lane
+                                                                   vectors convert to fp32 as they load)
 ``dw_ddr``         TBE's shape, ``res_dtype``                      ``dw_cc_t`` transposed into TBE's layout
                                                                    (0 for the padding channels)
 =================  ==============================================  =========================================
@@ -114,20 +115,12 @@ def _inside(i, j, pads: tuple[int, int, int, int], size: tuple[int, int], extent
 def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams) -> te.Tensor:
     """dW of TBE's shape ``(real_g, cin1_g*KH*KW, cout_g, 16)`` from 5HD ``fmap`` and ``dy``."""
     g = params.geom
-    ext = g.group
-    c1_grads = ext.g_extend * ext.cout1_g
-
-    def grads_value(n, c1, ho, wo, c0):
-        conds = [c1 < g.c1_y] if c1_grads > g.c1_y else []
-        return guarded(conds, dy[n, c1, ho, wo, c0].astype(ACC))
-
-    grads = te.compute((g.batch, c1_grads, g.ho, g.wo, C0), grads_value, name="grads_2_matrix", tag="grads_2_matrix")
     shape = layout.shape_dw_result(g.filter_sizes, g.groups)
     if transposed_filter_grad(params):
-        dw = _transposed_mad(fmap, grads, params)
+        dw = _transposed_mad(fmap, dy, params)
         value = lambda grp, fkk, co, ci0: _from_transposed(dw, fkk, co, ci0, params)  # noqa: E731
     else:
-        dw = _cube_mad(fmap, grads, params, shape)
+        dw = _cube_mad(fmap, dy, params, shape)
         value = lambda *i: dw(*i)  # noqa: E731
     mode = "f162f32" if params.res_dtype == "float32" else "f162f16"
     return te.compute(
@@ -139,9 +132,16 @@ def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvG
     )
 
 
-def _cube_mad(fmap: te.Tensor, grads: te.Tensor, params: ConvGradParams, shape) -> te.Tensor:
+def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape) -> te.Tensor:
     g = params.geom
     ext = g.group
+    c1_grads = ext.g_extend * ext.cout1_g
+
+    def grads_value(n, c1, ho, wo, c0):
+        conds = [c1 < g.c1_y] if c1_grads > g.c1_y else []
+        return guarded(conds, dy[n, c1, ho, wo, c0].astype(ACC))
+
+    grads = te.compute((g.batch, c1_grads, g.ho, g.wo, C0), grads_value, name="grads_2_matrix", tag="grads_2_matrix")
     (sh, sw), (dil_h, dil_w) = g.strides, g.dilations
     rows = _StridePhases(g.ho, g.kh, sh, dil_h)
     cols = _StridePhases(g.wo, g.kw, sw, dil_w)
@@ -171,7 +171,7 @@ def _cube_mad(fmap: te.Tensor, grads: te.Tensor, params: ConvGradParams, shape) 
     return te.compute(shape, mad, name="dw_cc", tag="mad", attrs={"kernel_h": g.kh, "kernel_w": g.kw})
 
 
-def _transposed_mad(fmap: te.Tensor, grads: te.Tensor, params: ConvGradParams) -> te.Tensor:
+def _transposed_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams) -> te.Tensor:
     g = params.geom
     (sh, sw), (dil_h, dil_w) = g.strides, g.dilations
     reach = ((g.ho - 1) * sh + g.kh_dilated, (g.wo - 1) * sw + g.kw_dilated)
@@ -187,7 +187,8 @@ def _transposed_mad(fmap: te.Tensor, grads: te.Tensor, params: ConvGradParams) -
     return te.compute(
         (g.cin, g.kh, g.kw, g.group.cout_g_padded),
         lambda c, kh, kw, co: te.sum(
-            fmap_l1[n, c, ho * sh + kh * dil_h, wo * sw + kw * dil_w] * grads[n, co // C0, ho, wo, co % C0],
+            fmap_l1[n, c, ho * sh + kh * dil_h, wo * sw + kw * dil_w]
+            * guarded([co < g.cout] if g.group.cout_g_padded > g.cout else [], dy[n, co // C0, ho, wo, co % C0].astype(ACC)),
             axis=[n, ho, wo],
         ),
         name="dw_cc_t",

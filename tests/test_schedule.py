@@ -1,0 +1,105 @@
+"""The CPU schedules are really applied (not silently bypassed), reach their structures, and stay exact.
+
+Timing is never asserted here; the bench command measures it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import tvm
+from tvm import s_tir
+
+from tvm_convgrad import build, dsl, layout, schedule
+from tvm_convgrad.build import _arguments, _prim_func, resolve_target
+from tvm_convgrad.dsl.compute import cube_util
+from tvm_convgrad.tvm import placeholder
+from tvm_convgrad.verify import check_kernel
+
+
+
+def _dw(n, cin, h, w, cout, k, s=1, p=0, groups=1, name="sched_dw"):
+    ho, wo = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+    x = placeholder(layout.shape_5hd(n, cin, h, w), name="x", dtype="float16")
+    dy = placeholder(layout.shape_5hd(n, cout, ho, wo), name="dy", dtype="float16")
+    return dsl.conv2d_backprop_filter(x, dy, [cout, cin // groups, k, k], {"strides": [s, s], "padding": [p] * 4, "groups": groups, "kernel_name": name})
+
+
+def _dx(n, cin, h, w, cout, k, s=1, p=0, groups=1, name="sched_dx"):
+    ho, wo = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+    sizes = [cout, cin // groups, k, k]
+    fz = placeholder(layout.shape_fracz(sizes, groups), name="w", dtype="float16")
+    dy = placeholder(layout.shape_5hd(n, cout, ho, wo), name="dy", dtype="float16")
+    para = {"strides": [s, s], "padding": [p] * 4, "dilations": [1, 1, 1, 1], "group_dict": cube_util.calculate_group(sizes, groups), "kernel_name": name}
+    return dsl.conv2d_backprop_input(fz, dy, sizes, [n, cin, h, w], para)
+
+
+def _broadcast_fmas(asm: str) -> int:
+    """FMAs on zmm registers with a broadcast memory operand: the cube's inner loop."""
+    return len(re.findall(r"vfmadd231ps\s+\S*\{1to16\}, %zmm\d+, %zmm\d+", asm))
+
+
+@pytest.mark.parametrize("make", [_dw, _dx], ids=["dw", "dx"])
+def test_cube_tiles_are_zmm_broadcast_fmas(make):
+    kernel = build(make(2, 64, 14, 14, 64, 3, 1, 1))
+    tir = kernel.inspect_source("tir")
+    mad = "dw_cc" if make is _dw else "dx_cc_0_0"
+    assert f'T.sblock("{mad}_update")' in tir and "T.parallel(" in tir and "T.unroll(" in tir and "T.vectorized(" in tir
+    assert _broadcast_fmas(kernel.source) >= 14, "the register tile: broadcast FMAs into zmm accumulators"
+    assert "vpsraq" not in kernel.source, "no vectorized sign extension of 32-bit addresses"
+    assert check_kernel(kernel).ok
+
+
+def test_stride_two_dx_is_four_phases_without_zeros():
+    kernel = build(_dx(1, 32, 14, 14, 32, 3, 2, 1))
+    tir = kernel.inspect_source("tir")
+    assert sorted(set(re.findall(r'T.sblock\("(dx_cc_\d_\d)_update"\)', tir))) == ["dx_cc_0_0", "dx_cc_0_1", "dx_cc_1_0", "dx_cc_1_1"]
+    assert "dy_filling" not in tir
+    # Each phase multiplies only its own taps: 2x2, 2x1, 1x2, 1x1 of the 3x3 kernel (9 in all).
+    taps = [int(a) * int(b) for a, b in re.findall(r"for co1, mh, mw, co0 in T.grid\(T.int64\(\d+\), T.int64\((\d)\), T.int64\((\d)\)", tir)]
+    assert sorted(taps) == [1, 2, 2, 4]
+    assert check_kernel(kernel).ok
+
+
+def test_few_tiles_split_the_reduction_across_cores():
+    """One 16x16 dW tile (Cin = Cout = 16, 1x1) and two cores: rfactor into per-core parts."""
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    kernel = build(_dw(1, 16, 9, 9, 16, 1, name="split_k_dw"), target=target)
+    tir = kernel.inspect_source("tir")
+    assert "dw_cc_rf" in tir
+    assert check_kernel(kernel).ok
+
+
+def test_few_input_channels_change_the_lanes():
+    dw = build(_dw(2, 3, 20, 20, 32, 7, 2, 3, name="first_layer_dw"))
+    dx = build(_dx(2, 3, 20, 20, 32, 7, 2, 3, name="first_layer_dx"))
+    assert "dw_cc_t" in dw.inspect_source("tir") and "dw_cc_t_rf" in dw.inspect_source("tir")  # batch rfactor
+    assert "dx_px_" in dx.inspect_source("tir")
+    assert check_kernel(dw).ok and check_kernel(dx).ok
+
+
+def test_tunable_rule_samples_tiles():
+    args, _ = _arguments(_dx(1, 32, 14, 14, 32, 3, 1, 1, name="tunable_dx"))
+    target = resolve_target("llvm")
+    sch = schedule.CpuRule().apply(_prim_func(args, "tunable_dx", target), target, tunable=True)
+    assert "sample_perfect_tile" in str(sch.trace)
+    assert "sample_perfect_tile" not in str(schedule.CpuRule().apply(_prim_func(args, "tunable_dx", target), target, tunable=False).trace)
+
+
+def _threads(env: dict) -> int:
+    code = "import tvm_convgrad, tvm; print(tvm.get_global_func('runtime.NumThreads')())"
+    base = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**base, **env}, timeout=120)
+    assert run.returncode == 0, run.stderr
+    return int(run.stdout.strip())
+
+
+def test_threads_default_to_every_usable_core_and_respect_the_user():
+    cores = len(os.sched_getaffinity(0))
+    assert _threads({}) == cores  # TVM alone would start cores // 2 on x86
+    assert _threads({"TVM_NUM_THREADS": "1"}) == 1
+    assert _threads({"OMP_NUM_THREADS": "1"}) == 1
