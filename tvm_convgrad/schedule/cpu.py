@@ -15,7 +15,9 @@ register). Each mad runs as register tiles of ``rows x 16`` accumulators fed by 
 
 The fp16 -> fp32 conversion happens once, in the packing stages (``fmap_l1``, ``grads_2_matrix``,
 ``dy_pad``, ``w_col``), which run parallel and vectorized over C0, as do the result stages.
-With ``tunable=True`` the tile sizes are MetaSchedule samples (``sample_perfect_tile``).
+With ``tunable=True`` the tile sizes are MetaSchedule samples (``sample_perfect_tile``): the
+dX pixel tiles, the transposed dW's taps x Cout vectors, the pixel-lane dX's rows (the 16x16
+cube tile itself is fixed by the register file).
 """
 
 from __future__ import annotations
@@ -91,34 +93,61 @@ class _Cube:
     tunable: bool
 
     def split(self, loop, inner: int, max_inner: int):
-        """``(outer, inner)``: ``inner`` fixed, or sampled when tunable."""
+        """``(outer, inner)``: ``inner`` fixed, or a MetaSchedule sample (a divisor of the
+        extent, at most ``max_inner``) when tunable."""
         if self.tunable:
             factors = self.sch.sample_perfect_tile(loop, n=2, max_innermost_factor=max_inner)
             return self.sch.split(loop, factors)
         return self.sch.split(loop, [None, inner])
 
     def filter_grad(self, block, kh: int, kw: int):
-        """dW: ``(g, co1, c1, kh, kw) x [n, ho, wo] x (co0 unrolled, c0 vectorized)``."""
+        """dW: ``(co1, c1, kh, kw)`` tiles x ``[n, ho, wo]`` x (co0 unrolled, c0 vectorized).
+
+        Each core owns a group of Cout blocks (or of Cin blocks) and walks the reduction in
+        chunks of whole images (or row bands), running all its tiles on one chunk before the
+        next: the chunk's dy and fmap stay in cache while they are reused, and each core streams
+        fmap once. The tile's 16 accumulators stay in registers within a chunk.
+        """
         sch = self.sch
         g, fkk, co, c0, n, ho, wo = sch.get_loops(block)
         c1, tap_h, tap_w = sch.split(fkk, [None, kh, kw])
         co1, co0 = sch.split(co, [None, 16])
-        reduce = [n, ho, wo]
-        tiles = _extent(sch, g) * _extent(sch, co1) * _extent(sch, c1)
-        longest = max(range(3), key=lambda i: _extent(sch, reduce[i]))
-        if tiles < self.cores and _extent(sch, reduce[longest]) >= 2 * self.cores:
-            # Too few tiles for the cores: each core sums a part of the reduction (rfactor).
-            part, reduce[longest] = sch.split(reduce[longest], [self.cores, None])
-            sch.reorder(part, g, co1, c1, tap_h, tap_w, *reduce, co0, c0)
-            rf = sch.rfactor(part, 0)
-            loops = sch.get_loops(rf)  # part, g, co1, c1, tap_h, tap_w, reduction..., co0, c0
-            sch.parallel(loops[0])
-            self._tile_body(rf, loops[6])
-            _sum_parts(sch, block)
+        groups, blocks_out, blocks_in = _extent(sch, g), _extent(sch, co1), _extent(sch, c1)
+        batch, rows, cols = _extent(sch, n), _extent(sch, ho), _extent(sch, wo)
+        cores = self.cores
+        longest = max((n, ho, wo), key=lambda lp: _extent(sch, lp))
+        if groups * blocks_out * blocks_in < cores and _extent(sch, longest) >= 2 * cores:
+            self._split_reduction(block, [g, co1, c1, tap_h, tap_w], [n, ho, wo], longest, co0, c0)
             return
-        sch.reorder(g, co1, c1, tap_h, tap_w, *reduce, co0, c0)
-        sch.parallel(sch.fuse(g, co1, c1))
-        self._tile_body(block, n)
+        images, bands = _chunk(batch, rows, cols)
+        n_o, n_i = sch.split(n, [None, images])
+        ho_o, ho_i = sch.split(ho, [None, bands])
+        chunk, steps = [n_o, ho_o], [n_i, ho_i, wo]
+        if (groups * blocks_out) % cores == 0:
+            sch.reorder(g, co1, c1)
+            core, owned = sch.split(sch.fuse(g, co1), [cores, None])
+            sch.reorder(core, *chunk, owned, c1, tap_h, tap_w, *steps, co0, c0)
+        elif blocks_in % cores == 0:
+            core, owned = sch.split(c1, [cores, None])
+            sch.reorder(core, *chunk, g, co1, owned, tap_h, tap_w, *steps, co0, c0)
+        else:  # no even split: every tile a task, its whole reduction inside
+            sch.reorder(g, co1, c1, tap_h, tap_w, *chunk, *steps, co0, c0)
+            core = sch.fuse(g, co1, c1)
+        sch.parallel(core)
+        self._tile_body(block, n_o)
+
+    def _split_reduction(self, block, tiles, reduce, longest, co0, c0):
+        """Too few tiles for the cores: each core sums a part of the reduction (``rfactor``);
+        the parts are added in a fixed order afterwards, so results do not vary run to run."""
+        sch = self.sch
+        i = reduce.index(longest)
+        part, reduce[i] = sch.split(longest, [self.cores, None])
+        sch.reorder(part, *tiles, *reduce, co0, c0)
+        rf = sch.rfactor(part, 0)
+        loops = sch.get_loops(rf)  # part, the tile loops, the reduction loops, co0, c0
+        sch.parallel(loops[0])
+        self._tile_body(rf, loops[1 + len(tiles)])
+        _sum_parts(sch, block)
 
     def _tile_body(self, block, first_reduce):
         """The 16x16 register tile: C0 rows unrolled, C0 lanes vectorized; init before the reduction."""
@@ -165,8 +194,8 @@ class _Cube:
         co1, co0 = sch.split(co, [None, 16])
         taps = _largest_divisor(_extent(sch, kw), 7)
         vectors = _largest_divisor(_extent(sch, co1), 28 // taps)
-        kw_o, kw_i = sch.split(kw, [None, taps])
-        co1_o, co1_i = sch.split(co1, [None, vectors])
+        kw_o, kw_i = self.split(kw, taps, 7)
+        co1_o, co1_i = self.split(co1, vectors, 4)
         batched = _extent(sch, n) > 1
         if batched:
             sch.reorder(n, c, kh, kw_o, co1_o, ho, wo, kw_i, co1_i, co0)
@@ -191,7 +220,7 @@ class _Cube:
         n, ci, j, i, co, mh, mw = sch.get_loops(block)
         i_o, i_i = sch.split(i, [None, 16]) if _extent(sch, i) > 16 else (None, i)
         rows = _largest_divisor(_extent(sch, j), 24 // _extent(sch, ci))
-        j_o, j_i = sch.split(j, [None, rows])
+        j_o, j_i = self.split(j, rows, max(1, 24 // _extent(sch, ci)))
         outer = [n, j_o] + ([i_o] if i_o is not None else [])
         sch.reorder(*outer, co, mh, mw, j_i, ci, i_i)
         sch.parallel(sch.fuse(*outer))
@@ -211,6 +240,17 @@ def _sum_parts(sch: s_tir.Schedule, block):
     sch.vectorize(lanes)
     init = sch.decompose_reduction(block, part)
     sch.vectorize(sch.get_loops(init)[-1])
+
+
+CHUNK_STEPS = 1600  # reduction steps (n, ho, wo) per dW chunk: ~1.6 MB of fmap per 16 Cin blocks
+
+
+def _chunk(batch: int, rows: int, cols: int) -> tuple[int, int]:
+    """``(images, rows)`` of a dW reduction chunk: whole images while they fit CHUNK_STEPS,
+    else bands of rows of one image."""
+    if rows * cols <= CHUNK_STEPS:
+        return _largest_divisor(batch, CHUNK_STEPS // (rows * cols)), rows
+    return 1, _largest_divisor(rows, max(1, CHUNK_STEPS // cols))
 
 
 def _largest_divisor(n: int, limit: int) -> int:
@@ -235,7 +275,7 @@ class CpuRule(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool = False) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        sch = s_tir.Schedule(func)
+        sch = s_tir.Schedule(func, error_render_level="none")
         cube = _Cube(sch, _num_cores(target), tunable)
         for block in stage_blocks(sch):
             name = sch.get(block).name_hint

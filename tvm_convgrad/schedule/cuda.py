@@ -27,7 +27,7 @@ class CudaRule(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool = False) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        sch = s_tir.Schedule(func)
+        sch = s_tir.Schedule(func, error_render_level="none")
         for block in stage_blocks(sch):
             if sch.get(block).name_hint in PACK_STAGES:
                 sch.compute_inline(block)

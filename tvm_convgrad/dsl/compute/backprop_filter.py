@@ -16,7 +16,10 @@ stage              shape                                           value
                                                                    xpad[hq*sh + rh, wq*sw + rw]``; only the
                                                                    phases the taps read (PH = 1 when every
                                                                    ``kh*dh`` is a multiple of ``sh``)
-``dw_cc``          ``(real_g, cin1_g*KH*KW, cout_g, 16)`` fp32     the mad over ``(n, ho, wo)``
+``dw_cc``          ``(real_g, cin1_g*KH*KW, cout_g, 16)`` fp32     the mad over ``(n, ho, wo)``; it reads x
+                                                                   itself (converting its 16-lane rows as
+                                                                   they load) when ``fmap_l1`` would only
+                                                                   convert: no padding, one phase
 ``dw_ddr``         same, ``res_dtype``                             the result (tag ``conv2d_backprop_filterdw_ddr``)
 =================  ==============================================  =========================================
 
@@ -152,8 +155,13 @@ def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape) -> 
         conds = ([c1 < g.c1_x] if c1_fmap > g.c1_x else []) + _inside(i, j, g.pads, (g.h, g.w), (rows.packed_extent, cols.packed_extent))
         return guarded(conds, fmap[n, c1, i - g.pads[0], j - g.pads[2], c0].astype(ACC))
 
-    packed = (g.batch, c1_fmap, rows.phases, cols.phases, rows.per_phase, cols.per_phase, C0)
-    fmap_l1 = te.compute(packed, fmap_value, name="fmap_l1", tag="fmap_l1")
+    direct = rows.phases == cols.phases == 1 and not any(g.pads) and c1_fmap == g.c1_x
+    if direct:  # fmap_l1 would be a plain fp32 copy of (a stride-subsample of) x: read x in place
+        read_fmap = lambda n, c1, rh, rw, hq, wq, c0: fmap[n, c1, hq * sh, wq * sw, c0].astype(ACC)  # noqa: E731
+    else:
+        packed = (g.batch, c1_fmap, rows.phases, cols.phases, rows.per_phase, cols.per_phase, C0)
+        fmap_l1 = te.compute(packed, fmap_value, name="fmap_l1", tag="fmap_l1")
+        read_fmap = lambda *i: fmap_l1[i]  # noqa: E731
 
     n = te.reduce_axis((0, g.batch), name="n")
     ho = te.reduce_axis((0, g.ho), name="ho")
@@ -164,7 +172,7 @@ def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape) -> 
         (rh, qh), (rw, qw) = rows.of_tap(kh), cols.of_tap(kw)
         return te.sum(
             grads[n, grp * ext.cout1_g + co // C0, ho, wo, co % C0]
-            * fmap_l1[n, grp * ext.cin1_g + c1, rh, rw, ho + qh, wo + qw, c0],
+            * read_fmap(n, grp * ext.cin1_g + c1, rh, rw, ho + qh, wo + qw, c0),
             axis=[n, ho, wo],
         )
 
