@@ -84,6 +84,7 @@ class BenchResult:
     batch: int
     op: str  # "wgrad" | "dgrad"
     flops: int
+    kernel: str  # "3x3/s1" (KHxKW/stride)
     compile_s: float
     ours_ms: float
     torch_ms: float
@@ -196,8 +197,9 @@ def run_bench(cases: Sequence[BenchCase], ops: Sequence[str], rounds: int = 5, p
             time.sleep(PAUSE_SECONDS)
             torch_t.append(theirs())
             time.sleep(PAUSE_SECONDS)
+        kernel_desc = f"{case.KH}x{case.KW}/s{case.stride[0]}" + (f"x{case.stride[1]}" if case.stride[1] != case.stride[0] else "")
         result = BenchResult(
-            case.name, case.kind, case.N, OPS[op], case.flops, compile_s,
+            case.name, case.kind, case.N, OPS[op], case.flops, kernel_desc, compile_s,
             statistics.median(ours_t) * 1e3, statistics.median(torch_t) * 1e3,
             [t * 1e3 for t in ours_t], [t * 1e3 for t in torch_t],
         )  # fmt: skip
@@ -227,6 +229,17 @@ def summarize(results: Sequence[BenchResult]) -> dict[str, dict]:
     }
 
 
+def peak_fractions(results: Sequence[BenchResult], peaks: Sequence[float]) -> dict[str, float]:
+    """Our GFLOP/s over the in-run matmul peak (mean of the two measurements) for the ResNet-50
+    3x3 stride-1 layers at N=8, per case and gradient."""
+    peak = sum(peaks) / len(peaks)
+    return {
+        f"{r.case} {r.op}": r.ours_gflops / peak
+        for r in results
+        if r.kind == "resnet50" and r.kernel == "3x3/s1" and r.batch == 8
+    }
+
+
 def format_table(results: Sequence[BenchResult], summary: dict, peaks: Sequence[float]) -> str:
     lines = [
         f"{'case':42s} {'op':5s} {'ours ms':>9s} {'torch ms':>9s} {'torch/ours':>10s} {'ours GF/s':>9s} {'torch GF/s':>10s} {'compile s':>9s}"
@@ -237,6 +250,13 @@ def format_table(results: Sequence[BenchResult], summary: dict, peaks: Sequence[
         )
     lines.append("")
     lines.append(f"in-run fp32 matmul peak (torch.mm 2048^3): {' / '.join(f'{p:.1f}' for p in peaks)} GFLOP/s (before / after)")
+    fractions = peak_fractions(results, peaks)
+    if fractions:
+        worst = min(fractions, key=fractions.get)
+        lines.append(
+            f"ResNet-50 3x3 stride-1 layers at N=8: {min(fractions.values()):.0%}-{max(fractions.values()):.0%} "
+            f"of the in-run matmul peak (lowest: {worst})"
+        )
     for key, s in summary.items():
         lines.append(
             f"{key:24s} geomean torch/ours {s['geomean_ratio']:5.2f}  min {s['min_ratio']:5.2f} ({s['min_case']})  "
@@ -300,6 +320,7 @@ def main(suite: str, batches: Sequence[int], ops: Sequence[str], pattern: str | 
         "settings": {"suite": suite, "batches": list(batches), "ops": list(ops), "filter": pattern, "rounds": rounds},
         "matmul_peak_gflops": peaks,
         "summary": summary,
+        "resnet50_3x3_s1_n8_peak_fraction": peak_fractions(results, peaks),
         "results": [asdict(r) | {"ratio": r.ratio, "ours_gflops": r.ours_gflops, "torch_gflops": r.torch_gflops} for r in results],
     }
     (out_dir / "bench.json").write_text(json.dumps(record, indent=1))

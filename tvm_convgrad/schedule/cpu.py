@@ -1,28 +1,32 @@
-"""LLVM (CPU) schedule rule: cube tiles of 16x16 fp32 blocks held in AVX-512 registers.
+"""LLVM (CPU) schedule rule: 16-lane fp32 blocks held in AVX-512 registers, fed by broadcast FMAs.
 
-Both gradients are GEMMs whose N axis is a 16-channel block (C0 = 16 fp32 lanes = one zmm
-register). Each mad runs as register tiles of ``rows x 16`` accumulators fed by broadcast FMAs:
+Both gradients are GEMMs whose N axis is a block of 16 lanes (one zmm register); every mad runs
+as register tiles of up to 16-28 accumulators, each reduction step one vector load and one
+broadcast FMA per accumulator row:
 
-* dW (``dw_cc``): a tile is one ``(co1, c1, kh, kw)`` block, 16 Cout rows x 16 Cin lanes; the
-  whole reduction over ``(n, ho, wo)`` runs inside it, each step one fmap row (16 lanes, constant
-  offset per tap) times 16 broadcast dy values. Tiles are spread over the cores by ``(g, co1, c1)``;
-  when there are fewer tiles than cores the reduction is split across cores (``rfactor``: each core
-  sums its own part, then the parts are added in a fixed order, so results do not vary run to run).
-* dX (``dx_cc_<rh>_<rw>``, one per stride phase): a tile is ``TH x TW`` output pixels of one
-  16-channel block, the reduction over ``(co1, taps, co0)`` inside, each step one w_col row times
-  ``TH*TW`` broadcast dy values (constant offsets). Parallel over ``(c1, n, row tiles)``, so a
-  core's w_col panel stays in its cache while it walks the pixels.
+* dW cube (``dw_cc``): a tile is one ``(co1, c1, kh, kw)`` block, 16 Cout rows x 16 Cin lanes,
+  each step one fmap row (constant offset per tap) times 16 broadcast dy values. Each core owns
+  a group of Cout (or Cin) blocks and walks the reduction ``(n, ho, wo)`` in chunks of whole
+  images or row bands, running all its tiles on a chunk before the next (``_chunk``). With
+  fewer tiles than cores, each core sums its own part of the reduction (``rfactor``) and the
+  parts are added in a fixed order, so results do not vary from run to run.
+* dX cube (``dx_cc_<rh>_<rw>``, one per stride phase): a tile is ``TH x TW`` output pixels of one
+  16-channel block (``pixel_tile``), the reduction ``(co1, taps, co0)`` inside, each step one
+  w_col row times ``TH*TW`` broadcast dy values. The channel blocks loop inside each pixel tile
+  when all of w_col fits in cache, else outermost.
+* few input channels (``dw_cc_t``: Cout on the lanes; ``dx_px_*``: output columns on the lanes):
+  tiles of taps x Cout vectors, or rows x channels, see their methods.
 
-The fp16 -> fp32 conversion happens once, in the packing stages (``fmap_l1``, ``grads_2_matrix``,
-``dy_pad``, ``w_col``), which run parallel and vectorized over C0, as do the result stages.
-With ``tunable=True`` the tile sizes are MetaSchedule samples (``sample_perfect_tile``): the
-dX pixel tiles, the transposed dW's taps x Cout vectors, the pixel-lane dX's rows (the 16x16
-cube tile itself is fixed by the register file).
+The fp16 -> fp32 conversion happens once: in the packing stages (``fmap_l1``, ``grads_2_matrix``,
+``dy_pad``, ``w_col``, ``dy_rows``, ``w_t``; parallel, vectorized or walked in source order), or
+as vector operands load (``vcvtph2ps``) where a pack would only have converted. With
+``tunable=True`` the tile sizes become MetaSchedule samples (``sample_perfect_tile``): the dX
+pixel tiles, the transposed dW's taps x Cout vectors, the pixel-lane dX's rows (the 16x16 cube
+tile is fixed by the register file).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import tvm
@@ -30,16 +34,18 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight import ScheduleRule
 from tvm.target import Target
 
-from .common import split_loop_kinds, stage_blocks
+from .. import usable_cores
+from .common import stage_blocks
 
 __all__ = ["CpuRule", "pixel_tile"]
 
 MAX_TILE_PIXELS = 16  # dX accumulators per tile: 16 zmm of the 32, the rest for operands
 WEIGHTS_IN_CACHE = 512 * 1024  # bytes of w_col kept in a core's L2 while dX walks the pixels
+CHUNK_STEPS = 1600  # reduction steps (n, ho, wo) per dW chunk: ~1.6 MB of fmap per 16 Cin blocks
 
 
 def _num_cores(target: Target) -> int:
-    return int(target.attrs.get("num-cores", 0)) or os.cpu_count() or 1
+    return int(target.attrs.get("num-cores", 0)) or usable_cores()
 
 
 def _extent(sch: s_tir.Schedule, loop) -> int:
@@ -179,7 +185,6 @@ class _Cube:
         sch.vectorize(c0)
         sch.decompose_reduction(block, co1)
 
-
     def transposed_filter_grad(self, block):
         """dW with Cout on the lanes (``dw_cc_t[c, kh, kw, co]``): a tile is ``kw_i`` taps x
         ``co1_i`` Cout vectors (<= 28 accumulators) of one ``(c, kh)``, fed by one broadcast x
@@ -218,7 +223,8 @@ class _Cube:
         at once by every channel's broadcast weight (so one dy vector is live at a time)."""
         sch = self.sch
         n, ci, j, i, co, mh, mw = sch.get_loops(block)
-        i_o, i_i = sch.split(i, [None, 16]) if _extent(sch, i) > 16 else (None, i)
+        width = _extent(sch, i)
+        i_o, i_i = sch.split(i, [None, 16]) if width > 16 else (None, i)
         rows = _largest_divisor(_extent(sch, j), 24 // _extent(sch, ci))
         j_o, j_i = self.split(j, rows, max(1, 24 // _extent(sch, ci)))
         outer = [n, j_o] + ([i_o] if i_o is not None else [])
@@ -226,7 +232,7 @@ class _Cube:
         sch.parallel(sch.fuse(*outer))
         sch.unroll(ci)
         sch.unroll(j_i)
-        if _extent(sch, i_i) == 16 and sch.get(block).iter_vars[3].dom.extent % 16 == 0:
+        if width <= 16 or width % 16 == 0:  # a ragged last vector stays scalar
             sch.vectorize(i_i)
         sch.decompose_reduction(block, co)
 
@@ -240,9 +246,6 @@ def _sum_parts(sch: s_tir.Schedule, block):
     sch.vectorize(lanes)
     init = sch.decompose_reduction(block, part)
     sch.vectorize(sch.get_loops(init)[-1])
-
-
-CHUNK_STEPS = 1600  # reduction steps (n, ho, wo) per dW chunk: ~1.6 MB of fmap per 16 Cin blocks
 
 
 def _chunk(batch: int, rows: int, cols: int) -> tuple[int, int]:

@@ -1,0 +1,55 @@
+"""The bench command: case selection, summaries, and its table / JSON / PNG (timings are not checked)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tvm_convgrad import bench
+
+from conftest import needs_torch
+
+
+def test_case_selection():
+    resnet = bench.load_cases("resnet50", (1, 8))
+    assert len(resnet) == 46 and {c.kind for c in resnet} == {"resnet50"}
+    everything = bench.load_cases("all", (1, 8))
+    assert {c.kind for c in everything} == {"resnet50", "grouped", "depthwise", "dilated"} and len(everything) == 54
+    assert [c.name for c in bench.load_cases("all", (8,), r"conv1\.")] == ["resnet_50_v1_5.conv1.n8"]
+    conv1 = bench.load_cases("resnet50", (1,), "conv1")[0]
+    assert conv1.flops == 2 * 1 * 64 * 3 * 7 * 7 * 112 * 112 and conv1.pads == [3, 3, 3, 3]
+
+
+def test_summary_is_a_geometric_mean():
+    results = [bench.BenchResult(f"c{i}", "resnet50", 1, "wgrad", 10**9, "3x3/s1", 0.1, ours, 2.0) for i, ours in enumerate((1.0, 4.0))]
+    (key, summary), = bench.summarize(results).items()
+    assert key == "resnet50 wgrad N=1"
+    assert math.isclose(summary["geomean_ratio"], 1.0) and summary["min_ratio"] == 0.5 and summary["min_case"] == "c1"
+
+
+@needs_torch
+def test_bench_command_writes_table_json_and_chart(tmp_path):
+    exe = shutil.which("tvm-convgrad")
+    command = [exe] if exe else [sys.executable, "-m", "tvm_convgrad.cli"]
+    args = ["bench", "--filter", r"res5b_branch2a\.n1", "--op", "both", "--rounds", "1", "--out", str(tmp_path), "--no-progress"]
+    run = subprocess.run([*command, *args], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "torch/ours" in run.stdout and "matmul peak" in run.stdout and "geomean" in run.stdout
+    record = json.loads((tmp_path / "bench.json").read_text())
+    assert [(r["case"], r["op"]) for r in record["results"]] == [("resnet_50_v1_5.res5b_branch2a.n1", "wgrad"), ("resnet_50_v1_5.res5b_branch2a.n1", "dgrad")]
+    assert all(r["ours_ms"] > 0 and r["torch_ms"] > 0 and r["compile_s"] > 0 for r in record["results"])
+    assert len(record["matmul_peak_gflops"]) == 2 and record["environment"]["cores"] >= 1
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@needs_torch
+def test_bench_rejects_an_empty_selection(tmp_path):
+    exe = shutil.which("tvm-convgrad")
+    command = [exe] if exe else [sys.executable, "-m", "tvm_convgrad.cli"]
+    run = subprocess.run([*command, "bench", "--filter", "no-such-layer", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "no benchmark case matches" in run.stderr and "Traceback" not in run.stderr
