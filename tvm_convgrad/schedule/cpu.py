@@ -12,8 +12,8 @@ broadcast FMA per accumulator row:
   parts are added in a fixed order, so results do not vary from run to run.
 * dX cube (``dx_cc_<rh>_<rw>``, one per stride phase): a tile is ``TH x TW`` output pixels of one
   16-channel block (``pixel_tile``), the reduction ``(co1, taps, co0)`` inside, each step one
-  w_col row times ``TH*TW`` broadcast dy values. The channel blocks loop inside each pixel tile
-  when all of w_col fits in cache, else outermost.
+  w_col row times ``TH*TW`` broadcast dy values. The channel blocks are taken in groups whose
+  weights fit a core's cache, the pixels streaming past once per group.
 * few input channels (``dw_cc_t``: Cout on the lanes; ``dx_px_*``: output columns on the lanes):
   tiles of taps x Cout vectors, or rows x channels, see their methods.
 
@@ -165,21 +165,21 @@ class _Cube:
     def input_grad(self, block, weight_bytes: int):
         """dX phase: pixel tiles ``(j_i x i_i)`` x 16 lanes, reduction ``[co1, mh, mw, co0]`` inside.
 
-        When all of w_col fits in a core's cache, the channel blocks ``c1`` loop inside each
-        pixel tile (dy is read once); otherwise ``c1`` is outermost (a core keeps its block's
-        w_col panel while dy streams past once per block).
+        The channel blocks ``c1`` are taken in groups whose w_col fits a core's cache
+        (WEIGHTS_IN_CACHE): a group's weights stay in cache while the pixels stream past, once
+        per group (all of them in one group when the weights fit, one block per group when a
+        single block's panel is that large).
         """
         sch = self.sch
         n, c1, j, i, c0, co1, mh, mw, co0 = sch.get_loops(block)
+        blocks = _extent(sch, c1)
+        group = _largest_divisor(blocks, WEIGHTS_IN_CACHE // max(1, weight_bytes // blocks))
+        c1_o, c1_i = sch.split(c1, [None, group])
         th, tw = pixel_tile(_extent(sch, j), _extent(sch, i))
         j_o, j_i = self.split(j, th, MAX_TILE_PIXELS)
         i_o, i_i = self.split(i, tw, MAX_TILE_PIXELS)
-        if weight_bytes <= WEIGHTS_IN_CACHE:
-            sch.reorder(n, j_o, i_o, c1, co1, mh, mw, co0, j_i, i_i, c0)
-            sch.parallel(sch.fuse(n, j_o, i_o))
-        else:
-            sch.reorder(c1, n, j_o, i_o, co1, mh, mw, co0, j_i, i_i, c0)
-            sch.parallel(sch.fuse(c1, n, j_o))
+        sch.reorder(c1_o, n, j_o, i_o, c1_i, co1, mh, mw, co0, j_i, i_i, c0)
+        sch.parallel(sch.fuse(c1_o, n, j_o))
         sch.unroll(j_i)
         sch.unroll(i_i)
         sch.vectorize(c0)

@@ -50,7 +50,7 @@ from tvm import te, tirx
 from ... import layout
 from ...layout import C0
 from ...params import ConvGradParams
-from .common import ACC, guarded
+from .common import ACC, guarded, inside
 
 __all__ = ["conv2d_backprop_filter_compute", "transposed_filter_grad"]
 
@@ -104,17 +104,6 @@ class _StridePhases:
         return (shift % self.stride if self.phases > 1 else 0), shift // self.stride
 
 
-def _inside(i, j, pads: tuple[int, int, int, int], size: tuple[int, int], extent: tuple[int, int]) -> list:
-    """Conditions for padded position ``(i, j)`` to fall inside the image (only those needed)."""
-    pt, _, pl, _ = pads
-    h, w = size
-    conds = [i >= pt] if pt else []
-    conds += [i < pt + h] if extent[0] > pt + h else []
-    conds += [j >= pl] if pl else []
-    conds += [j < pl + w] if extent[1] > pl + w else []
-    return conds
-
-
 def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams) -> te.Tensor:
     """dW of TBE's shape ``(real_g, cin1_g*KH*KW, cout_g, 16)`` from 5HD ``fmap`` and ``dy``."""
     g = params.geom
@@ -152,7 +141,8 @@ def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape) -> 
 
     def fmap_value(n, c1, rh, rw, hq, wq, c0):
         i, j = rows.padded_index(rh, hq), cols.padded_index(rw, wq)  # in the zero-padded x
-        conds = ([c1 < g.c1_x] if c1_fmap > g.c1_x else []) + _inside(i, j, g.pads, (g.h, g.w), (rows.packed_extent, cols.packed_extent))
+        conds = [c1 < g.c1_x] if c1_fmap > g.c1_x else []
+        conds += inside((i, j), g.pads[::2], (g.h, g.w), (rows.packed_extent, cols.packed_extent))
         return guarded(conds, fmap[n, c1, i - g.pads[0], j - g.pads[2], c0].astype(ACC))
 
     direct = rows.phases == cols.phases == 1 and not any(g.pads) and c1_fmap == g.c1_x
@@ -185,7 +175,7 @@ def _transposed_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams) -> t
     reach = ((g.ho - 1) * sh + g.kh_dilated, (g.wo - 1) * sw + g.kw_dilated)
 
     def fmap_value(n, c, i, j):
-        conds = _inside(i, j, g.pads, (g.h, g.w), reach)
+        conds = inside((i, j), g.pads[::2], (g.h, g.w), reach)
         return guarded(conds, fmap[n, c // C0, i - g.pads[0], j - g.pads[2], c % C0].astype(ACC))
 
     fmap_l1 = te.compute((g.batch, g.cin, *reach), fmap_value, name="fmap_l1", tag="fmap_l1")

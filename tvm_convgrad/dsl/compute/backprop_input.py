@@ -40,7 +40,7 @@ from tvm import te, tirx
 from ... import layout
 from ...layout import C0
 from ...params import ConvGradParams
-from .common import ACC, guarded
+from .common import ACC, guarded, inside
 
 __all__ = ["AxisPhase", "axis_phases", "conv2d_backprop_input_compute", "phase_stage_name", "pixel_lanes_input_grad"]
 
@@ -95,33 +95,18 @@ def conv2d_backprop_input_compute(
 ) -> te.Tensor:
     """dX of TBE's shape ``(N, ceil(Cin,16), H*W, 16)`` from FracZ ``filters`` and 5HD ``dy``."""
     g = params.geom
-    ext = g.group
     (sh, sw), (dil_h, dil_w), (pu, _, pl, _) = g.strides, g.dilations, g.pads
     rows = axis_phases(g.h, g.kh, sh, pu, dil_h)
     cols = axis_phases(g.w, g.kw, sw, pl, dil_w)
 
-    # dy_pad: dy with zeros around it, as far as any phase's taps reach.
+    # dy's zero padding: as far as any phase's taps reach.
     def padding(phases: list[AxisPhase], extent: int) -> tuple[int, int]:
         spans = [p.dy_span() for p in phases] or [(0, 0)]
         return max(0, -min(lo for lo, _ in spans)), max(extent, max(hi for _, hi in spans) + 1)
 
-    top, end_h = padding(rows, g.ho)
-    left, end_w = padding(cols, g.wo)
-    c1_dy = ext.g_extend * ext.cout1_g
-
-    def pad_value(n, c1, i, j, c0):
-        conds = [c1 < g.c1_y] if c1_dy > g.c1_y else []
-        conds += [i >= top] if top else []
-        conds += [i < top + g.ho] if end_h > g.ho else []
-        conds += [j >= left] if left else []
-        conds += [j < left + g.wo] if end_w > g.wo else []
-        return guarded(conds, dy[n, c1, i - top, j - left, c0].astype(ACC))
-
-    if pixel_lanes_input_grad(params):
-        phases, read = _pixel_lane_phases(filters, dy, params, rows, cols, (top, end_h, left, end_w))
-    else:
-        dy_pad = te.compute((g.batch, c1_dy, top + end_h, left + end_w, C0), pad_value, name="dy_pad", tag="dy_pad")
-        phases, read = _cube_phases(filters, dy_pad, params, rows, cols, (top, left))
+    window = _DyWindow(*padding(rows, g.ho), *padding(cols, g.wo), g.ho, g.wo)
+    phase_mads = _pixel_lane_phases if pixel_lanes_input_grad(params) else _cube_phases
+    phases, read = phase_mads(filters, dy, params, rows, cols, window)
 
     def result(n, c1, hw, c0):
         h, w = hw // g.w, hw % g.w
@@ -150,11 +135,38 @@ def conv2d_backprop_input_compute(
     )
 
 
-def _cube_phases(filters: te.Tensor, dy_pad: te.Tensor, params: ConvGradParams, rows, cols, origin):
+@dataclass(frozen=True)
+class _DyWindow:
+    """dy inside its zero padding: ``top`` rows before and rows up to ``end_h`` (the same for
+    columns), as far as any phase's taps reach."""
+
+    top: int
+    end_h: int
+    left: int
+    end_w: int
+    ho: int
+    wo: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.top + self.end_h, self.left + self.end_w
+
+    def conds(self, y, x) -> list:
+        return inside((y, x), (self.top, self.left), (self.ho, self.wo), self.shape)
+
+
+def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows, cols, window: _DyWindow):
     """One ``dx_cc`` mad per phase, 16 input channels on the lanes."""
     g = params.geom
     ext = g.group
-    top, left = origin
+    top, left = window.top, window.left
+    c1_dy = ext.g_extend * ext.cout1_g
+
+    def pad_value(n, c1, y, x, c0):
+        conds = ([c1 < g.c1_y] if c1_dy > g.c1_y else []) + window.conds(y, x)
+        return guarded(conds, dy[n, c1, y - top, x - left, c0].astype(ACC))
+
+    dy_pad = te.compute((g.batch, c1_dy, *window.shape, C0), pad_value, name="dy_pad", tag="dy_pad")
     w_col = te.compute(
         (g.c1_x, ext.cout1_g, g.kh, g.kw, C0, C0),
         lambda c1, co1, kh, kw, co0, ci0: filters[layout.fracz_row(c1, kh, kw, g.kh, g.kw), co1, co0, ci0].astype(ACC),
@@ -182,19 +194,15 @@ def _cube_phases(filters: te.Tensor, dy_pad: te.Tensor, params: ConvGradParams, 
     return phases, lambda mad, n, c1, j, i, c0: mad[n, c1, j, i, c0]
 
 
-def _pixel_lane_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows, cols, padding):
+def _pixel_lane_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows, cols, window: _DyWindow):
     """One ``dx_px`` mad per phase, 16 output columns on the lanes (see the module docstring)."""
     g = params.geom
-    top, end_h, left, end_w = padding
+    top, left = window.top, window.left
 
     def rows_value(n, co, y, x):
-        conds = [y >= top] if top else []
-        conds += [y < top + g.ho] if end_h > g.ho else []
-        conds += [x >= left] if left else []
-        conds += [x < left + g.wo] if end_w > g.wo else []
-        return guarded(conds, dy[n, co // C0, y - top, x - left, co % C0].astype(ACC))
+        return guarded(window.conds(y, x), dy[n, co // C0, y - top, x - left, co % C0].astype(ACC))
 
-    dy_rows = te.compute((g.batch, g.cout, top + end_h, left + end_w), rows_value, name="dy_rows", tag="dy_rows")
+    dy_rows = te.compute((g.batch, g.cout, *window.shape), rows_value, name="dy_rows", tag="dy_rows")
     w_t = te.compute(
         (g.cout, g.cin, g.kh, g.kw),
         lambda co, ci, kh, kw: filters[layout.fracz_row(ci // C0, kh, kw, g.kh, g.kw), co // C0, co % C0, ci % C0].astype(ACC),

@@ -11,3 +11,14 @@ ACC = "float32"
 def guarded(conds: list, value):
     """``value`` where all ``conds`` hold, else 0; no select at all when nothing needs a guard."""
     return te.if_then_else(tirx.all(*conds), value, tirx.const(0, str(value.ty))) if conds else value
+
+
+def inside(positions, before, size, extent) -> list:
+    """Conditions for padded positions (one per axis) to hold image data: an axis of a buffer of
+    ``extent`` positions holds the image at ``[before, before + size)``. Only the conditions
+    that can fail are returned."""
+    conds = []
+    for p, b, n, e in zip(positions, before, size, extent):
+        conds += [p >= b] if b > 0 else []
+        conds += [p < b + n] if e > b + n else []
+    return conds
