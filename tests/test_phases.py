@@ -27,7 +27,7 @@ def _from_phases(size, kernel, stride, pad, dilation):
     triples = set()
     for p in axis_phases(size, kernel, stride, pad, dilation):
         for j, m in itertools.product(range(p.count), range(p.taps)):
-            triples.add((p.first + j * stride, p.tap0 + m * p.tap_step, j + p.base - m * p.dy_step))
+            triples.add((p.first + j * stride, p.tap(m), p.dy_index(j, m, 0)))
     return triples
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -103,3 +104,15 @@ def test_threads_default_to_every_usable_core_and_respect_the_user():
     assert _threads({}) == cores  # TVM alone would start cores // 2 on x86
     assert _threads({"TVM_NUM_THREADS": "1"}) == 1
     assert _threads({"OMP_NUM_THREADS": "1"}) == 1
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize(
+    "make, args",
+    [(_dw, (2, 3, 20, 20, 32, 7, 2, 3)), (_dx, (2, 3, 20, 20, 32, 7, 2, 3)), (_dx, (1, 32, 14, 14, 32, 3, 2, 1)), (_dw, (1, 16, 9, 9, 16, 1))],
+    ids=["first-layer-dw", "first-layer-dx", "stride-2-dx", "one-tile-dw"],
+)
+def test_every_formulation_lowers_to_cuda(make, args):
+    """The CUDA rule binds every stage of every formulation (PTX through nvcc; no GPU needed)."""
+    kernel = build(make(*args, name=f"cuda_{make.__name__[1:]}_{args[1]}_{args[-2]}"), target="cuda")
+    assert kernel.ptx_entries and all(e.startswith(kernel.name) for e in kernel.ptx_entries)

@@ -84,6 +84,13 @@ def resolve_pads(
     return [int(p) for p in pads]
 
 
+def _window_attrs(r: Rules, strides, dilations, pads, data_format: str, in_hw, kernel_hw) -> tuple[list, list, list]:
+    """``(strides [sh, sw], dilations [n, c, dh, dw], padding [t, b, l, r])`` in the DSL's form."""
+    _, _, sh, sw = _hw_attr(r, "strides", strides, data_format)
+    dilation_nchw = _hw_attr(r, "dilations", dilations, data_format)
+    return [sh, sw], list(dilation_nchw), resolve_pads(r, pads, in_hw, kernel_hw, (sh, sw), dilation_nchw[2:])
+
+
 def _groups(r: Rules, groups: Any, x_c: int, dy_c: int, filter_n: int, filter_c: int, x_param: str):
     """Op-level group checks (UDC / OPW): divisibility and channel consistency."""
     if not is_int(groups) or groups < 1:
@@ -110,16 +117,14 @@ def filter_op_args(
     y_nchw, y_dtype = _tensor(r, "y", y, FILTER_ORI_FORMATS)
     if not isinstance(filter_size, (list, tuple)) or tuple(filter_size) != tuple(y["ori_shape"]):
         r.fail("filter_size", filter_size, f"must equal y's ori_shape {tuple(y['ori_shape'])}", "E64002")
-    _, _, sh, sw = _hw_attr(r, "strides", strides, data_format)
-    dilation_nchw = _hw_attr(r, "dilations", dilations, data_format)
     cout, cin_g, kh, kw = y_nchw
-    padding = resolve_pads(r, pads, x_nchw[2:], (kh, kw), (sh, sw), dilation_nchw[2:])
+    stride_hw, dilation_nchw, padding = _window_attrs(r, strides, dilations, pads, data_format, x_nchw[2:], (kh, kw))
     _groups(r, groups, x_nchw[1], dy_nchw[1], cout, cin_g, "x['ori_shape']")
     r.choice("y['dtype']", y_dtype, ("float32",), None)
     para_dict = {
-        "strides": [sh, sw],
+        "strides": stride_hw,
         "padding": padding,
-        "dilations": list(dilation_nchw),
+        "dilations": dilation_nchw,
         "groups": int(groups),
         "res_dtype": y_dtype,
         "kernel_name": kernel_name,
@@ -148,17 +153,15 @@ def input_op_args(
         if w_dtype == "int8":
             r.fail("filter['dtype']", w_dtype, "int8 (quantized) dX is not implemented by tvm_convgrad; use float16")
         r.choice("y['dtype']", dx_dtype, ("float16",), "E60011")
-    _, _, sh, sw = _hw_attr(r, "strides", strides, data_format)
-    dilation_nchw = _hw_attr(r, "dilations", dilations, data_format)
     cout, cin_g, kh, kw = w_nchw
-    padding = resolve_pads(r, pads, dx_nchw[2:], (kh, kw), (sh, sw), dilation_nchw[2:])
+    stride_hw, dilation_nchw, padding = _window_attrs(r, strides, dilations, pads, data_format, dx_nchw[2:], (kh, kw))
     _groups(r, groups, dx_nchw[1], dy_nchw[1], cout, cin_g, "input_size")
     filter_sizes = (cout, cin_g, kh, kw)
     ext = layout.group_extension(cin_g, cout // groups, groups)
     para_dict = {
-        "strides": [sh, sw],
+        "strides": stride_hw,
         "padding": padding,
-        "dilations": list(dilation_nchw),
+        "dilations": dilation_nchw,
         "res_dtype": dx_dtype,
         "kernel_name": kernel_name,
         "group_dict": group_dict_of(ext, filter["ori_format"]),

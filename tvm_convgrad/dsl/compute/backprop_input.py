@@ -70,6 +70,14 @@ class AxisPhase:
         """Lowest and highest dy position read."""
         return self.base - (self.taps - 1) * self.dy_step, self.count - 1 + self.base
 
+    def tap(self, m):
+        """The kernel tap of this phase's ``m``-th tap (an int or a TE expression)."""
+        return self.tap0 + m * self.tap_step
+
+    def dy_index(self, j, m, pad_before: int):
+        """Where output ``j`` meets tap ``m`` in dy stored with ``pad_before`` zeros in front."""
+        return j + self.base + pad_before - m * self.dy_step
+
 
 def axis_phases(size: int, kernel: int, stride: int, pad_before: int, dilation: int) -> list[AxisPhase]:
     """The stride phases of one axis that have output positions and taps, ordered by ``first``."""
@@ -183,8 +191,8 @@ def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows
         def mad(n, c1, j, i, c0):
             e = c1 // ext.cin1_g
             return te.sum(
-                dy_pad[n, e * ext.cout1_g + co1, j + ph.base + top - mh * ph.dy_step, i + pw.base + left - mw * pw.dy_step, co0]
-                * w_col[c1, co1, ph.tap0 + mh * ph.tap_step, pw.tap0 + mw * pw.tap_step, co0, c0],
+                dy_pad[n, e * ext.cout1_g + co1, ph.dy_index(j, mh, top), pw.dy_index(i, mw, left), co0]
+                * w_col[c1, co1, ph.tap(mh), pw.tap(mw), co0, c0],
                 axis=[co1, mh, mw, co0],
             )
 
@@ -217,8 +225,7 @@ def _pixel_lane_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams
         return te.compute(
             (g.batch, g.cin, ph.count, pw.count),
             lambda n, ci, j, i: te.sum(
-                dy_rows[n, co, j + ph.base + top - mh * ph.dy_step, i + pw.base + left - mw * pw.dy_step]
-                * w_t[co, ci, ph.tap0 + mh * ph.tap_step, pw.tap0 + mw * pw.tap_step],
+                dy_rows[n, co, ph.dy_index(j, mh, top), pw.dy_index(i, mw, left)] * w_t[co, ci, ph.tap(mh), pw.tap(mw)],
                 axis=[co, mh, mw],
             ),
             name=phase_stage_name(ph, pw, "dx_px"),
