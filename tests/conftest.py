@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tvm_convgrad import isa_target
 from tvm_convgrad.params import ConvGeometry, ConvGradParams
+from tvm_convgrad.schedule.isa import host_can_run, isa_plan
 from tvm_convgrad.verify import error_bound
 
 try:
@@ -14,6 +16,17 @@ except ImportError:  # the oracle tests skip without it
     torch = None
 
 needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch is not installed (pip install torch==2.13.0)")
+
+
+def _runnable_isas() -> list[str]:
+    """``"native"`` (this CPU's plan) and every other x86 plan this host can execute: AVX2 and
+    SSE code run on an AVX-512 machine, SSE code on an AVX2 one. Correctness tests run them all."""
+    native = isa_plan(isa_target("native")).name
+    others = [isa for isa in ("avx2", "sse") if isa != native and host_can_run(isa_target(isa))]
+    return ["native", *others] if native in ("avx512", "avx2", "sse") else ["native"]
+
+
+RUNNABLE_ISAS = _runnable_isas()
 
 
 def torch_filter_grad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:

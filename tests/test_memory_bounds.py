@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import RUNNABLE_ISAS
+
 CHILD = textwrap.dedent(
     r'''
     import ctypes, mmap, sys
@@ -21,7 +23,7 @@ CHILD = textwrap.dedent(
     import tvm
     sys.path.insert(0, sys.argv[1])
     from test_sweep import CASES, _geometry
-    from tvm_convgrad import build, dsl, layout
+    from tvm_convgrad import build, dsl, isa_target, layout
     from tvm_convgrad.dsl.compute import cube_util
     from tvm_convgrad.tvm import placeholder
     from tvm_convgrad.verify import expected_result, kernel_arrays, random_inputs, error_bound
@@ -61,7 +63,7 @@ CHILD = textwrap.dedent(
                 dsl.conv2d_backprop_input(filters, dy, filter_sizes, sizes, {**para, "group_dict": cube_util.calculate_group(filter_sizes, groups)}),
             )
             for result in results:
-                kernel = build(result)
+                kernel = build(result, target=isa_target(sys.argv[2]))
                 inputs = random_inputs(kernel.params, seed=i)
                 arrays = [guarded(a, side) for a in kernel_arrays(kernel.params, inputs)]
                 out = guarded(np.zeros(kernel.output.shape, kernel.output.dtype), side)
@@ -74,9 +76,10 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_kernels_stay_inside_their_buffers():
+@pytest.mark.parametrize("isa", RUNNABLE_ISAS)
+def test_kernels_stay_inside_their_buffers(isa):
     tests = Path(__file__).parent
-    run = subprocess.run([sys.executable, "-c", CHILD, str(tests)], capture_output=True, text=True, timeout=900)
+    run = subprocess.run([sys.executable, "-c", CHILD, str(tests), isa], capture_output=True, text=True, timeout=900)
     last = run.stdout.strip().splitlines()[-1:] or ["(nothing)"]
     assert run.returncode == 0 and "all in bounds" in run.stdout, (
         f"exit {run.returncode} after {last[0]!r}: {run.stderr[-2000:]}"

@@ -18,6 +18,7 @@ from tvm import s_tir
 from tvm_convgrad import build, dsl, layout, schedule
 from tvm_convgrad.build import _arguments, _prim_func, resolve_target
 from tvm_convgrad.dsl.compute import cube_util
+from tvm_convgrad.schedule.isa import host_can_run
 from tvm_convgrad.tvm import placeholder
 from tvm_convgrad.verify import check_kernel
 
@@ -39,20 +40,18 @@ def _dx(n, cin, h, w, cout, k, s=1, p=0, groups=1, name="sched_dx"):
     return dsl.conv2d_backprop_input(fz, dy, sizes, [n, cin, h, w], para)
 
 
-def _broadcast_fmas(asm: str) -> int:
-    """FMAs on zmm registers with a broadcast memory operand: the cube's inner loop."""
-    return len(re.findall(r"vfmadd231ps\s+\S*\{1to16\}, %zmm\d+, %zmm\d+", asm))
-
-
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
 @pytest.mark.parametrize("make", [_dw, _dx], ids=["dw", "dx"])
-def test_cube_tiles_are_zmm_broadcast_fmas(make):
-    kernel = build(make(2, 64, 14, 14, 64, 3, 1, 1))
+def test_cube_tiles_are_parallel_unrolled_vectorized(make, isa):
+    """The scheduled TIR has the cube's structure on every ISA (cross-compiled; runs where it can)."""
+    target = {"kind": "llvm", "mcpu": {"avx512": "skylake-avx512", "avx2": "haswell"}[isa], "num-cores": 2}
+    kernel = build(make(2, 64, 14, 14, 64, 3, 1, 1, name=f"sched_{make.__name__[1:]}_{isa}"), target=target)
     tir = kernel.inspect_source("tir")
     mad = "dw_cc" if make is _dw else "dx_cc_0_0"
     assert f'T.sblock("{mad}_update")' in tir and "T.parallel(" in tir and "T.unroll(" in tir and "T.vectorized(" in tir
-    assert _broadcast_fmas(kernel.source) >= 14, "the register tile: broadcast FMAs into zmm accumulators"
     assert "vpsraq" not in kernel.source, "no vectorized sign extension of 32-bit addresses"
-    assert check_kernel(kernel).ok
+    if host_can_run(kernel.target):
+        assert check_kernel(kernel).ok
 
 
 def test_stride_two_dx_is_four_phases_without_zeros():

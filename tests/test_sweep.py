@@ -4,7 +4,9 @@ The sweep covers strides 1-3, dilations 1-2, asymmetric pads (including pads pas
 reach: dX's crop case), KH != KW, H != W, groups {1, 2, 3, 4, 16, 32, depthwise}, channel counts
 that are not multiples of 16, batch 1-3 and both result dtypes. Each kernel is compared element
 by element with the reference (the whole TBE-layout result: dW's cross-slot blocks, dX's pad
-channels) and, with PyTorch installed, its OIHW / NCHW view with ``torch.nn.grad``.
+channels) and, with PyTorch installed, its OIHW / NCHW view with ``torch.nn.grad``. The reference
+comparisons run once per vector-ISA plan this host can execute (``RUNNABLE_ISAS``: on an AVX-512
+machine the AVX-512, AVX2 and SSE schedules), since each plan tiles differently.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_convgrad import build, dsl, layout
+from tvm_convgrad import build, dsl, isa_target, layout
 from tvm_convgrad.dsl.compute import cube_util
 from tvm_convgrad.params import out_size
 from tvm_convgrad.tvm import placeholder
 from tvm_convgrad.verify import check_kernel, kernel_arrays, random_inputs
 
-from conftest import assert_within_bound, needs_torch, torch_filter_grad, torch_input_grad
+from conftest import RUNNABLE_ISAS, assert_within_bound, needs_torch, torch_filter_grad, torch_input_grad
 
 GROUP_KINDS = (1, 2, 3, 4, 16, 32, "depthwise")
 
@@ -95,18 +97,20 @@ def test_sweep_covers_the_parameter_space():
     assert {c["res_dtype"] for c in CASES} == {"float32", "float16"}
 
 
+@pytest.mark.parametrize("isa", RUNNABLE_ISAS)
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_conv2d_backprop_filter(case):
+def test_conv2d_backprop_filter(case, isa):
     filter_sizes, para, dy = _geometry(case)
     x = placeholder(layout.shape_5hd(case["n"], case["cin"], case["h"], case["w"]), name="x", dtype="float16")
-    kernel = build(dsl.conv2d_backprop_filter(x, dy, filter_sizes, {**para, "groups": case["groups"]}))
+    kernel = build(dsl.conv2d_backprop_filter(x, dy, filter_sizes, {**para, "groups": case["groups"]}), target=isa_target(isa))
     check = check_kernel(kernel, seed=1)
     assert check.ok, str(check)
     assert kernel.output.shape == layout.shape_dw_result(filter_sizes, case["groups"])
 
 
+@pytest.mark.parametrize("isa", RUNNABLE_ISAS)
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_conv2d_backprop_input(case):
+def test_conv2d_backprop_input(case, isa):
     filter_sizes, para, dy = _geometry(case)
     groups = case["groups"]
     filters = placeholder(layout.shape_fracz(filter_sizes, groups), name="filters", dtype="float16")
@@ -114,7 +118,7 @@ def test_conv2d_backprop_input(case):
     if case["bias"]:
         para["tensor_bias"] = placeholder((case["cin"],), name="bias", dtype="float32")
     input_sizes = [case["n"], case["cin"], case["h"], case["w"]]
-    kernel = build(dsl.conv2d_backprop_input(filters, dy, filter_sizes, input_sizes, para))
+    kernel = build(dsl.conv2d_backprop_input(filters, dy, filter_sizes, input_sizes, para), target=isa_target(isa))
     check = check_kernel(kernel, seed=2)
     assert check.ok, str(check)
     assert kernel.output.shape == layout.shape_dx_result(input_sizes)

@@ -22,7 +22,7 @@ if "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
     os.environ["TVM_NUM_THREADS"] = str(usable_cores())
 
 from . import dsl, layout, reference, tvm  # noqa: E402
-from .build import ArgSpec, Kernel, Timing, build, lower, pass_context, resolve_target  # noqa: E402
+from .build import ArgSpec, Kernel, Timing, build, isa_target, lower, pass_context, resolve_target  # noqa: E402
 from .errors import ConvGradError  # noqa: E402
 from .params import ConvGeometry, ConvGradParams  # noqa: E402
 
@@ -37,6 +37,7 @@ __all__ = [
     "Timing",
     "build",
     "dsl",
+    "isa_target",
     "layout",
     "lower",
     "pass_context",

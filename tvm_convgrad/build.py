@@ -29,11 +29,12 @@ from tvm.target import Target
 
 from . import schedule, usable_cores
 from .dsl import result_info
-from .dsl.compute import ARGUMENT_STAGES
+from .dsl.compute import ARGUMENT_STAGES, formulation
 from .errors import ConvGradError
 from .params import ConvGradParams
+from .schedule.isa import IsaPlan, isa_plan
 
-__all__ = ["ArgSpec", "Kernel", "KeepIndexWidth", "Timing", "build", "lower", "pass_context", "resolve_target"]
+__all__ = ["ArgSpec", "ISA_MCPU", "Kernel", "KeepIndexWidth", "Timing", "build", "isa_target", "lower", "pass_context", "resolve_target"]
 
 _INT32_LIMIT = 2**31
 
@@ -51,8 +52,10 @@ def _cuda_arch() -> str:
 
 
 def resolve_target(target: str | dict | Target = "llvm") -> Target:
-    """A :class:`tvm.target.Target` from ``"llvm"`` (this CPU, all cores), ``"cuda"`` (this GPU's
-    arch, else sm_80), a target dict, or a Target."""
+    """A :class:`tvm.target.Target` from ``"llvm"`` (this CPU, all cores; the environment
+    variable ``TVM_CONVGRAD_MCPU`` names another LLVM CPU model, e.g. ``haswell`` to build and
+    test the AVX2 plan on an AVX-512 machine), ``"cuda"`` (this GPU's arch, else sm_80), a target
+    dict, or a Target."""
     if isinstance(target, Target):
         return target
     if isinstance(target, dict):
@@ -61,11 +64,29 @@ def resolve_target(target: str | dict | Target = "llvm") -> Target:
         except Exception as err:  # TVM's own message says which key is wrong
             raise ConvGradError("build", "target", target, f"is not a valid TVM target: {str(err).strip().splitlines()[-1]}") from None
     if target == "llvm":
-        cpu = tvm.target.codegen.llvm_get_system_cpu()
+        cpu = os.environ.get("TVM_CONVGRAD_MCPU") or tvm.target.codegen.llvm_get_system_cpu()
         return Target({"kind": "llvm", "mcpu": cpu, "num-cores": usable_cores()})
     if target == "cuda":
         return Target({"kind": "cuda", "arch": _cuda_arch()})
     raise ConvGradError("build", "target", target, "must be 'llvm', 'cuda', a target dict or a tvm.target.Target")
+
+
+ISA_MCPU = {"avx512": "skylake-avx512", "avx2": "haswell", "sse": "x86-64"}
+"""The LLVM CPU model that stands for a vector ISA when the host's own CPU is of another plan."""
+
+
+def isa_target(isa: str = "native", cores: int | None = None) -> Target:
+    """An x86 LLVM target for one vector ISA: ``"native"`` (this CPU, as ``"llvm"``), ``"avx512"``,
+    ``"avx2"`` or ``"sse"``. The host's own CPU model when its plan is that ISA (so the code is
+    tuned for it), else the model of :data:`ISA_MCPU` (e.g. AVX2 = ``haswell`` on an AVX-512
+    machine); ``cores`` threads (default: every usable core)."""
+    host = resolve_target("llvm")
+    cores = cores or usable_cores()
+    if isa == "native" or (isa in ISA_MCPU and isa_plan(host).name == isa):
+        return Target({"kind": "llvm", "mcpu": str(host.attrs["mcpu"]), "num-cores": cores})
+    if isa not in ISA_MCPU:
+        raise ConvGradError("isa_target", "isa", isa, f"must be 'native' or one of {sorted(ISA_MCPU)}")
+    return Target({"kind": "llvm", "mcpu": ISA_MCPU[isa], "num-cores": cores})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,12 +246,21 @@ class Kernel:
         self.name = str(args[-1].op.attrs["kernel_name"])
         self.args = tuple(ArgSpec(t.op.name, tuple(int(d) for d in t.shape), str(t.dtype)) for t in args)
         self.flops = int(args[-1].op.attrs["flops"])
+        self.formulation = formulation(t.op.name for t in _graph_tensors(args[-1]))
+        """Which compute the gradient uses: ``"cube"`` (16x16 blocks), ``"cout-lanes"`` (dW with
+        Cout on the lanes), ``"pixel-lanes"`` (dX with output columns on the lanes)."""
         self._ptx: str | None = None
+
+    @property
+    def isa(self) -> IsaPlan | None:
+        """The vector-ISA plan the CPU schedule sized its register tiles for (None on CUDA)."""
+        return isa_plan(self.target) if self.target.kind.name == "llvm" else None
 
     def __repr__(self) -> str:
         sig = ", ".join(f"{a.name}: {a.dtype}{list(a.shape)}" for a in self.args[:-1])
         out = self.args[-1]
-        return f"<Kernel {self.name}({sig}) -> {out.dtype}{list(out.shape)} on {self.target.kind.name}>"
+        plan = ", ".join(p for p in (self.isa.name if self.isa else None, self.formulation) if p)
+        return f"<Kernel {self.name}({sig}) -> {out.dtype}{list(out.shape)} on {self.target.kind.name} [{plan}]>"
 
     @property
     def inputs(self) -> tuple[ArgSpec, ...]:

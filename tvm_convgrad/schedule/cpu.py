@@ -1,17 +1,22 @@
-"""LLVM (CPU) schedule rule: 16-lane fp32 blocks held in AVX-512 registers, fed by broadcast FMAs.
+"""LLVM (CPU) schedule rule: 16-lane fp32 rows held in vector registers, fed by broadcast FMAs.
 
-Both gradients are GEMMs whose N axis is a block of 16 lanes (one zmm register); every mad runs
-as register tiles of up to 16-28 accumulators, each reduction step one vector load and one
-broadcast FMA per accumulator row:
+Both gradients are GEMMs whose N axis is a block of 16 lanes (a C0 row); every mad runs as
+register tiles of accumulator rows, each reduction step one row load and one broadcast FMA per
+accumulator row. How many rows a tile holds comes from the target's vector ISA
+(:func:`~tvm_convgrad.schedule.isa.isa_plan`): a C0 row is one zmm on AVX-512 (tiles of 16 rows,
+FMAs with a ``{1to16}`` broadcast operand), two ymm on AVX2 (tiles of 4-6 rows, 8-12
+accumulators of the 16 registers), four 128-bit registers on SSE / NEON. The cube structure
+(C0 blocks, stride phases, chunks) is the same on every ISA; only the tiles change.
 
-* dW cube (``dw_cc``): a tile is one ``(co1, c1, kh, kw)`` block, 16 Cout rows x 16 Cin lanes,
-  each step one fmap row (constant offset per tap) times 16 broadcast dy values. Each core owns
+* dW cube (``dw_cc``): a tile is ``R`` Cout rows of one ``(co1, c1, kh, kw)`` block x 16 Cin
+  lanes (R = 16 on AVX-512), each step one fmap row (constant offset per tap) times ``R``
+  broadcast dy values. Each core owns
   a group of Cout (or Cin) blocks and walks the reduction ``(n, ho, wo)`` in chunks of whole
   images or row bands, running all its tiles on a chunk before the next (``_chunk``). With
   fewer tiles than cores, each core sums its own part of the reduction (``rfactor``) and the
   parts are added in a fixed order, so results do not vary from run to run.
 * dX cube (``dx_cc_<rh>_<rw>``, one per stride phase): a tile is ``TH x TW`` output pixels of one
-  16-channel block (``pixel_tile``), the reduction ``(co1, taps, co0)`` inside, each step one
+  16-channel block (``pixel_tile``, at most 16 pixels on AVX-512, 6 on AVX2), the reduction ``(co1, taps, co0)`` inside, each step one
   w_col row times ``TH*TW`` broadcast dy values. The channel blocks are taken in groups whose
   weights fit a core's cache, the pixels streaming past once per group.
 * few input channels (``dw_cc_t``: Cout on the lanes; ``dx_px_*``: output columns on the lanes):
@@ -35,11 +40,14 @@ from tvm.s_tir.dlight import ScheduleRule
 from tvm.target import Target
 
 from .. import usable_cores
+from ..dsl.compute.common import CONVERT_IN_PLACE
 from .common import stage_blocks
+from .isa import C0, IsaPlan, isa_plan
 
-__all__ = ["CpuRule", "pixel_tile"]
+__all__ = ["CpuRule", "dx_tile", "pixel_tile"]
 
-MAX_TILE_PIXELS = 16  # dX accumulators per tile: 16 zmm of the 32, the rest for operands
+MAX_TILE_PIXELS = 16  # dX pixels per tile: 16 rows of accumulators at most (AVX-512: 16 zmm of 32)
+MAX_TAP_TILE = 7  # transposed dW: taps per tile
 WEIGHTS_IN_CACHE = 512 * 1024  # bytes of w_col kept in a core's L2 while dX walks the pixels
 CHUNK_STEPS = 1600  # reduction steps (n, ho, wo) per dW chunk: ~1.6 MB of fmap per 16 Cin blocks
 
@@ -52,18 +60,36 @@ def _extent(sch: s_tir.Schedule, loop) -> int:
     return int(sch.get(loop).extent)
 
 
-def pixel_tile(rows: int, cols: int) -> tuple[int, int]:
-    """dX register tile ``(TH, TW)``: divisors of the phase's rows / cols with the most pixels
-    ``<= 16`` (whole tiles keep every row's FMAs unpredicated); a 16-wide ragged tile when the
-    columns have no divisor giving at least 8 pixels."""
-    divisors = lambda n: [d for d in range(1, min(n, MAX_TILE_PIXELS) + 1) if n % d == 0]  # noqa: E731
-    th, tw = max(
-        ((th, tw) for tw in divisors(cols) for th in divisors(rows) if th * tw <= MAX_TILE_PIXELS),
+def pixel_tile(rows: int, cols: int, most: int = MAX_TILE_PIXELS) -> tuple[int, int]:
+    """dX pixel tile ``(TH, TW)``: divisors of the phase's rows / cols with the most pixels
+    ``<= most`` (whole tiles keep every row's FMAs unpredicated)."""
+    divisors = lambda n: [d for d in range(1, min(n, most) + 1) if n % d == 0]  # noqa: E731
+    return max(
+        ((th, tw) for tw in divisors(cols) for th in divisors(rows) if th * tw <= most),
         key=lambda t: (t[0] * t[1], t[1]),
     )
-    if th * tw < 8 and cols > MAX_TILE_PIXELS:
-        return 1, MAX_TILE_PIXELS
-    return th, tw
+
+
+def dx_tile(rows: int, cols: int, plan: IsaPlan) -> tuple[int, int, int]:
+    """dX register tile ``(TH, TW, V)`` for a phase of ``rows x cols`` pixels: ``TH x TW`` pixels
+    by ``V`` vector registers of each pixel's 16-lane row (``V`` divides the registers a row
+    takes; ``TH*TW*V`` accumulators within the plan's budget).
+
+    Whole tiles, chosen for the most FMAs per load (each step loads ``V`` weight vectors and
+    broadcasts ``TH*TW`` dy values): full rows where the pixels allow (AVX-512 16 x 1, AVX2
+    4 x 2), part rows where the phase is too small or prime for more than a pixel or two (AVX2
+    7x7: 7 pixels x 1 ymm). Only when no whole tile fills half the budget, a ragged tile of
+    full rows (its predicated edge costs registers)."""
+    per_row = plan.registers_per_row
+    options = []
+    for v in (d for d in range(1, per_row + 1) if per_row % d == 0):
+        th, tw = pixel_tile(rows, cols, min(MAX_TILE_PIXELS, plan.accumulators // v))
+        options.append((th * tw * v / (th * tw + v), th * tw * v, th, tw, v))
+    _, accumulators, th, tw, v = max(options)
+    most = min(MAX_TILE_PIXELS, plan.accumulators // per_row)
+    if 2 * accumulators < plan.accumulators and cols > most:
+        return 1, most, per_row
+    return th, tw, v
 
 
 def _elementwise(sch: s_tir.Schedule, block):
@@ -97,6 +123,7 @@ class _Cube:
     sch: s_tir.Schedule
     cores: int
     tunable: bool
+    plan: IsaPlan
 
     def split(self, loop, inner: int, max_inner: int):
         """``(outer, inner)``: ``inner`` fixed, or a MetaSchedule sample (a divisor of the
@@ -129,15 +156,16 @@ class _Cube:
         n_o, n_i = sch.split(n, [None, images])
         ho_o, ho_i = sch.split(ho, [None, bands])
         chunk, steps = [n_o, ho_o], [n_i, ho_i, wo]
+        rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0), self.plan.rows(C0))
         if (groups * blocks_out) % cores == 0:
             sch.reorder(g, co1, c1)
             core, owned = sch.split(sch.fuse(g, co1), [cores, None])
-            sch.reorder(core, *chunk, owned, c1, tap_h, tap_w, *steps, co0, c0)
+            sch.reorder(core, *chunk, owned, c1, tap_h, tap_w, rows_o, *steps, co0, c0)
         elif blocks_in % cores == 0:
             core, owned = sch.split(c1, [cores, None])
-            sch.reorder(core, *chunk, g, co1, owned, tap_h, tap_w, *steps, co0, c0)
+            sch.reorder(core, *chunk, g, co1, owned, tap_h, tap_w, rows_o, *steps, co0, c0)
         else:  # no even split: every tile a task, its whole reduction inside
-            sch.reorder(g, co1, c1, tap_h, tap_w, *chunk, *steps, co0, c0)
+            sch.reorder(g, co1, c1, tap_h, tap_w, rows_o, *chunk, *steps, co0, c0)
             core = sch.fuse(g, co1, c1)
         sch.parallel(core)
         self._tile_body(block, n_o)
@@ -148,11 +176,12 @@ class _Cube:
         sch = self.sch
         i = reduce.index(longest)
         part, reduce[i] = sch.split(longest, [self.cores, None])
-        sch.reorder(part, *tiles, *reduce, co0, c0)
+        rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0), self.plan.rows(C0))
+        sch.reorder(part, *tiles, rows_o, *reduce, co0, c0)
         rf = sch.rfactor(part, 0)
-        loops = sch.get_loops(rf)  # part, the tile loops, the reduction loops, co0, c0
+        loops = sch.get_loops(rf)  # part, the tile loops, the row groups, the reduction loops, co0, c0
         sch.parallel(loops[0])
-        self._tile_body(rf, loops[1 + len(tiles)])
+        self._tile_body(rf, loops[2 + len(tiles)])
         _sum_parts(sch, block)
 
     def _tile_body(self, block, first_reduce):
@@ -163,7 +192,8 @@ class _Cube:
         self.sch.decompose_reduction(block, first_reduce)
 
     def input_grad(self, block, weight_bytes: int):
-        """dX phase: pixel tiles ``(j_i x i_i)`` x 16 lanes, reduction ``[co1, mh, mw, co0]`` inside.
+        """dX phase: pixel tiles ``(j_i x i_i)`` x 16 lanes (or a part of them, :func:`dx_tile`),
+        reduction ``[co1, mh, mw, co0]`` inside.
 
         The channel blocks ``c1`` are taken in groups whose w_col fits a core's cache
         (WEIGHTS_IN_CACHE): a group's weights stay in cache while the pixels stream past, once
@@ -175,10 +205,12 @@ class _Cube:
         blocks = _extent(sch, c1)
         group = _largest_divisor(blocks, WEIGHTS_IN_CACHE // max(1, weight_bytes // blocks))
         c1_o, c1_i = sch.split(c1, [None, group])
-        th, tw = pixel_tile(_extent(sch, j), _extent(sch, i))
-        j_o, j_i = self.split(j, th, MAX_TILE_PIXELS)
-        i_o, i_i = self.split(i, tw, MAX_TILE_PIXELS)
-        sch.reorder(c1_o, n, j_o, i_o, c1_i, co1, mh, mw, co0, j_i, i_i, c0)
+        th, tw, v = dx_tile(_extent(sch, j), _extent(sch, i), self.plan)
+        most = min(MAX_TILE_PIXELS, self.plan.accumulators // v)
+        j_o, j_i = self.split(j, th, most)
+        i_o, i_i = self.split(i, tw, most)
+        lane_groups, c0 = sch.split(c0, [None, v * self.plan.lanes])
+        sch.reorder(c1_o, n, j_o, i_o, c1_i, lane_groups, co1, mh, mw, co0, j_i, i_i, c0)
         sch.parallel(sch.fuse(c1_o, n, j_o))
         sch.unroll(j_i)
         sch.unroll(i_i)
@@ -187,7 +219,7 @@ class _Cube:
 
     def transposed_filter_grad(self, block):
         """dW with Cout on the lanes (``dw_cc_t[c, kh, kw, co]``): a tile is ``kw_i`` taps x
-        ``co1_i`` Cout vectors (<= 28 accumulators) of one ``(c, kh)``, fed by one broadcast x
+        ``co1_i`` Cout vectors (:meth:`_tap_tile`) of one ``(c, kh)``, fed by one broadcast x
         value per tap and one dy vector per Cout block, summing ``(ho, wo)`` in registers.
 
         With a batch, each image is a separate partial dW (``rfactor`` over ``n``): the images
@@ -197,10 +229,9 @@ class _Cube:
         sch = self.sch
         c, kh, kw, co, n, ho, wo = sch.get_loops(block)
         co1, co0 = sch.split(co, [None, 16])
-        taps = _largest_divisor(_extent(sch, kw), 7)
-        vectors = _largest_divisor(_extent(sch, co1), 28 // taps)
-        kw_o, kw_i = self.split(kw, taps, 7)
-        co1_o, co1_i = self.split(co1, vectors, 4)
+        taps, vectors = self._tap_tile(_extent(sch, kw), _extent(sch, co1))
+        kw_o, kw_i = self.split(kw, taps, taps)
+        co1_o, co1_i = self.split(co1, vectors, vectors)
         batched = _extent(sch, n) > 1
         if batched:
             sch.reorder(n, c, kh, kw_o, co1_o, ho, wo, kw_i, co1_i, co0)
@@ -217,22 +248,46 @@ class _Cube:
         if batched:
             _sum_parts(sch, block)
 
+    def _tap_tile(self, kernel_w: int, cout_blocks: int) -> tuple[int, int]:
+        """``(taps, vectors)`` of a Cout-on-lanes dW tile: the most accumulators whose registers
+        fit with their operands: ``taps * vectors`` accumulator rows, the ``vectors`` dy rows
+        (kept in registers when more than one tap reuses them) and the broadcast x value."""
+        per_row, plan = self.plan.registers_per_row, self.plan
+
+        def registers(taps: int, vectors: int) -> int:
+            reused = vectors * per_row if taps > 1 else 0
+            return taps * vectors * per_row + reused + (0 if plan.broadcast_operand else 1)
+
+        fits = [
+            (taps * vectors, taps, vectors)
+            for taps in range(1, min(kernel_w, MAX_TAP_TILE) + 1) if kernel_w % taps == 0
+            for vectors in range(1, cout_blocks + 1) if cout_blocks % vectors == 0
+            if taps * vectors * per_row <= plan.accumulators and registers(taps, vectors) < plan.registers
+        ]  # fmt: skip
+        _, taps, vectors = max(fits, default=(1, 1, 1))
+        return taps, vectors
+
     def pixel_lane_input_grad(self, block):
-        """dX with output columns on the lanes (``dx_px``): a tile is 16 columns x ``j_i`` rows x
-        every input channel (<= 24 accumulators); per ``(co, mh, mw)`` one dy vector per row, used
-        at once by every channel's broadcast weight (so one dy vector is live at a time)."""
-        sch = self.sch
+        """dX with output columns on the lanes (``dx_px``): a tile is 16 columns (fewer where a
+        row of every channel would not fit the registers) x ``j_i`` rows x every input channel;
+        per ``(co, mh, mw)`` one dy vector per row, used at once by every channel's broadcast
+        weight (so one dy vector is live at a time, the channels' weights for the whole tile)."""
+        sch, plan = self.sch, self.plan
         n, ci, j, i, co, mh, mw = sch.get_loops(block)
-        width = _extent(sch, i)
-        i_o, i_i = sch.split(i, [None, 16]) if width > 16 else (None, i)
-        rows = _largest_divisor(_extent(sch, j), 24 // _extent(sch, ci))
-        j_o, j_i = self.split(j, rows, max(1, 24 // _extent(sch, ci)))
+        width, channels = _extent(sch, i), _extent(sch, ci)
+        room = max(1, plan.accumulators - channels + 1)  # each channel's weight stays live
+        vectors = _largest_divisor(plan.registers_per_row, room // channels)
+        columns = vectors * plan.lanes
+        i_o, i_i = sch.split(i, [None, columns]) if width > columns else (None, i)
+        budget = max(1, room // (channels * vectors))
+        rows = _largest_divisor(_extent(sch, j), budget)
+        j_o, j_i = self.split(j, rows, budget)
         outer = [n, j_o] + ([i_o] if i_o is not None else [])
         sch.reorder(*outer, co, mh, mw, j_i, ci, i_i)
         sch.parallel(sch.fuse(*outer))
         sch.unroll(ci)
         sch.unroll(j_i)
-        if width <= 16 or width % 16 == 0:  # a ragged last vector stays scalar
+        if width <= columns or width % columns == 0:  # a ragged last vector stays scalar
             sch.vectorize(i_i)
         sch.decompose_reduction(block, co)
 
@@ -279,7 +334,12 @@ class CpuRule(ScheduleRule):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         sch = s_tir.Schedule(func, error_render_level="none")
-        cube = _Cube(sch, _num_cores(target), tunable)
+        plan = isa_plan(target)
+        cube = _Cube(sch, _num_cores(target), tunable, plan)
+        if plan.converts_fp16:  # the mads read those inputs in place, converting as they load
+            for block in stage_blocks(sch):
+                if CONVERT_IN_PLACE in sch.get(block).annotations:
+                    sch.compute_inline(block)
         for block in stage_blocks(sch):
             name = sch.get(block).name_hint
             if name == "dw_cc":

@@ -15,11 +15,10 @@ stage              shape                                           value
                    fp32                                            phase: ``[.., rh, rw, hq, wq, ..] =
                                                                    xpad[hq*sh + rh, wq*sw + rw]``; only the
                                                                    phases the taps read (PH = 1 when every
-                                                                   ``kh*dh`` is a multiple of ``sh``)
-``dw_cc``          ``(real_g, cin1_g*KH*KW, cout_g, 16)`` fp32     the mad over ``(n, ho, wo)``; it reads x
-                                                                   itself (converting its 16-lane rows as
-                                                                   they load) when ``fmap_l1`` would only
-                                                                   convert: no padding, one phase
+                                                                   ``kh*dh`` is a multiple of ``sh``); marked
+                                                                   ``convert_in_place`` when it only converts
+                                                                   (no padding, one phase)
+``dw_cc``          ``(real_g, cin1_g*KH*KW, cout_g, 16)`` fp32     the mad over ``(n, ho, wo)``
 ``dw_ddr``         same, ``res_dtype``                             the result (tag ``conv2d_backprop_filterdw_ddr``)
 =================  ==============================================  =========================================
 
@@ -32,13 +31,15 @@ Cin = 3): Cout on the lanes, so that no lane multiplies a padding channel.
 
 =================  ==============================================  =========================================
 ``fmap_l1``        ``(N, Cin, Hp, Wp)`` fp32                       x with its zero padding, NCHW
+``grads_2_matrix`` ``(N, cout_g/16, Ho, Wo, 16)`` fp32             dy (0 past Cout), ``convert_in_place``
 ``dw_cc_t``        ``(Cin, KH, KW, cout_g)`` fp32                  ``sum_{n,ho,wo} fmap_l1[n, c, ho*sh +
-                                                                   kh*dh, wo*sw + kw*dw] * dy[n, co, ho, wo]``,
-                                                                   dy read from the 5HD input (its 16-lane
-                                                                   vectors convert to fp32 as they load)
+                                                                   kh*dh, wo*sw + kw*dw] * dy[n, co, ho, wo]``
 ``dw_ddr``         TBE's shape, ``res_dtype``                      ``dw_cc_t`` transposed into TBE's layout
                                                                    (0 for the padding channels)
 =================  ==============================================  =========================================
+
+A stage marked ``convert_in_place`` only converts fp16 to fp32: a schedule for a target that
+converts as it loads (F16C, NEON) inlines it, so the mad reads the fp16 input in place.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from tvm import te, tirx
 from ... import layout
 from ...layout import C0
 from ...params import ConvGradParams
-from .common import ACC, guarded, inside
+from .common import ACC, CONVERT_IN_PLACE, guarded, inside
 
 __all__ = ["conv2d_backprop_filter_compute", "transposed_filter_grad"]
 
@@ -145,13 +146,11 @@ def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape) -> 
         conds += inside((i, j), g.pads[::2], (g.h, g.w), (rows.packed_extent, cols.packed_extent))
         return guarded(conds, fmap[n, c1, i - g.pads[0], j - g.pads[2], c0].astype(ACC))
 
+    # With no padding and one phase, fmap_l1 is a plain fp32 copy of (a stride-subsample of) x: a
+    # target that converts fp16 as it loads reads x in place instead (the schedule inlines it).
     direct = rows.phases == cols.phases == 1 and not any(g.pads) and c1_fmap == g.c1_x
-    if direct:  # fmap_l1 would be a plain fp32 copy of (a stride-subsample of) x: read x in place
-        read_fmap = lambda n, c1, rh, rw, hq, wq, c0: fmap[n, c1, hq * sh, wq * sw, c0].astype(ACC)  # noqa: E731
-    else:
-        packed = (g.batch, c1_fmap, rows.phases, cols.phases, rows.per_phase, cols.per_phase, C0)
-        fmap_l1 = te.compute(packed, fmap_value, name="fmap_l1", tag="fmap_l1")
-        read_fmap = lambda *i: fmap_l1[i]  # noqa: E731
+    packed = (g.batch, c1_fmap, rows.phases, cols.phases, rows.per_phase, cols.per_phase, C0)
+    fmap_l1 = te.compute(packed, fmap_value, name="fmap_l1", tag="fmap_l1", attrs={CONVERT_IN_PLACE: 1} if direct else None)
 
     n = te.reduce_axis((0, g.batch), name="n")
     ho = te.reduce_axis((0, g.ho), name="ho")
@@ -162,7 +161,7 @@ def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape) -> 
         (rh, qh), (rw, qw) = rows.of_tap(kh), cols.of_tap(kw)
         return te.sum(
             grads[n, grp * ext.cout1_g + co // C0, ho, wo, co % C0]
-            * read_fmap(n, grp * ext.cin1_g + c1, rh, rw, ho + qh, wo + qw, c0),
+            * fmap_l1[n, grp * ext.cin1_g + c1, rh, rw, ho + qh, wo + qw, c0],
             axis=[n, ho, wo],
         )
 
@@ -179,14 +178,21 @@ def _transposed_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams) -> t
         return guarded(conds, fmap[n, c // C0, i - g.pads[0], j - g.pads[2], c % C0].astype(ACC))
 
     fmap_l1 = te.compute((g.batch, g.cin, *reach), fmap_value, name="fmap_l1", tag="fmap_l1")
+    cout = g.group.cout_g_padded
+    grads = te.compute(
+        (g.batch, cout // C0, g.ho, g.wo, C0),
+        lambda n, c1, ho, wo, c0: guarded([c1 * C0 + c0 < g.cout] if cout > g.cout else [], dy[n, c1, ho, wo, c0].astype(ACC)),
+        name="grads_2_matrix",
+        tag="grads_2_matrix",
+        attrs={CONVERT_IN_PLACE: 1},
+    )
     n = te.reduce_axis((0, g.batch), name="n")
     ho = te.reduce_axis((0, g.ho), name="ho")
     wo = te.reduce_axis((0, g.wo), name="wo")
     return te.compute(
-        (g.cin, g.kh, g.kw, g.group.cout_g_padded),
+        (g.cin, g.kh, g.kw, cout),
         lambda c, kh, kw, co: te.sum(
-            fmap_l1[n, c, ho * sh + kh * dil_h, wo * sw + kw * dil_w]
-            * guarded([co < g.cout] if g.group.cout_g_padded > g.cout else [], dy[n, co // C0, ho, wo, co % C0].astype(ACC)),
+            fmap_l1[n, c, ho * sh + kh * dil_h, wo * sw + kw * dil_w] * grads[n, co // C0, ho, wo, co % C0],
             axis=[n, ho, wo],
         ),
         name="dw_cc_t",

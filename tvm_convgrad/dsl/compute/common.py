@@ -7,6 +7,10 @@ from tvm import te, tirx
 ACC = "float32"
 """Accumulation dtype of the cube: fp16 x fp16 products are exact in fp32."""
 
+CONVERT_IN_PLACE = "convert_in_place"
+"""Stage attribute: the stage only converts its input to fp32 (no padding, no reordering that a
+load could not do), so a schedule may inline it where the target converts fp16 as it loads."""
+
 
 def guarded(conds: list, value):
     """``value`` where all ``conds`` hold, else 0; no select at all when nothing needs a guard."""

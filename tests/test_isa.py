@@ -1,0 +1,159 @@
+"""The CPU rule sizes its register tiles for the *target's* vector ISA, whatever the host.
+
+Every assembly check here is cross-compiled (AVX-512, AVX2, SSE and AArch64 NEON targets) and
+asserts what that ISA must produce in the hot loops: FMAs on its registers (broadcast operands
+on AVX-512), and no spill store or reload inside the innermost reduction loop. Correctness of
+each plan the host can run is checked by the sweep (``RUNNABLE_ISAS``); here only the plans'
+structure and the target parsing.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from tvm.target import Target
+
+from tvm_convgrad import ConvGradError, build, isa_target
+from tvm_convgrad.asm import hot_loops, innermost_loops
+from tvm_convgrad.peak import build_fma_peak
+from tvm_convgrad.schedule.cpu import dx_tile
+from tvm_convgrad.schedule.isa import PLANS, host_can_run, isa_plan
+from tvm_convgrad.verify import check_kernel
+
+from conftest import RUNNABLE_ISAS
+from test_schedule import _dw, _dx
+
+TARGETS = {
+    "avx512": {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2},
+    "avx2": {"kind": "llvm", "mcpu": "haswell", "num-cores": 2},
+    "sse": {"kind": "llvm", "mcpu": "x86-64", "num-cores": 2},
+    "neon": {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1", "num-cores": 2},
+}
+REGISTER_KIND = {"avx512": "zmm", "avx2": "ymm", "sse": "xmm", "neon": "v"}
+
+# One shape per formulation and tile kind: (make, args) with args (n, cin, h, w, cout, k, s, p).
+SHAPES = {
+    "dw-cube-3x3": (_dw, (2, 64, 14, 14, 64, 3, 1, 1)),
+    "dw-cube-1x1-direct": (_dw, (1, 64, 28, 28, 64, 1)),
+    "dw-one-tile-rfactor": (_dw, (1, 16, 9, 9, 16, 1)),
+    "dw-cout-lanes": (_dw, (1, 3, 64, 64, 64, 7, 2, 3)),
+    "dx-cube-3x3": (_dx, (2, 64, 14, 14, 64, 3, 1, 1)),
+    "dx-cube-7x7": (_dx, (1, 256, 7, 7, 256, 3, 1, 1)),
+    "dx-phases-s2": (_dx, (1, 32, 14, 14, 32, 3, 2, 1)),
+    "dx-pixel-lanes": (_dx, (1, 3, 64, 64, 64, 7, 2, 3)),
+}
+
+
+@pytest.mark.parametrize(
+    "target, plan",
+    [
+        ({"kind": "llvm", "mcpu": "haswell"}, "avx2"),
+        ({"kind": "llvm", "mcpu": "znver1"}, "avx2"),
+        ({"kind": "llvm", "mcpu": "skylake-avx512"}, "avx512"),
+        ({"kind": "llvm", "mcpu": "znver4"}, "avx512"),
+        ({"kind": "llvm", "mcpu": "sapphirerapids"}, "avx512"),
+        ({"kind": "llvm", "mcpu": "znver4", "mattr": ["-avx512f"]}, "avx2"),
+        ({"kind": "llvm", "mattr": ["+avx2", "+fma"]}, "avx2"),
+        ({"kind": "llvm", "mcpu": "x86-64"}, "sse"),
+        ({"kind": "llvm", "mtriple": "x86_64-linux-gnu"}, "sse"),
+        ({"kind": "llvm", "mtriple": "aarch64-linux-gnu"}, "neon"),
+        ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1"}, "neon"),
+    ],
+)
+def test_plan_comes_from_the_target_not_the_host(target, plan):
+    assert isa_plan(Target(target)).name == plan
+
+
+def test_plans_fit_their_register_files():
+    for plan in PLANS.values():
+        assert plan.lanes * plan.registers_per_row == 16
+        assert plan.accumulators + plan.registers_per_row + 1 <= plan.registers  # accumulators, a row, a broadcast
+    assert PLANS["avx512"].rows() == 16 and PLANS["avx2"].rows(divides=16) == 4 and PLANS["sse"].rows(divides=16) == 2
+    assert not isa_plan(Target(TARGETS["sse"])).converts_fp16 and isa_plan(Target(TARGETS["avx2"])).converts_fp16
+
+
+def test_dx_tiles_take_part_rows_where_the_phase_is_small():
+    avx2, avx512 = PLANS["avx2"], PLANS["avx512"]
+    assert dx_tile(56, 56, avx512) == (2, 8, 1)  # 16 zmm rows
+    assert dx_tile(56, 56, avx2) == (1, 4, 2)  # 4 pixels x 2 ymm
+    assert dx_tile(7, 7, avx2) == (1, 7, 1)  # 7 pixels x 1 ymm: no 7 x 2 = 14 accumulators to spill
+    th, tw, v = dx_tile(13, 13, avx2)  # prime: a ragged tile of full rows
+    assert th * tw * v <= avx2.accumulators
+
+
+def test_isa_target_names_an_isa():
+    assert isa_plan(isa_target("avx2")).name == "avx2"
+    assert isa_plan(isa_target("sse")).name == "sse"
+    assert isa_plan(isa_target("avx512")).name == "avx512"
+    with pytest.raises(ConvGradError, match="isa"):
+        isa_target("avx3")
+
+
+def test_the_host_runs_what_it_can():
+    assert host_can_run(isa_target("native"))
+    assert host_can_run(isa_target("sse"))
+    assert not host_can_run(Target(TARGETS["neon"]))  # tests run on x86-64 hosts
+    assert "native" in RUNNABLE_ISAS
+
+
+def test_kernel_says_which_plan_it_used():
+    kernel = build(_dw(1, 32, 8, 8, 32, 3, 1, 1, name="plan_dw"), target={"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+    assert kernel.isa.name == "avx2" and kernel.formulation == "cube"
+    assert "[avx2, cube]" in repr(kernel)
+    dx = build(_dx(1, 3, 32, 32, 16, 7, 2, 3, name="plan_dx"), target={"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+    assert dx.isa.name == "avx512" and dx.formulation == "pixel-lanes"
+
+
+@pytest.mark.parametrize("isa", list(TARGETS))
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_hot_loops_use_the_isa_registers_and_never_spill(isa, shape):
+    make, args = SHAPES[shape]
+    kernel = build(make(*args, name=f"asm_{shape.replace('-', '_')}"), target=TARGETS[isa])
+    assert kernel.isa.name == isa
+    loops = hot_loops(kernel.source)
+    assert loops, "no loop with vector multiply-adds"
+    for loop in loops:
+        assert loop.vector_registers == {REGISTER_KIND[isa]}, f"{loop.label}: {loop.vector_registers}"
+        assert not loop.stack_accesses, f"{loop.label} spills: {loop.stack_accesses[:4]}"
+    if isa == "avx512" and "lanes" not in shape:  # the 16x16 cube: every FMA takes a {1to16} broadcast
+        assert all(loop.broadcast_fmas == loop.fmas for loop in loops)
+        assert max(loop.fmas for loop in loops) >= 7
+    if isa == "avx2":
+        assert "zmm" not in kernel.source and "{1to" not in kernel.source
+        if "lanes" not in shape:
+            assert all("vbroadcastss" in "\n".join(loop.lines) for loop in loops)
+    if isa == "sse":
+        assert not any(loop.fmas for loop in loops), "SSE has no FMA: mulps + addps"
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_cube_tile_holds_the_plans_accumulators(isa):
+    """3x3 dW: a tile of R Cout rows x 16 lanes, R = 16 zmm (AVX-512) or 4 rows x 2 ymm (AVX2)."""
+    kernel = build(_dw(2, 64, 14, 14, 64, 3, 1, 1, name=f"acc_dw_{isa}"), target=TARGETS[isa])
+    fmas = {loop.fmas for loop in hot_loops(kernel.source)}
+    per_step = 16 if isa == "avx512" else 8
+    assert all(f % per_step == 0 for f in fmas), fmas  # whole steps (LLVM may unroll the loop)
+    registers = set(re.findall(r"vfmadd231ps\s+\S+, %[yz]mm\d+, %([yz]mm\d+)", "\n".join(hot_loops(kernel.source)[0].lines)))
+    assert len(registers) == per_step, registers
+
+
+@pytest.mark.parametrize("isa", [i for i in RUNNABLE_ISAS if i != "native"])
+def test_each_runnable_plan_is_exact(isa):
+    """A quick check per plan (the sweep runs them all on every case)."""
+    for make, args in (SHAPES["dw-cube-3x3"], SHAPES["dx-cube-7x7"], SHAPES["dx-pixel-lanes"]):
+        kernel = build(make(*args, name=f"exact_{isa}"), target=isa_target(isa))
+        assert kernel.isa.name == isa
+        assert check_kernel(kernel).ok
+
+
+@pytest.mark.parametrize("isa", list(TARGETS))
+def test_fma_peak_kernel_is_register_only(isa):
+    executable, plan, cores = build_fma_peak(Target(TARGETS[isa]))
+    asm = executable.mod.inspect_source("asm")
+    (loop,) = [lp for lp in innermost_loops(asm) if lp.mads]
+    assert loop.vector_registers == {REGISTER_KIND[isa]}
+    assert not loop.stack_accesses
+    memory = [line for line in loop.lines if re.search(r"\(%r\w+\)|\[x\d+", line) and re.search(r"fmadd|fmla|mulps|addps", line)]
+    assert not memory, f"the peak loop reads memory: {memory[:3]}"
+    assert plan.name == isa and cores == 2

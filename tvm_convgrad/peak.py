@@ -1,0 +1,109 @@
+"""The machine's fp32 FMA peak for one vector ISA, measured with a register-only TVM kernel.
+
+A roofline needs the real limit, not another library's matmul: each core runs a loop of
+independent multiply-adds on accumulators that never leave the registers (as many as the plan's
+register file hides the FMA latency with), no loads, no stores, the vector width of the target's
+ISA. ``2 * lanes * accumulators * iterations * cores`` flops over the median time is the peak the
+gradients' register tiles can at best approach on the same target.
+
+>>> peak = measure_fma_peak(isa_target("avx2"))
+>>> peak.gflops, peak.isa
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm.script import tirx as T
+from tvm.target import Target
+
+from . import usable_cores
+from .schedule.isa import IsaPlan, isa_plan
+
+__all__ = ["FmaPeak", "fma_peak_func", "measure_fma_peak"]
+
+_ITERATIONS = 100_000
+
+
+def fma_peak_func(lanes: int, accumulators: int, cores: int, iterations: int = _ITERATIONS) -> tvm.tirx.PrimFunc:
+    """``fma_peak(acc, b, c)``: per core, ``acc = acc * b + c`` on ``accumulators`` vectors of
+    ``lanes`` fp32 for ``iterations`` rounds, the accumulators in registers throughout.
+
+    ``acc`` is ``(cores, accumulators, lanes)`` (read at the start, written at the end), ``b`` and
+    ``c`` are ``(lanes,)``.
+    """
+
+    @T.prim_func
+    def fma_peak(
+        acc: T.Buffer((cores, accumulators, lanes), "float32"),
+        b: T.Buffer((lanes,), "float32"),
+        c: T.Buffer((lanes,), "float32"),
+    ):
+        T.func_attr({"global_symbol": "fma_peak", "tirx.noalias": True})
+        for core in T.parallel(cores):
+            reg = T.decl_buffer((accumulators, lanes), "float32", scope="local")
+            for i in T.unroll(accumulators):
+                for lane in T.vectorized(lanes):
+                    reg[i, lane] = acc[core, i, lane]
+            for _ in T.serial(iterations):
+                for i in T.unroll(accumulators):
+                    for lane in T.vectorized(lanes):
+                        reg[i, lane] = reg[i, lane] * b[lane] + c[lane]
+            for i in T.unroll(accumulators):
+                for lane in T.vectorized(lanes):
+                    acc[core, i, lane] = reg[i, lane]
+
+    return fma_peak
+
+
+@dataclass(frozen=True)
+class FmaPeak:
+    """The measured peak: GFLOP/s per sample and how it was measured."""
+
+    isa: str
+    mcpu: str
+    lanes: int
+    accumulators: int
+    cores: int
+    samples_gflops: tuple[float, ...]
+
+    @property
+    def gflops(self) -> float:
+        """The median sample."""
+        return statistics.median(self.samples_gflops)
+
+    def __str__(self) -> str:
+        return (
+            f"fp32 FMA peak {self.gflops:.0f} GFLOP/s ({self.isa}, mcpu {self.mcpu}, {self.cores} cores, "
+            f"{self.accumulators} x {self.lanes}-lane accumulators per core)"
+        )
+
+
+def _accumulators(plan: IsaPlan) -> int:
+    """Enough independent chains to cover the FMA latency on two pipes, leaving the operands room."""
+    return plan.registers - 4 if plan.registers > 16 else 12
+
+
+def build_fma_peak(target: Target):
+    """Compile the peak kernel for ``target`` (its ISA's vector width and every core of ``num-cores``)."""
+    plan = isa_plan(target)
+    cores = int(target.attrs.get("num-cores", 0)) or usable_cores()
+    func = fma_peak_func(plan.lanes, _accumulators(plan), cores)
+    return tvm.compile(tvm.IRModule({"fma_peak": func}), target=target), plan, cores
+
+
+def measure_fma_peak(target: Target, repeat: int = 5, min_repeat_ms: int = 100) -> FmaPeak:
+    """Run the peak kernel on this machine: ``repeat`` samples of at least ``min_repeat_ms``."""
+    executable, plan, cores = build_fma_peak(target)
+    accs = _accumulators(plan)
+    dev = tvm.cpu(0)
+    acc = tvm.runtime.tensor(np.full((cores, accs, plan.lanes), 0.5, "float32"), dev)
+    b = tvm.runtime.tensor(np.full(plan.lanes, 0.999, "float32"), dev)
+    c = tvm.runtime.tensor(np.full(plan.lanes, 0.001, "float32"), dev)
+    evaluator = executable.mod.time_evaluator("fma_peak", dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
+    flops = 2 * plan.lanes * accs * _ITERATIONS * cores
+    samples = tuple(flops / t / 1e9 for t in evaluator(acc, b, c).results)
+    return FmaPeak(plan.name, str(target.attrs.get("mcpu", "")), plan.lanes, accs, cores, samples)

@@ -1,0 +1,143 @@
+"""The vector ISA of an LLVM target, and the register-tile sizes the CPU rule derives from it.
+
+The cube's unit is a row of 16 fp32 lanes (one C0 block). How many registers such a row takes,
+and how many rows fit in the register file next to the operands, depends on the target's vector
+ISA, read from the Target itself (``mtriple`` / ``mcpu`` / ``mattr``, through LLVM's own feature
+table), never from the host unless the target says "this machine":
+
+=========  ==========  =========  ============  ===============  ====================================
+plan       registers   lanes      C0 row        accumulators     operands of an FMA
+=========  ==========  =========  ============  ===============  ====================================
+avx512     32 zmm      16         1 register    28               broadcast from memory (``{1to16}``)
+avx2       16 ymm      8          2 registers   12               ``vbroadcastss`` + vector register
+sse        16 xmm      4          4 registers   8                no FMA: ``mulps`` + ``addps``
+neon       32 v        4          4 registers   24               ``fmla`` by element
+=========  ==========  =========  ============  ===============  ====================================
+
+Any other LLVM target gets the ``generic`` plan (as ``sse``: 16 registers of 128 bits), which
+is correct everywhere and small enough not to spill on a 16-register machine.
+
+A plan's ``accumulators`` is the register budget of one tile's partial sums; the rest of the
+file holds the operands of one reduction step (the loaded vectors and the broadcast scalar).
+The tile sizes below are derived from it, so every tile of every formulation fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import tvm
+from tvm.target import Target
+
+__all__ = ["IsaPlan", "PLANS", "host_can_run", "host_features", "isa_plan"]
+
+C0 = 16  # lanes of a cube row (fp32 values of one channel block)
+
+
+@dataclass(frozen=True)
+class IsaPlan:
+    """How a 16-lane cube row maps onto one ISA's register file."""
+
+    name: str
+    vector_bits: int
+    registers: int
+    accumulators: int
+    fma: bool
+    broadcast_operand: bool  # an FMA can take a broadcast scalar from memory (AVX-512 ``{1toN}``)
+    converts_fp16: bool = True  # fp16 -> fp32 in one instruction as a vector loads (F16C, NEON)
+
+    @property
+    def lanes(self) -> int:
+        """fp32 lanes of one vector register."""
+        return self.vector_bits // 32
+
+    @property
+    def registers_per_row(self) -> int:
+        """Vector registers one 16-lane C0 row takes."""
+        return C0 // self.lanes
+
+    def rows(self, limit: int = C0, divides: int | None = None) -> int:
+        """How many 16-lane rows of accumulators a tile may hold: at most ``limit``, and a divisor
+        of ``divides`` when given (a whole number of tiles along that axis)."""
+        most = max(1, min(limit, self.accumulators // self.registers_per_row))
+        if divides is None:
+            return most
+        return max(d for d in range(1, most + 1) if divides % d == 0)
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.registers} x {self.vector_bits}-bit registers, {self.accumulators} accumulators"
+
+
+PLANS = {
+    "avx512": IsaPlan("avx512", 512, 32, 28, fma=True, broadcast_operand=True),
+    "avx2": IsaPlan("avx2", 256, 16, 12, fma=True, broadcast_operand=False),
+    "sse": IsaPlan("sse", 128, 16, 8, fma=False, broadcast_operand=False, converts_fp16=False),
+    "neon": IsaPlan("neon", 128, 32, 24, fma=True, broadcast_operand=False),
+    "generic": IsaPlan("generic", 128, 16, 8, fma=False, broadcast_operand=False, converts_fp16=False),
+}
+
+
+def _features(target: Target) -> set[str]:
+    try:
+        return set(tvm.target.codegen.llvm_get_cpu_features(target))
+    except Exception:  # an LLVM without this target's backend: nothing is known
+        return set()
+
+
+def _triple(target: Target) -> str:
+    triple = str(target.attrs.get("mtriple", "") or "")
+    return triple or tvm.target.codegen.llvm_get_system_triple()
+
+
+def isa_plan(target: Target) -> IsaPlan:
+    """The plan of an LLVM target: what its ``mtriple`` / ``mcpu`` / ``mattr`` enable.
+
+    ``{"kind": "llvm", "mcpu": "haswell"}`` is AVX2 on any host, ``"mattr": ["-avx512f"]``
+    turns AVX-512 off, ``{"kind": "llvm"}`` alone is LLVM's baseline x86-64 (SSE2), and
+    ``"mtriple": "aarch64-linux-gnu"`` is NEON.
+    """
+    triple = _triple(target)
+    features = _features(target)
+    if triple.startswith(("aarch64", "arm64")):
+        return PLANS["neon"]  # Advanced SIMD (and fcvtl) are part of the AArch64 base ISA
+    plan = PLANS["generic"]
+    if triple.startswith(("x86_64", "i686", "i386")):
+        if "avx512f" in features:
+            plan = PLANS["avx512"]
+        elif "avx2" in features and "fma" in features:
+            plan = PLANS["avx2"]
+        elif "sse2" in features:
+            plan = PLANS["sse"]
+        return replace(plan, converts_fp16="f16c" in features)
+    return replace(plan, converts_fp16=False)
+
+
+# LLVM feature name -> the flag Linux shows in /proc/cpuinfo, where they differ.
+_CPUINFO_NAMES = {"sse4.1": "sse4_1", "sse4.2": "sse4_2", "lzcnt": "abm", "bmi": "bmi1"}
+# Features whose absence on the host would make a target's code fault (illegal instruction).
+_CHECKED_FEATURES = (
+    "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512fp16", "avx2", "avx", "fma", "f16c",
+    "bmi", "bmi2", "lzcnt", "movbe", "popcnt", "sse4.2", "sse4.1", "ssse3",
+)  # fmt: skip
+
+
+def host_features() -> set[str]:
+    """The host CPU's features in LLVM's names: ``/proc/cpuinfo`` where there is one (a VM may
+    hide features its CPU model has), else what LLVM knows of the host CPU model."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next(line.split(":", 1)[1].split() for line in f if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return _features(Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}))
+    names = set(flags)
+    return {feature for feature in _CHECKED_FEATURES if _CPUINFO_NAMES.get(feature, feature) in names} | {"sse2"}
+
+
+def host_can_run(target: Target) -> bool:
+    """Whether code built for ``target`` runs on this machine (same architecture, and every
+    instruction-set feature the target enables is present here)."""
+    host = tvm.target.codegen.llvm_get_system_triple().split("-")[0]
+    if _triple(target).split("-")[0] != host:
+        return False
+    needed = _features(target) & set(_CHECKED_FEATURES)
+    return needed <= host_features()
