@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from tvm_convgrad import bench
+from tvm_convgrad import bench, isa_target
+from tvm_convgrad.schedule.isa import host_can_run
 
 from conftest import needs_torch
 
@@ -39,11 +40,13 @@ def test_bench_command_writes_table_json_and_chart(tmp_path):
     args = ["bench", "--filter", r"res5b_branch2a\.n1", "--op", "both", "--rounds", "1", "--out", str(tmp_path), "--no-progress"]
     run = subprocess.run([*command, *args], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
-    assert "torch/ours" in run.stdout and "matmul peak" in run.stdout and "geomean" in run.stdout
+    assert "torch/ours" in run.stdout and "FMA peak" in run.stdout and "geomean" in run.stdout
     record = json.loads((tmp_path / "bench.json").read_text())
     assert [(r["case"], r["op"]) for r in record["results"]] == [("resnet_50_v1_5.res5b_branch2a.n1", "wgrad"), ("resnet_50_v1_5.res5b_branch2a.n1", "dgrad")]
     assert all(r["ours_ms"] > 0 and r["torch_ms"] > 0 and r["compile_s"] > 0 for r in record["results"])
-    assert len(record["matmul_peak_gflops"]) == 2 and record["environment"]["cores"] >= 1
+    assert len(record["fma_peak"]) == 2 and all(p["gflops"] > 0 for p in record["fma_peak"]) and record["environment"]["cores"] >= 1
+    assert all(0 < r["ours_peak_fraction"] and 0 < r["torch_peak_fraction"] for r in record["results"])
+    assert record["isa"]["name"] == "native" and all(r["torch_impl"] for r in record["results"])
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -53,3 +56,27 @@ def test_bench_rejects_an_empty_selection(tmp_path):
     command = [exe] if exe else [sys.executable, "-m", "tvm_convgrad.cli"]
     run = subprocess.run([*command, "bench", "--filter", "no-such-layer", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and "no benchmark case matches" in run.stderr and "Traceback" not in run.stderr
+
+
+@needs_torch
+@pytest.mark.skipif(not host_can_run(isa_target("avx2")), reason="this machine cannot run AVX2 code")
+def test_bench_isa_caps_both_sides(tmp_path):
+    """--isa avx2: ours built for AVX2, PyTorch capped to AVX2 before it loads (oneDNN says so)."""
+    exe = shutil.which("tvm-convgrad")
+    command = [exe] if exe else [sys.executable, "-m", "tvm_convgrad.cli"]
+    args = ["bench", "--isa", "avx2", "--filter", r"res5b_branch2a\.n1", "--op", "input", "--rounds", "1", "--out", str(tmp_path), "--no-progress"]
+    run = subprocess.run([*command, *args], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    record = json.loads((tmp_path / "bench.json").read_text())
+    assert record["isa"]["name"] == "avx2" and record["isa"]["ours"].startswith("avx2")
+    assert record["environment"]["torch_cpu_capability"] == "AVX2"
+    assert all("avx2" in r["torch_impl"] for r in record["results"]), [r["torch_impl"] for r in record["results"]]
+    assert record["fma_peak"][0]["isa"] == "avx2" and record["fma_peak"][0]["lanes"] == 8
+
+
+def test_bench_rejects_an_isa_the_machine_cannot_run(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "host_can_run", lambda target: False)
+    with pytest.raises(ValueError, match="cannot run"):
+        bench.main("resnet50", (1,), ("filter",), r"conv1\.", 1, tmp_path, progress=False, isa="avx2")
+    with pytest.raises(ValueError, match="--isa"):
+        bench.main("resnet50", (1,), ("filter",), None, 1, tmp_path, progress=False, isa="avx3")

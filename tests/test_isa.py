@@ -42,7 +42,11 @@ SHAPES = {
     "dx-cube-7x7": (_dx, (1, 256, 7, 7, 256, 3, 1, 1)),
     "dx-phases-s2": (_dx, (1, 32, 14, 14, 32, 3, 2, 1)),
     "dx-pixel-lanes": (_dx, (1, 3, 64, 64, 64, 7, 2, 3)),
+    "dw-depthwise": (_dw, (2, 144, 28, 28, 144, 3, 1, 1, 144)),
+    "dx-depthwise": (_dx, (2, 144, 28, 28, 144, 3, 1, 1, 144)),
+    "dx-depthwise-s2": (_dx, (1, 96, 28, 28, 96, 3, 2, 1, 96)),
 }
+BROADCAST_TILES = [s for s in SHAPES if "lanes" not in s and "depthwise" not in s]  # the 16x16 cube
 
 
 @pytest.mark.parametrize(
@@ -110,18 +114,19 @@ def test_kernel_says_which_plan_it_used():
 def test_hot_loops_use_the_isa_registers_and_never_spill(isa, shape):
     make, args = SHAPES[shape]
     kernel = build(make(*args, name=f"asm_{shape.replace('-', '_')}"), target=TARGETS[isa])
+    assert ("depthwise" in shape) == (kernel.formulation == "depthwise")
     assert kernel.isa.name == isa
     loops = hot_loops(kernel.source)
     assert loops, "no loop with vector multiply-adds"
     for loop in loops:
         assert loop.vector_registers == {REGISTER_KIND[isa]}, f"{loop.label}: {loop.vector_registers}"
         assert not loop.stack_accesses, f"{loop.label} spills: {loop.stack_accesses[:4]}"
-    if isa == "avx512" and "lanes" not in shape:  # the 16x16 cube: every FMA takes a {1to16} broadcast
+    if isa == "avx512" and shape in BROADCAST_TILES:  # the 16x16 cube: every FMA takes a {1to16} broadcast
         assert all(loop.broadcast_fmas == loop.fmas for loop in loops)
         assert max(loop.fmas for loop in loops) >= 7
     if isa == "avx2":
         assert "zmm" not in kernel.source and "{1to" not in kernel.source
-        if "lanes" not in shape:
+        if shape in BROADCAST_TILES:
             assert all("vbroadcastss" in "\n".join(loop.lines) for loop in loops)
     if isa == "sse":
         assert not any(loop.fmas for loop in loops), "SSE has no FMA: mulps + addps"

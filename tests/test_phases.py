@@ -1,4 +1,4 @@
-"""The stride-phase decomposition of dX (dsl.compute.backprop_input.axis_phases) against brute force."""
+"""The stride-phase decomposition of dX (dsl.compute.phases.axis_phases) against brute force."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tvm_convgrad import build, dsl, layout
-from tvm_convgrad.dsl.compute.backprop_input import axis_phases
+from tvm_convgrad.dsl.compute.phases import axis_phases
 from tvm_convgrad.tvm import placeholder
 from tvm_convgrad.verify import check_kernel
 

@@ -23,6 +23,8 @@ _FMA = re.compile(r"^\s+(v?f(?:n?madd|n?msub)\d*ps|fmla)\b(.*)$")
 _MULPS = re.compile(r"^\s+v?mulps\b")  # SSE has no FMA: its mads are mulps + addps
 _X86_STACK = re.compile(r"\(%rsp\)")  # rbp is a general register (LLVM omits the frame pointer)
 _ARM_STACK = re.compile(r"\[sp\b")
+_X86_VECTOR = re.compile(r"%[xyz]mm\d+")
+_ARM_VECTOR = re.compile(r"\b[qvds]\d+\b")
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,12 @@ class Loop:
 
     @property
     def stack_accesses(self) -> list[str]:
-        """Lines that load or store through the stack pointer: spills and reloads."""
-        pattern = _ARM_STACK if any("[" in line for line in self.lines) else _X86_STACK
-        return [line.strip() for line in self.lines if pattern.search(line.split("#")[0].split("//")[0])]
+        """Lines that move a vector register to or from the stack: spilled accumulators or
+        operands and their reloads. (A general register saved around a call is not counted.)"""
+        arm = any("[" in line for line in self.lines)
+        pattern, vector = (_ARM_STACK, _ARM_VECTOR) if arm else (_X86_STACK, _X86_VECTOR)
+        code = (line.split("#")[0].split("//")[0] for line in self.lines)
+        return [line.strip() for line in code if pattern.search(line) and vector.search(line)]
 
 
 def _instructions(asm: str) -> list[str]:

@@ -1,27 +1,36 @@
-"""``tvm-convgrad bench``: the package's kernels against PyTorch's oneDNN kernels, in one process.
+"""``tvm-convgrad bench``: the package's kernels against PyTorch's oneDNN kernels, one ISA, one run.
 
 For every case of the benchmark shape set (``data/bench_shapes.json``: ResNet-50 v1.5 from
 oneDNN's benchdnn, a ResNeXt grouped conv, MobileNetV2 depthwise, a dilated conv; N = 1 and 8)
 and each gradient:
 
-* ours: float16 inputs in TBE layouts (5HD / FracZ), float32 accumulation, compile excluded;
-* PyTorch: float32 NCHW ``torch.nn.grad.conv2d_weight`` / ``conv2d_input`` on all cores;
+* ours: float16 inputs in TBE layouts (5HD / FracZ), float32 accumulation, compile excluded,
+  built for the chosen vector ISA (``--isa native|avx2|avx512``: :func:`~tvm_convgrad.isa_target`);
+* PyTorch: float32 NCHW ``torch.nn.grad.conv2d_weight`` / ``conv2d_input`` on all cores, capped
+  to the same ISA before it loads (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``; the bench
+  runs in a child process when this one has already loaded torch), the oneDNN implementation
+  each case ran (``jit:avx2``, ``brgconv:avx512_core``, ...) recorded from oneDNN's verbose log;
 
 timed interleaved (each sample >= 0.15 s, a pause between the two runtimes, whose idle worker
 threads would otherwise spin against each other), medians of ``rounds`` samples, and the ratio
-torch / ours (> 1: ours is faster). The in-run fp32 matmul peak (``torch.mm`` 2048^3) is measured
-before and after as a reference line. The machine is shared and noisy: only ratios from one run
-mean anything.
+torch / ours (> 1: ours is faster). The roofline is the machine's fp32 FMA peak for that ISA,
+measured before and after with a register-only TVM kernel on every core (:mod:`..peak`); each
+case reports its share of it. The machine is shared and noisy: only ratios from one run mean
+anything.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
 import platform
 import re
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -31,12 +40,24 @@ from typing import Callable, Sequence
 import numpy as np
 import tvm
 
+from tvm.target import Target
+
 from . import dsl, layout, usable_cores
-from .build import Kernel, build
+from .build import Kernel, build, isa_target
 from .dsl.compute import cube_util
+from .peak import FmaPeak, measure_fma_peak
+from .schedule.isa import host_can_run, isa_plan
 from .tvm import placeholder
 
-__all__ = ["BenchCase", "BenchResult", "load_cases", "run_bench", "summarize", "main"]
+__all__ = ["BenchCase", "BenchResult", "ISAS", "TORCH_ISA_CAPS", "load_cases", "run_bench", "summarize", "main"]
+
+ISAS = ("native", "avx2", "avx512")
+TORCH_ISA_CAPS = {
+    "native": {},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
+}
+"""Environment that caps PyTorch (ATen's kernels and oneDNN's) to one ISA; read when torch loads."""
 
 SAMPLE_SECONDS = 0.15
 PAUSE_SECONDS = 0.25  # > the ~0.1-0.3 s that idle TVM (300k yields) and libgomp workers spin
@@ -90,6 +111,7 @@ class BenchResult:
     torch_ms: float
     ours_samples_ms: list[float] = field(default_factory=list)
     torch_samples_ms: list[float] = field(default_factory=list)
+    torch_impl: str = ""  # the oneDNN implementation(s) PyTorch ran, e.g. "jit:avx2"
 
     @property
     def ratio(self) -> float:
@@ -154,7 +176,7 @@ def _ours(kernel: Kernel, rng: np.random.Generator) -> Callable[[], float]:
     return lambda: float(evaluator(*args).mean)
 
 
-def _torch(case: BenchCase, op: str, rng: np.random.Generator) -> Callable[[], float]:
+def _torch_call(case: BenchCase, op: str, rng: np.random.Generator) -> Callable[[], object]:
     import torch
 
     x = torch.from_numpy(rng.uniform(-1, 1, (case.N, case.Cin, case.H, case.W)).astype("float32"))
@@ -162,25 +184,42 @@ def _torch(case: BenchCase, op: str, rng: np.random.Generator) -> Callable[[], f
     dy = torch.from_numpy(rng.uniform(-1, 1, (case.N, case.Cout, case.OH, case.OW)).astype("float32"))
     kw = {"stride": case.stride, "padding": case.pad, "dilation": case.dilation, "groups": case.groups}
     if op == "filter":
-        call = lambda: torch.nn.grad.conv2d_weight(x, w.shape, dy, **kw)  # noqa: E731
-    else:
-        call = lambda: torch.nn.grad.conv2d_input(x.shape, w, dy, **kw)  # noqa: E731
-    return lambda: _sample(call)
+        return lambda: torch.nn.grad.conv2d_weight(x, w.shape, dy, **kw)
+    return lambda: torch.nn.grad.conv2d_input(x.shape, w, dy, **kw)
 
 
-def matmul_peak_gflops(rounds: int = 5) -> float:
-    """fp32 ``torch.mm`` 2048^3 GFLOP/s, median of ``rounds`` samples."""
+def onednn_implementations(call: Callable[[], object]) -> str:
+    """The oneDNN convolution implementations ``call`` runs (e.g. ``"jit:avx2"``), read from
+    oneDNN's verbose log (written to file descriptor 1, captured here); ``"aten"`` if none."""
     import torch
 
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    return 2 * 2048**3 / statistics.median(_sample(lambda: torch.mm(a, b)) for _ in range(rounds)) / 1e9
+    libc = ctypes.CDLL(None)
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 1)
+        try:
+            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+                call()
+        finally:
+            libc.fflush(None)
+            os.dup2(saved, 1)
+            os.close(saved)
+        log.seek(0)
+        text = log.read().decode(errors="replace")
+    impls = {f[6] for f in (line.split(",") for line in text.splitlines()) if f[2:6] == ["primitive", "exec", "cpu", "convolution"]}
+    return "+".join(sorted(impls)) or "aten"
 
 
-def run_bench(cases: Sequence[BenchCase], ops: Sequence[str], rounds: int = 5, progress: bool = True) -> list[BenchResult]:
-    """Build and time every (case, op), ours and torch interleaved; see the module docstring."""
+def run_bench(
+    cases: Sequence[BenchCase], ops: Sequence[str], rounds: int = 5, progress: bool = True, target: Target | None = None
+) -> list[BenchResult]:
+    """Build (for ``target``, default this CPU) and time every (case, op), ours and torch
+    interleaved; see the module docstring."""
     import torch
     from tqdm import tqdm
 
+    target = target or isa_target("native")
     torch.set_num_threads(usable_cores())
     rng = np.random.default_rng(0)
     results = []
@@ -188,9 +227,11 @@ def run_bench(cases: Sequence[BenchCase], ops: Sequence[str], rounds: int = 5, p
     for case, op in bar:
         bar.set_description(f"{OPS[op]} {case.name}")
         start = time.perf_counter()
-        kernel = build(tbe_result(case, op))
+        kernel = build(tbe_result(case, op), target=target)
         compile_s = time.perf_counter() - start
-        ours, theirs = _ours(kernel, rng), _torch(case, op, rng)
+        call = _torch_call(case, op, rng)
+        impl = onednn_implementations(call)
+        ours, theirs = _ours(kernel, rng), lambda: _sample(call)
         ours_t, torch_t = [], []
         for _ in range(rounds):
             ours_t.append(ours())
@@ -201,7 +242,7 @@ def run_bench(cases: Sequence[BenchCase], ops: Sequence[str], rounds: int = 5, p
         result = BenchResult(
             case.name, case.kind, case.N, OPS[op], case.flops, kernel_desc, compile_s,
             statistics.median(ours_t) * 1e3, statistics.median(torch_t) * 1e3,
-            [t * 1e3 for t in ours_t], [t * 1e3 for t in torch_t],
+            [t * 1e3 for t in ours_t], [t * 1e3 for t in torch_t], impl,
         )  # fmt: skip
         results.append(result)
         bar.set_postfix(ratio=f"{result.ratio:.2f}")
@@ -229,10 +270,14 @@ def summarize(results: Sequence[BenchResult]) -> dict[str, dict]:
     }
 
 
-def peak_fractions(results: Sequence[BenchResult], peaks: Sequence[float]) -> dict[str, float]:
-    """Our GFLOP/s over the in-run matmul peak (mean of the two measurements) for the ResNet-50
-    3x3 stride-1 layers at N=8, per case and gradient."""
-    peak = sum(peaks) / len(peaks)
+def peak_gflops(peaks: Sequence[FmaPeak]) -> float:
+    """The roofline of a run: the best of its FMA-peak measurements (before and after)."""
+    return max(p.gflops for p in peaks)
+
+
+def peak_fractions(results: Sequence[BenchResult], peak: float) -> dict[str, float]:
+    """Our GFLOP/s over the measured FMA peak for the ResNet-50 3x3 stride-1 layers at N=8,
+    per case and gradient."""
     return {
         f"{r.case} {r.op}": r.ours_gflops / peak
         for r in results
@@ -240,22 +285,26 @@ def peak_fractions(results: Sequence[BenchResult], peaks: Sequence[float]) -> di
     }
 
 
-def format_table(results: Sequence[BenchResult], summary: dict, peaks: Sequence[float]) -> str:
+def format_table(results: Sequence[BenchResult], summary: dict, peaks: Sequence[FmaPeak], isas: dict) -> str:
+    peak = peak_gflops(peaks)
     lines = [
-        f"{'case':42s} {'op':5s} {'ours ms':>9s} {'torch ms':>9s} {'torch/ours':>10s} {'ours GF/s':>9s} {'torch GF/s':>10s} {'compile s':>9s}"
+        f"ours: {isas['ours']}   PyTorch: {isas['torch']}",
+        f"{'case':42s} {'op':5s} {'ours ms':>9s} {'torch ms':>9s} {'torch/ours':>10s} {'ours GF/s':>9s} {'%peak':>6s} "
+        f"{'torch GF/s':>10s} {'%peak':>6s} {'oneDNN':>22s} {'compile s':>9s}",
     ]
     for r in results:
         lines.append(
-            f"{r.case:42s} {r.op:5s} {r.ours_ms:9.3f} {r.torch_ms:9.3f} {r.ratio:10.2f} {r.ours_gflops:9.1f} {r.torch_gflops:10.1f} {r.compile_s:9.2f}"
+            f"{r.case:42s} {r.op:5s} {r.ours_ms:9.3f} {r.torch_ms:9.3f} {r.ratio:10.2f} {r.ours_gflops:9.1f} "
+            f"{r.ours_gflops / peak:6.0%} {r.torch_gflops:10.1f} {r.torch_gflops / peak:6.0%} {r.torch_impl:>22s} {r.compile_s:9.2f}"
         )
     lines.append("")
-    lines.append(f"in-run fp32 matmul peak (torch.mm 2048^3): {' / '.join(f'{p:.1f}' for p in peaks)} GFLOP/s (before / after)")
-    fractions = peak_fractions(results, peaks)
+    lines.append(f"{peaks[0]}; after the run {peaks[-1].gflops:.0f} GFLOP/s; roofline {peak:.0f} GFLOP/s")
+    fractions = peak_fractions(results, peak)
     if fractions:
         worst = min(fractions, key=fractions.get)
         lines.append(
             f"ResNet-50 3x3 stride-1 layers at N=8: {min(fractions.values()):.0%}-{max(fractions.values()):.0%} "
-            f"of the in-run matmul peak (lowest: {worst})"
+            f"of the measured FMA peak (lowest: {worst})"
         )
     for key, s in summary.items():
         lines.append(
@@ -265,22 +314,28 @@ def format_table(results: Sequence[BenchResult], summary: dict, peaks: Sequence[
     return "\n".join(lines)
 
 
-def plot(results: Sequence[BenchResult], path: Path, title: str):
-    """Bar chart of torch/ours per case, one panel per (op, batch)."""
+def plot(results: Sequence[BenchResult], path: Path, title: str, peak: float):
+    """Per (op, batch): torch/ours per case (bars), and both runtimes' share of the FMA peak."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     panels = sorted({(r.op, r.batch) for r in results})
-    fig, axes = plt.subplots(len(panels), 1, figsize=(14, 3.2 * len(panels)), squeeze=False)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(14, 3.4 * len(panels)), squeeze=False)
     for ax, (op, batch) in zip(axes[:, 0], panels):
         rs = [r for r in results if (r.op, r.batch) == (op, batch)]
         ratios = [r.ratio for r in rs]
         ax.bar(range(len(rs)), ratios, color=["tab:green" if v >= 1 else "tab:red" for v in ratios])
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(rs)), [re.sub(r"^(resnet_50_v1_5|[a-z0-9_]+?)\.|\.n\d+$", "", r.case) for r in rs], rotation=60, ha="right", fontsize=7)
-        ax.set_ylabel("torch / ours")
+        ax.set_ylabel("torch / ours (bars)")
+        share = ax.twinx()
+        share.plot(range(len(rs)), [100 * r.ours_gflops / peak for r in rs], "o", color="tab:blue", markersize=3, label="ours % of FMA peak")
+        share.plot(range(len(rs)), [100 * r.torch_gflops / peak for r in rs], "x", color="tab:gray", markersize=4, label="torch % of FMA peak")
+        share.set_ylim(0, 110)
+        share.set_ylabel("% of FMA peak")
+        share.legend(loc="upper right", fontsize=7)
         ax.set_title(f"{op} N={batch}: geomean {_geomean(ratios):.2f}", fontsize=9)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -288,42 +343,91 @@ def plot(results: Sequence[BenchResult], path: Path, title: str):
     plt.close(fig)
 
 
-def environment() -> dict:
+def environment(target: Target) -> dict:
     import torch
 
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
-        "llvm_mcpu": tvm.target.codegen.llvm_get_system_cpu(),
+        "host_llvm_mcpu": tvm.target.codegen.llvm_get_system_cpu(),
+        "target": str(target),
         "tvm": tvm.__version__,
         "torch": torch.__version__,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_isa_caps": {k: os.environ.get(k) for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")},
         "TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS"),
         "torch_threads": torch.get_num_threads(),
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 
 
-def main(suite: str, batches: Sequence[int], ops: Sequence[str], pattern: str | None, rounds: int, out_dir: Path, progress: bool = True) -> dict:
-    """Run, print the table, write ``bench.json`` and ``bench.png`` under ``out_dir``; returns the summary."""
+def _describe_isas(target: Target, results: Sequence[BenchResult]) -> dict[str, str]:
+    import torch
+
+    plan = isa_plan(target)
+    impls = sorted({r.torch_impl for r in results})
+    return {
+        "ours": f"{plan.name} (LLVM mcpu {target.attrs.get('mcpu', '')}, {plan.registers} x {plan.vector_bits}-bit registers)",
+        "torch": f"ATen {torch.backends.cpu.get_cpu_capability()}, oneDNN {', '.join(impls)}",
+    }
+
+
+def _cli_args(suite, batches, ops, pattern, rounds, out_dir, progress, isa) -> list[str]:
+    args = ["bench", "--suite", suite, "--batch", "all" if len(batches) > 1 else str(batches[0])]
+    args += ["--op", "both" if len(ops) > 1 else ops[0], "--rounds", str(rounds), "--out", str(out_dir), "--isa", isa]
+    return args + (["--filter", pattern] if pattern else []) + ([] if progress else ["--no-progress"])
+
+
+def main(
+    suite: str, batches: Sequence[int], ops: Sequence[str], pattern: str | None, rounds: int, out_dir: Path,
+    progress: bool = True, isa: str = "native",
+) -> dict:  # fmt: skip
+    """Run, print the table, write ``bench.json`` and ``bench.png`` under ``out_dir``; returns the summary.
+
+    ``isa`` (``native``, ``avx2``, ``avx512``) picks the vector ISA of both sides: ours is built
+    for it and PyTorch capped to it before it loads (in a child process if torch is already
+    loaded here with other settings)."""
+    if isa not in ISAS:
+        raise ValueError(f"--isa {isa!r}: must be one of {', '.join(ISAS)}")
+    target = isa_target(isa)
+    if not host_can_run(target):
+        raise ValueError(f"--isa {isa}: this machine cannot run {isa_plan(target).name} code (its CPU lacks the instructions)")
     cases = load_cases(suite, batches, pattern)
     if not cases:
         raise ValueError(f"no benchmark case matches suite={suite!r}, batches={list(batches)}, filter={pattern!r}")
-    peaks = [matmul_peak_gflops()]
-    results = run_bench(cases, ops, rounds, progress)
-    peaks.append(matmul_peak_gflops())
+    caps = TORCH_ISA_CAPS[isa]
+    if any(os.environ.get(k) != v for k, v in caps.items()):
+        if "torch" in sys.modules:  # too late to cap it here: run the bench where torch has not loaded
+            command = [sys.executable, "-m", "tvm_convgrad.cli", *_cli_args(suite, batches, ops, pattern, rounds, out_dir, progress, isa)]
+            if subprocess.run(command, env={**os.environ, **caps}).returncode != 0:
+                raise RuntimeError(f"the benchmark child process failed: {' '.join(command)}")
+            return json.loads((out_dir / "bench.json").read_text())["summary"]
+        os.environ.update(caps)
+    peaks = [measure_fma_peak(target)]
+    results = run_bench(cases, ops, rounds, progress, target)
+    peaks.append(measure_fma_peak(target))
     summary = summarize(results)
-    print(format_table(results, summary, peaks))
+    isas = _describe_isas(target, results)
+    print(format_table(results, summary, peaks, isas))
     out_dir.mkdir(parents=True, exist_ok=True)
+    peak = peak_gflops(peaks)
     record = {
-        "environment": environment(),
+        "environment": environment(target),
+        "isa": {"name": isa, **isas},
         "settings": {"suite": suite, "batches": list(batches), "ops": list(ops), "filter": pattern, "rounds": rounds},
-        "matmul_peak_gflops": peaks,
+        "fma_peak": [asdict(p) | {"gflops": p.gflops} for p in peaks],
         "summary": summary,
-        "resnet50_3x3_s1_n8_peak_fraction": peak_fractions(results, peaks),
-        "results": [asdict(r) | {"ratio": r.ratio, "ours_gflops": r.ours_gflops, "torch_gflops": r.torch_gflops} for r in results],
-    }
+        "resnet50_3x3_s1_n8_peak_fraction": peak_fractions(results, peak),
+        "results": [
+            asdict(r) | {"ratio": r.ratio, "ours_gflops": r.ours_gflops, "torch_gflops": r.torch_gflops,
+                         "ours_peak_fraction": r.ours_gflops / peak, "torch_peak_fraction": r.torch_gflops / peak}
+            for r in results
+        ],
+    }  # fmt: skip
     (out_dir / "bench.json").write_text(json.dumps(record, indent=1))
-    plot(results, out_dir / "bench.png", f"tvm_convgrad vs PyTorch {record['environment']['torch']} (oneDNN), torch.mm peak {peaks[0]:.0f} GFLOP/s")
+    env = record["environment"]
+    title = f"{env['cpu']} ({env['cores']} cores): ours {isas['ours']} vs PyTorch {env['torch']} ({isas['torch']}); FMA peak {peak:.0f} GFLOP/s"
+    plot(results, out_dir / "bench.png", title, peak)
     print(f"wrote {out_dir / 'bench.json'} and {out_dir / 'bench.png'}")
     return summary

@@ -107,3 +107,21 @@ def conv2d_backprop_filter_tbe(
     dw_ext = conv2d_backprop_filter(x_ext, dy_ext, (kh, kw), strides, pads, dilations, ext.g_extend)
     blocks = np.split(dw_ext, ext.g_extend, axis=0)  # each (cout_g, cin1_g*16, KH, KW): groups = 1
     return np.stack([layout.oihw_to_fracz(b).reshape(-1, ext.cout_g_padded, layout.C0) for b in blocks])
+
+
+def own_group_entries(filter_sizes: Sequence[int], groups: int = 1) -> np.ndarray:
+    """Boolean mask of TBE's dW result ``(real_g, cin1_g*KH*KW, cout_g, 16)``: True where the
+    entry pairs an output and an input channel of the same original group (spec §1.4's index
+    map: slot ``j`` owns FracZ_g columns ``[j*Cout_g, (j+1)*Cout_g)`` and input lanes
+    ``[j*Cin_g, (j+1)*Cin_g)``). These are the entries a consumer reads; the others are TBE's
+    cross-slot correlations."""
+    cout, cin_g, kh, kw = filter_sizes
+    ext = layout.group_extension(cin_g, cout // groups, groups)
+    mask = np.zeros(layout.shape_dw_result(filter_sizes, groups), dtype=bool)
+    blocks = mask.reshape(ext.g_extend, ext.cin1_g, kh * kw, ext.cout_g_padded, layout.C0)  # [e, c1, tap, co_l, ci0]
+    for group in range(groups):
+        e, j = divmod(group, ext.multiple)
+        for dst_cin in range(j * cin_g, (j + 1) * cin_g):
+            c1, ci0 = divmod(dst_cin, layout.C0)
+            blocks[e, c1, :, j * ext.cout_g : (j + 1) * ext.cout_g, ci0] = True
+    return mask

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import layout, reference
 from .build import ArgSpec, Kernel
+from .dsl.compute.depthwise import depthwise
 from .params import FILTER_OP, ConvGradParams
 
 __all__ = ["Inputs", "Check", "random_inputs", "kernel_arrays", "expected_result", "error_bound", "check_kernel"]
@@ -56,10 +57,14 @@ def kernel_arrays(params: ConvGradParams, inputs: Inputs) -> list[np.ndarray]:
 
 
 def expected_result(params: ConvGradParams, inputs: Inputs) -> np.ndarray:
-    """The whole TBE-layout result in float64 (dW: every block entry; dX: pad channels = 0)."""
+    """The whole TBE-layout result in float64 (dW: every block entry, but 0 off the own-group
+    entries on the depthwise path; dX: pad channels = 0)."""
     g = params.geom
     if params.op == FILTER_OP:
-        return reference.conv2d_backprop_filter_tbe(inputs.x, inputs.dy, g.filter_sizes, g.strides, g.pads, g.dilations, g.groups)
+        dw = reference.conv2d_backprop_filter_tbe(inputs.x, inputs.dy, g.filter_sizes, g.strides, g.pads, g.dilations, g.groups)
+        if depthwise(params):  # the depthwise path writes 0 for TBE's cross-slot entries
+            dw = dw * reference.own_group_entries(g.filter_sizes, g.groups)
+        return dw
     dx = reference.conv2d_backprop_input(inputs.w, inputs.dy, (g.h, g.w), g.strides, g.pads, g.dilations, g.groups)
     if inputs.bias is not None:
         dx = dx + inputs.bias[: g.cin].astype(np.float64)[None, :, None, None]

@@ -6,7 +6,7 @@ from tvm import s_tir, tirx
 
 __all__ = ["PACK_STAGES", "stage_blocks", "split_loop_kinds"]
 
-PACK_STAGES = ("grads_2_matrix", "fmap_l1", "dy_pad", "w_col", "dy_rows", "w_t")
+PACK_STAGES = ("grads_2_matrix", "fmap_l1", "dy_pad", "w_col", "dy_rows", "w_t", "grads_dw", "fmap_dw", "dy_dw", "w_dw")
 """The stages that cast (and pad) the inputs to fp32: elementwise, read by the mads."""
 
 

@@ -21,6 +21,8 @@ accumulators of the 16 registers), four 128-bit registers on SSE / NEON. The cub
   weights fit a core's cache, the pixels streaming past once per group.
 * few input channels (``dw_cc_t``: Cout on the lanes; ``dx_px_*``: output columns on the lanes):
   tiles of taps x Cout vectors, or rows x channels, see their methods.
+* depthwise (``dw_dw``, ``dx_dw_*``): channels on the lanes, elementwise FMAs; tiles of taps x a
+  channel row (dW) or pixels x a channel row (dX), see their methods.
 
 The fp16 -> fp32 conversion happens once: in the packing stages (``fmap_l1``, ``grads_2_matrix``,
 ``dy_pad``, ``w_col``, ``dy_rows``, ``w_t``; parallel, vectorized or walked in source order), or
@@ -44,7 +46,7 @@ from ..dsl.compute.common import CONVERT_IN_PLACE
 from .common import stage_blocks
 from .isa import C0, IsaPlan, isa_plan
 
-__all__ = ["CpuRule", "dx_tile", "pixel_tile"]
+__all__ = ["CpuRule", "depthwise_dw_tile", "depthwise_dx_tile", "dx_tile", "pixel_tile"]
 
 MAX_TILE_PIXELS = 16  # dX pixels per tile: 16 rows of accumulators at most (AVX-512: 16 zmm of 32)
 MAX_TAP_TILE = 7  # transposed dW: taps per tile
@@ -89,6 +91,42 @@ def dx_tile(rows: int, cols: int, plan: IsaPlan) -> tuple[int, int, int]:
     most = min(MAX_TILE_PIXELS, plan.accumulators // per_row)
     if 2 * accumulators < plan.accumulators and cols > most:
         return 1, most, per_row
+    return th, tw, v
+
+
+def depthwise_dw_tile(kernel_h: int, kernel_w: int, plan: IsaPlan) -> tuple[int, int, int]:
+    """Depthwise dW tile ``(kernel rows, V, U)``: every tap of the kernel (or of one kernel row)
+    x ``V`` vector registers of a channel row, ``wo`` unrolled by up to ``U``. The tile's
+    accumulators, the ``U`` dy vectors and the ``U + KW - 1`` x vectors its taps share fit the
+    registers with room to spare; the widest ``V`` that still unrolls ``wo`` by 2, else the
+    widest that fits at all."""
+    spare = 1 if plan.memory_operands else 4  # x86 FMAs read one operand from memory
+    options = []
+    for rows in (kernel_h, 1):
+        for v in (d for d in range(1, plan.registers_per_row + 1) if plan.registers_per_row % d == 0):
+            for u in range(1, 5):
+                live = (rows * kernel_w + 2 * u + kernel_w - 1) * v
+                if rows * kernel_w * v <= plan.accumulators and live <= plan.registers - spare:
+                    options.append((rows == kernel_h, min(u, 2), v, u, rows))
+    if not options:
+        return 1, 1, 1
+    _, _, v, u, rows = max(options)
+    return rows, v, u
+
+
+def depthwise_dx_tile(rows: int, cols: int, taps_h: int, taps_w: int, plan: IsaPlan) -> tuple[int, int, int]:
+    """Depthwise dX tile ``(TH, TW, V)``: the most accumulators ``TH*TW*V`` whose registers fit
+    next to the phase's ``taps_h*taps_w`` weight vectors (``V`` registers each, held across the
+    pixel tiles) and the ``TH*(TW + taps_w - 1)`` dy vectors one kernel row of the tile reads;
+    whole tiles only."""
+    divisors = lambda n: [d for d in range(1, min(n, MAX_TILE_PIXELS) + 1) if n % d == 0]  # noqa: E731
+    options = [(1, 1, 1, 1)]
+    for v in (d for d in range(1, plan.registers_per_row + 1) if plan.registers_per_row % d == 0):
+        for th in divisors(rows):
+            for tw in divisors(cols):
+                if (taps_h * taps_w + th * tw + th * (tw + taps_w - 1)) * v < plan.registers and th * tw <= MAX_TILE_PIXELS:
+                    options.append((th * tw * v, v, th, tw))
+    _, v, th, tw = max(options)
     return th, tw, v
 
 
@@ -291,6 +329,67 @@ class _Cube:
             sch.vectorize(i_i)
         sch.decompose_reduction(block, co)
 
+    def depthwise_filter_grad(self, block):
+        """Depthwise dW (``dw_dw[q, c1, kh, kw, c0]``): a tile is every tap of one channel row (16
+        lanes, or part of them where the taps would not fit the registers), each reduction step
+        ``(n, ho, wo)`` one dy vector times the taps' x vectors, elementwise. ``wo`` is unrolled
+        by up to 4 inside the tile, so that taps reading the same x vector share its load.
+
+        The cores take the channel blocks; where they do not split evenly (MobileNetV2's 144
+        channels are 9 blocks), each core sums a part of the rows of every block (``rfactor``)
+        and the parts are added afterwards in a fixed order.
+        """
+        sch, plan = self.sch, self.plan
+        q, c1, kh, kw, c0, n, ho, wo = sch.get_loops(block)
+        rows, vectors, unroll = depthwise_dw_tile(_extent(sch, kh), _extent(sch, kw), plan)
+        lane_groups, c0 = sch.split(c0, [None, vectors * plan.lanes])
+        tiled = [kh, kw] if rows > 1 or _extent(sch, kh) == 1 else [kw]
+        tasks = [q, c1, lane_groups] + ([kh] if tiled == [kw] else [])
+        wo_o, wo_i = sch.split(wo, [None, _largest_divisor(_extent(sch, wo), unroll)])
+        count = 1
+        for loop in tasks:
+            count *= _extent(sch, loop)
+        longest = max((n, ho), key=lambda lp: _extent(sch, lp))
+        if count % self.cores and count < 8 * self.cores and _extent(sch, longest) >= 2 * self.cores:
+            part, inner = sch.split(longest, [self.cores, None])
+            reduce = [part, inner, ho] if longest is n else [n, part, inner]
+            reduce.remove(part)
+            sch.reorder(part, *tasks, *reduce, wo_o, wo_i, *tiled, c0)
+            rf = sch.rfactor(part, 0)
+            loops = sch.get_loops(rf)  # part, tasks, reduce (2), wo_o, wo_i, tiled, c0
+            sch.parallel(loops[0])
+            self._depthwise_tile(rf, loops[-1 - len(tiled) : -1], loops[-2 - len(tiled)], loops[-1], loops[1 + len(tasks)])
+            _sum_parts(sch, block)
+            return
+        sch.reorder(*tasks, n, ho, wo_o, wo_i, *tiled, c0)
+        sch.parallel(sch.fuse(*tasks))
+        self._depthwise_tile(block, tiled, wo_i, c0, n)
+
+    def _depthwise_tile(self, block, tiled, wo_i, lanes, first_reduce):
+        for loop in (wo_i, *tiled):
+            self.sch.unroll(loop)
+        self.sch.vectorize(lanes)
+        self.sch.decompose_reduction(block, first_reduce)
+
+    def depthwise_input_grad(self, block):
+        """Depthwise dX phase (``dx_dw``): a tile is ``TH x TW`` pixels x a channel row (or part of
+        it, :func:`depthwise_dx_tile`), the reduction ``(q, mh, mw)`` inside (LLVM unrolls the
+        taps, sharing dy loads between neighbouring pixels and taps, and keeps the tile's weight
+        vectors in registers across the pixel tiles)."""
+        sch, plan = self.sch, self.plan
+        n, c1, j, i, c0, q, mh, mw = sch.get_loops(block)
+        th, tw, v = depthwise_dx_tile(_extent(sch, j), _extent(sch, i), _extent(sch, mh), _extent(sch, mw), plan)
+        most = min(MAX_TILE_PIXELS, plan.accumulators // v)
+        j_o, j_i = self.split(j, th, most)
+        i_o, i_i = self.split(i, tw, most)
+        lane_groups, c0 = sch.split(c0, [None, v * plan.lanes])
+        sch.reorder(n, c1, lane_groups, j_o, i_o, q, mh, mw, j_i, i_i, c0)  # a lane group's weights stay in registers
+        sch.parallel(sch.fuse(n, c1, lane_groups, j_o))
+        for loop in (j_i, i_i):
+            sch.unroll(loop)
+        sch.vectorize(c0)
+        sch.decompose_reduction(block, q)
+
 
 def _sum_parts(sch: s_tir.Schedule, block):
     """The write-back of an rfactor: ``dW = part_0 + part_1 + ...`` in a fixed order, vectorized."""
@@ -351,6 +450,10 @@ class CpuRule(ScheduleRule):
                 cube.input_grad(block, _buffer_bytes(sch, "w_col"))
             elif name.startswith("dx_px_"):
                 cube.pixel_lane_input_grad(block)
+            elif name == "dw_dw":
+                cube.depthwise_filter_grad(block)
+            elif name.startswith("dx_dw_"):
+                cube.depthwise_input_grad(block)
             elif name == "dy_rows" or (name == "fmap_l1" and len(sch.get_loops(block)) == 4):
                 _planar_pack(sch, block)
             else:

@@ -45,6 +45,7 @@ class IsaPlan:
     fma: bool
     broadcast_operand: bool  # an FMA can take a broadcast scalar from memory (AVX-512 ``{1toN}``)
     converts_fp16: bool = True  # fp16 -> fp32 in one instruction as a vector loads (F16C, NEON)
+    memory_operands: bool = True  # an FMA can read one operand from memory (x86; not AArch64)
 
     @property
     def lanes(self) -> int:
@@ -72,8 +73,8 @@ PLANS = {
     "avx512": IsaPlan("avx512", 512, 32, 28, fma=True, broadcast_operand=True),
     "avx2": IsaPlan("avx2", 256, 16, 12, fma=True, broadcast_operand=False),
     "sse": IsaPlan("sse", 128, 16, 8, fma=False, broadcast_operand=False, converts_fp16=False),
-    "neon": IsaPlan("neon", 128, 32, 24, fma=True, broadcast_operand=False),
-    "generic": IsaPlan("generic", 128, 16, 8, fma=False, broadcast_operand=False, converts_fp16=False),
+    "neon": IsaPlan("neon", 128, 32, 24, fma=True, broadcast_operand=False, memory_operands=False),
+    "generic": IsaPlan("generic", 128, 16, 8, fma=False, broadcast_operand=False, converts_fp16=False, memory_operands=False),
 }
 
 
@@ -109,7 +110,7 @@ def isa_plan(target: Target) -> IsaPlan:
         elif "sse2" in features:
             plan = PLANS["sse"]
         return replace(plan, converts_fp16="f16c" in features)
-    return replace(plan, converts_fp16=False)
+    return replace(plan, converts_fp16=False, memory_operands=False)
 
 
 # LLVM feature name -> the flag Linux shows in /proc/cpuinfo, where they differ.

@@ -7,8 +7,8 @@ from .backprop_input import conv2d_backprop_input_compute
 __all__ = ["ARGUMENT_STAGES", "FORMULATIONS", "cube_util", "conv2d_backprop_filter_compute", "conv2d_backprop_input_compute", "formulation"]
 
 ARGUMENT_STAGES = {
-    "conv2d_backprop_filterdw_ddr": (("fmap_l1", "dw_cc"), ("grads_2_matrix", "dw_cc_t")),  # input_x, out_backprop
-    "conv2d_backprop_input": (("w_col", "w_t"), ("dy_pad", "dy_rows"), ("c_ddr",)),  # filters, out_backprop, bias
+    "conv2d_backprop_filterdw_ddr": (("fmap_l1", "fmap_dw", "dw_cc"), ("grads_2_matrix", "grads_dw", "dw_cc_t", "dw_dw")),
+    "conv2d_backprop_input": (("w_col", "w_t", "w_dw"), ("dy_pad", "dy_rows", "dy_dw"), ("c_ddr",)),  # filters, dy, bias
 }
 """Result tag -> per input in TBE argument order, the stages (of either formulation) that read it."""
 
@@ -17,6 +17,8 @@ FORMULATIONS = {
     "dw_cc": "cube",  # dW: 16x16 blocks, Cin on the lanes
     "dx_cc_": "cube",  # dX: one 16x16-block mad per stride phase
     "dx_px_": "pixel-lanes",  # dX, few input channels: output columns on the lanes
+    "dw_dw": "depthwise",  # dW, one input channel per group: channels on the lanes
+    "dx_dw_": "depthwise",  # dX, one input channel per group: one mad per stride phase
 }
 """Mad stage name (prefix) -> the formulation it belongs to (see each compute's docstring)."""
 

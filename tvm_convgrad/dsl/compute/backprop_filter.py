@@ -38,6 +38,8 @@ Cin = 3): Cout on the lanes, so that no lane multiplies a padding channel.
                                                                    (0 for the padding channels)
 =================  ==============================================  =========================================
 
+**Depthwise** (``Cin/groups == 1``): channels on the lanes, see :mod:`.depthwise`.
+
 A stage marked ``convert_in_place`` only converts fp16 to fp32: a schedule for a target that
 converts as it loads (F16C, NEON) inlines it, so the mad reads the fp16 input in place.
 """
@@ -52,6 +54,7 @@ from ... import layout
 from ...layout import C0
 from ...params import ConvGradParams
 from .common import ACC, CONVERT_IN_PLACE, guarded, inside
+from .depthwise import depthwise, depthwise_filter_grad
 
 __all__ = ["conv2d_backprop_filter_compute", "transposed_filter_grad"]
 
@@ -109,7 +112,9 @@ def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvG
     """dW of TBE's shape ``(real_g, cin1_g*KH*KW, cout_g, 16)`` from 5HD ``fmap`` and ``dy``."""
     g = params.geom
     shape = layout.shape_dw_result(g.filter_sizes, g.groups)
-    if transposed_filter_grad(params):
+    if depthwise(params):
+        _, value = depthwise_filter_grad(fmap, dy, params)
+    elif transposed_filter_grad(params):
         dw = _transposed_mad(fmap, dy, params)
         value = lambda grp, fkk, co, ci0: _from_transposed(dw, fkk, co, ci0, params)  # noqa: E731
     else:

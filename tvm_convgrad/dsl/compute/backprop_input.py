@@ -6,7 +6,7 @@ split by stride phase (sub-pixel decomposition): the rows ``h`` with ``(h + pad)
 only meet the taps ``kh`` with ``kh*dil % stride == r``, and for them ``dyd`` lands on real dy rows
 ``y = j + base_r - m*(dil/g)`` (``h = h_r + j*stride``, ``kh = kh0_r + m*(stride/g)``,
 ``g = gcd(dil, stride)``). Each phase is a stride-1 correlation over a zero-padded dy with a
-constant offset per tap; stride 1 is the single phase ``r = 0``. See :class:`AxisPhase`.
+constant offset per tap; stride 1 is the single phase ``r = 0``. See :mod:`.phases`.
 
 Stages, inputs fp16, reduction fp32:
 
@@ -23,6 +23,9 @@ stage               shape                                         value
 with ``dx_cc[n, c1, j, i, c0] = sum_{co1, mh, mw, co0} dy_pad[n, e*dy_c1_extend + co1, j + off_h(mh),
 i + off_w(mw), co0] * w_col[c1, co1, kh(mh), kw(mw), co0, c0]``, ``e = c1 // dx_c1_extend``.
 
+**Depthwise** (``Cin/groups == 1``): one ``dx_dw`` mad per phase with channels on the lanes, see
+:mod:`.depthwise`.
+
 **Pixel lanes** (few input channels in one extended group, e.g. a network's first layer): the 16
 lanes hold 16 output columns instead of 16 channels, so no lane computes a padding channel:
 ``dy_rows (N, Cout, Hy, Wy)`` and ``w_t (Cout, Cin, KH, KW)`` fp32 (NCHW / OIHW), one
@@ -32,15 +35,14 @@ off_w(mw)] * w_t[co, ci, kh(mh), kw(mw)]`` over ``(co, mh, mw)``, and ``c_ddr`` 
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 from tvm import te, tirx
 
 from ... import layout
 from ...layout import C0
 from ...params import ConvGradParams
-from .common import ACC, guarded, inside
+from .common import ACC, guarded
+from .depthwise import depthwise, depthwise_input_phases
+from .phases import AxisPhase, DyWindow, axis_phases, dy_window, phase_stage_name
 
 __all__ = ["AxisPhase", "axis_phases", "conv2d_backprop_input_compute", "phase_stage_name", "pixel_lanes_input_grad"]
 
@@ -52,52 +54,6 @@ def pixel_lanes_input_grad(params: ConvGradParams) -> bool:
     return params.geom.group.g_extend == 1 and params.geom.cin <= PIXEL_LANES_MAX_CIN
 
 
-@dataclass(frozen=True)
-class AxisPhase:
-    """The output positions ``first + j*stride`` (``j < count``) of one stride phase along an axis,
-    and the taps ``tap0 + m*tap_step`` (``m < taps``) that reach them; ``j`` reads dy position
-    ``j + base - m*dy_step``."""
-
-    first: int
-    count: int
-    tap0: int
-    taps: int
-    tap_step: int
-    base: int
-    dy_step: int
-
-    def dy_span(self) -> tuple[int, int]:
-        """Lowest and highest dy position read."""
-        return self.base - (self.taps - 1) * self.dy_step, self.count - 1 + self.base
-
-    def tap(self, m):
-        """The kernel tap of this phase's ``m``-th tap (an int or a TE expression)."""
-        return self.tap0 + m * self.tap_step
-
-    def dy_index(self, j, m, pad_before: int):
-        """Where output ``j`` meets tap ``m`` in dy stored with ``pad_before`` zeros in front."""
-        return j + self.base + pad_before - m * self.dy_step
-
-
-def axis_phases(size: int, kernel: int, stride: int, pad_before: int, dilation: int) -> list[AxisPhase]:
-    """The stride phases of one axis that have output positions and taps, ordered by ``first``."""
-    g = math.gcd(dilation, stride)
-    phases = []
-    for first in range(min(stride, size)):
-        r = (first + pad_before) % stride
-        tap0 = next((k for k in range(min(kernel, stride // g)) if (k * dilation) % stride == r), None)
-        if tap0 is None:
-            continue  # no tap reaches this phase: its outputs are 0
-        taps = -(-(kernel - tap0) // (stride // g))
-        base = (first + pad_before - tap0 * dilation) // stride  # exact: the division has no remainder
-        phases.append(AxisPhase(first, -(-(size - first) // stride), tap0, taps, stride // g, base, dilation // g))
-    return phases
-
-
-def phase_stage_name(ph: AxisPhase, pw: AxisPhase, prefix: str = "dx_cc") -> str:
-    return f"{prefix}_{ph.first}_{pw.first}"
-
-
 def conv2d_backprop_input_compute(
     filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, bias: te.Tensor | None = None
 ) -> te.Tensor:
@@ -107,13 +63,13 @@ def conv2d_backprop_input_compute(
     rows = axis_phases(g.h, g.kh, sh, pu, dil_h)
     cols = axis_phases(g.w, g.kw, sw, pl, dil_w)
 
-    # dy's zero padding: as far as any phase's taps reach.
-    def padding(phases: list[AxisPhase], extent: int) -> tuple[int, int]:
-        spans = [p.dy_span() for p in phases] or [(0, 0)]
-        return max(0, -min(lo for lo, _ in spans)), max(extent, max(hi for _, hi in spans) + 1)
-
-    window = _DyWindow(*padding(rows, g.ho), *padding(cols, g.wo), g.ho, g.wo)
-    phase_mads = _pixel_lane_phases if pixel_lanes_input_grad(params) else _cube_phases
+    window = dy_window(rows, cols, g.ho, g.wo)
+    if depthwise(params):
+        phase_mads = depthwise_input_phases
+    elif pixel_lanes_input_grad(params):
+        phase_mads = _pixel_lane_phases
+    else:
+        phase_mads = _cube_phases
     phases, read = phase_mads(filters, dy, params, rows, cols, window)
 
     def result(n, c1, hw, c0):
@@ -143,27 +99,7 @@ def conv2d_backprop_input_compute(
     )
 
 
-@dataclass(frozen=True)
-class _DyWindow:
-    """dy inside its zero padding: ``top`` rows before and rows up to ``end_h`` (the same for
-    columns), as far as any phase's taps reach."""
-
-    top: int
-    end_h: int
-    left: int
-    end_w: int
-    ho: int
-    wo: int
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.top + self.end_h, self.left + self.end_w
-
-    def conds(self, y, x) -> list:
-        return inside((y, x), (self.top, self.left), (self.ho, self.wo), self.shape)
-
-
-def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows, cols, window: _DyWindow):
+def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows, cols, window: DyWindow):
     """One ``dx_cc`` mad per phase, 16 input channels on the lanes."""
     g = params.geom
     ext = g.group
@@ -202,7 +138,7 @@ def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows
     return phases, lambda mad, n, c1, j, i, c0: mad[n, c1, j, i, c0]
 
 
-def _pixel_lane_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows, cols, window: _DyWindow):
+def _pixel_lane_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows, cols, window: DyWindow):
     """One ``dx_px`` mad per phase, 16 output columns on the lanes (see the module docstring)."""
     g = params.geom
     top, left = window.top, window.left

@@ -1,0 +1,95 @@
+"""Stride phases of dX (sub-pixel decomposition): the index math of each phase, written once.
+
+dX is the transposed convolution ``dX[h] = sum_kh dyd[h + pad - kh*dil]`` of the zero-inserted
+dy. The rows ``h`` with ``(h + pad) % stride == r`` only meet the taps ``kh`` with
+``kh*dil % stride == r``, and for them the zero-inserted dy lands on real dy rows
+``y = j + base_r - m*(dil/g)`` (``h = h_r + j*stride``, ``kh = kh0_r + m*(stride/g)``,
+``g = gcd(dil, stride)``): each phase is a stride-1 correlation over a zero-padded dy with a
+constant offset per tap. Every dX formulation (cube, pixel lanes, depthwise) uses these.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .common import inside
+
+__all__ = ["AxisPhase", "DyWindow", "axis_phases", "dy_window", "phase_stage_name"]
+
+
+@dataclass(frozen=True)
+class AxisPhase:
+    """The output positions ``first + j*stride`` (``j < count``) of one stride phase along an axis,
+    and the taps ``tap0 + m*tap_step`` (``m < taps``) that reach them; ``j`` reads dy position
+    ``j + base - m*dy_step``."""
+
+    first: int
+    count: int
+    tap0: int
+    taps: int
+    tap_step: int
+    base: int
+    dy_step: int
+
+    def dy_span(self) -> tuple[int, int]:
+        """Lowest and highest dy position read."""
+        return self.base - (self.taps - 1) * self.dy_step, self.count - 1 + self.base
+
+    def tap(self, m):
+        """The kernel tap of this phase's ``m``-th tap (an int or a TE expression)."""
+        return self.tap0 + m * self.tap_step
+
+    def dy_index(self, j, m, pad_before: int):
+        """Where output ``j`` meets tap ``m`` in dy stored with ``pad_before`` zeros in front."""
+        return j + self.base + pad_before - m * self.dy_step
+
+
+def axis_phases(size: int, kernel: int, stride: int, pad_before: int, dilation: int) -> list[AxisPhase]:
+    """The stride phases of one axis that have output positions and taps, ordered by ``first``."""
+    g = math.gcd(dilation, stride)
+    phases = []
+    for first in range(min(stride, size)):
+        r = (first + pad_before) % stride
+        tap0 = next((k for k in range(min(kernel, stride // g)) if (k * dilation) % stride == r), None)
+        if tap0 is None:
+            continue  # no tap reaches this phase: its outputs are 0
+        taps = -(-(kernel - tap0) // (stride // g))
+        base = (first + pad_before - tap0 * dilation) // stride  # exact: the division has no remainder
+        phases.append(AxisPhase(first, -(-(size - first) // stride), tap0, taps, stride // g, base, dilation // g))
+    return phases
+
+
+def phase_stage_name(ph: AxisPhase, pw: AxisPhase, prefix: str = "dx_cc") -> str:
+    return f"{prefix}_{ph.first}_{pw.first}"
+
+
+
+def dy_window(rows: list[AxisPhase], cols: list[AxisPhase], ho: int, wo: int) -> "DyWindow":
+    """dy's zero padding: as far as any phase's taps reach."""
+
+    def padding(phases: list[AxisPhase], extent: int) -> tuple[int, int]:
+        spans = [p.dy_span() for p in phases] or [(0, 0)]
+        return max(0, -min(lo for lo, _ in spans)), max(extent, max(hi for _, hi in spans) + 1)
+
+    return DyWindow(*padding(rows, ho), *padding(cols, wo), ho, wo)
+
+
+@dataclass(frozen=True)
+class DyWindow:
+    """dy inside its zero padding: ``top`` rows before and rows up to ``end_h`` (the same for
+    columns), as far as any phase's taps reach."""
+
+    top: int
+    end_h: int
+    left: int
+    end_w: int
+    ho: int
+    wo: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.top + self.end_h, self.left + self.end_w
+
+    def conds(self, y, x) -> list:
+        return inside((y, x), (self.top, self.left), (self.ho, self.wo), self.shape)
