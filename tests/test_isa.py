@@ -77,13 +77,20 @@ def test_plans_fit_their_register_files():
     assert not isa_plan(Target(TARGETS["sse"])).converts_fp16 and isa_plan(Target(TARGETS["avx2"])).converts_fp16
 
 
-def test_dx_tiles_take_part_rows_where_the_phase_is_small():
+@pytest.mark.parametrize("plan", list(PLANS))
+def test_dx_tiles_fit_the_budget_and_cover_the_phase(plan):
+    plan = PLANS[plan]
+    for rows, cols in [(56, 56), (28, 28), (14, 14), (7, 7), (112, 112), (13, 11), (1, 1), (3, 40)]:
+        th, tw, v = dx_tile(rows, cols, plan)
+        assert th * tw * v <= plan.accumulators and plan.registers_per_row % v == 0
+        assert rows % th == 0 and tw <= cols  # rows in whole bands; an edge tile takes cols % tw
+
+
+def test_dx_tiles_per_isa():
     avx2, avx512 = PLANS["avx2"], PLANS["avx512"]
-    assert dx_tile(56, 56, avx512) == (2, 8, 1)  # 16 zmm rows
-    assert dx_tile(56, 56, avx2) == (1, 4, 2)  # 4 pixels x 2 ymm
-    assert dx_tile(7, 7, avx2) == (1, 7, 1)  # 7 pixels x 1 ymm: no 7 x 2 = 14 accumulators to spill
-    th, tw, v = dx_tile(13, 13, avx2)  # prime: a ragged tile of full rows
-    assert th * tw * v <= avx2.accumulators
+    assert dx_tile(56, 56, avx512)[0] * dx_tile(56, 56, avx512)[1] >= 14  # 14-16 zmm rows
+    assert dx_tile(56, 56, avx2) == (1, 6, 2)  # 6 pixels x 2 ymm, a 2-pixel edge tile per row
+    assert dx_tile(7, 7, avx2) == (1, 5, 2)  # not 7 x 2 = 14 accumulators: they would spill
 
 
 def test_isa_target_names_an_isa():

@@ -72,25 +72,47 @@ def pixel_tile(rows: int, cols: int, most: int = MAX_TILE_PIXELS) -> tuple[int, 
     )
 
 
+FMA_LATENCY = 5  # cycles of a dependent FMA chain (4 on recent cores, 5 on Haswell / Zen 1)
+
+
+def _step_cycles(pixels: int, vectors: int, plan: IsaPlan) -> float:
+    """Cycles of one reduction step of a dX tile of ``pixels x vectors`` accumulators, on a core
+    with two FMA pipes: the FMAs, or one chain's latency, or the loads (``pixels`` broadcasts and
+    ``vectors`` weight rows; two per cycle where the FMA takes the broadcast itself, 1.5 where a
+    ``vbroadcastss`` needs a shuffle too), whichever is longest, plus one for the loop."""
+    loads_per_cycle = 2 if plan.broadcast_operand else 1.5
+    return max(pixels * vectors / 2, FMA_LATENCY, (pixels + vectors) / loads_per_cycle) + 1
+
+
 def dx_tile(rows: int, cols: int, plan: IsaPlan) -> tuple[int, int, int]:
     """dX register tile ``(TH, TW, V)`` for a phase of ``rows x cols`` pixels: ``TH x TW`` pixels
     by ``V`` vector registers of each pixel's 16-lane row (``V`` divides the registers a row
-    takes; ``TH*TW*V`` accumulators within the plan's budget).
+    takes; ``TH*TW*V`` accumulators within the plan's budget). ``TH`` divides the rows; where
+    ``TW`` does not divide the columns, the last ``cols % TW`` columns of each row band are a
+    tile of their own (the schedule partitions the loop: no predicated FMA).
 
-    Whole tiles, chosen for the most FMAs per load (each step loads ``V`` weight vectors and
-    broadcasts ``TH*TW`` dy values): full rows where the pixels allow (AVX-512 16 x 1, AVX2
-    4 x 2), part rows where the phase is too small or prime for more than a pixel or two (AVX2
-    7x7: 7 pixels x 1 ymm). Only when no whole tile fills half the budget, a ragged tile of
-    full rows (its predicated edge costs registers)."""
+    The tile with the fewest estimated cycles per row (:func:`_step_cycles` over the row's
+    tiles: enough accumulators to hide the FMA latency, few loads per FMA, few tiles per row);
+    within 5% of the fewest, single-row tiles without an edge first. E.g. AVX-512 16 pixels
+    (2 x 8 at 56 columns, 1 x 14 at 14), AVX2 1 x 6 x 2 ymm (and a 1 x 2 edge at 56 columns),
+    1 x 5 x 2 on 7x7 phases."""
     per_row = plan.registers_per_row
-    options = []
-    for v in (d for d in range(1, per_row + 1) if per_row % d == 0):
-        th, tw = pixel_tile(rows, cols, min(MAX_TILE_PIXELS, plan.accumulators // v))
-        options.append((th * tw * v / (th * tw + v), th * tw * v, th, tw, v))
-    _, accumulators, th, tw, v = max(options)
-    most = min(MAX_TILE_PIXELS, plan.accumulators // per_row)
-    if 2 * accumulators < plan.accumulators and cols > most:
-        return 1, most, per_row
+
+    def cost(th: int, tw: int, v: int) -> float:
+        whole, edge = divmod(cols, tw)
+        cycles = whole * _step_cycles(th * tw, v, plan) + (_step_cycles(th * edge, v, plan) if edge else 0)
+        return cycles * (per_row // v) / th
+
+    options = [
+        (cost(th, tw, v), th, tw, v)
+        for v in range(1, per_row + 1) if per_row % v == 0
+        for th in range(1, min(rows, MAX_TILE_PIXELS) + 1) if rows % th == 0
+        for tw in range(1, min(cols, MAX_TILE_PIXELS // th) + 1)
+        if th * tw * v <= plan.accumulators
+    ]  # fmt: skip
+    fewest = min(option[0] for option in options)
+    near = [o for o in options if o[0] <= 1.05 * fewest]
+    _, th, tw, v = max(near, key=lambda o: (cols % o[2] == 0, o[1] == 1, -o[0], o[1] * o[2] * o[3]))
     return th, tw, v
 
 
@@ -243,17 +265,34 @@ class _Cube:
         blocks = _extent(sch, c1)
         group = _largest_divisor(blocks, WEIGHTS_IN_CACHE // max(1, weight_bytes // blocks))
         c1_o, c1_i = sch.split(c1, [None, group])
-        th, tw, v = dx_tile(_extent(sch, j), _extent(sch, i), self.plan)
+        cols = _extent(sch, i)
+        th, tw, v = dx_tile(_extent(sch, j), cols, self.plan)
         most = min(MAX_TILE_PIXELS, self.plan.accumulators // v)
         j_o, j_i = self.split(j, th, most)
-        i_o, i_i = self.split(i, tw, most)
         lane_groups, c0 = sch.split(c0, [None, v * self.plan.lanes])
-        sch.reorder(c1_o, n, j_o, i_o, c1_i, lane_groups, co1, mh, mw, co0, j_i, i_i, c0)
+        reduction = [co1, mh, mw, co0]
+        if cols % tw == 0 or self.tunable:
+            i_o, i_i = self.split(i, tw, most)
+            sch.reorder(c1_o, n, j_o, i_o, c1_i, lane_groups, *reduction, j_i, i_i, c0)
+            sch.parallel(sch.fuse(c1_o, n, j_o))
+            self._pixel_tile_body(block, j_i, i_i, c0, co1)
+            return
+        # The columns in tiles of TW and one narrower tile at the end: two copies of the mad.
+        sch.reorder(c1_o, n, j_o, i, c1_i, lane_groups, *reduction, j_i, c0)
         sch.parallel(sch.fuse(c1_o, n, j_o))
-        sch.unroll(j_i)
-        sch.unroll(i_i)
-        sch.vectorize(c0)
-        sch.decompose_reduction(block, co1)
+        whole, edge = sch.loop_partition(i, [cols - cols % tw, None])
+        for part in (whole, edge):
+            (copy,) = sch.get_child_blocks(part)
+            i_part, c1_i, lane_groups, co1, mh, mw, co0, j_i, c0 = sch.get_loops(copy)[-9:]
+            outer, i_i = sch.split(i_part, [None, tw]) if part is whole else ([], i_part)  # the edge: one tile
+            sch.reorder(*([outer] if outer else []), c1_i, lane_groups, co1, mh, mw, co0, j_i, i_i, c0)
+            self._pixel_tile_body(copy, j_i, i_i, c0, co1)
+
+    def _pixel_tile_body(self, block, rows, cols, lanes, first_reduce):
+        self.sch.unroll(rows)
+        self.sch.unroll(cols)
+        self.sch.vectorize(lanes)
+        self.sch.decompose_reduction(block, first_reduce)
 
     def transposed_filter_grad(self, block):
         """dW with Cout on the lanes (``dw_cc_t[c, kh, kw, co]``): a tile is ``kw_i`` taps x
