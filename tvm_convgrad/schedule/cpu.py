@@ -216,19 +216,41 @@ class _Cube:
         n_o, n_i = sch.split(n, [None, images])
         ho_o, ho_i = sch.split(ho, [None, bands])
         chunk, steps = [n_o, ho_o], [n_i, ho_i, wo]
-        rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0), self.plan.rows(C0))
+        most = self.plan.rows(C0)
+        split_edge = C0 % most != 0 and not self.tunable  # e.g. AVX2: 6 + 6 + 4 rows, not 4 x 4
+        if split_edge:
+            rows_o = co0  # partitioned below, once the loops are in place
+        else:
+            rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0), most)
+        inner = [] if split_edge else [co0]
         if (groups * blocks_out) % cores == 0:
             sch.reorder(g, co1, c1)
             core, owned = sch.split(sch.fuse(g, co1), [cores, None])
-            sch.reorder(core, *chunk, owned, c1, tap_h, tap_w, rows_o, *steps, co0, c0)
+            sch.reorder(core, *chunk, owned, c1, tap_h, tap_w, rows_o, *steps, *inner, c0)
         elif blocks_in % cores == 0:
             core, owned = sch.split(c1, [cores, None])
-            sch.reorder(core, *chunk, g, co1, owned, tap_h, tap_w, rows_o, *steps, co0, c0)
+            sch.reorder(core, *chunk, g, co1, owned, tap_h, tap_w, rows_o, *steps, *inner, c0)
         else:  # no even split: every tile a task, its whole reduction inside
-            sch.reorder(g, co1, c1, tap_h, tap_w, rows_o, *chunk, *steps, co0, c0)
+            sch.reorder(g, co1, c1, tap_h, tap_w, rows_o, *chunk, *steps, *inner, c0)
             core = sch.fuse(g, co1, c1)
         sch.parallel(core)
-        self._tile_body(block, n_o)
+        if not split_edge:
+            self._tile_body(block, n_o)
+            return
+        # The Cout rows in tiles of `most` and one smaller tile: two copies of the mad.
+        whole, edge = sch.loop_partition(rows_o, [C0 - C0 % most, None])
+        for part in (whole, edge):
+            (copy,) = sch.get_child_blocks(part)
+            loops = sch.get_loops(copy)
+            at = [sch.get(lp).same_as(sch.get(part)) for lp in loops].index(True)
+            rows, reduce, lanes = loops[at], loops[at + 1 : -1], loops[-1]
+            if part is whole:
+                tiles, rows = sch.split(rows, [None, most])
+                sch.reorder(tiles, *reduce, rows, lanes)
+            else:
+                sch.reorder(*reduce, rows, lanes)
+            chunk_outside = any(sch.get(lp).same_as(sch.get(n_o)) for lp in loops[:at])
+            self._tile_body(copy, n_o if chunk_outside else reduce[0])
 
     def _split_reduction(self, block, tiles, reduce, longest, co0, c0):
         """Too few tiles for the cores: each core sums a part of the reduction (``rfactor``);
