@@ -93,11 +93,31 @@ def test_kernel_name_is_the_compiled_symbol_and_generated_code_is_visible():
         kernel.ptx
 
 
+def _stage_loops(stmt, parallel: bool = False, found: dict | None = None) -> dict[str, bool]:
+    """Block name -> whether a parallel loop encloses it, walking the scheduled TIR."""
+    found = {} if found is None else found
+    if isinstance(stmt, tvm.tirx.For):
+        parallel = parallel or stmt.kind == tvm.tirx.ForKind.PARALLEL
+    if isinstance(stmt, tvm.s_tir.SBlock):
+        found[stmt.name_hint] = found.get(stmt.name_hint, False) or parallel
+    for field in ("body", "block", "then_case", "else_case", "init"):
+        child = getattr(stmt, field, None)
+        if isinstance(child, tvm.tirx.Stmt):
+            _stage_loops(child, parallel, found)
+    for child in getattr(stmt, "seq", None) or []:
+        _stage_loops(child, parallel, found)
+    return found
+
+
 def test_default_cpu_schedule_is_applied():
-    """Every stage parallel over its outer loops and vectorized over C0 (not silently unscheduled)."""
+    """Every stage runs under a parallel loop and is vectorized over C0 (not silently unscheduled)."""
     for result in (_dw(), _dx()):
-        tir = build(result).inspect_source("tir")
-        assert tir.count("T.parallel(") >= 4 and tir.count("T.vectorized(") >= 4
+        kernel = build(result)
+        func = next(iter(kernel.mod.functions.values()))
+        stages = _stage_loops(func.body)
+        stages.pop("root")
+        assert len(stages) >= 4 and all(stages.values()), stages
+        assert kernel.inspect_source("tir").count("T.vectorized(") >= 4
 
 
 def test_export_library_runs_with_the_runtime_alone(tmp_path):

@@ -111,8 +111,11 @@ def test_threads_default_to_every_usable_core_and_respect_the_user():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize(
     "make, args",
-    [(_dw, (2, 3, 20, 20, 32, 7, 2, 3)), (_dx, (2, 3, 20, 20, 32, 7, 2, 3)), (_dx, (1, 32, 14, 14, 32, 3, 2, 1)), (_dw, (1, 16, 9, 9, 16, 1))],
-    ids=["first-layer-dw", "first-layer-dx", "stride-2-dx", "one-tile-dw"],
+    [
+        (_dw, (2, 3, 20, 20, 32, 7, 2, 3)), (_dx, (2, 3, 20, 20, 32, 7, 2, 3)), (_dx, (1, 32, 14, 14, 32, 3, 2, 1)),
+        (_dw, (1, 16, 9, 9, 16, 1)), (_dw, (1, 48, 14, 14, 96, 3, 2, 1, 48)), (_dx, (1, 48, 14, 14, 96, 3, 2, 1, 48)),
+    ],
+    ids=["first-layer-dw", "first-layer-dx", "stride-2-dx", "one-tile-dw", "depthwise-dw", "depthwise-dx"],
 )
 def test_every_formulation_lowers_to_cuda(make, args):
     """The CUDA rule binds every stage of every formulation (PTX through nvcc; no GPU needed)."""

@@ -22,7 +22,7 @@ from tvm.target import Target
 from . import usable_cores
 from .schedule.isa import IsaPlan, isa_plan
 
-__all__ = ["FmaPeak", "fma_peak_func", "measure_fma_peak"]
+__all__ = ["FmaPeak", "FmaProbe", "build_fma_peak", "fma_peak_func", "measure_fma_peak"]
 
 _ITERATIONS = 100_000
 
@@ -94,15 +94,37 @@ def build_fma_peak(target: Target):
     return tvm.compile(tvm.IRModule({"fma_peak": func}), target=target), plan, cores
 
 
+class FmaProbe:
+    """The compiled peak kernel with its buffers: ``sample(ms)`` runs it for at least ``ms``
+    milliseconds on every core and returns GFLOP/s (the bench uses short samples to tell a quiet
+    machine from one whose cores another tenant is using)."""
+
+    def __init__(self, target: Target):
+        executable, self.plan, self.cores = build_fma_peak(target)
+        self.target = target
+        self.accumulators = _accumulators(self.plan)
+        dev = tvm.cpu(0)
+        lanes = self.plan.lanes
+        self._args = (
+            tvm.runtime.tensor(np.full((self.cores, self.accumulators, lanes), 0.5, "float32"), dev),
+            tvm.runtime.tensor(np.full(lanes, 0.999, "float32"), dev),
+            tvm.runtime.tensor(np.full(lanes, 0.001, "float32"), dev),
+        )
+        self._mod, self._dev = executable.mod, dev
+        self.flops = 2 * lanes * self.accumulators * _ITERATIONS * self.cores
+
+    def samples(self, repeat: int, min_repeat_ms: int) -> tuple[float, ...]:
+        evaluator = self._mod.time_evaluator("fma_peak", self._dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
+        return tuple(self.flops / t / 1e9 for t in evaluator(*self._args).results)
+
+    def sample(self, min_repeat_ms: int = 10) -> float:
+        return self.samples(1, min_repeat_ms)[0]
+
+    def measure(self, repeat: int = 5, min_repeat_ms: int = 100) -> FmaPeak:
+        samples = self.samples(repeat, min_repeat_ms)
+        return FmaPeak(self.plan.name, str(self.target.attrs.get("mcpu", "")), self.plan.lanes, self.accumulators, self.cores, samples)
+
+
 def measure_fma_peak(target: Target, repeat: int = 5, min_repeat_ms: int = 100) -> FmaPeak:
     """Run the peak kernel on this machine: ``repeat`` samples of at least ``min_repeat_ms``."""
-    executable, plan, cores = build_fma_peak(target)
-    accs = _accumulators(plan)
-    dev = tvm.cpu(0)
-    acc = tvm.runtime.tensor(np.full((cores, accs, plan.lanes), 0.5, "float32"), dev)
-    b = tvm.runtime.tensor(np.full(plan.lanes, 0.999, "float32"), dev)
-    c = tvm.runtime.tensor(np.full(plan.lanes, 0.001, "float32"), dev)
-    evaluator = executable.mod.time_evaluator("fma_peak", dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
-    flops = 2 * plan.lanes * accs * _ITERATIONS * cores
-    samples = tuple(flops / t / 1e9 for t in evaluator(acc, b, c).results)
-    return FmaPeak(plan.name, str(target.attrs.get("mcpu", "")), plan.lanes, accs, cores, samples)
+    return FmaProbe(target).measure(repeat, min_repeat_ms)

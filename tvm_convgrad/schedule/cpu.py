@@ -34,7 +34,7 @@ tile is fixed by the register file).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import tvm
 from tvm import s_tir, tirx
@@ -51,6 +51,8 @@ __all__ = ["CpuRule", "depthwise_dw_tile", "depthwise_dx_tile", "dx_tile", "pixe
 MAX_TILE_PIXELS = 16  # dX pixels per tile: 16 rows of accumulators at most (AVX-512: 16 zmm of 32)
 MAX_TAP_TILE = 7  # transposed dW: taps per tile
 WEIGHTS_IN_CACHE = 512 * 1024  # bytes of w_col kept in a core's L2 while dX walks the pixels
+PACK_PER_CHUNK = True  # dW: pack each chunk's dy inside the chunk loop when it fits PACK_IN_CACHE
+PACK_IN_CACHE = 768 * 1024
 CHUNK_STEPS = 1600  # reduction steps (n, ho, wo) per dW chunk: ~1.6 MB of fmap per 16 Cin blocks
 
 
@@ -184,6 +186,7 @@ class _Cube:
     cores: int
     tunable: bool
     plan: IsaPlan
+    placed: set = field(default_factory=set)  # stages a mad moved into its own loops
 
     def split(self, loop, inner: int, max_inner: int):
         """``(outer, inner)``: ``inner`` fixed, or a MetaSchedule sample (a divisor of the
@@ -223,6 +226,7 @@ class _Cube:
         else:
             rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0), most)
         inner = [] if split_edge else [co0]
+        chunk_first = (groups * blocks_out) % cores == 0 or blocks_in % cores == 0
         if (groups * blocks_out) % cores == 0:
             sch.reorder(g, co1, c1)
             core, owned = sch.split(sch.fuse(g, co1), [cores, None])
@@ -234,6 +238,10 @@ class _Cube:
             sch.reorder(g, co1, c1, tap_h, tap_w, rows_o, *chunk, *steps, *inner, c0)
             core = sch.fuse(g, co1, c1)
         sch.parallel(core)
+        owned_out = groups * blocks_out // (cores if (groups * blocks_out) % cores == 0 else 1)
+        chunk_bytes = images * bands * cols * owned_out * C0 * 4  # the fp32 dy one chunk of a core reads
+        if PACK_PER_CHUNK and chunk_first and chunk_bytes <= PACK_IN_CACHE:
+            self._pack_per_chunk("grads_2_matrix", chunk[-1])
         if not split_edge:
             self._tile_body(block, n_o)
             return
@@ -251,6 +259,19 @@ class _Cube:
                 sch.reorder(*reduce, rows, lanes)
             chunk_outside = any(sch.get(lp).same_as(sch.get(n_o)) for lp in loops[:at])
             self._tile_body(copy, n_o if chunk_outside else reduce[0])
+
+    def _pack_per_chunk(self, stage: str, loop):
+        """Pack what one chunk of the reduction reads, inside the chunk loop: the fp32 copy is
+        written to and read from the core's cache instead of memory."""
+        sch = self.sch
+        try:
+            pack = sch.get_sblock(stage)
+        except Exception:  # read in place (inlined): nothing to move
+            return
+        sch.compute_at(pack, loop)
+        *_, lanes = sch.get_loops(pack)
+        sch.vectorize(lanes)
+        self.placed.add(stage)
 
     def _split_reduction(self, block, tiles, reduce, longest, co0, c0):
         """Too few tiles for the cores: each core sums a part of the reduction (``rfactor``);
@@ -500,6 +521,7 @@ class CpuRule(ScheduleRule):
             for block in stage_blocks(sch):
                 if CONVERT_IN_PLACE in sch.get(block).annotations:
                     sch.compute_inline(block)
+        packs = []
         for block in stage_blocks(sch):
             name = sch.get(block).name_hint
             if name == "dw_cc":
@@ -515,7 +537,13 @@ class CpuRule(ScheduleRule):
                 cube.depthwise_filter_grad(block)
             elif name.startswith("dx_dw_"):
                 cube.depthwise_input_grad(block)
-            elif name == "dy_rows" or (name == "fmap_l1" and len(sch.get_loops(block)) == 4):
+            else:
+                packs.append(name)
+        for name in packs:  # the stages the mads did not place inside their loops
+            if name in cube.placed:
+                continue
+            block = sch.get_sblock(name)
+            if name == "dy_rows" or (name == "fmap_l1" and len(sch.get_loops(block)) == 4):
                 _planar_pack(sch, block)
             else:
                 _elementwise(sch, block)
