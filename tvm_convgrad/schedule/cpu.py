@@ -215,7 +215,11 @@ class _Cube:
         if groups * blocks_out * blocks_in < cores and _extent(sch, longest) >= 2 * cores:
             self._split_reduction(block, [g, co1, c1, tap_h, tap_w], [n, ho, wo], longest, co0, c0)
             return
-        images, bands = _chunk(batch, rows, cols)
+        owned_out = groups * blocks_out // (cores if (groups * blocks_out) % cores == 0 else 1)
+        limit = CHUNK_STEPS
+        if PACK_PER_CHUNK:  # small enough that a chunk's fp32 dy stays in the core's cache
+            limit = min(limit, max(cols, PACK_IN_CACHE // (owned_out * C0 * 4)))
+        images, bands = _chunk(batch, rows, cols, limit)
         n_o, n_i = sch.split(n, [None, images])
         ho_o, ho_i = sch.split(ho, [None, bands])
         chunk, steps = [n_o, ho_o], [n_i, ho_i, wo]
@@ -238,7 +242,6 @@ class _Cube:
             sch.reorder(g, co1, c1, tap_h, tap_w, rows_o, *chunk, *steps, *inner, c0)
             core = sch.fuse(g, co1, c1)
         sch.parallel(core)
-        owned_out = groups * blocks_out // (cores if (groups * blocks_out) % cores == 0 else 1)
         chunk_bytes = images * bands * cols * owned_out * C0 * 4  # the fp32 dy one chunk of a core reads
         if PACK_PER_CHUNK and chunk_first and chunk_bytes <= PACK_IN_CACHE:
             self._pack_per_chunk("grads_2_matrix", chunk[-1])
@@ -484,12 +487,12 @@ def _sum_parts(sch: s_tir.Schedule, block):
     sch.vectorize(sch.get_loops(init)[-1])
 
 
-def _chunk(batch: int, rows: int, cols: int) -> tuple[int, int]:
-    """``(images, rows)`` of a dW reduction chunk: whole images while they fit CHUNK_STEPS,
+def _chunk(batch: int, rows: int, cols: int, steps: int = CHUNK_STEPS) -> tuple[int, int]:
+    """``(images, rows)`` of a dW reduction chunk: whole images while they fit ``steps``,
     else bands of rows of one image."""
-    if rows * cols <= CHUNK_STEPS:
-        return _largest_divisor(batch, CHUNK_STEPS // (rows * cols)), rows
-    return 1, _largest_divisor(rows, max(1, CHUNK_STEPS // cols))
+    if rows * cols <= steps:
+        return _largest_divisor(batch, steps // (rows * cols)), rows
+    return 1, _largest_divisor(rows, max(1, steps // cols))
 
 
 def _largest_divisor(n: int, limit: int) -> int:
