@@ -499,7 +499,7 @@ def main(
     (out_dir / "bench.json").write_text(json.dumps(record, indent=1))
     (out_dir / "README.md").write_text(markdown_report(record))
     env = record["environment"]
-    title = f"{env['cpu']} ({env['cores']} cores): ours {isas['ours']} vs PyTorch {env['torch']} ({isas['torch']}); FMA peak {peak:.0f} GFLOP/s"
+    title = f"{env['cpu']} ({env['cores']} cores), measured FMA peak {peak:.0f} GFLOP/s\nours: {isas['ours']}\nPyTorch {env['torch']}: {isas['torch']}"
     plot(results, out_dir / "bench.png", title, peak)
     print(f"wrote {out_dir / 'bench.json'}, {out_dir / 'README.md'} and {out_dir / 'bench.png'}")
     return summary
