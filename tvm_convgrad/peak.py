@@ -19,7 +19,7 @@ import tvm
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from . import usable_cores
+from .schedule.common import target_cores
 from .schedule.isa import IsaPlan, isa_plan
 
 __all__ = ["FmaPeak", "FmaProbe", "build_fma_peak", "fma_peak_func", "measure_fma_peak"]
@@ -89,7 +89,7 @@ def _accumulators(plan: IsaPlan) -> int:
 def build_fma_peak(target: Target):
     """Compile the peak kernel for ``target`` (its ISA's vector width and every core of ``num-cores``)."""
     plan = isa_plan(target)
-    cores = int(target.attrs.get("num-cores", 0)) or usable_cores()
+    cores = target_cores(target)
     func = fma_peak_func(plan.lanes, _accumulators(plan), cores)
     return tvm.compile(tvm.IRModule({"fma_peak": func}), target=target), plan, cores
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from tvm import s_tir, tirx
+from tvm.target import Target
 
-__all__ = ["PACK_STAGES", "stage_blocks", "split_loop_kinds"]
+from .. import usable_cores
+
+__all__ = ["PACK_STAGES", "stage_blocks", "split_loop_kinds", "target_cores"]
 
 PACK_STAGES = ("grads_2_matrix", "fmap_l1", "dy_pad", "w_col", "dy_rows", "w_t", "grads_dw", "fmap_dw", "dy_dw", "w_dw")
 """The stages that cast (and pad) the inputs to fp32: elementwise, read by the mads."""
@@ -23,3 +26,8 @@ def split_loop_kinds(sch: s_tir.Schedule, block) -> tuple[list, list]:
     spatial = [lp for lp, it in zip(loops, iters) if it.iter_type == tirx.IterVar.DataPar]
     reduce = [lp for lp, it in zip(loops, iters) if it.iter_type == tirx.IterVar.CommReduce]
     return spatial, reduce
+
+
+def target_cores(target: Target) -> int:
+    """The threads a kernel for ``target`` runs on: its ``num-cores``, else this machine's usable cores."""
+    return int(target.attrs.get("num-cores", 0)) or usable_cores()

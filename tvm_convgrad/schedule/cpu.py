@@ -16,7 +16,7 @@ accumulators of the 16 registers), four 128-bit registers on SSE / NEON. The cub
   fewer tiles than cores, each core sums its own part of the reduction (``rfactor``) and the
   parts are added in a fixed order, so results do not vary from run to run.
 * dX cube (``dx_cc_<rh>_<rw>``, one per stride phase): a tile is ``TH x TW`` output pixels of one
-  16-channel block (``pixel_tile``, at most 16 pixels on AVX-512, 6 on AVX2), the reduction ``(co1, taps, co0)`` inside, each step one
+  16-channel block (``dx_tile``, at most 16 pixels on AVX-512, 6 on AVX2), the reduction ``(co1, taps, co0)`` inside, each step one
   w_col row times ``TH*TW`` broadcast dy values. The channel blocks are taken in groups whose
   weights fit a core's cache, the pixels streaming past once per group.
 * few input channels (``dw_cc_t``: Cout on the lanes; ``dx_px_*``: output columns on the lanes):
@@ -41,12 +41,11 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight import ScheduleRule
 from tvm.target import Target
 
-from .. import usable_cores
 from ..dsl.compute.common import CONVERT_IN_PLACE
-from .common import stage_blocks
+from .common import stage_blocks, target_cores
 from .isa import C0, IsaPlan, isa_plan
 
-__all__ = ["CpuRule", "depthwise_dw_tile", "depthwise_dx_tile", "dx_tile", "pixel_tile"]
+__all__ = ["CpuRule", "depthwise_dw_tile", "depthwise_dx_tile", "dx_tile"]
 
 MAX_TILE_PIXELS = 16  # dX pixels per tile: 16 rows of accumulators at most (AVX-512: 16 zmm of 32)
 MAX_TAP_TILE = 7  # transposed dW: taps per tile
@@ -56,22 +55,13 @@ PACK_IN_CACHE = 768 * 1024
 CHUNK_STEPS = 1600  # reduction steps (n, ho, wo) per dW chunk: ~1.6 MB of fmap per 16 Cin blocks
 
 
-def _num_cores(target: Target) -> int:
-    return int(target.attrs.get("num-cores", 0)) or usable_cores()
-
-
 def _extent(sch: s_tir.Schedule, loop) -> int:
     return int(sch.get(loop).extent)
 
 
-def pixel_tile(rows: int, cols: int, most: int = MAX_TILE_PIXELS) -> tuple[int, int]:
-    """dX pixel tile ``(TH, TW)``: divisors of the phase's rows / cols with the most pixels
-    ``<= most`` (whole tiles keep every row's FMAs unpredicated)."""
-    divisors = lambda n: [d for d in range(1, min(n, most) + 1) if n % d == 0]  # noqa: E731
-    return max(
-        ((th, tw) for tw in divisors(cols) for th in divisors(rows) if th * tw <= most),
-        key=lambda t: (t[0] * t[1], t[1]),
-    )
+def _divisors(n: int, most: int) -> list[int]:
+    """The divisors of ``n`` up to ``most``."""
+    return [d for d in range(1, min(n, most) + 1) if n % d == 0]
 
 
 FMA_LATENCY = 5  # cycles of a dependent FMA chain (4 on recent cores, 5 on Haswell / Zen 1)
@@ -107,8 +97,8 @@ def dx_tile(rows: int, cols: int, plan: IsaPlan) -> tuple[int, int, int]:
 
     options = [
         (cost(th, tw, v), th, tw, v)
-        for v in range(1, per_row + 1) if per_row % v == 0
-        for th in range(1, min(rows, MAX_TILE_PIXELS) + 1) if rows % th == 0
+        for v in plan.row_parts
+        for th in _divisors(rows, MAX_TILE_PIXELS)
         for tw in range(1, min(cols, MAX_TILE_PIXELS // th) + 1)
         if th * tw * v <= plan.accumulators
     ]  # fmt: skip
@@ -127,7 +117,7 @@ def depthwise_dw_tile(kernel_h: int, kernel_w: int, plan: IsaPlan) -> tuple[int,
     spare = 1 if plan.memory_operands else 4  # x86 FMAs read one operand from memory
     options = []
     for rows in (kernel_h, 1):
-        for v in (d for d in range(1, plan.registers_per_row + 1) if plan.registers_per_row % d == 0):
+        for v in plan.row_parts:
             for u in range(1, 5):
                 live = (rows * kernel_w + 2 * u + kernel_w - 1) * v
                 if rows * kernel_w * v <= plan.accumulators and live <= plan.registers - spare:
@@ -143,11 +133,10 @@ def depthwise_dx_tile(rows: int, cols: int, taps_h: int, taps_w: int, plan: IsaP
     next to the phase's ``taps_h*taps_w`` weight vectors (``V`` registers each, held across the
     pixel tiles) and the ``TH*(TW + taps_w - 1)`` dy vectors one kernel row of the tile reads;
     whole tiles only."""
-    divisors = lambda n: [d for d in range(1, min(n, MAX_TILE_PIXELS) + 1) if n % d == 0]  # noqa: E731
     options = [(1, 1, 1, 1)]
-    for v in (d for d in range(1, plan.registers_per_row + 1) if plan.registers_per_row % d == 0):
-        for th in divisors(rows):
-            for tw in divisors(cols):
+    for v in plan.row_parts:
+        for th in _divisors(rows, MAX_TILE_PIXELS):
+            for tw in _divisors(cols, MAX_TILE_PIXELS):
                 if (taps_h * taps_w + th * tw + th * (tw + taps_w - 1)) * v < plan.registers and th * tw <= MAX_TILE_PIXELS:
                     options.append((th * tw * v, v, th, tw))
     _, v, th, tw = max(options)
@@ -215,7 +204,8 @@ class _Cube:
         if groups * blocks_out * blocks_in < cores and _extent(sch, longest) >= 2 * cores:
             self._split_reduction(block, [g, co1, c1, tap_h, tap_w], [n, ho, wo], longest, co0, c0)
             return
-        owned_out = groups * blocks_out // (cores if (groups * blocks_out) % cores == 0 else 1)
+        cores_own_out = (groups * blocks_out) % cores == 0  # else Cin blocks, else whole tiles
+        owned_out = groups * blocks_out // (cores if cores_own_out else 1)
         limit = CHUNK_STEPS
         if PACK_PER_CHUNK:  # small enough that a chunk's fp32 dy stays in the core's cache
             limit = min(limit, max(cols, PACK_IN_CACHE // (owned_out * C0 * 4)))
@@ -230,8 +220,8 @@ class _Cube:
         else:
             rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0), most)
         inner = [] if split_edge else [co0]
-        chunk_first = (groups * blocks_out) % cores == 0 or blocks_in % cores == 0
-        if (groups * blocks_out) % cores == 0:
+        chunk_first = cores_own_out or blocks_in % cores == 0
+        if cores_own_out:
             sch.reorder(g, co1, c1)
             core, owned = sch.split(sch.fuse(g, co1), [cores, None])
             sch.reorder(core, *chunk, owned, c1, tap_h, tap_w, rows_o, *steps, *inner, c0)
@@ -249,18 +239,10 @@ class _Cube:
             self._tile_body(block, n_o)
             return
         # The Cout rows in tiles of `most` and one smaller tile: two copies of the mad.
-        whole, edge = sch.loop_partition(rows_o, [C0 - C0 % most, None])
-        for part in (whole, edge):
-            (copy,) = sch.get_child_blocks(part)
-            loops = sch.get_loops(copy)
-            at = [sch.get(lp).same_as(sch.get(part)) for lp in loops].index(True)
-            rows, reduce, lanes = loops[at], loops[at + 1 : -1], loops[-1]
-            if part is whole:
-                tiles, rows = sch.split(rows, [None, most])
-                sch.reorder(tiles, *reduce, rows, lanes)
-            else:
-                sch.reorder(*reduce, rows, lanes)
-            chunk_outside = any(sch.get(lp).same_as(sch.get(n_o)) for lp in loops[:at])
+        for copy, tiles, rows, outside, below in _whole_tiles_and_edge(sch, rows_o, C0, most):
+            *reduce, lanes = below
+            sch.reorder(*tiles, *reduce, rows, lanes)
+            chunk_outside = any(sch.get(lp).same_as(sch.get(n_o)) for lp in outside)
             self._tile_body(copy, n_o if chunk_outside else reduce[0])
 
     def _pack_per_chunk(self, stage: str, loop):
@@ -293,7 +275,13 @@ class _Cube:
     def _tile_body(self, block, first_reduce):
         """The 16x16 register tile: C0 rows unrolled, C0 lanes vectorized; init before the reduction."""
         *_, rows, lanes = self.sch.get_loops(block)
-        self.sch.unroll(rows)
+        self._register_tile(block, [rows], lanes, first_reduce)
+
+    def _register_tile(self, block, unrolled, lanes, first_reduce):
+        """A tile's accumulators in registers: its loops unrolled, the lanes vectorized, the
+        accumulators set to 0 before ``first_reduce``."""
+        for loop in unrolled:
+            self.sch.unroll(loop)
         self.sch.vectorize(lanes)
         self.sch.decompose_reduction(block, first_reduce)
 
@@ -321,24 +309,15 @@ class _Cube:
             i_o, i_i = self.split(i, tw, most)
             sch.reorder(c1_o, n, j_o, i_o, c1_i, lane_groups, *reduction, j_i, i_i, c0)
             sch.parallel(sch.fuse(c1_o, n, j_o))
-            self._pixel_tile_body(block, j_i, i_i, c0, co1)
+            self._register_tile(block, [j_i, i_i], c0, co1)
             return
         # The columns in tiles of TW and one narrower tile at the end: two copies of the mad.
         sch.reorder(c1_o, n, j_o, i, c1_i, lane_groups, *reduction, j_i, c0)
         sch.parallel(sch.fuse(c1_o, n, j_o))
-        whole, edge = sch.loop_partition(i, [cols - cols % tw, None])
-        for part in (whole, edge):
-            (copy,) = sch.get_child_blocks(part)
-            i_part, c1_i, lane_groups, co1, mh, mw, co0, j_i, c0 = sch.get_loops(copy)[-9:]
-            outer, i_i = sch.split(i_part, [None, tw]) if part is whole else ([], i_part)  # the edge: one tile
-            sch.reorder(*([outer] if outer else []), c1_i, lane_groups, co1, mh, mw, co0, j_i, i_i, c0)
-            self._pixel_tile_body(copy, j_i, i_i, c0, co1)
-
-    def _pixel_tile_body(self, block, rows, cols, lanes, first_reduce):
-        self.sch.unroll(rows)
-        self.sch.unroll(cols)
-        self.sch.vectorize(lanes)
-        self.sch.decompose_reduction(block, first_reduce)
+        for copy, tiles, i_i, _, below in _whole_tiles_and_edge(sch, i, cols, tw):
+            c1_i, lane_groups, co1, mh, mw, co0, j_i, c0 = below
+            sch.reorder(*tiles, c1_i, lane_groups, co1, mh, mw, co0, j_i, i_i, c0)
+            self._register_tile(copy, [j_i, i_i], c0, co1)
 
     def transposed_filter_grad(self, block):
         """dW with Cout on the lanes (``dw_cc_t[c, kh, kw, co]``): a tile is ``kw_i`` taps x
@@ -443,18 +422,12 @@ class _Cube:
             rf = sch.rfactor(part, 0)
             loops = sch.get_loops(rf)  # part, tasks, reduce (2), wo_o, wo_i, tiled, c0
             sch.parallel(loops[0])
-            self._depthwise_tile(rf, loops[-1 - len(tiled) : -1], loops[-2 - len(tiled)], loops[-1], loops[1 + len(tasks)])
+            self._register_tile(rf, [loops[-2 - len(tiled)], *loops[-1 - len(tiled) : -1]], loops[-1], loops[1 + len(tasks)])
             _sum_parts(sch, block)
             return
         sch.reorder(*tasks, n, ho, wo_o, wo_i, *tiled, c0)
         sch.parallel(sch.fuse(*tasks))
-        self._depthwise_tile(block, tiled, wo_i, c0, n)
-
-    def _depthwise_tile(self, block, tiled, wo_i, lanes, first_reduce):
-        for loop in (wo_i, *tiled):
-            self.sch.unroll(loop)
-        self.sch.vectorize(lanes)
-        self.sch.decompose_reduction(block, first_reduce)
+        self._register_tile(block, [wo_i, *tiled], c0, n)
 
     def depthwise_input_grad(self, block):
         """Depthwise dX phase (``dx_dw``): a tile is ``TH x TW`` pixels x a channel row (or part of
@@ -470,10 +443,24 @@ class _Cube:
         lane_groups, c0 = sch.split(c0, [None, v * plan.lanes])
         sch.reorder(n, c1, lane_groups, j_o, i_o, q, mh, mw, j_i, i_i, c0)  # a lane group's weights stay in registers
         sch.parallel(sch.fuse(n, c1, lane_groups, j_o))
-        for loop in (j_i, i_i):
-            sch.unroll(loop)
-        sch.vectorize(c0)
-        sch.decompose_reduction(block, q)
+        self._register_tile(block, [j_i, i_i], c0, q)
+
+
+def _whole_tiles_and_edge(sch: s_tir.Schedule, loop, extent: int, tile: int):
+    """Partition ``loop`` (``extent`` iterations) into whole tiles of ``tile`` and one edge of
+    ``extent % tile`` (``loop_partition``: a copy of the block under each part, so no iteration
+    needs a predicate). Yields per copy ``(block, [the tile loop] or [] on the edge, the loop
+    inside a tile, the loops outside the partition, the loops below it)``."""
+    whole, edge = sch.loop_partition(loop, [extent - extent % tile, None])
+    for part in (whole, edge):
+        (copy,) = sch.get_child_blocks(part)
+        loops = sch.get_loops(copy)
+        at = [sch.get(lp).same_as(sch.get(part)) for lp in loops].index(True)
+        if part is whole:
+            tiles, inner = sch.split(part, [None, tile])
+            yield copy, [tiles], inner, loops[:at], loops[at + 1 :]
+        else:  # the edge: one tile
+            yield copy, [], part, loops[:at], loops[at + 1 :]
 
 
 def _sum_parts(sch: s_tir.Schedule, block):
@@ -519,7 +506,7 @@ class CpuRule(ScheduleRule):
             return None
         sch = s_tir.Schedule(func, error_render_level="none")
         plan = isa_plan(target)
-        cube = _Cube(sch, _num_cores(target), tunable, plan)
+        cube = _Cube(sch, target_cores(target), tunable, plan)
         if plan.converts_fp16:  # the mads read those inputs in place, converting as they load
             for block in stage_blocks(sch):
                 if CONVERT_IN_PLACE in sch.get(block).annotations:

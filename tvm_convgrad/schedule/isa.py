@@ -57,6 +57,12 @@ class IsaPlan:
         """Vector registers one 16-lane C0 row takes."""
         return C0 // self.lanes
 
+    @property
+    def row_parts(self) -> list[int]:
+        """How many of a C0 row's registers a tile may take: the divisors of ``registers_per_row``
+        (AVX2: 1 or 2 ymm; AVX-512: the one zmm)."""
+        return [d for d in range(1, self.registers_per_row + 1) if self.registers_per_row % d == 0]
+
     def rows(self, limit: int = C0, divides: int | None = None) -> int:
         """How many 16-lane rows of accumulators a tile may hold: at most ``limit``, and a divisor
         of ``divides`` when given (a whole number of tiles along that axis)."""
