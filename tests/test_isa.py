@@ -142,7 +142,8 @@ def test_hot_loops_use_the_isa_registers_and_never_spill(isa, shape):
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
 def test_cube_tile_holds_the_plans_accumulators(isa):
     """3x3 dW: a tile of R Cout rows x 16 lanes: 16 zmm rows (AVX-512); on AVX2 6 rows x 2 ymm, the
-    block's 16 rows as 6 + 6 + 4 (a loop partition, no 4 x 4 tiles of 8 accumulators)."""
+    block's 16 rows as 6 + 6 + 4 (the last tile predicated and unswitched by LLVM into a loop of
+    its own; no 4 x 4 tiles of 8 accumulators)."""
     kernel = build(_dw(2, 64, 14, 14, 64, 3, 1, 1, name=f"acc_dw_{isa}"), target=TARGETS[isa])
     loops = hot_loops(kernel.source)
     steps = {16} if isa == "avx512" else {12, 8}  # FMAs per reduction step of a tile
@@ -159,6 +160,18 @@ def test_each_runnable_plan_is_exact(isa):
         kernel = build(make(*args, name=f"exact_{isa}"), target=isa_target(isa))
         assert kernel.isa.name == isa
         assert check_kernel(kernel).ok
+
+
+@pytest.mark.parametrize("isa", RUNNABLE_ISAS)
+def test_dw_reduction_in_chunks_is_exact(isa):
+    """dW whose reduction runs in several chunks around the register tiles (2 images x 48 rows of
+    72 in bands of 16 rows): the accumulators are zeroed once, before the first chunk, on every
+    plan (on AVX2 the 6 + 6 + 4 row tiles once zeroed them per chunk, keeping the last band only)."""
+    from tvm_convgrad.schedule.cpu import _chunk
+
+    assert _chunk(2, 48, 72) == (1, 16)  # 6 chunks
+    kernel = build(_dw(2, 25, 48, 72, 25, 3, 1, 1, name=f"chunks_dw_{isa}"), target=isa_target(isa))
+    assert check_kernel(kernel).ok, str(check_kernel(kernel))
 
 
 @pytest.mark.parametrize("isa", list(TARGETS))

@@ -34,7 +34,10 @@ from .errors import ConvGradError
 from .params import ConvGradParams
 from .schedule.isa import IsaPlan, isa_plan
 
-__all__ = ["ArgSpec", "ISA_MCPU", "Kernel", "KeepIndexWidth", "Timing", "build", "isa_target", "lower", "pass_context", "resolve_target"]
+__all__ = [
+    "ArgSpec", "ISA_MCPU", "Kernel", "KeepIndexWidth", "Timing", "build", "isa_target", "lower", "numpy_dtype", "pass_context",
+    "resolve_target",
+]  # fmt: skip
 
 _INT32_LIMIT = 2**31
 
@@ -227,8 +230,17 @@ class Timing:
         return f"{self.median * 1e3:.3f} ms (median of {len(self.results)}), {self.gflops:.1f} GFLOP/s"
 
 
+def numpy_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype of a TVM dtype string (``bfloat16``: ``ml_dtypes.bfloat16``)."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
 def _random_array(spec: ArgSpec, rng: np.random.Generator) -> np.ndarray:
-    return rng.uniform(-1.0, 1.0, spec.shape).astype(spec.dtype)
+    return rng.uniform(-1.0, 1.0, spec.shape).astype(numpy_dtype(spec.dtype))
 
 
 class Kernel:

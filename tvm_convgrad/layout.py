@@ -14,7 +14,8 @@ Layouts (``C0 = 16``, channels padded with zeros to a multiple of 16):
   slot ``j = G % multiple``, and its channels to ``j*Cin_g + ci`` / ``j*Cout_g + co`` inside it.
   Shape ``(g_extend*cin1_g*KH*KW, cout1_g, 16, 16)``; entries between different slots are zero.
 * dW result of ``conv2d_backprop_filter``: ``(g_extend, cin1_g*KH*KW, 16*cout1_g, 16)``, the same
-  memory order as FracZ_g.
+  memory order as FracZ_g. A 3-D convolution's (FracZ_3D with groups) has ``KD*cin1_g*KH*KW`` rows,
+  depth tap outermost: row ``((kd*cin1_g + c1)*KH + kh)*KW + kw``.
 * dX result of ``conv2d_backprop_input``: ``(N, ceil(Cin,16), H*W, 16)``, the memory of 5HD.
 """
 
@@ -34,6 +35,8 @@ __all__ = [
     "group_extension",
     "fracz_row",
     "split_fracz_row",
+    "fracz_g_slot",
+    "dw_result_index",
     "shape_5hd",
     "shape_fracz",
     "shape_dw_result",
@@ -131,6 +134,24 @@ def split_fracz_row(row, kernel_h: int, kernel_w: int):
     return row // (kernel_h * kernel_w), row // kernel_w % kernel_h, row % kernel_w
 
 
+def fracz_g_slot(co, ci, ext: GroupExtension):
+    """Where weight ``(co, ci)`` (output channel, input channel inside its group) lives in an
+    extended group: ``(e, c1, col, ci0)`` = extended group, C1 block of its rows, column (Cout
+    inside the extended group), lane. Works on ints, numpy arrays and TE expressions."""
+    g = co // ext.cout_g
+    e, j = g // ext.multiple, g % ext.multiple
+    dst_cin = j * ext.cin_g + ci
+    return e, dst_cin // C0, j * ext.cout_g + co % ext.cout_g, dst_cin % C0
+
+
+def dw_result_index(co, ci, kd, kh, kw, ext: GroupExtension, kernel: Sequence[int]):
+    """Index in the dW result ``(g_extend, KD*cin1_g*KH*KW, cout_g, 16)`` of the OI(D)HW weight
+    ``(co, ci, kd, kh, kw)``; ``kernel = (KD, KH, KW)`` (``KD = 1``, ``kd = 0`` in 2-D)."""
+    _, kernel_h, kernel_w = kernel
+    e, c1, col, ci0 = fracz_g_slot(co, ci, ext)
+    return e, fracz_row(kd * ext.cin1_g + c1, kh, kw, kernel_h, kernel_w), col, ci0
+
+
 # ---------------------------------------------------------------------------------------------
 # Shapes
 # ---------------------------------------------------------------------------------------------
@@ -148,11 +169,12 @@ def shape_fracz(filter_sizes: Sequence[int], groups: int = 1) -> tuple[int, int,
     return (ext.g_extend * ext.cin1_g * kh * kw, ext.cout1_g, C0, C0)
 
 
-def shape_dw_result(filter_sizes: Sequence[int], groups: int = 1) -> tuple[int, int, int, int]:
-    """Shape of ``conv2d_backprop_filter``'s result: ``(real_g, cin1_g*KH*KW, cout_g, 16)``."""
+def shape_dw_result(filter_sizes: Sequence[int], groups: int = 1, kernel_d: int = 1) -> tuple[int, int, int, int]:
+    """Shape of ``conv2d_backprop_filter``'s result: ``(real_g, cin1_g*KH*KW, cout_g, 16)``
+    (``KD*cin1_g*KH*KW`` rows for a 3-D convolution of kernel depth ``kernel_d``)."""
     cout, cin_g, kh, kw = filter_sizes
     ext = group_extension(cin_g, cout // groups, groups)
-    return (ext.g_extend, ext.cin1_g * kh * kw, ext.cout_g_padded, C0)
+    return (ext.g_extend, kernel_d * ext.cin1_g * kh * kw, ext.cout_g_padded, C0)
 
 
 def shape_dx_result(input_sizes: Sequence[int]) -> tuple[int, int, int, int]:
@@ -188,14 +210,9 @@ def _fracz_positions(cout: int, cin_g: int, groups: int):
     ``co0 = dst_cout%16``, ``ci0 = dst_cin%16``.
     """
     ext = group_extension(cin_g, cout // groups, groups)
-    co = np.arange(cout)[:, None]
-    ci = np.arange(cin_g)[None, :]
-    g = co // ext.cout_g
-    e, j = g // ext.multiple, g % ext.multiple
-    dst_cin = j * cin_g + ci
-    dst_cout = j * ext.cout_g + co % ext.cout_g
-    block = e * ext.cin1_g + dst_cin // C0
-    return ext, block, np.broadcast_to(dst_cout // C0, block.shape), np.broadcast_to(dst_cout % C0, block.shape), dst_cin % C0
+    e, c1, col, ci0 = fracz_g_slot(np.arange(cout)[:, None], np.arange(cin_g)[None, :], ext)
+    block = e * ext.cin1_g + c1
+    return ext, block, np.broadcast_to(col // C0, block.shape), np.broadcast_to(col % C0, block.shape), ci0
 
 
 def oihw_to_fracz(w: np.ndarray, groups: int = 1) -> np.ndarray:

@@ -23,7 +23,7 @@ from .params import FILTER_OP, ConvGradParams
 
 __all__ = ["Inputs", "Check", "random_inputs", "kernel_arrays", "expected_result", "error_bound", "check_kernel"]
 
-_EPS = {"float32": 2.0**-23, "float16": 2.0**-10}
+_EPS = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
 
 @dataclass(frozen=True)
@@ -74,13 +74,15 @@ def expected_result(params: ConvGradParams, inputs: Inputs) -> np.ndarray:
 def reduction_length(params: ConvGradParams) -> int:
     g = params.geom
     if params.op == FILTER_OP:
-        return g.batch * g.ho * g.wo
+        return g.batch * g.ho * g.wo * (g.depth.out if g.depth else 1)
     return g.group.cout1_g * 16 * g.kh * g.kw + 1
 
 
-def error_bound(params: ConvGradParams, expected: np.ndarray) -> np.ndarray:
-    """Elementwise allowed ``|result - expected|``: fp32 accumulation plus rounding to ``res_dtype``."""
-    return 4 * reduction_length(params) * 2.0**-24 + _EPS[params.res_dtype] * np.abs(expected)
+def error_bound(params: ConvGradParams, expected: np.ndarray, res_dtype: str | None = None) -> np.ndarray:
+    """Elementwise allowed ``|result - expected|``: fp32 accumulation (and fp32 products of
+    float32 inputs) plus rounding to ``res_dtype`` (default: the compute's; a framework
+    operator's result is in its type T)."""
+    return 4 * reduction_length(params) * 2.0**-24 + _EPS[res_dtype or params.res_dtype] * np.abs(expected)
 
 
 @dataclass(frozen=True)

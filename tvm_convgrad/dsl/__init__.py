@@ -21,10 +21,10 @@ from ..params import ConvGradParams, filter_grad_params, input_grad_params
 from . import compute
 from .compute import conv2d_backprop_filter_compute, conv2d_backprop_input_compute
 
-__all__ = ["conv2d_backprop_filter", "conv2d_backprop_input", "compute", "result_info"]
+__all__ = ["attach", "conv2d_backprop_filter", "conv2d_backprop_input", "compute", "result_info"]
 
 
-def _attach(result: te.Tensor, params: ConvGradParams, inputs: Sequence[te.Tensor]) -> te.Tensor:
+def attach(result: te.Tensor, params: ConvGradParams, inputs: Sequence[te.Tensor]) -> te.Tensor:
     """Remember on the returned tensor what :func:`tvm_convgrad.build` needs (params, arg order)."""
     result.convgrad_params = params
     result.convgrad_inputs = tuple(inputs)
@@ -65,7 +65,7 @@ def conv2d_backprop_filter(
     """
     params = filter_grad_params(input_x, out_backprop, filter_sizes, para_dict)
     result = conv2d_backprop_filter_compute(input_x, out_backprop, params)
-    return _attach(result, params, (input_x, out_backprop))
+    return attach(result, params, (input_x, out_backprop))
 
 
 def conv2d_backprop_input(
@@ -103,4 +103,4 @@ def conv2d_backprop_input(
     params = input_grad_params(filters, out_backprop, filter_sizes, input_sizes, para_dict)
     bias = para_dict.get("tensor_bias")
     result = conv2d_backprop_input_compute(filters, out_backprop, params, bias)
-    return _attach(result, params, (filters, out_backprop) + ((bias,) if bias is not None else ()))
+    return attach(result, params, (filters, out_backprop) + ((bias,) if bias is not None else ()))

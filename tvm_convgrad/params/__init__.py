@@ -9,7 +9,7 @@ schedules, TVM) ever sees an invalid parameter set.
 * :mod:`.tbe_op`: the TBE operators' rules (ori shapes/formats, SAME/VALID pads).
 """
 
-from .geometry import FILTER_OP, INPUT_OP, ConvGeometry, ConvGradParams, out_size
+from .geometry import FILTER_OP, INPUT_OP, ConvGeometry, ConvGradParams, DepthAxis, out_size
 from .tbe_dsl import (
     FILTER_ORI_FORMATS,
     GROUP_DICT_KEYS,
@@ -27,6 +27,7 @@ __all__ = [
     "GROUP_DICT_KEYS",
     "ConvGeometry",
     "ConvGradParams",
+    "DepthAxis",
     "OpArgs",
     "check_group_dict",
     "filter_grad_params",

@@ -7,10 +7,32 @@ from dataclasses import dataclass
 
 from ..layout import C0, GroupExtension, ceil_div, group_extension
 
-__all__ = ["ConvGeometry", "ConvGradParams", "FILTER_OP", "INPUT_OP", "out_size"]
+__all__ = ["ConvGeometry", "ConvGradParams", "DepthAxis", "FILTER_OP", "INPUT_OP", "out_size"]
 
 FILTER_OP = "conv2d_backprop_filter"
 INPUT_OP = "conv2d_backprop_input"
+
+
+@dataclass(frozen=True)
+class DepthAxis:
+    """The depth axis of a 3-D convolution (TBE's conv3d gradients: NDC1HWC0 / FracZ_3D).
+
+    x holds ``size`` planes, y ``out``; output plane ``o`` and tap ``k`` read x plane
+    ``o*stride - pad_before + k*dilation`` (0 outside ``[0, size)``).
+    """
+
+    size: int
+    kernel: int
+    out: int
+    stride: int
+    pad_before: int
+    pad_after: int
+    dilation: int
+
+    @property
+    def padded(self) -> int:
+        """Planes of zero-padded x the reduction reads: ``(out-1)*stride + (kernel-1)*dilation + 1``."""
+        return (self.out - 1) * self.stride + (self.kernel - 1) * self.dilation + 1
 
 
 @dataclass(frozen=True)
@@ -19,6 +41,7 @@ class ConvGeometry:
 
     ``x: (batch, cin, h, w)``, ``w: (cout, cin // groups, kh, kw)``, ``y: (batch, cout, ho, wo)``.
     ``pads`` is ``(top, bottom, left, right)``, ``strides`` and ``dilations`` are ``(h, w)``.
+    A 3-D convolution (NCDHW, weights ``(cout, cin // groups, kd, kh, kw)``) adds ``depth``.
     """
 
     batch: int
@@ -34,6 +57,12 @@ class ConvGeometry:
     pads: tuple[int, int, int, int]
     dilations: tuple[int, int]
     groups: int
+    depth: DepthAxis | None = None
+
+    @property
+    def kd(self) -> int:
+        """Kernel depth (1 for a 2-D convolution)."""
+        return self.depth.kernel if self.depth else 1
 
     @property
     def cin_g(self) -> int:
@@ -79,8 +108,9 @@ class ConvGeometry:
 
     @property
     def flops(self) -> int:
-        """Multiply-adds x 2 of one gradient: ``2*N*Cout*(Cin/groups)*KH*KW*Ho*Wo``."""
-        return 2 * self.batch * self.cout * self.cin_g * self.kh * self.kw * self.ho * self.wo
+        """Multiply-adds x 2 of one gradient: ``2*N*Cout*(Cin/groups)*KH*KW*Ho*Wo`` (x ``KD*Do`` in 3-D)."""
+        planes = self.depth.kernel * self.depth.out if self.depth else 1
+        return 2 * self.batch * self.cout * self.cin_g * self.kh * self.kw * self.ho * self.wo * planes
 
 
 def out_size(size: int, kernel: int, stride: int, pad_before: int, pad_after: int, dilation: int) -> int:

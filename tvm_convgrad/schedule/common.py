@@ -6,8 +6,9 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from .. import usable_cores
+from ..dsl.compute.common import LAYOUT_ADAPTER
 
-__all__ = ["PACK_STAGES", "stage_blocks", "split_loop_kinds", "target_cores"]
+__all__ = ["PACK_STAGES", "inline_layout_stages", "stage_blocks", "split_loop_kinds", "target_cores"]
 
 PACK_STAGES = ("grads_2_matrix", "fmap_l1", "dy_pad", "w_col", "dy_rows", "w_t", "grads_dw", "fmap_dw", "dy_dw", "w_dw")
 """The stages that cast (and pad) the inputs to fp32: elementwise, read by the mads."""
@@ -16,6 +17,19 @@ PACK_STAGES = ("grads_2_matrix", "fmap_l1", "dy_pad", "w_col", "dy_rows", "w_t",
 def stage_blocks(sch: s_tir.Schedule) -> list[s_tir.schedule.SBlockRV]:
     """The blocks directly under the root block, in program order."""
     return list(sch.get_child_blocks(sch.get_sblock("root")))
+
+
+def inline_layout_stages(sch: s_tir.Schedule):
+    """Fold a frontend's layout stages into the compute: an input's (framework layout -> 5HD) into
+    the packing stage that reads it, and the result stage in front of the output's (TBE result ->
+    framework weight layout) into that output, so that each tensor is still read once."""
+    for block in stage_blocks(sch):
+        side = sch.get(block).annotations.get(LAYOUT_ADAPTER)
+        if side == "in":
+            sch.compute_inline(block)
+        elif side == "out":
+            for producer in sch.get_producers(block):
+                sch.compute_inline(producer)
 
 
 def split_loop_kinds(sch: s_tir.Schedule, block) -> tuple[list, list]:

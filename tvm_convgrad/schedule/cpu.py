@@ -42,7 +42,7 @@ from tvm.s_tir.dlight import ScheduleRule
 from tvm.target import Target
 
 from ..dsl.compute.common import CONVERT_IN_PLACE
-from .common import stage_blocks, target_cores
+from .common import inline_layout_stages, stage_blocks, target_cores
 from .isa import C0, IsaPlan, isa_plan
 
 __all__ = ["CpuRule", "depthwise_dw_tile", "depthwise_dx_tile", "dx_tile"]
@@ -213,37 +213,29 @@ class _Cube:
         n_o, n_i = sch.split(n, [None, images])
         ho_o, ho_i = sch.split(ho, [None, bands])
         chunk, steps = [n_o, ho_o], [n_i, ho_i, wo]
+        # Cout rows per tile: all 16 where the registers hold them (AVX-512); else the most that
+        # fit, the last tile predicated (AVX2: 6 + 6 + 4 rows, not 4 x 4). LLVM unswitches the
+        # predicate, so each tile's hot loop has only its own rows' FMAs; a loop_partition would
+        # do the same but put each tile in a scope that cannot zero its accumulators before
+        # chunks outside it.
         most = self.plan.rows(C0)
-        split_edge = C0 % most != 0 and not self.tunable  # e.g. AVX2: 6 + 6 + 4 rows, not 4 x 4
-        if split_edge:
-            rows_o = co0  # partitioned below, once the loops are in place
-        else:
-            rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0), most)
-        inner = [] if split_edge else [co0]
+        rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0) if self.tunable else most, most)
         chunk_first = cores_own_out or blocks_in % cores == 0
         if cores_own_out:
             sch.reorder(g, co1, c1)
             core, owned = sch.split(sch.fuse(g, co1), [cores, None])
-            sch.reorder(core, *chunk, owned, c1, tap_h, tap_w, rows_o, *steps, *inner, c0)
+            sch.reorder(core, *chunk, owned, c1, tap_h, tap_w, rows_o, *steps, co0, c0)
         elif blocks_in % cores == 0:
             core, owned = sch.split(c1, [cores, None])
-            sch.reorder(core, *chunk, g, co1, owned, tap_h, tap_w, rows_o, *steps, *inner, c0)
+            sch.reorder(core, *chunk, g, co1, owned, tap_h, tap_w, rows_o, *steps, co0, c0)
         else:  # no even split: every tile a task, its whole reduction inside
-            sch.reorder(g, co1, c1, tap_h, tap_w, rows_o, *chunk, *steps, *inner, c0)
+            sch.reorder(g, co1, c1, tap_h, tap_w, rows_o, *chunk, *steps, co0, c0)
             core = sch.fuse(g, co1, c1)
         sch.parallel(core)
         chunk_bytes = images * bands * cols * owned_out * C0 * 4  # the fp32 dy one chunk of a core reads
         if PACK_PER_CHUNK and chunk_first and chunk_bytes <= PACK_IN_CACHE:
             self._pack_per_chunk("grads_2_matrix", chunk[-1])
-        if not split_edge:
-            self._tile_body(block, n_o)
-            return
-        # The Cout rows in tiles of `most` and one smaller tile: two copies of the mad.
-        for copy, tiles, rows, outside, below in _whole_tiles_and_edge(sch, rows_o, C0, most):
-            *reduce, lanes = below
-            sch.reorder(*tiles, *reduce, rows, lanes)
-            chunk_outside = any(sch.get(lp).same_as(sch.get(n_o)) for lp in outside)
-            self._tile_body(copy, n_o if chunk_outside else reduce[0])
+        self._tile_body(block, n_o)
 
     def _pack_per_chunk(self, stage: str, loop):
         """Pack what one chunk of the reduction reads, inside the chunk loop: the fp32 copy is
@@ -314,7 +306,7 @@ class _Cube:
         # The columns in tiles of TW and one narrower tile at the end: two copies of the mad.
         sch.reorder(c1_o, n, j_o, i, c1_i, lane_groups, *reduction, j_i, c0)
         sch.parallel(sch.fuse(c1_o, n, j_o))
-        for copy, tiles, i_i, _, below in _whole_tiles_and_edge(sch, i, cols, tw):
+        for copy, tiles, i_i, below in _whole_tiles_and_edge(sch, i, cols, tw):
             c1_i, lane_groups, co1, mh, mw, co0, j_i, c0 = below
             sch.reorder(*tiles, c1_i, lane_groups, co1, mh, mw, co0, j_i, i_i, c0)
             self._register_tile(copy, [j_i, i_i], c0, co1)
@@ -450,7 +442,8 @@ def _whole_tiles_and_edge(sch: s_tir.Schedule, loop, extent: int, tile: int):
     """Partition ``loop`` (``extent`` iterations) into whole tiles of ``tile`` and one edge of
     ``extent % tile`` (``loop_partition``: a copy of the block under each part, so no iteration
     needs a predicate). Yields per copy ``(block, [the tile loop] or [] on the edge, the loop
-    inside a tile, the loops outside the partition, the loops below it)``."""
+    inside a tile, the loops below it)``. Each copy is a scope block of its own, out of reach of
+    the loops outside the partition: the whole reduction must be below ``loop``."""
     whole, edge = sch.loop_partition(loop, [extent - extent % tile, None])
     for part in (whole, edge):
         (copy,) = sch.get_child_blocks(part)
@@ -458,9 +451,9 @@ def _whole_tiles_and_edge(sch: s_tir.Schedule, loop, extent: int, tile: int):
         at = [sch.get(lp).same_as(sch.get(part)) for lp in loops].index(True)
         if part is whole:
             tiles, inner = sch.split(part, [None, tile])
-            yield copy, [tiles], inner, loops[:at], loops[at + 1 :]
+            yield copy, [tiles], inner, loops[at + 1 :]
         else:  # the edge: one tile
-            yield copy, [], part, loops[:at], loops[at + 1 :]
+            yield copy, [], part, loops[at + 1 :]
 
 
 def _sum_parts(sch: s_tir.Schedule, block):
@@ -507,6 +500,7 @@ class CpuRule(ScheduleRule):
         sch = s_tir.Schedule(func, error_render_level="none")
         plan = isa_plan(target)
         cube = _Cube(sch, target_cores(target), tunable, plan)
+        inline_layout_stages(sch)
         if plan.converts_fp16:  # the mads read those inputs in place, converting as they load
             for block in stage_blocks(sch):
                 if CONVERT_IN_PLACE in sch.get(block).annotations:

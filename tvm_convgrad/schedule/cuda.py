@@ -11,7 +11,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight import ScheduleRule
 from tvm.target import Target
 
-from .common import PACK_STAGES, split_loop_kinds, stage_blocks
+from .common import PACK_STAGES, inline_layout_stages, split_loop_kinds, stage_blocks
 
 __all__ = ["CudaRule"]
 
@@ -28,6 +28,7 @@ class CudaRule(ScheduleRule):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         sch = s_tir.Schedule(func, error_render_level="none")
+        inline_layout_stages(sch)
         for block in stage_blocks(sch):
             if sch.get(block).name_hint in PACK_STAGES:
                 sch.compute_inline(block)

@@ -40,6 +40,13 @@ Cin = 3): Cout on the lanes, so that no lane multiplies a padding channel.
 
 **Depthwise** (``Cin/groups == 1``): channels on the lanes, see :mod:`.depthwise`.
 
+**3-D** (``geom.depth``; x and dy NDC1HWC0 ``(N, D, C1, H, W, 16)``, TBE's conv3d layout): the cube
+with the depth axis folded into the batch. ``grads_2_matrix`` is ``(N*Do, ..)`` (image ``n``,
+plane ``do`` at ``n*Do + do``), ``fmap_l1`` ``(N*Dp, ..)`` over the zero-padded depth ``Dp``, the
+mad sums over ``(n*Do + do, ho, wo)`` and reads fmap plane ``n*Dp + do*sd + kd*dd``; the result
+has ``KD*cin1_g*KH*KW`` rows (FracZ_3D, depth tap outermost). Everything the 2-D schedules do
+with the batch they do with ``N*Do`` (see :class:`_DepthFold`).
+
 A stage marked ``convert_in_place`` only converts fp16 to fp32: a schedule for a target that
 converts as it loads (F16C, NEON) inlines it, so the mad reads the fp16 input in place.
 """
@@ -52,8 +59,8 @@ from tvm import te, tirx
 
 from ... import layout
 from ...layout import C0
-from ...params import ConvGradParams
-from .common import ACC, CONVERT_IN_PLACE, guarded, inside
+from ...params import ConvGeometry, ConvGradParams
+from .common import ACC, guarded, in_place, inside
 from .depthwise import depthwise, depthwise_filter_grad
 
 __all__ = ["conv2d_backprop_filter_compute", "transposed_filter_grad"]
@@ -62,9 +69,50 @@ TRANSPOSED_MAX_CIN = 8  # at most half the lanes of a channel block would be rea
 
 
 def transposed_filter_grad(params: ConvGradParams) -> bool:
-    """Whether dW puts Cout on the lanes: one extended group holding at most 8 input channels."""
+    """Whether dW puts Cout on the lanes: one extended group holding at most 8 input channels (2-D)."""
     ext = params.geom.group
-    return ext.g_extend == 1 and params.geom.cin <= TRANSPOSED_MAX_CIN
+    return ext.g_extend == 1 and params.geom.cin <= TRANSPOSED_MAX_CIN and params.geom.depth is None
+
+
+@dataclass(frozen=True)
+class _DepthFold:
+    """The batch axis of the dW reduction, with a 3-D convolution's depth folded into it.
+
+    2-D: ``N`` images. 3-D: dy's ``(n, do)`` as ``n*Do + do`` and the zero-padded x's ``(n, dp)``
+    as ``n*Dp + dp`` (``Dp`` planes, x plane ``dp - pad_before``), so that output plane ``do``
+    and depth tap ``kd`` read packed plane ``n*Dp + do*sd + kd*dd``."""
+
+    geom: ConvGeometry
+
+    @property
+    def dy_extent(self) -> int:
+        d = self.geom.depth
+        return self.geom.batch * (d.out if d else 1)
+
+    @property
+    def fmap_extent(self) -> int:
+        d = self.geom.depth
+        return self.geom.batch * (d.padded if d else 1)
+
+    def dy_read(self, nd) -> tuple:
+        """dy's leading indices ``(n,)`` / ``(n, do)`` of reduction position ``nd``."""
+        d = self.geom.depth
+        return (nd // d.out, nd % d.out) if d else (nd,)
+
+    def fmap_read(self, npad) -> tuple[tuple, list]:
+        """x's leading indices of packed plane ``npad`` and the conditions that it is not padding."""
+        d = self.geom.depth
+        if d is None:
+            return (npad,), []
+        dp = npad % d.padded
+        return (npad // d.padded, dp - d.pad_before), inside((dp,), (d.pad_before,), (d.size,), (d.padded,))
+
+    def fmap_plane(self, nd, kd):
+        """Packed x plane read by reduction position ``nd`` at depth tap ``kd``."""
+        d = self.geom.depth
+        if d is None:
+            return nd
+        return nd // d.out * d.padded + nd % d.out * d.stride + kd * d.dilation
 
 
 @dataclass(frozen=True)
@@ -111,7 +159,7 @@ class _StridePhases:
 def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams) -> te.Tensor:
     """dW of TBE's shape ``(real_g, cin1_g*KH*KW, cout_g, 16)`` from 5HD ``fmap`` and ``dy``."""
     g = params.geom
-    shape = layout.shape_dw_result(g.filter_sizes, g.groups)
+    shape = layout.shape_dw_result(g.filter_sizes, g.groups, g.kd)
     if depthwise(params):
         _, value = depthwise_filter_grad(fmap, dy, params)
     elif transposed_filter_grad(params):
@@ -133,40 +181,43 @@ def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvG
 def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape) -> te.Tensor:
     g = params.geom
     ext = g.group
+    fold = _DepthFold(g)
     c1_grads = ext.g_extend * ext.cout1_g
 
-    def grads_value(n, c1, ho, wo, c0):
+    def grads_value(nd, c1, ho, wo, c0):
         conds = [c1 < g.c1_y] if c1_grads > g.c1_y else []
-        return guarded(conds, dy[n, c1, ho, wo, c0].astype(ACC))
+        return guarded(conds, dy[(*fold.dy_read(nd), c1, ho, wo, c0)].astype(ACC))
 
-    grads = te.compute((g.batch, c1_grads, g.ho, g.wo, C0), grads_value, name="grads_2_matrix", tag="grads_2_matrix")
+    grads = te.compute((fold.dy_extent, c1_grads, g.ho, g.wo, C0), grads_value, name="grads_2_matrix", tag="grads_2_matrix")
     (sh, sw), (dil_h, dil_w) = g.strides, g.dilations
     rows = _StridePhases(g.ho, g.kh, sh, dil_h)
     cols = _StridePhases(g.wo, g.kw, sw, dil_w)
     c1_fmap = ext.g_extend * ext.cin1_g
 
-    def fmap_value(n, c1, rh, rw, hq, wq, c0):
+    def fmap_value(npad, c1, rh, rw, hq, wq, c0):
         i, j = rows.padded_index(rh, hq), cols.padded_index(rw, wq)  # in the zero-padded x
-        conds = [c1 < g.c1_x] if c1_fmap > g.c1_x else []
+        lead, conds = fold.fmap_read(npad)
+        conds += [c1 < g.c1_x] if c1_fmap > g.c1_x else []
         conds += inside((i, j), g.pads[::2], (g.h, g.w), (rows.packed_extent, cols.packed_extent))
-        return guarded(conds, fmap[n, c1, i - g.pads[0], j - g.pads[2], c0].astype(ACC))
+        return guarded(conds, fmap[(*lead, c1, i - g.pads[0], j - g.pads[2], c0)].astype(ACC))
 
     # With no padding and one phase, fmap_l1 is a plain fp32 copy of (a stride-subsample of) x: a
     # target that converts fp16 as it loads reads x in place instead (the schedule inlines it).
-    direct = rows.phases == cols.phases == 1 and not any(g.pads) and c1_fmap == g.c1_x
-    packed = (g.batch, c1_fmap, rows.phases, cols.phases, rows.per_phase, cols.per_phase, C0)
-    fmap_l1 = te.compute(packed, fmap_value, name="fmap_l1", tag="fmap_l1", attrs={CONVERT_IN_PLACE: 1} if direct else None)
+    direct = rows.phases == cols.phases == 1 and not any(g.pads) and c1_fmap == g.c1_x and g.depth is None
+    packed = (fold.fmap_extent, c1_fmap, rows.phases, cols.phases, rows.per_phase, cols.per_phase, C0)
+    fmap_l1 = te.compute(packed, fmap_value, name="fmap_l1", tag="fmap_l1", attrs=in_place(fmap, direct))
 
-    n = te.reduce_axis((0, g.batch), name="n")
+    n = te.reduce_axis((0, fold.dy_extent), name="n")
     ho = te.reduce_axis((0, g.ho), name="ho")
     wo = te.reduce_axis((0, g.wo), name="wo")
 
     def mad(grp, fkk, co, c0):
         c1, kh, kw = layout.split_fracz_row(fkk, g.kh, g.kw)
+        kd, c1 = (c1 // ext.cin1_g, c1 % ext.cin1_g) if g.depth else (0, c1)
         (rh, qh), (rw, qw) = rows.of_tap(kh), cols.of_tap(kw)
         return te.sum(
             grads[n, grp * ext.cout1_g + co // C0, ho, wo, co % C0]
-            * fmap_l1[n, grp * ext.cin1_g + c1, rh, rw, ho + qh, wo + qw, c0],
+            * fmap_l1[fold.fmap_plane(n, kd), grp * ext.cin1_g + c1, rh, rw, ho + qh, wo + qw, c0],
             axis=[n, ho, wo],
         )
 
@@ -189,7 +240,7 @@ def _transposed_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams) -> t
         lambda n, c1, ho, wo, c0: guarded([c1 * C0 + c0 < g.cout] if cout > g.cout else [], dy[n, c1, ho, wo, c0].astype(ACC)),
         name="grads_2_matrix",
         tag="grads_2_matrix",
-        attrs={CONVERT_IN_PLACE: 1},
+        attrs=in_place(dy),
     )
     n = te.reduce_axis((0, g.batch), name="n")
     ho = te.reduce_axis((0, g.ho), name="ho")

@@ -12,6 +12,19 @@ CONVERT_IN_PLACE = "convert_in_place"
 load could not do), so a schedule may inline it where the target converts fp16 as it loads."""
 
 
+LAYOUT_ADAPTER = "layout_adapter"
+"""Stage attribute of a frontend's layout stage: ``"in"`` (a framework-layout input seen as 5HD,
+inlined into the compute's packing stage) or ``"out"`` (the compute's result written in the
+framework's weight layout; the result stage before it is inlined into it)."""
+
+
+def in_place(source: te.Tensor, when: bool = True) -> dict | None:
+    """The attributes of a stage that only converts ``source``: ``CONVERT_IN_PLACE`` when
+    ``when`` holds and ``source`` is an argument (behind a frontend's layout stage the pack stays,
+    so that the mad never reads a framework layout)."""
+    return {CONVERT_IN_PLACE: 1} if when and isinstance(source.op, te.PlaceholderOp) else None
+
+
 def guarded(conds: list, value):
     """``value`` where all ``conds`` hold, else 0; no select at all when nothing needs a guard."""
     return te.if_then_else(tirx.all(*conds), value, tirx.const(0, str(value.ty))) if conds else value

@@ -44,15 +44,15 @@ from tvm import te, tirx
 from ... import layout
 from ...layout import C0
 from ...params import ConvGradParams
-from .common import ACC, CONVERT_IN_PLACE, guarded, inside
+from .common import ACC, guarded, in_place, inside
 from .phases import AxisPhase, DyWindow, phase_stage_name
 
 __all__ = ["depthwise", "depthwise_filter_grad", "depthwise_input_phases"]
 
 
 def depthwise(params: ConvGradParams) -> bool:
-    """Whether the gradient takes the depthwise path: one input channel per group, several groups."""
-    return params.geom.cin_g == 1 and params.geom.groups > 1
+    """Whether the gradient takes the depthwise path: one input channel per group, several groups (2-D)."""
+    return params.geom.cin_g == 1 and params.geom.groups > 1 and params.geom.depth is None
 
 
 def _by_multiplier(dy: te.Tensor, params: ConvGradParams, shape, index, name: str, attrs=None) -> te.Tensor:
@@ -81,7 +81,7 @@ def depthwise_filter_grad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams
     (sh, sw), (dil_h, dil_w), (pt, _, pl, _) = g.strides, g.dilations, g.pads
     grads = _by_multiplier(
         dy, params, (g.batch, m, g.c1_x, g.ho, g.wo, C0), lambda y, x: ([], (y, x)), "grads_dw",
-        {CONVERT_IN_PLACE: 1} if m == 1 else None,
+        in_place(dy, m == 1),
     )  # fmt: skip
     reach = ((g.ho - 1) * sh + g.kh_dilated, (g.wo - 1) * sw + g.kw_dilated)
 
@@ -89,8 +89,8 @@ def depthwise_filter_grad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams
         conds = inside((i, j), (pt, pl), (g.h, g.w), reach)
         return guarded(conds, fmap[n, c1, i - pt, j - pl, c0].astype(ACC))
 
-    in_place = {CONVERT_IN_PLACE: 1} if not any(g.pads) and reach[0] <= g.h and reach[1] <= g.w else None
-    fmap_dw = te.compute((g.batch, g.c1_x, *reach, C0), fmap_value, name="fmap_dw", tag="fmap_dw", attrs=in_place)
+    direct = not any(g.pads) and reach[0] <= g.h and reach[1] <= g.w
+    fmap_dw = te.compute((g.batch, g.c1_x, *reach, C0), fmap_value, name="fmap_dw", tag="fmap_dw", attrs=in_place(fmap, direct))
     n = te.reduce_axis((0, g.batch), name="n")
     ho = te.reduce_axis((0, g.ho), name="ho")
     wo = te.reduce_axis((0, g.wo), name="wo")
