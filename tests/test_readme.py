@@ -32,3 +32,10 @@ def test_readme_usage_snippet_runs(tmp_path, monkeypatch, capsys):
     error = float(capsys.readouterr().out.splitlines()[0])
     assert error < 1e-4
     assert (tmp_path / "my_dw.so").exists()
+
+
+def test_readme_framework_snippet_runs(capsys):
+    snippet = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)[1]
+    assert "onednn.convolution_backward_weights" in snippet
+    exec(compile(snippet, "README.md", "exec"), {})
+    assert capsys.readouterr().out.split() == ["25088.0", "24200.0"]

@@ -1,8 +1,10 @@
 """tvm_convgrad: the convolution gradients of Huawei's TBE DSL on Apache TVM.
 
 ``dsl.conv2d_backprop_filter`` / ``dsl.conv2d_backprop_input`` take ``te.placeholder`` tensors in
-the Ascend layouts (5HD, FracZ) with TBE's exact signatures; :func:`build` compiles the result
-for LLVM or CUDA with the package's cube schedules. See the README for a tour.
+the Ascend layouts (5HD, FracZ) with TBE's exact signatures; ``frontends.onednn`` and
+``frontends.dsp`` give the framework operators (oneDNN Graph, the DSP library) on the same
+compute; :func:`build` compiles any of them for LLVM or CUDA with the package's cube schedules.
+See the README for a tour.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ def usable_cores() -> int:
 if "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
     os.environ["TVM_NUM_THREADS"] = str(usable_cores())
 
-from . import dsl, layout, reference, tvm  # noqa: E402
+from . import dsl, frontends, layout, reference, tvm  # noqa: E402
 from .build import ArgSpec, Kernel, Timing, build, isa_target, lower, pass_context, resolve_target  # noqa: E402
 from .errors import ConvGradError  # noqa: E402
 from .params import ConvGeometry, ConvGradParams  # noqa: E402
@@ -37,6 +39,7 @@ __all__ = [
     "Timing",
     "build",
     "dsl",
+    "frontends",
     "isa_target",
     "layout",
     "lower",

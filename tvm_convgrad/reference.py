@@ -18,7 +18,17 @@ import numpy as np
 
 from . import layout
 
-__all__ = ["conv2d_backprop_filter", "conv2d_backprop_input", "conv2d_backprop_filter_tbe"]
+__all__ = [
+    "auto_pad",
+    "conv2d_backprop_filter",
+    "conv2d_backprop_filter_tbe",
+    "conv2d_backprop_input",
+    "conv_backprop_filter_nd",
+    "conv_transpose_backward_weights",
+    "deconv_grad_filter",
+    "from_data_format",
+    "to_weights_format",
+]
 
 
 def _tap_window(tap: int, dilation: int, stride: int, out: int) -> slice:
@@ -125,3 +135,90 @@ def own_group_entries(filter_sizes: Sequence[int], groups: int = 1) -> np.ndarra
             c1, ci0 = divmod(dst_cin, layout.C0)
             blocks[e, c1, :, j * ext.cout_g : (j + 1) * ext.cout_g, ci0] = True
     return mask
+
+
+# ---------------------------------------------------------------------------------------------
+# The framework operators (framework_ops/*.md), spatial rank 1-3, NC* / OI* arrays
+# ---------------------------------------------------------------------------------------------
+
+
+def _weight_correlation(a: np.ndarray, b: np.ndarray, kernel, strides, pads_begin, dilations, groups: int) -> np.ndarray:
+    """``out[g*Ag + j, l, k] = sum_n sum_p a[n, g*Ag + j, p] * b[n, g*Bg + l, p*s - pb + k*d]``
+    over the positions ``p`` of ``a``'s spatial grid, ``b`` read as 0 outside its extent: the
+    weight gradient's sum, for any spatial rank (``a``, ``b``: ``(N, C, *S)``)."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    n, ca, *grid = a.shape
+    cb, extent = b.shape[1], b.shape[2:]
+    ends = [max(0, (o - 1) * s + (k - 1) * d + 1 - pb - e) for o, k, s, d, pb, e in zip(grid, kernel, strides, dilations, pads_begin, extent)]
+    bpad = np.pad(b, [(0, 0), (0, 0)] + [(pb, end) for pb, end in zip(pads_begin, ends)])
+    ag = a.reshape(n, groups, ca // groups, -1)
+    out = np.empty((groups, ca // groups, cb // groups, *kernel))
+    for taps in np.ndindex(*kernel):
+        window = bpad[(slice(None), slice(None)) + tuple(_tap_window(k, d, s, o) for k, d, s, o in zip(taps, dilations, strides, grid))]
+        bg = window.reshape(n, groups, cb // groups, -1)
+        out[(Ellipsis, *taps)] = np.einsum("ngjp,nglp->gjl", ag, bg, optimize=True)
+    return out.reshape(ca, cb // groups, *kernel)
+
+
+def conv_backprop_filter_nd(x, dy, kernel, strides, pads_begin, dilations, groups: int = 1) -> np.ndarray:
+    """ConvolutionBackpropFilters (spec §5): ``dW[g*OCg + o, i, k] = sum_n sum_p dy[n, g*OCg + o, p]
+    * x[n, g*ICg + i, p*s - pb + k*d]`` (x = 0 outside), float64 OIX from NCX ``x`` and ``dy``."""
+    return _weight_correlation(dy, x, kernel, strides, pads_begin, dilations, groups)
+
+
+def conv_transpose_backward_weights(src, diff_dst, kernel, strides, pads_begin, dilations, groups: int = 1) -> np.ndarray:
+    """ConvTransposeBackwardWeights (spec §4): ``dW[g*ICg + i, o, k] = sum_n sum_h src[n, g*ICg + i,
+    h] * diff_dst[n, g*OCg + o, h*s - pb + k*d]`` (diff_dst = 0 outside), float64 IOX from NCX."""
+    return _weight_correlation(src, diff_dst, kernel, strides, pads_begin, dilations, groups)
+
+
+def auto_pad(size: int, kernel: int, stride: int, dilation: int, mode: str) -> tuple[int, int]:
+    """``(begin, end)`` pads of oneDNN's auto_pad on an input of ``size`` (spec §4, the ceil form):
+    ``total = max(0, (ceil(size/s) - 1)*s + eff - size)``, the odd pad at the end (same_upper) or
+    the beginning (same_lower); valid: none."""
+    if mode.lower() == "valid":
+        return 0, 0
+    total = max(0, (-(-size // stride) - 1) * stride + (kernel - 1) * dilation + 1 - size)
+    begin = total // 2 if mode.lower() == "same_upper" else -(-total // 2)
+    return begin, total - begin
+
+
+def from_data_format(a: np.ndarray, data_format: str) -> np.ndarray:
+    """NXC -> NCX (NCX unchanged)."""
+    return a if data_format == "NCX" else np.moveaxis(a, -1, 1)
+
+
+def to_weights_format(w: np.ndarray, weights_format: str) -> np.ndarray:
+    """OIX (or the deconvolution's IOX) -> XIO (XOI): the two channel axes last, swapped; OIX /
+    IOX unchanged."""
+    return w if weights_format in ("OIX", "IOX") else np.moveaxis(w, (0, 1), (-1, -2))
+
+
+def deconv_grad_filter(dy: np.ndarray, x: np.ndarray, params, layout: str = "dsp") -> np.ndarray:
+    """DeconvGradFilter (spec §3) from NHWC ``dy`` and ``x`` and the 18 ``params``, as the DSP
+    library states it: per image and group, ``dW_g += A_g(dy) @ X_g`` where ``A_g`` is dy's
+    im2row (row ``(c*kh + kr)*kw + kc``, column ``h*in_w + w``, value ``dy[h*sh - pu + kr*dh,
+    w*sw - pl + kc*dw, g*OCg + c]``, 0 outside) and ``X_g[(h, w), i] = x[h, w, g*m + i]``.
+
+    ``layout="dsp"``: ``[group, OCg*kh*kw, m]``; ``"mindspore"``: MindSpore's ``[OCg*kh*kw, in_c]``
+    (group g at columns ``g*m``)."""
+    (_, in_h, in_w, in_c, batch, out_h, out_w, out_c, kh, kw, sh, sw, pu, pl, dh, dw, group, _) = (int(v) for v in params)
+    dy = np.asarray(dy, dtype=np.float64)
+    x = np.asarray(x, dtype=np.float64)
+    ocg, m = out_c // group, in_c // group
+    rows = np.arange(ocg * kh * kw)
+    c, kr, kc = rows // (kh * kw), rows // kw % kh, rows % kw
+    hh, ww = np.meshgrid(np.arange(in_h), np.arange(in_w), indexing="ij")
+    y = hh.reshape(1, -1) * sh - pu + kr[:, None] * dh  # (rows, in_h*in_w)
+    xcol = ww.reshape(1, -1) * sw - pl + kc[:, None] * dw
+    inside = (y >= 0) & (y < out_h) & (xcol >= 0) & (xcol < out_w)
+    yc, xc = np.clip(y, 0, out_h - 1), np.clip(xcol, 0, out_w - 1)
+    out = np.zeros((group, ocg * kh * kw, m))
+    for b in range(batch):
+        for g in range(group):
+            a = np.where(inside, dy[b, yc, xc, g * ocg + c[:, None]], 0.0)
+            out[g] += a @ x[b].reshape(in_h * in_w, in_c)[:, g * m : (g + 1) * m]
+    if layout == "mindspore":
+        return np.concatenate(list(out), axis=1)
+    return out

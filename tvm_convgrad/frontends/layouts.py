@@ -1,0 +1,77 @@
+"""Layout stages between the framework operators' tensors and the dW compute.
+
+A frontend wraps the compute between two kinds of TE stages, each tagged ``layout_adapter``:
+
+* ``as_5hd``: an NCX / NXC activation (spatial rank 1-3) seen as the compute's 5HD input
+  ``(N, C1, H, W, 16)`` (rank 1: ``H = 1``) or NDC1HWC0 ``(N, D, C1, H, W, 16)`` (rank 3). The
+  schedules inline it into the compute's packing stage, so the framework tensor is read once.
+* ``weight_stage``: the compute's result (TBE's FracZ_g(_3D), float32) written in a framework
+  weight layout and rounded once to the operator's type. Each output element names the weight
+  ``(o, i, k...)`` of the conv view it holds; :func:`tvm_convgrad.layout.dw_result_index` finds it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from tvm import te, tirx
+
+from .. import layout
+from ..dsl.compute.common import LAYOUT_ADAPTER
+from ..layout import C0, ceil_div
+from ..params.framework import ConvView
+
+__all__ = ["as_5hd", "weight_stage"]
+
+
+def as_5hd(tensor: te.Tensor, data_format: str, name: str) -> te.Tensor:
+    """``tensor`` (NCX or NXC, rank 3-5) as 5HD / NDC1HWC0, channels past C read as 0.
+
+    The channel index is clamped before the read, so the stage never reads past the tensor and
+    stays branch-free (a select per element, vectorizable)."""
+    shape = [int(d) for d in tensor.shape]
+    channels = shape[1] if data_format == "NCX" else shape[-1]
+    spatial = shape[2:] if data_format == "NCX" else shape[1:-1]
+    nd = len(spatial)
+    lead = (shape[0], spatial[0]) if nd == 3 else (shape[0],)
+    plane = (1, *spatial) if nd == 1 else tuple(spatial[-2:])
+    padded = channels % C0 != 0
+
+    def value(*index):
+        *head, c1, h, w, c0 = index
+        n, depth = head[0], head[1:]
+        at = (*depth, w) if nd == 1 else (*depth, h, w)
+        c = c1 * C0 + c0
+        read_c = tirx.min(c, channels - 1) if padded else c
+        read = tensor[(n, read_c, *at)] if data_format == "NCX" else tensor[(n, *at, read_c)]
+        return tirx.Select(c < channels, read, tirx.const(0, tensor.dtype)) if padded else read
+
+    return te.compute(
+        (*lead, ceil_div(channels, C0), *plane, C0), value, name=name, tag="layout_in", attrs={LAYOUT_ADAPTER: "in"}
+    )
+
+
+def weight_stage(
+    dw: te.Tensor,
+    view: ConvView,
+    shape: Sequence[int],
+    to_oix: Callable[..., tuple],
+    dtype: str,
+    name: str,
+    attrs: dict,
+) -> te.Tensor:
+    """The weight gradient in a framework layout of ``shape``, in ``dtype``.
+
+    ``to_oix(*index)`` gives ``(o, i, k)`` of the conv view for an output index: ``o`` the
+    output channel, ``i`` the input channel inside its group, ``k`` the taps in spatial order
+    (1-3 of them). ``attrs`` are the result's (``kernel_name``, ``flops``)."""
+    geom = view.geometry()
+    ext = geom.group
+    kernel = (geom.kd, geom.kh, geom.kw)
+
+    def value(*index):
+        o, i, taps = to_oix(*index)
+        kd, kh, kw = (0,) * (3 - len(taps)) + tuple(taps)
+        return dw[layout.dw_result_index(o, i, kd, kh, kw, ext, kernel)].astype(dtype)
+
+    return te.compute(tuple(shape), value, name=name, tag="layout_out", attrs={LAYOUT_ADAPTER: "out", **attrs})

@@ -1,0 +1,164 @@
+"""oneDNN Graph's weight-gradient operators on the package's dW compute.
+
+* :func:`convolution_backprop_filters` (``ConvolutionBackpropFilters-1``) and its later name
+  :func:`convolution_backward_weights` (``ConvolutionBackwardWeights``);
+* :func:`conv_transpose_backward_weights` (``ConvTransposeBackwardWeights``).
+
+Each takes ``te.placeholder`` tensors in the framework layout (``data_format`` NXC ``(N, *X, C)``
+or NCX ``(N, C, *X)``, X = 1-3 spatial axes) and returns the weight-gradient ``te.Tensor`` in
+``filter_format`` / ``weights_format``, ready for :func:`tvm_convgrad.build`; the kernel takes and
+returns numpy arrays in those layouts (``ml_dtypes.bfloat16`` arrays for bf16). Semantics,
+attribute defaults, auto_pad formulas and error rules: ``framework_ops/*.md``.
+
+How: layout stages (:mod:`.layouts`) around the TBE dW compute (:mod:`tvm_convgrad.dsl.compute`):
+x and dy become 5HD (rank 1: H = 1) or NDC1HWC0 (rank 3: the compute's depth axis), the compute's
+FracZ_g result becomes the framework layout. So every operator runs on the cube schedules of
+both CPU ISAs and the CUDA rule. Types: f16 and bf16 inputs widen exactly to fp32, f32 inputs are
+used as they are (the products are fp32 products, not rounded to fp16 first); every sum runs in
+fp32 and the result is rounded once to the operator's type T.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from tvm import te
+
+from ..dsl import attach
+from ..dsl.compute import conv2d_backprop_filter_compute
+from ..params.framework import ConvView, deconv_view, onednn_view
+from .layouts import as_5hd, weight_stage
+
+__all__ = ["conv_transpose_backward_weights", "convolution_backprop_filters", "convolution_backward_weights"]
+
+_CHANNELS_FIRST = ("OIX", "IOX")  # (O, I, *K) / (I, O, *K): the conv view's (o, i, k) in that order
+
+
+def _filter_grad(x: te.Tensor, dy: te.Tensor, view: ConvView, data_format: str, weights_format: str, shape, kernel_name: str, inputs) -> te.Tensor:
+    """The dW compute between layout stages: ``x`` / ``dy`` are the conv view's tensors, the
+    result has ``shape`` in ``weights_format`` (channels first: ``(o, i, *k)``, else ``(*k, i, o)``
+    of the conv view)."""
+    params = view.params(kernel_name)
+    dw = conv2d_backprop_filter_compute(as_5hd(x, data_format, "fmap"), as_5hd(dy, data_format, "dy"), params)
+    if weights_format in _CHANNELS_FIRST:
+        to_oix = lambda o, i, *k: (o, i, k)  # noqa: E731
+    else:
+        to_oix = lambda *index: (index[-1], index[-2], index[:-2])  # noqa: E731
+    attrs = {"kernel_name": kernel_name, "flops": params.flops, "weights_format": weights_format}
+    result = weight_stage(dw, view, shape, to_oix, view.dtype, "diff_weights", attrs)
+    return attach(result, params, inputs)
+
+
+def convolution_backprop_filters(
+    input_forward: te.Tensor,
+    output_delta: te.Tensor,
+    filter_shape: Sequence[int] | None = None,
+    *,
+    strides: Sequence[int],
+    pads_begin: Sequence[int],
+    pads_end: Sequence[int],
+    dilations: Sequence[int],
+    auto_pad: str = "none",
+    groups: int = 1,
+    data_format: str = "NXC",
+    filter_format: str = "XIO",
+    filter_shape_attr: Sequence[int] | None = None,
+    kernel_name: str = "convolution_backprop_filters",
+) -> te.Tensor:
+    """``ConvolutionBackpropFilters-1``: the weight gradient of ``output_delta = conv(input_forward, W)``.
+
+    Parameters
+    ----------
+    input_forward, output_delta : te.Tensor
+        x ``[N, *S_in, C_in]`` and dy ``[N, *S_out, C_out]`` (NXC; NCX: channels second),
+        1-3 spatial axes, both float32, float16 or bfloat16.
+    filter_shape : list | 1-D int array, optional
+        The operator's optional input 2: the weight shape in ``filter_format`` (XIO
+        ``[*K, C_in/G, C_out]``, OIX ``[C_out, C_in/G, *K]``). It wins over ``filter_shape_attr``,
+        the attribute (all zeros = unset); one of them is required.
+    strides, dilations : one int >= 1 per spatial axis (dilation 1 = dense).
+    pads_begin, pads_end : one int >= 0 per spatial axis; ignored unless ``auto_pad`` is ``none``.
+    auto_pad : ``none`` | ``same_upper`` | ``same_lower`` | ``valid`` (any case), from S_in.
+    groups : divides C_in and C_out; group g owns output channels ``[g*C_out/G, (g+1)*C_out/G)``.
+
+    Returns
+    -------
+    te.Tensor
+        ``filter_delta`` of the filter shape, in ``filter_format``, the inputs' type.
+    """
+    view, data_format, filter_format, shape = onednn_view(
+        "ConvolutionBackpropFilters",
+        {"x": "input_forward", "dy": "output_delta", "shape": "filter_shape", "shape_attr": "filter_shape_attr", "format": "filter_format"},
+        input_forward, output_delta, filter_shape, filter_shape_attr, strides, pads_begin, pads_end, dilations,
+        auto_pad, groups, data_format, filter_format,
+    )  # fmt: skip
+    return _filter_grad(input_forward, output_delta, view, data_format, filter_format, shape, kernel_name, (input_forward, output_delta))
+
+
+def convolution_backward_weights(
+    src: te.Tensor,
+    diff_dst: te.Tensor,
+    weights_shape: Sequence[int] | None = None,
+    *,
+    strides: Sequence[int],
+    pads_begin: Sequence[int],
+    pads_end: Sequence[int],
+    dilations: Sequence[int],
+    auto_pad: str = "none",
+    groups: int = 1,
+    data_format: str = "NXC",
+    weights_format: str = "XIO",
+    weights_shape_attr: Sequence[int] | None = None,
+    kernel_name: str = "convolution_backward_weights",
+) -> te.Tensor:
+    """``ConvolutionBackwardWeights``, oneDNN's later name of :func:`convolution_backprop_filters`
+    (``src`` = input_forward, ``diff_dst`` = output_delta, ``weights_*`` = ``filter_*``); same
+    semantics, returns ``diff_weights``."""
+    view, data_format, weights_format, shape = onednn_view(
+        "ConvolutionBackwardWeights",
+        {"x": "src", "dy": "diff_dst", "shape": "weights_shape", "shape_attr": "weights_shape_attr", "format": "weights_format"},
+        src, diff_dst, weights_shape, weights_shape_attr, strides, pads_begin, pads_end, dilations,
+        auto_pad, groups, data_format, weights_format,
+    )  # fmt: skip
+    return _filter_grad(src, diff_dst, view, data_format, weights_format, shape, kernel_name, (src, diff_dst))
+
+
+def conv_transpose_backward_weights(
+    src: te.Tensor,
+    diff_dst: te.Tensor,
+    weights_shape: Sequence[int] | None = None,
+    *,
+    strides: Sequence[int],
+    pads_begin: Sequence[int],
+    pads_end: Sequence[int],
+    dilations: Sequence[int],
+    auto_pad: str = "none",
+    output_padding: Sequence[int] | None = None,
+    groups: int = 1,
+    data_format: str = "NXC",
+    weights_format: str = "XOI",
+    weights_shape_attr: Sequence[int] | None = None,
+    kernel_name: str = "conv_transpose_backward_weights",
+) -> te.Tensor:
+    """``ConvTransposeBackwardWeights``: the weight gradient of ``diff_dst``'s forward
+    ``dst = ConvTranspose(src, W)``.
+
+    ``src [N, *S_src, IC]`` and ``diff_dst [N, *S_dst, OC]`` (NXC; NCX channels second);
+    weights IOX ``[IC, OC/G, *K]`` (= PyTorch's ``ConvTranspose.weight``) or XOI ``[*K, OC/G, IC]``
+    (default); groups fold on I, group outermost. ``S_dst = s*(S_src-1) + (K-1)*d+1 - pb - pe +
+    op`` with ``0 <= op < s``; ``output_padding`` (optional, shape check only: it never enters
+    the sum) fixes op. auto_pad: the regular-convolution rule on the diff_dst size (oneDNN's
+    code). ``dW[g*IC/G + i, o, k] = sum_n sum_h src[n, g*IC/G + i, h] * diff_dst[n, g*OC/G + o,
+    h*s - pb + k*d]``: the regular convolution's weight gradient with x = diff_dst, dy = src.
+
+    Returns
+    -------
+    te.Tensor
+        ``diff_weights`` of the weights shape, in ``weights_format``, the inputs' type.
+    """
+    view, data_format, weights_format, shape = deconv_view(
+        "ConvTransposeBackwardWeights", src, diff_dst, weights_shape, weights_shape_attr, strides, pads_begin,
+        pads_end, dilations, auto_pad, output_padding, groups, data_format, weights_format,
+    )  # fmt: skip
+    return _filter_grad(diff_dst, src, view, data_format, weights_format, shape, kernel_name, (src, diff_dst))
+
