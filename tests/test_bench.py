@@ -80,3 +80,23 @@ def test_bench_rejects_an_isa_the_machine_cannot_run(monkeypatch, tmp_path):
         bench.main("resnet50", (1,), ("filter",), r"conv1\.", 1, tmp_path, progress=False, isa="avx2")
     with pytest.raises(ValueError, match="--isa"):
         bench.main("resnet50", (1,), ("filter",), None, 1, tmp_path, progress=False, isa="avx3")
+
+
+@needs_torch
+def test_bench_times_the_onednn_frontend(tmp_path):
+    """--api onednn: ours through ConvolutionBackwardWeights (float32 NXC), PyTorch channels-last."""
+    exe = shutil.which("tvm-convgrad")
+    command = [exe] if exe else [sys.executable, "-m", "tvm_convgrad.cli"]
+    args = ["bench", "--api", "onednn", "--filter", r"res5b_branch2a\.n1", "--op", "filter", "--rounds", "1", "--out", str(tmp_path), "--no-progress"]
+    run = subprocess.run([*command, *args], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    record = json.loads((tmp_path / "bench.json").read_text())
+    assert record["settings"]["api"] == "onednn" and [r["op"] for r in record["results"]] == ["wgrad"]
+    assert "float32 NXC" in (tmp_path / "README.md").read_text()
+
+
+def test_bench_onednn_api_is_weight_gradients_only(tmp_path):
+    with pytest.raises(ValueError, match="--op filter"):
+        bench.main("resnet50", (1,), ("filter", "input"), r"conv1\.", 1, tmp_path, progress=False, api="onednn")
+    with pytest.raises(ValueError, match="--api"):
+        bench.main("resnet50", (1,), ("filter",), r"conv1\.", 1, tmp_path, progress=False, api="mkl")

@@ -497,6 +497,12 @@ DECONV_ERRORS = [
     (lambda: _deconv(groups=2, shape=(3, 3, 12, 8)), "weights_shape", "x groups must equal the diff_dst channels"),
     (lambda: _deconv(shape=(3, 3, 12, 4)), "weights_shape", "I (XOI) must equal the src channels"),
     (lambda: _deconv(groups=5), "diff_dst channels", "multiple of groups"),
+    (lambda: _deconv(groups=3, shape=(3, 3, 4, 8)), "src channels", "multiple of groups"),
+    (lambda: _deconv(shape=(3, 3, 12)), "weights_shape", "4 elements"),
+    (lambda: _deconv(shape=(0, 3, 12, 8)), "weights_shape", ">= 1"),
+    (lambda: _deconv(src=((2, 4, 4, 8), "float16"), dst=((2, 6, 6, 12), "float16"), data_format="NCHW"), "data_format", "NXC"),
+    (lambda: _deconv(strides=[2, 2], dst=((2, 8, 8, 12), "float32"), auto_pad="same_upper", output_padding=[1, 1]),
+     "diff_dst spatial axis 0", "output_padding"),  # SAME and an output_padding that contradicts it
     (lambda: _deconv(dst=((1, 6, 6, 12), "float32")), "diff_dst.shape", "batch"),
     (lambda: _deconv(dst=((2, 7, 6, 12), "float32")), "src spatial axis 0", "floor"),
     (lambda: _deconv(strides=[2, 2], dst=((2, 9, 9, 12), "float32"), output_padding=[0, 1]), "diff_dst spatial axis 1", "output_padding"),

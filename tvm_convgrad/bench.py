@@ -6,6 +6,8 @@ and each gradient:
 
 * ours: float16 inputs in TBE layouts (5HD / FracZ), float32 accumulation, compile excluded,
   built for the chosen vector ISA (``--isa native|avx2|avx512``: :func:`~tvm_convgrad.isa_target`);
+  with ``--api onednn`` the weight gradient through the oneDNN Graph frontend instead
+  (``ConvolutionBackwardWeights``: float32 NXC inputs, XIO result, PyTorch in channels-last);
 * PyTorch: float32 NCHW ``torch.nn.grad.conv2d_weight`` / ``conv2d_input`` on all cores, capped
   to the same ISA before it loads (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``; the bench
   runs in a child process when this one has already loaded torch), the oneDNN implementation
@@ -43,16 +45,27 @@ import tvm
 
 from tvm.target import Target
 
+from tvm import te
+
 from . import dsl, layout, usable_cores
 from .build import Kernel, build, isa_target
 from .dsl.compute import cube_util
+from .frontends import onednn
 from .peak import FmaPeak, FmaProbe
 from .schedule.isa import host_can_run, isa_plan
 from .tvm import placeholder
 
-__all__ = ["BenchCase", "BenchResult", "GOALS", "ISAS", "TORCH_ISA_CAPS", "load_cases", "main", "markdown_report", "run_bench", "summarize"]
+__all__ = [
+    "APIS", "BenchCase", "BenchResult", "GOALS", "ISAS", "TORCH_ISA_CAPS", "load_cases", "main", "markdown_report", "onednn_result",
+    "run_bench", "summarize",
+]  # fmt: skip
 
 ISAS = ("native", "avx2", "avx512")
+APIS = {
+    "tbe": "float16 inputs in 5HD/FracZ (TBE's DSL), float32 accumulation",
+    "onednn": "oneDNN Graph ConvolutionBackwardWeights: float32 NXC inputs, XIO result, float32 accumulation",
+}
+"""The operator API ours is called through (``--api``), as the report describes it."""
 TORCH_ISA_CAPS = {
     "native": {},
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
@@ -160,6 +173,17 @@ def tbe_result(case: BenchCase, op: str):
     )
 
 
+def onednn_result(case: BenchCase):
+    """The weight gradient of ``case`` through the oneDNN Graph frontend (float32 NXC, XIO)."""
+    x = te.placeholder((case.N, case.H, case.W, case.Cin), "float32", name="src")
+    dy = te.placeholder((case.N, case.OH, case.OW, case.Cout), "float32", name="diff_dst")
+    return onednn.convolution_backward_weights(
+        x, dy, [case.KH, case.KW, case.Cin // case.groups, case.Cout], strides=list(case.stride), pads_begin=list(case.pad),
+        pads_end=list(case.pad), dilations=list(case.dilation), groups=case.groups,
+        kernel_name=re.sub(r"\W", "_", f"bench_onednn_{case.name}"),
+    )  # fmt: skip
+
+
 def _sample(fn: Callable[[], None]) -> float:
     """Seconds per call of ``fn``, averaged over as many calls as fill SAMPLE_SECONDS."""
     fn()
@@ -180,12 +204,13 @@ def _ours(kernel: Kernel, rng: np.random.Generator) -> Callable[[], float]:
     return lambda: float(evaluator(*args).mean)
 
 
-def _torch_call(case: BenchCase, op: str, rng: np.random.Generator) -> Callable[[], object]:
+def _torch_call(case: BenchCase, op: str, rng: np.random.Generator, channels_last: bool = False) -> Callable[[], object]:
     import torch
 
-    x = torch.from_numpy(rng.uniform(-1, 1, (case.N, case.Cin, case.H, case.W)).astype("float32"))
+    memory = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.from_numpy(rng.uniform(-1, 1, (case.N, case.Cin, case.H, case.W)).astype("float32")).to(memory_format=memory)
     w = torch.from_numpy(rng.uniform(-1, 1, case.filter_sizes).astype("float32"))
-    dy = torch.from_numpy(rng.uniform(-1, 1, (case.N, case.Cout, case.OH, case.OW)).astype("float32"))
+    dy = torch.from_numpy(rng.uniform(-1, 1, (case.N, case.Cout, case.OH, case.OW)).astype("float32")).to(memory_format=memory)
     kw = {"stride": case.stride, "padding": case.pad, "dilation": case.dilation, "groups": case.groups}
     if op == "filter":
         return lambda: torch.nn.grad.conv2d_weight(x, w.shape, dy, **kw)
@@ -235,10 +260,11 @@ class QuietGate:
 
 def run_bench(
     cases: Sequence[BenchCase], ops: Sequence[str], rounds: int = 5, progress: bool = True, target: Target | None = None,
-    gate: QuietGate | None = None,
+    gate: QuietGate | None = None, api: str = "tbe",
 ) -> list[BenchResult]:
     """Build (for ``target``, default this CPU) and time every (case, op), ours and torch
-    interleaved, each sample after ``gate`` says the machine is quiet; see the module docstring."""
+    interleaved, each sample after ``gate`` says the machine is quiet; see the module docstring.
+    ``api="onednn"``: the weight gradient through the oneDNN frontend (``ops`` must be filter)."""
     import torch
     from tqdm import tqdm
 
@@ -251,9 +277,9 @@ def run_bench(
     for case, op in bar:
         bar.set_description(f"{OPS[op]} {case.name}")
         start = time.perf_counter()
-        kernel = build(tbe_result(case, op), target=target)
+        kernel = build(onednn_result(case) if api == "onednn" else tbe_result(case, op), target=target)
         compile_s = time.perf_counter() - start
-        call = _torch_call(case, op, rng)
+        call = _torch_call(case, op, rng, channels_last=api == "onednn")
         impl = onednn_implementations(call)
         ours, theirs = _ours(kernel, rng), lambda: _sample(call)
         ours_t, torch_t = [], []
@@ -413,8 +439,9 @@ def markdown_report(record: dict) -> str:
         f"`tvm-convgrad bench --isa {isa['name']}` on {env['cpu']} ({env['cores']} cores, host LLVM CPU "
         f"`{env['host_llvm_mcpu']}`), TVM {env['tvm']}, PyTorch {env['torch']}.",
         "",
-        f"* ours: {isa['ours']}; float16 inputs in 5HD/FracZ, float32 accumulation",
-        f"* PyTorch: {isa['torch']} (ATen capability {env['torch_cpu_capability']}); float32 NCHW `torch.nn.grad`",
+        f"* ours: {isa['ours']}; {APIS[record['settings'].get('api', 'tbe')]}",
+        f"* PyTorch: {isa['torch']} (ATen capability {env['torch_cpu_capability']}); float32 "
+        f"{'channels-last' if record['settings'].get('api') == 'onednn' else 'NCHW'} `torch.nn.grad`",
         f"* roofline: the measured fp32 FMA peak, {peak:.0f} GFLOP/s "
         f"({record['fma_peak'][0]['accumulators']} x {record['fma_peak'][0]['lanes']}-lane accumulators per core, all cores, best sample before / after the run)",
         f"* medians of {record['settings']['rounds']} interleaved samples, each taken once an FMA probe showed the cores free "
@@ -439,24 +466,29 @@ def markdown_report(record: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cli_args(suite, batches, ops, pattern, rounds, out_dir, progress, isa) -> list[str]:
+def _cli_args(suite, batches, ops, pattern, rounds, out_dir, progress, isa, api) -> list[str]:
     args = ["bench", "--suite", suite, "--batch", "all" if len(batches) > 1 else str(batches[0])]
-    args += ["--op", "both" if len(ops) > 1 else ops[0], "--rounds", str(rounds), "--out", str(out_dir), "--isa", isa]
+    args += ["--op", "both" if len(ops) > 1 else ops[0], "--rounds", str(rounds), "--out", str(out_dir), "--isa", isa, "--api", api]
     return args + (["--filter", pattern] if pattern else []) + ([] if progress else ["--no-progress"])
 
 
 def main(
     suite: str, batches: Sequence[int], ops: Sequence[str], pattern: str | None, rounds: int, out_dir: Path,
-    progress: bool = True, isa: str = "native",
+    progress: bool = True, isa: str = "native", api: str = "tbe",
 ) -> dict:  # fmt: skip
     """Run, print the table, write ``bench.json``, ``README.md`` (the report) and ``bench.png``
     under ``out_dir``; returns the summary.
 
     ``isa`` (``native``, ``avx2``, ``avx512``) picks the vector ISA of both sides: ours is built
     for it and PyTorch capped to it before it loads (in a child process if torch is already
-    loaded here with other settings)."""
+    loaded here with other settings). ``api`` (``tbe``, ``onednn``): the operator API ours is
+    called through; ``onednn`` times the weight gradient only."""
     if isa not in ISAS:
         raise ValueError(f"--isa {isa!r}: must be one of {', '.join(ISAS)}")
+    if api not in APIS:
+        raise ValueError(f"--api {api!r}: must be one of {', '.join(APIS)}")
+    if api == "onednn" and list(ops) != ["filter"]:
+        raise ValueError("--api onednn: the oneDNN operators are weight gradients: use --op filter")
     target = isa_target(isa)
     if not host_can_run(target):
         raise ValueError(f"--isa {isa}: this machine cannot run {isa_plan(target).name} code (its CPU lacks the instructions)")
@@ -466,7 +498,7 @@ def main(
     caps = TORCH_ISA_CAPS[isa]
     if any(os.environ.get(k) != v for k, v in caps.items()):
         if "torch" in sys.modules:  # too late to cap it here: run the bench where torch has not loaded
-            command = [sys.executable, "-m", "tvm_convgrad.cli", *_cli_args(suite, batches, ops, pattern, rounds, out_dir, progress, isa)]
+            command = [sys.executable, "-m", "tvm_convgrad.cli", *_cli_args(suite, batches, ops, pattern, rounds, out_dir, progress, isa, api)]
             if subprocess.run(command, env={**os.environ, **caps}).returncode != 0:
                 raise RuntimeError(f"the benchmark child process failed: {' '.join(command)}")
             return json.loads((out_dir / "bench.json").read_text())["summary"]
@@ -474,7 +506,7 @@ def main(
     probe = FmaProbe(target)
     peaks = [probe.measure()]
     gate = QuietGate(probe, peaks[0].gflops)
-    results = run_bench(cases, ops, rounds, progress, target, gate)
+    results = run_bench(cases, ops, rounds, progress, target, gate, api)
     peaks.append(probe.measure())
     summary = summarize(results)
     isas = _describe_isas(target, results)
@@ -485,7 +517,7 @@ def main(
     record = {
         "environment": environment(target),
         "isa": {"name": isa, **isas},
-        "settings": {"suite": suite, "batches": list(batches), "ops": list(ops), "filter": pattern, "rounds": rounds},
+        "settings": {"suite": suite, "batches": list(batches), "ops": list(ops), "filter": pattern, "rounds": rounds, "api": api},
         "quiet_gate": {"threshold": QUIET, "waited_s": round(gate.waited_s, 1), "gave_up": gate.gave_up},
         "fma_peak": [asdict(p) | {"gflops": p.gflops} for p in peaks],
         "summary": summary,

@@ -3,8 +3,9 @@
 * ``tvm-convgrad demo``: the two TBE documentation examples, end to end on LLVM.
 * ``tvm-convgrad run --op filter|input --input N,C,H,W --filter Cout,Cin_g,KH,KW [...]``: any shape.
 * ``tvm-convgrad bench [--suite resnet50|all] [--batch 1|8] [--op filter|input|both] [--filter REGEX]
-  [--isa native|avx2|avx512]``: the benchmark shape set against PyTorch's oneDNN kernels, both
-  on one vector ISA, with the machine's measured FMA peak as the roofline (the ``bench`` extra).
+  [--isa native|avx2|avx512] [--api tbe|onednn]``: the benchmark shape set against PyTorch's oneDNN
+  kernels, both on one vector ISA, with the machine's measured FMA peak as the roofline (the
+  ``bench`` extra); ``--api onednn`` calls ours through the oneDNN Graph frontend.
 
 Each builds the kernel, runs it on random data, compares every element with the float64
 reference, and prints the error, the time and GFLOP/s. Bad arguments print the error message and
@@ -118,7 +119,7 @@ def bench(args: argparse.Namespace) -> int:
     batches = (1, 8) if args.batch == "all" else (int(args.batch),)
     ops = ("filter", "input") if args.op == "both" else (args.op,)
     try:
-        bench_module.main(args.suite, batches, ops, args.filter, args.rounds, Path(args.out), not args.no_progress, args.isa)
+        bench_module.main(args.suite, batches, ops, args.filter, args.rounds, Path(args.out), not args.no_progress, args.isa, args.api)
     except ValueError as err:
         print(f"tvm-convgrad bench: {err}", file=sys.stderr)
         return 2
@@ -157,6 +158,8 @@ def _parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--rounds", type=int, default=5, help="interleaved samples per kernel (medians reported)")
     p_bench.add_argument("--isa", choices=("native", "avx2", "avx512"), default="native",
                          help="vector ISA of both sides: ours built for it, PyTorch capped to it (default: this CPU's)")
+    p_bench.add_argument("--api", choices=("tbe", "onednn"), default="tbe",
+                         help="ours through TBE's DSL (float16 5HD) or the oneDNN Graph frontend (float32 NXC; --op filter)")
     p_bench.add_argument("--out", default="bench_out", help="folder for bench.json and bench.png")
     p_bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     p_bench.set_defaults(func=bench)
