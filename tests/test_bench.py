@@ -24,6 +24,11 @@ def test_case_selection():
     assert [c.name for c in bench.load_cases("all", (8,), r"conv1\.")] == ["resnet_50_v1_5.conv1.n8"]
     conv1 = bench.load_cases("resnet50", (1,), "conv1")[0]
     assert conv1.flops == 2 * 1 * 64 * 3 * 7 * 7 * 112 * 112 and conv1.pads == [3, 3, 3, 3]
+    conv3d = bench.load_cases("conv3d", (1, 8))
+    assert len(conv3d) == 6 and {c.kind for c in conv3d} == {"conv3d"} and all(c.rank == 3 for c in conv3d)
+    stem = conv3d[0]
+    assert stem.spatial == ((16, 112, 112), (16, 56, 56), (3, 7, 7)) and stem.filter_sizes == [64, 3, 3, 7, 7]
+    assert stem.flops == 2 * 64 * 3 * 3 * 7 * 7 * 16 * 56 * 56
 
 
 def test_summary_is_a_geometric_mean():
@@ -100,3 +105,12 @@ def test_bench_onednn_api_is_weight_gradients_only(tmp_path):
         bench.main("resnet50", (1,), ("filter", "input"), r"conv1\.", 1, tmp_path, progress=False, api="onednn")
     with pytest.raises(ValueError, match="--api"):
         bench.main("resnet50", (1,), ("filter",), r"conv1\.", 1, tmp_path, progress=False, api="mkl")
+    with pytest.raises(ValueError, match="conv3d"):
+        bench.main("conv3d", (1,), ("filter",), None, 1, tmp_path, progress=False)
+
+
+def test_onednn_result_of_a_3d_case_is_the_cube_with_a_depth_axis():
+    case = bench.load_cases("conv3d", (1,), "layer4")[0]
+    result = bench.onednn_result(case)
+    assert [int(d) for d in result.shape] == [3, 3, 3, 512, 512]
+    assert result.convgrad_params.geom.depth.kernel == 3 and result.convgrad_params.flops == case.flops

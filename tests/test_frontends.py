@@ -258,11 +258,25 @@ def test_operator_matches_torch(case):
 def test_rank_3_runs_on_the_cube_with_a_depth_axis():
     """A 3-D gradient is the cube compute with the depth folded into the reduction (no naive
     loop): its mad is ``dw_cc`` and the 5HD layout stage has a depth axis (NDC1HWC0)."""
-    case = next(c for c in SWEEP if c.rank == 3 and c.op == "conv")
+    case = next(c for c in SWEEP if c.rank == 3 and c.op == "conv" and c.x_channels // c.groups > 8)
     x, dy = _placeholders(case)
     kernel = build(_call(case, x, dy))
     assert kernel.formulation == "cube" and kernel.params.geom.depth is not None
     assert "dw_cc" in kernel.inspect_source("tir") and "fmap_l1" in kernel.inspect_source("tir")
+
+
+def test_rank_3_stem_puts_cout_on_the_lanes():
+    """A 3-D first layer (3 input channels) takes the Cout-on-lanes formulation, depth folded the
+    same way, instead of padding 3 channels to 16."""
+    x = te.placeholder((1, 3, 6, 9, 9), "float32", name="src")
+    dy = te.placeholder((1, 20, 6, 5, 5), "float32", name="diff_dst")
+    attrs = dict(strides=[1, 2, 2], pads_begin=[1, 1, 1], pads_end=[1, 1, 1], dilations=[1, 1, 1], data_format="NCX", weights_format="OIX")
+    kernel = build(onednn.convolution_backward_weights(x, dy, [20, 3, 3, 3, 3], **attrs))
+    assert kernel.formulation == "cout-lanes"
+    rng = np.random.default_rng(0)
+    xa, dya = rng.uniform(-1, 1, (1, 3, 6, 9, 9)).astype("float32"), rng.uniform(-1, 1, (1, 20, 6, 5, 5)).astype("float32")
+    expected = reference.conv_backprop_filter_nd(xa, dya, (3, 3, 3), (1, 2, 2), (1, 1, 1), (1, 1, 1))
+    _check(kernel(xa, dya), expected, kernel, "3-D stem")
 
 
 def test_layout_stages_are_folded_into_the_compute():

@@ -83,7 +83,9 @@ OPS = {"filter": "wgrad", "input": "dgrad"}
 
 @dataclass(frozen=True)
 class BenchCase:
-    """One convolution of the shape set (NCHW, PyTorch conventions, symmetric pads)."""
+    """One convolution of the shape set (NCHW, PyTorch conventions, symmetric pads). A 3-D one
+    (kind ``conv3d``, NCDHW) adds ``D``, ``KD``, ``OD``; its ``stride`` / ``pad`` / ``dilation``
+    then have three entries, depth first."""
 
     name: str
     kind: str
@@ -101,14 +103,32 @@ class BenchCase:
     OH: int
     OW: int
     count: int = 1
+    D: int = 1
+    KD: int = 1
+    OD: int = 1
+
+    @property
+    def rank(self) -> int:
+        """Spatial rank: 2 or 3."""
+        return len(self.stride)
 
     @property
     def flops(self) -> int:
-        return 2 * self.N * self.Cout * (self.Cin // self.groups) * self.KH * self.KW * self.OH * self.OW
+        return 2 * self.N * self.Cout * (self.Cin // self.groups) * self.KD * self.KH * self.KW * self.OD * self.OH * self.OW
+
+    @property
+    def spatial(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """``(input, output, kernel)`` spatial extents, depth first in 3-D."""
+        depth = self.rank == 3
+        return (
+            ((self.D,) if depth else ()) + (self.H, self.W),
+            ((self.OD,) if depth else ()) + (self.OH, self.OW),
+            ((self.KD,) if depth else ()) + (self.KH, self.KW),
+        )
 
     @property
     def filter_sizes(self) -> list[int]:
-        return [self.Cout, self.Cin // self.groups, self.KH, self.KW]
+        return [self.Cout, self.Cin // self.groups, *self.spatial[2]]
 
     @property
     def pads(self) -> list[int]:
@@ -144,12 +164,19 @@ class BenchResult:
         return self.flops / self.torch_ms / 1e6
 
 
+SUITES = ("resnet50", "all", "conv3d")
+"""``resnet50``; ``all`` (every 2-D kind); ``conv3d`` (3-D layers, through ``--api onednn``)."""
+
+
 def load_cases(suite: str = "resnet50", batches: Sequence[int] = (1, 8), pattern: str | None = None) -> list[BenchCase]:
-    """Cases of the shape set: ``suite`` ``"resnet50"`` or ``"all"``, batch sizes, a name regex."""
+    """Cases of the shape set: ``suite`` (:data:`SUITES`), batch sizes, a name regex."""
     text = resources.files("tvm_convgrad").joinpath("data/bench_shapes.json").read_text()
     cases = []
     for c in json.loads(text)["cases"]:
-        if (suite == "resnet50" and c["kind"] != "resnet50") or c["N"] not in batches:
+        wanted = {"all": c["kind"] != "conv3d", "resnet50": c["kind"] == "resnet50", "conv3d": c["kind"] == "conv3d"}
+        if not wanted.get(suite, False):
+            continue
+        if c["N"] not in batches:
             continue
         if pattern and not re.search(pattern, c["name"]):
             continue
@@ -175,10 +202,11 @@ def tbe_result(case: BenchCase, op: str):
 
 def onednn_result(case: BenchCase):
     """The weight gradient of ``case`` through the oneDNN Graph frontend (float32 NXC, XIO)."""
-    x = te.placeholder((case.N, case.H, case.W, case.Cin), "float32", name="src")
-    dy = te.placeholder((case.N, case.OH, case.OW, case.Cout), "float32", name="diff_dst")
+    size, out, kernel = case.spatial
+    x = te.placeholder((case.N, *size, case.Cin), "float32", name="src")
+    dy = te.placeholder((case.N, *out, case.Cout), "float32", name="diff_dst")
     return onednn.convolution_backward_weights(
-        x, dy, [case.KH, case.KW, case.Cin // case.groups, case.Cout], strides=list(case.stride), pads_begin=list(case.pad),
+        x, dy, [*kernel, case.Cin // case.groups, case.Cout], strides=list(case.stride), pads_begin=list(case.pad),
         pads_end=list(case.pad), dilations=list(case.dilation), groups=case.groups,
         kernel_name=re.sub(r"\W", "_", f"bench_onednn_{case.name}"),
     )  # fmt: skip
@@ -207,14 +235,17 @@ def _ours(kernel: Kernel, rng: np.random.Generator) -> Callable[[], float]:
 def _torch_call(case: BenchCase, op: str, rng: np.random.Generator, channels_last: bool = False) -> Callable[[], object]:
     import torch
 
-    memory = torch.channels_last if channels_last else torch.contiguous_format
-    x = torch.from_numpy(rng.uniform(-1, 1, (case.N, case.Cin, case.H, case.W)).astype("float32")).to(memory_format=memory)
+    size, out, _ = case.spatial
+    memory = (torch.channels_last if case.rank == 2 else torch.channels_last_3d) if channels_last else torch.contiguous_format
+    x = torch.from_numpy(rng.uniform(-1, 1, (case.N, case.Cin, *size)).astype("float32")).to(memory_format=memory)
     w = torch.from_numpy(rng.uniform(-1, 1, case.filter_sizes).astype("float32"))
-    dy = torch.from_numpy(rng.uniform(-1, 1, (case.N, case.Cout, case.OH, case.OW)).astype("float32")).to(memory_format=memory)
+    dy = torch.from_numpy(rng.uniform(-1, 1, (case.N, case.Cout, *out)).astype("float32")).to(memory_format=memory)
     kw = {"stride": case.stride, "padding": case.pad, "dilation": case.dilation, "groups": case.groups}
+    grad = torch.nn.grad
     if op == "filter":
-        return lambda: torch.nn.grad.conv2d_weight(x, w.shape, dy, **kw)
-    return lambda: torch.nn.grad.conv2d_input(x.shape, w, dy, **kw)
+        weight = grad.conv2d_weight if case.rank == 2 else grad.conv3d_weight
+        return lambda: weight(x, w.shape, dy, **kw)
+    return lambda: grad.conv2d_input(x.shape, w, dy, **kw)
 
 
 def onednn_implementations(call: Callable[[], object]) -> str:
@@ -290,7 +321,8 @@ def run_bench(
             quiet()
             torch_t.append(theirs())
             time.sleep(PAUSE_SECONDS)
-        kernel_desc = f"{case.KH}x{case.KW}/s{case.stride[0]}" + (f"x{case.stride[1]}" if case.stride[1] != case.stride[0] else "")
+        strides = case.stride if len(set(case.stride)) > 1 else case.stride[:1]
+        kernel_desc = "x".join(map(str, case.spatial[2])) + "/s" + "x".join(map(str, strides))
         result = BenchResult(
             case.name, case.kind, case.N, OPS[op], case.flops, kernel_desc, compile_s,
             statistics.median(ours_t) * 1e3, statistics.median(torch_t) * 1e3,
@@ -425,7 +457,7 @@ def _describe_isas(target: Target, results: Sequence[BenchResult]) -> dict[str, 
     }
 
 
-GOALS = {"resnet50": 1.3, "depthwise": 1.2, "dilated": 1.2, "grouped": None}
+GOALS = {"resnet50": 1.3, "depthwise": 1.2, "dilated": 1.2, "grouped": None, "conv3d": None}
 """Geomean torch/ours each case kind aims at (ResNet-50: per gradient and batch)."""
 
 
@@ -489,6 +521,10 @@ def main(
         raise ValueError(f"--api {api!r}: must be one of {', '.join(APIS)}")
     if api == "onednn" and list(ops) != ["filter"]:
         raise ValueError("--api onednn: the oneDNN operators are weight gradients: use --op filter")
+    if suite not in SUITES:
+        raise ValueError(f"--suite {suite!r}: must be one of {', '.join(SUITES)}")
+    if suite == "conv3d" and api != "onednn":
+        raise ValueError("--suite conv3d: TBE's DSL is 2-D; the 3-D layers run through --api onednn --op filter")
     target = isa_target(isa)
     if not host_can_run(target):
         raise ValueError(f"--isa {isa}: this machine cannot run {isa_plan(target).name} code (its CPU lacks the instructions)")

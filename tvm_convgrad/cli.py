@@ -2,7 +2,7 @@
 
 * ``tvm-convgrad demo``: the two TBE documentation examples, end to end on LLVM.
 * ``tvm-convgrad run --op filter|input --input N,C,H,W --filter Cout,Cin_g,KH,KW [...]``: any shape.
-* ``tvm-convgrad bench [--suite resnet50|all] [--batch 1|8] [--op filter|input|both] [--filter REGEX]
+* ``tvm-convgrad bench [--suite resnet50|all|conv3d] [--batch 1|8] [--op filter|input|both] [--filter REGEX]
   [--isa native|avx2|avx512] [--api tbe|onednn]``: the benchmark shape set against PyTorch's oneDNN
   kernels, both on one vector ISA, with the machine's measured FMA peak as the roofline (the
   ``bench`` extra); ``--api onednn`` calls ours through the oneDNN Graph frontend.
@@ -151,7 +151,8 @@ def _parser() -> argparse.ArgumentParser:
     p_run.set_defaults(func=run)
 
     p_bench = sub.add_parser("bench", help="time the benchmark shape set against PyTorch (oneDNN), interleaved")
-    p_bench.add_argument("--suite", choices=("resnet50", "all"), default="resnet50", help="ResNet-50 layers, or every case")
+    p_bench.add_argument("--suite", choices=("resnet50", "all", "conv3d"), default="resnet50",
+                         help="ResNet-50 layers, every 2-D case, or the 3-D layers (with --api onednn --op filter)")
     p_bench.add_argument("--batch", choices=("1", "8", "all"), default="all")
     p_bench.add_argument("--op", choices=("filter", "input", "both"), default="both", help="wgrad, dgrad or both")
     p_bench.add_argument("--filter", metavar="REGEX", help="only cases whose name matches")

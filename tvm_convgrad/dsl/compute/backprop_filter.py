@@ -38,10 +38,12 @@ Cin = 3): Cout on the lanes, so that no lane multiplies a padding channel.
                                                                    (0 for the padding channels)
 =================  ==============================================  =========================================
 
+In 3-D its first axis is ``(kd, c)`` (``KD*Cin``), and its batch axes fold the depth as the cube's do.
+
 **Depthwise** (``Cin/groups == 1``): channels on the lanes, see :mod:`.depthwise`.
 
 **3-D** (``geom.depth``; x and dy NDC1HWC0 ``(N, D, C1, H, W, 16)``, TBE's conv3d layout): the cube
-with the depth axis folded into the batch. ``grads_2_matrix`` is ``(N*Do, ..)`` (image ``n``,
+(or the transposed formulation) with the depth axis folded into the batch. ``grads_2_matrix`` is ``(N*Do, ..)`` (image ``n``,
 plane ``do`` at ``n*Do + do``), ``fmap_l1`` ``(N*Dp, ..)`` over the zero-padded depth ``Dp``, the
 mad sums over ``(n*Do + do, ho, wo)`` and reads fmap plane ``n*Dp + do*sd + kd*dd``; the result
 has ``KD*cin1_g*KH*KW`` rows (FracZ_3D, depth tap outermost). Everything the 2-D schedules do
@@ -69,9 +71,9 @@ TRANSPOSED_MAX_CIN = 8  # at most half the lanes of a channel block would be rea
 
 
 def transposed_filter_grad(params: ConvGradParams) -> bool:
-    """Whether dW puts Cout on the lanes: one extended group holding at most 8 input channels (2-D)."""
+    """Whether dW puts Cout on the lanes: one extended group holding at most 8 input channels."""
     ext = params.geom.group
-    return ext.g_extend == 1 and params.geom.cin <= TRANSPOSED_MAX_CIN and params.geom.depth is None
+    return ext.g_extend == 1 and params.geom.cin <= TRANSPOSED_MAX_CIN
 
 
 @dataclass(frozen=True)
@@ -226,39 +228,45 @@ def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape) -> 
 
 def _transposed_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams) -> te.Tensor:
     g = params.geom
+    fold = _DepthFold(g)
     (sh, sw), (dil_h, dil_w) = g.strides, g.dilations
     reach = ((g.ho - 1) * sh + g.kh_dilated, (g.wo - 1) * sw + g.kw_dilated)
 
-    def fmap_value(n, c, i, j):
-        conds = inside((i, j), g.pads[::2], (g.h, g.w), reach)
-        return guarded(conds, fmap[n, c // C0, i - g.pads[0], j - g.pads[2], c % C0].astype(ACC))
+    def fmap_value(npad, c, i, j):
+        lead, conds = fold.fmap_read(npad)
+        conds += inside((i, j), g.pads[::2], (g.h, g.w), reach)
+        return guarded(conds, fmap[(*lead, c // C0, i - g.pads[0], j - g.pads[2], c % C0)].astype(ACC))
 
-    fmap_l1 = te.compute((g.batch, g.cin, *reach), fmap_value, name="fmap_l1", tag="fmap_l1")
+    fmap_l1 = te.compute((fold.fmap_extent, g.cin, *reach), fmap_value, name="fmap_l1", tag="fmap_l1")
     cout = g.group.cout_g_padded
     grads = te.compute(
-        (g.batch, cout // C0, g.ho, g.wo, C0),
-        lambda n, c1, ho, wo, c0: guarded([c1 * C0 + c0 < g.cout] if cout > g.cout else [], dy[n, c1, ho, wo, c0].astype(ACC)),
+        (fold.dy_extent, cout // C0, g.ho, g.wo, C0),
+        lambda nd, c1, ho, wo, c0: guarded(
+            [c1 * C0 + c0 < g.cout] if cout > g.cout else [], dy[(*fold.dy_read(nd), c1, ho, wo, c0)].astype(ACC)
+        ),
         name="grads_2_matrix",
         tag="grads_2_matrix",
         attrs=in_place(dy),
     )
-    n = te.reduce_axis((0, g.batch), name="n")
+    n = te.reduce_axis((0, fold.dy_extent), name="n")
     ho = te.reduce_axis((0, g.ho), name="ho")
     wo = te.reduce_axis((0, g.wo), name="wo")
-    return te.compute(
-        (g.cin, g.kh, g.kw, cout),
-        lambda c, kh, kw, co: te.sum(
-            fmap_l1[n, c, ho * sh + kh * dil_h, wo * sw + kw * dil_w] * grads[n, co // C0, ho, wo, co % C0],
+
+    def mad(kc, kh, kw, co):  # kc: the channel, or (kd, channel) in 3-D
+        kd, c = (kc // g.cin, kc % g.cin) if g.depth else (0, kc)
+        return te.sum(
+            fmap_l1[fold.fmap_plane(n, kd), c, ho * sh + kh * dil_h, wo * sw + kw * dil_w] * grads[n, co // C0, ho, wo, co % C0],
             axis=[n, ho, wo],
-        ),
-        name="dw_cc_t",
-        tag="mad",
-    )
+        )
+
+    return te.compute((g.kd * g.cin, g.kh, g.kw, cout), mad, name="dw_cc_t", tag="mad")
 
 
 def _from_transposed(dw_t: te.Tensor, fkk, co, ci0, params: ConvGradParams):
-    """TBE's ``dw[0, (c1,kh,kw), co, ci0]`` from ``dw_cc_t[c, kh, kw, co]`` (0 past Cin)."""
+    """TBE's ``dw[0, (c1,kh,kw), co, ci0]`` from ``dw_cc_t[c, kh, kw, co]`` (0 past Cin); in 3-D
+    row ``(kd*cin1_g + c1, kh, kw)`` from ``dw_cc_t[kd*Cin + c, kh, kw, co]``."""
     g = params.geom
     c1, kh, kw = layout.split_fracz_row(fkk, g.kh, g.kw)
+    kd, c1 = (c1 // g.group.cin1_g, c1 % g.group.cin1_g) if g.depth else (0, c1)
     c = c1 * C0 + ci0
-    return te.if_then_else(c < g.cin, dw_t[c, kh, kw, co], tirx.const(0.0, ACC))
+    return te.if_then_else(c < g.cin, dw_t[kd * g.cin + c if g.depth else c, kh, kw, co], tirx.const(0.0, ACC))
