@@ -26,6 +26,7 @@ if "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
 from . import dsl, frontends, layout, reference, tvm  # noqa: E402
 from .build import ArgSpec, Kernel, Timing, build, isa_target, lower, pass_context, resolve_target  # noqa: E402
 from .errors import ConvGradError  # noqa: E402
+from .tune import TuneReport, tune  # noqa: E402
 from .params import ConvGeometry, ConvGradParams  # noqa: E402
 
 __version__ = "0.1.0"
@@ -37,6 +38,7 @@ __all__ = [
     "ConvGradParams",
     "Kernel",
     "Timing",
+    "TuneReport",
     "build",
     "dsl",
     "frontends",
@@ -46,6 +48,7 @@ __all__ = [
     "pass_context",
     "reference",
     "resolve_target",
+    "tune",
     "tvm",
     "usable_cores",
 ]

@@ -35,8 +35,8 @@ from .params import ConvGradParams
 from .schedule.isa import IsaPlan, isa_plan
 
 __all__ = [
-    "ArgSpec", "ISA_MCPU", "Kernel", "KeepIndexWidth", "Timing", "build", "isa_target", "lower", "numpy_dtype", "pass_context",
-    "resolve_target",
+    "ArgSpec", "ISA_MCPU", "Kernel", "KeepIndexWidth", "SHIPPED", "Timing", "build", "isa_target", "lower", "numpy_dtype",
+    "pass_context", "resolve_target", "schedule_key", "shipped_schedules",
 ]  # fmt: skip
 
 _INT32_LIMIT = 2**31
@@ -250,8 +250,12 @@ class Kernel:
     only. ``flops`` is ``2*N*Cout*(Cin/groups)*KH*KW*Ho*Wo``.
     """
 
-    def __init__(self, executable, mod: tvm.IRModule, args: list[te.Tensor], params: ConvGradParams | None, target: Target):
+    def __init__(
+        self, executable, mod: tvm.IRModule, args: list[te.Tensor], params: ConvGradParams | None, target: Target, schedule: str = "default"
+    ):
         self.executable = executable
+        self.schedule = schedule
+        """``"default"`` (the rule's deterministic schedule) or ``"tuned:<database>"``."""
         self.mod = mod
         self.target = target
         self.params = params
@@ -271,7 +275,7 @@ class Kernel:
     def __repr__(self) -> str:
         sig = ", ".join(f"{a.name}: {a.dtype}{list(a.shape)}" for a in self.args[:-1])
         out = self.args[-1]
-        plan = ", ".join(p for p in (self.isa.name if self.isa else None, self.formulation) if p)
+        plan = ", ".join(p for p in (self.isa.name if self.isa else None, self.formulation, None if self.schedule == "default" else self.schedule) if p)
         return f"<Kernel {self.name}({sig}) -> {out.dtype}{list(out.shape)} on {self.target.kind.name} [{plan}]>"
 
     @property
@@ -398,29 +402,66 @@ class Kernel:
 # build
 # ---------------------------------------------------------------------------------------------
 
-_CACHE: dict[tuple[int, str], list[tuple[tirx.PrimFunc, Kernel]]] = {}
+_CACHE: dict[tuple[int, str, str], list[tuple[tirx.PrimFunc, Kernel]]] = {}
 
 
-def build(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target = "llvm") -> Kernel:
+SHIPPED = "shipped"
+"""``build(..., schedules=SHIPPED)``: the tuned records shipped for the target, if any."""
+
+
+def schedule_key(target: Target) -> str:
+    """The name of a target's shipped database: ``<kind>-<mcpu>-<plan>`` (``llvm-znver4-avx512``)."""
+    if target.kind.name == "llvm":
+        return f"llvm-{target.attrs.get('mcpu', 'generic')}-{isa_plan(target).name}"
+    return f"{target.kind.name}-{target.attrs.get('arch', 'generic')}"
+
+
+def shipped_schedules(target: Target) -> str | None:
+    """The folder of the records shipped for ``target`` (``schedules/<schedule_key>``), or None."""
+    from importlib import resources
+
+    try:
+        folder = resources.files("tvm_convgrad_schedules").joinpath(schedule_key(target))
+    except ModuleNotFoundError:
+        return None
+    return str(folder) if folder.joinpath("database_workload.json").is_file() else None
+
+
+def _schedule(func: tirx.PrimFunc, target: Target, schedules) -> tuple[Any, str]:
+    """``(s_tir.Schedule, how)``: a tuned record's when the database has one, else the rule's."""
+    path = shipped_schedules(target) if schedules == SHIPPED else schedules
+    if path is not None:
+        from .tune import tuned_schedule
+
+        sch = tuned_schedule(func, target, path)
+        if sch is not None:
+            return sch, f"tuned:{os.path.basename(os.path.normpath(path))}"
+    return schedule.apply(func, target), "default"
+
+
+def build(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target = "llvm", schedules: str | os.PathLike | None = SHIPPED) -> Kernel:
     """Compile a gradient for ``target`` (``"llvm"``, ``"cuda"``, a dict or a Target).
 
     ``tensors`` is the result of ``tvm_convgrad.dsl`` (its inputs are known), or the argument
-    list ``[inputs..., result]`` as for ``te.create_prim_func``. Compiled kernels are cached by
-    workload and target: building the same thing twice returns the same :class:`Kernel`.
+    list ``[inputs..., result]`` as for ``te.create_prim_func``. ``schedules``: the tuning
+    records to look the workload up in — the ones shipped for this target (default), a database
+    folder written by :func:`tvm_convgrad.tune`, or None for the rule's default schedule
+    (``Kernel.schedule`` says which was used). Compiled kernels are cached by workload, target
+    and schedules: building the same thing twice returns the same :class:`Kernel`.
     """
     target = resolve_target(target)
     args, params = _arguments(tensors)
     name = str(args[-1].op.attrs["kernel_name"])
     func = _prim_func(args, name, target)
-    key = (tvm_ffi.structural_hash(func), str(target))
+    key = (tvm_ffi.structural_hash(func), str(target), str(schedules))
     for cached_func, kernel in _CACHE.get(key, []):
         if tvm_ffi.structural_equal(cached_func, func):
             return kernel
-    sch = schedule.apply(func, target)
+    sch, how = _schedule(func, target, schedules)
     mod = tvm.IRModule({name: sch.mod["main"]})
     with pass_context(target):
         executable = tvm.compile(mod, target=target)
-    kernel = Kernel(executable, mod, args, params, target)
+    kernel = Kernel(executable, mod, args, params, target, how)
     if target.kind.name == "cuda" and not tvm.runtime.enabled("cuda") and shutil.which("nvcc"):
         kernel.ptx  # no CUDA runtime to JIT it: produce the PTX now, with nvcc
     _CACHE.setdefault(key, []).append((func, kernel))

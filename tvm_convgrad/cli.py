@@ -2,6 +2,8 @@
 
 * ``tvm-convgrad demo``: the two TBE documentation examples, end to end on LLVM.
 * ``tvm-convgrad run --op filter|input --input N,C,H,W --filter Cout,Cin_g,KH,KW [...]``: any shape.
+* ``tvm-convgrad tune [--suite resnet50|all] [--trials N] [--rpc HOST:PORT --key K] [--out DIR]``: the
+  bench's cases tuned on MetaSchedule over the schedule rules' space (:func:`tvm_convgrad.tune`).
 * ``tvm-convgrad bench [--suite resnet50|all|conv3d] [--batch 1|8] [--op filter|input|both] [--filter REGEX]
   [--isa native|avx2|avx512] [--api tbe|onednn]``: the benchmark shape set against PyTorch's oneDNN
   kernels, both on one vector ISA, with the machine's measured FMA peak as the roofline (the
@@ -15,8 +17,11 @@ exit with status 2; a result outside the error bound exits with status 1.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import importlib.util
+import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -109,6 +114,35 @@ def run(args: argparse.Namespace) -> int:
     return 0 if _report(f"[conv2d_backprop_{args.op}] {geometry}", kernel, seconds, args.repeat) else 1
 
 
+def tune(args: argparse.Namespace) -> int:
+    """Tune the bench's cases (the TBE DSL's kernels) on MetaSchedule; records kept in ``--out``."""
+    from . import bench as bench_module
+    from .tune import tune as tune_one
+
+    batches = (1, 8) if args.batch == "all" else (int(args.batch),)
+    ops = ("filter", "input") if args.op == "both" else (args.op,)
+    cases = bench_module.load_cases(args.suite, batches, args.filter)
+    if not cases:
+        print(f"tvm-convgrad tune: no benchmark case matches suite={args.suite!r}, filter={args.filter!r}", file=sys.stderr)
+        return 2
+    runner = f"rpc://{args.rpc}/{args.key}" if args.rpc else "local"
+    out = Path(args.out)
+    reports = []
+    for case in cases:
+        for op in ops:
+            report = tune_one(bench_module.tbe_result(case, op), "llvm", args.trials, out / "work" / f"{case.name}.{op}", runner,
+                              database=Path(args.database) if args.database else out / "best", progress=not args.no_progress)  # fmt: skip
+            print(report)
+            reports.append(report)
+    speedups = [r.speedup for r in reports]
+    geomean = math.exp(sum(math.log(v) for v in speedups) / len(speedups))
+    kept = sum(r.kept for r in reports)
+    print(f"{len(reports)} kernels tuned, {kept} records kept; geomean tuned/default speed {geomean:.3f}; records: {reports[0].database}")
+    (out / "tune.json").parent.mkdir(parents=True, exist_ok=True)
+    (out / "tune.json").write_text(json.dumps([dataclasses.asdict(r) for r in reports], indent=1))
+    return 0
+
+
 def bench(args: argparse.Namespace) -> int:
     missing = [name for name in ("matplotlib", "torch", "tqdm") if importlib.util.find_spec(name) is None]
     if missing:  # torch must not load here: the bench caps its ISA first
@@ -149,6 +183,19 @@ def _parser() -> argparse.ArgumentParser:
     p_run.add_argument("--res-dtype", choices=("float32", "float16"), help="result dtype (default: float32 for dW, float16 for dX)")
     common(p_run)
     p_run.set_defaults(func=run)
+
+    p_tune = sub.add_parser("tune", help="tune the benchmark cases on MetaSchedule (local or over a TVM RPC tracker)")
+    p_tune.add_argument("--suite", choices=("resnet50", "all"), default="resnet50")
+    p_tune.add_argument("--batch", choices=("1", "8", "all"), default="all")
+    p_tune.add_argument("--op", choices=("filter", "input", "both"), default="both")
+    p_tune.add_argument("--filter", metavar="REGEX", help="only cases whose name matches")
+    p_tune.add_argument("--trials", type=int, default=64, help="candidates per kernel")
+    p_tune.add_argument("--rpc", metavar="HOST:PORT", help="a TVM RPC tracker: measure on its device servers")
+    p_tune.add_argument("--key", default="local", help="the device key the servers registered under (with --rpc)")
+    p_tune.add_argument("--out", default="tune_out", help="folder for the trial databases, the kept records (best/) and tune.json")
+    p_tune.add_argument("--database", help="write the kept records into this database folder instead (e.g. schedules/<target key>)")
+    p_tune.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p_tune.set_defaults(func=tune)
 
     p_bench = sub.add_parser("bench", help="time the benchmark shape set against PyTorch (oneDNN), interleaved")
     p_bench.add_argument("--suite", choices=("resnet50", "all", "conv3d"), default="resnet50",

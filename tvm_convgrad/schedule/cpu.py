@@ -497,7 +497,11 @@ class CpuRule(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool = False) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        sch = s_tir.Schedule(func, error_render_level="none")
+        return self.schedule(s_tir.Schedule(func, error_render_level="none"), target, tunable)
+
+    def schedule(self, sch: s_tir.Schedule, target: Target, tunable: bool = False) -> s_tir.Schedule:
+        """Schedule the gradient held by ``sch`` in place (MetaSchedule's ``ScheduleFn`` calls
+        this on its own traced schedule: with ``tunable`` the tile sizes are its samples)."""
         plan = isa_plan(target)
         cube = _Cube(sch, target_cores(target), tunable, plan)
         inline_layout_stages(sch)

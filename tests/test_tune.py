@@ -1,0 +1,132 @@
+"""tune(): MetaSchedule over the schedule rules' space, locally and over a TVM RPC tracker; the
+kept records and build(schedules=...). Timings are never asserted (only that both were measured)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from tvm.s_tir import meta_schedule as ms
+
+from tvm_convgrad import ConvGradError, build, dsl, layout, tune
+from tvm_convgrad.build import resolve_target
+from tvm_convgrad.tune import open_database, runner_from, workload_key
+from tvm_convgrad.tvm import placeholder
+from tvm_convgrad.verify import check_kernel
+
+
+def _dw(name: str, size: int = 8):
+    x = placeholder(layout.shape_5hd(1, 16, size, size), name="input_x", dtype="float16")
+    dy = placeholder(layout.shape_5hd(1, 16, size, size), name="out_backprop", dtype="float16")
+    return dsl.conv2d_backprop_filter(x, dy, [16, 16, 3, 3], {"strides": [1, 1], "padding": [1, 1, 1, 1], "kernel_name": name})
+
+
+def _dx(name: str):
+    w = placeholder(layout.shape_fracz((32, 32, 3, 3)), name="filters", dtype="float16")
+    dy = placeholder(layout.shape_5hd(1, 32, 14, 14), name="out_backprop", dtype="float16")
+    para = {"strides": [1, 1], "padding": [1, 1, 1, 1], "dilations": [1, 1, 1, 1], "kernel_name": name}
+    return dsl.conv2d_backprop_input(w, dy, [32, 32, 3, 3], [1, 32, 14, 14], para)
+
+
+def test_tune_locally_writes_the_trials_and_a_report(tmp_path):
+    report = tune(_dx("tune_local_dx"), trials=4, work_dir=tmp_path / "run", seed=1, progress=False)
+    assert report.trials >= 1 and not report.failures
+    assert report.default_ms > 0 and report.best_ms > 0 and report.cost_model in ("xgb", "random")
+    assert len(report.curve_ms) == report.trials and report.curve_ms == sorted(report.curve_ms, reverse=True)
+    trials = ms.database.JSONDatabase(work_dir=str(tmp_path / "run" / "trials"))
+    assert len(trials.get_all_tuning_records()) >= report.trials
+    kernel = build(_dx("tune_local_dx"), schedules=report.database)
+    assert kernel.schedule == ("tuned:best" if report.kept else "default")
+    assert report.kept == (report.best_ms < report.default_ms)
+    assert check_kernel(kernel).ok
+    assert "trials" in str(report) and "default" in str(report)
+
+
+def test_a_kept_record_is_used_by_build_under_any_kernel_name(tmp_path):
+    """The record of the best trial, committed as tune() keeps one: build() applies it, for the
+    same workload under another kernel_name too, and the result is still exact."""
+    report = tune(_dw("tune_keep_a"), trials=2, work_dir=tmp_path / "run", seed=2, progress=False)
+    trials = ms.database.JSONDatabase(work_dir=str(tmp_path / "run" / "trials"))
+    best = min((r for r in trials.get_all_tuning_records() if r.run_secs), key=lambda r: float(r.run_secs[0]))
+    kept = open_database(tmp_path / "kept", create=True)
+    from tvm_convgrad.build import _arguments, _prim_func
+
+    args, _ = _arguments(_dw("tune_keep_a"))
+    func = _prim_func(args, "tune_keep_a", resolve_target("llvm"))
+    kept.commit_tuning_record(ms.database.TuningRecord(best.trace, kept.commit_workload(workload_key(func)), best.run_secs))
+    for name in ("tune_keep_a", "tune_keep_b"):
+        kernel = build(_dw(name), schedules=tmp_path / "kept")
+        assert kernel.schedule == "tuned:kept" and "tuned:kept" in repr(kernel)
+        assert check_kernel(kernel).ok
+    assert build(_dw("tune_keep_a", size=9), schedules=tmp_path / "kept").schedule == "default"  # another workload
+    assert build(_dw("tune_keep_a"), schedules=None).schedule == "default"
+    assert report.database == str(tmp_path / "run" / "best")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def rpc_tracker():
+    """A TVM RPC tracker and two device servers on localhost, started as a user would."""
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]  # fmt: skip
+    time.sleep(2)
+    for i in range(2):
+        server_port = _free_port()
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(server_port), "--port-end", str(server_port + 1),
+             "--tracker", f"127.0.0.1:{port}", "--key", "convgrad-test"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ))  # fmt: skip
+    from tvm import rpc
+
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            summary = rpc.connect_tracker("127.0.0.1", port).summary()
+            if summary["queue_info"].get("convgrad-test", {}).get("free", 0) == 2:
+                break
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        time.sleep(1)
+    else:
+        pytest.fail("the RPC tracker did not see two servers within 60 s")
+    yield port
+    for proc in procs:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_tune_over_an_rpc_tracker(rpc_tracker, tmp_path):
+    report = tune(_dw("tune_rpc_dw"), trials=2, work_dir=tmp_path / "rpc", runner=f"rpc://127.0.0.1:{rpc_tracker}/convgrad-test",
+                  seed=3, progress=False)  # fmt: skip
+    assert report.runner.startswith("rpc://") and report.trials >= 1 and not report.failures
+    records = ms.database.JSONDatabase(work_dir=str(tmp_path / "rpc" / "trials")).get_all_tuning_records()
+    assert records and all(r.run_secs and float(r.run_secs[0]) > 0 for r in records)
+    assert report.default_ms > 0 and report.best_ms > 0
+
+
+def test_tune_and_build_reject_bad_arguments(tmp_path):
+    with pytest.raises(ConvGradError, match="runner"):
+        runner_from("tcp://host:1/key")
+    with pytest.raises(ConvGradError, match="trials"):
+        tune(_dw("tune_bad"), trials=0, work_dir=tmp_path)
+    with pytest.raises(ConvGradError, match="schedules"):
+        build(_dw("tune_bad"), schedules=tmp_path / "no-database-here")
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_tune_command_rejects_an_empty_selection(tmp_path, capsys):
+    from tvm_convgrad.cli import main
+
+    assert main(["tune", "--filter", "no-such-layer", "--out", str(tmp_path), "--no-progress"]) == 2
+    assert "no benchmark case matches" in capsys.readouterr().err
