@@ -114,3 +114,23 @@ def test_onednn_result_of_a_3d_case_is_the_cube_with_a_depth_axis():
     result = bench.onednn_result(case)
     assert [int(d) for d in result.shape] == [3, 3, 3, 512, 512]
     assert result.convgrad_params.geom.depth.kernel == 3 and result.convgrad_params.flops == case.flops
+
+
+@needs_torch
+def test_bench_times_default_and_tuned_side_by_side(tmp_path):
+    """--schedule tuned with a database that holds no record for the case: both kernels timed,
+    the tuned one reports the default schedule and the summary its speed ratio."""
+    from tvm_convgrad.tune import open_database
+
+    open_database(tmp_path / "empty", create=True)
+    exe = shutil.which("tvm-convgrad")
+    command = [exe] if exe else [sys.executable, "-m", "tvm_convgrad.cli"]
+    args = ["bench", "--schedule", "tuned", "--schedules", str(tmp_path / "empty"), "--filter", r"res5b_branch2a\.n1", "--op", "filter",
+            "--rounds", "1", "--out", str(tmp_path / "out"), "--no-progress"]  # fmt: skip
+    run = subprocess.run([*command, *args], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    record = json.loads((tmp_path / "out" / "bench.json").read_text())
+    (result,) = record["results"]
+    assert result["tuned_ms"] > 0 and result["tuned_schedule"] == "default"
+    assert "geomean_tuned_speedup" in next(iter(record["summary"].values()))
+    assert "Tuned schedules" in (tmp_path / "out" / "README.md").read_text()

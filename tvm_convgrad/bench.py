@@ -48,7 +48,7 @@ from tvm.target import Target
 from tvm import te
 
 from . import dsl, layout, usable_cores
-from .build import Kernel, build, isa_target
+from .build import SHIPPED, Kernel, build, isa_target
 from .dsl.compute import cube_util
 from .frontends import onednn
 from .peak import FmaPeak, FmaProbe
@@ -149,6 +149,13 @@ class BenchResult:
     ours_samples_ms: list[float] = field(default_factory=list)
     torch_samples_ms: list[float] = field(default_factory=list)
     torch_impl: str = ""  # the oneDNN implementation(s) PyTorch ran, e.g. "jit:avx2"
+    tuned_ms: float | None = None  # with --schedule tuned: the kernel built from the tuning records
+    tuned_schedule: str = ""  # "tuned:<database>", or "default" when no record matched
+
+    @property
+    def tuned_speedup(self) -> float | None:
+        """default time / tuned time (None unless the run timed a tuned kernel)."""
+        return None if self.tuned_ms is None else self.ours_ms / self.tuned_ms
 
     @property
     def ratio(self) -> float:
@@ -291,11 +298,13 @@ class QuietGate:
 
 def run_bench(
     cases: Sequence[BenchCase], ops: Sequence[str], rounds: int = 5, progress: bool = True, target: Target | None = None,
-    gate: QuietGate | None = None, api: str = "tbe",
+    gate: QuietGate | None = None, api: str = "tbe", schedules: str | Path | None = None,
 ) -> list[BenchResult]:
     """Build (for ``target``, default this CPU) and time every (case, op), ours and torch
     interleaved, each sample after ``gate`` says the machine is quiet; see the module docstring.
-    ``api="onednn"``: the weight gradient through the oneDNN frontend (``ops`` must be filter)."""
+    ``api="onednn"``: the weight gradient through the oneDNN frontend (``ops`` must be filter).
+    ``schedules`` (a database folder, or ``build.SHIPPED``): also time the kernel built from its
+    records, interleaved with the default one (``BenchResult.tuned_ms``)."""
     import torch
     from tqdm import tqdm
 
@@ -308,8 +317,12 @@ def run_bench(
     for case, op in bar:
         bar.set_description(f"{OPS[op]} {case.name}")
         start = time.perf_counter()
-        kernel = build(onednn_result(case) if api == "onednn" else tbe_result(case, op), target=target)
+        result_tensor = onednn_result(case) if api == "onednn" else tbe_result(case, op)
+        kernel = build(result_tensor, target=target, schedules=None)
         compile_s = time.perf_counter() - start
+        tuned = build(result_tensor, target=target, schedules=schedules) if schedules is not None else None
+        tuned_t: list[float] = []
+        timed_tuned = _ours(tuned, rng) if tuned is not None else None
         call = _torch_call(case, op, rng, channels_last=api == "onednn")
         impl = onednn_implementations(call)
         ours, theirs = _ours(kernel, rng), lambda: _sample(call)
@@ -318,6 +331,10 @@ def run_bench(
             quiet()
             ours_t.append(ours())
             time.sleep(PAUSE_SECONDS)
+            if timed_tuned is not None:
+                quiet()
+                tuned_t.append(timed_tuned())
+                time.sleep(PAUSE_SECONDS)
             quiet()
             torch_t.append(theirs())
             time.sleep(PAUSE_SECONDS)
@@ -327,6 +344,7 @@ def run_bench(
             case.name, case.kind, case.N, OPS[op], case.flops, kernel_desc, compile_s,
             statistics.median(ours_t) * 1e3, statistics.median(torch_t) * 1e3,
             [t * 1e3 for t in ours_t], [t * 1e3 for t in torch_t], impl,
+            statistics.median(tuned_t) * 1e3 if tuned_t else None, tuned.schedule if tuned is not None else "",
         )  # fmt: skip
         results.append(result)
         bar.set_postfix(ratio=f"{result.ratio:.2f}")
@@ -349,6 +367,9 @@ def summarize(results: Sequence[BenchResult]) -> dict[str, dict]:
             "min_ratio": min(r.ratio for r in rs),
             "min_case": min(rs, key=lambda r: r.ratio).case,
             "max_compile_s": max(r.compile_s for r in rs),
+            **({"geomean_tuned_speedup": _geomean([r.tuned_speedup for r in rs]),
+                "tuned_cases": sum(r.tuned_schedule.startswith("tuned") for r in rs)}
+               if all(r.tuned_ms is not None for r in rs) else {}),
         }
         for key, rs in sorted(groups.items())
     }
@@ -391,10 +412,14 @@ def format_table(results: Sequence[BenchResult], summary: dict, peaks: Sequence[
             f"of the measured FMA peak (lowest: {worst})"
         )
     for key, s in summary.items():
+        tuned = f"  tuned/default {s['geomean_tuned_speedup']:.3f} ({s['tuned_cases']} with a record)" if "geomean_tuned_speedup" in s else ""
         lines.append(
             f"{key:24s} geomean torch/ours {s['geomean_ratio']:5.2f}  min {s['min_ratio']:5.2f} ({s['min_case']})  "
-            f"max compile {s['max_compile_s']:.2f} s  [{s['cases']} cases]"
+            f"max compile {s['max_compile_s']:.2f} s  [{s['cases']} cases]{tuned}"
         )
+    for r in results:
+        if r.tuned_ms is not None:
+            lines.append(f"  {r.case} {r.op}: default {r.ours_ms:.3f} ms, {r.tuned_schedule} {r.tuned_ms:.3f} ms ({r.tuned_speedup:.2f}x)")
     return "\n".join(lines)
 
 
@@ -492,21 +517,28 @@ def markdown_report(record: dict) -> str:
     for key, s in record["summary"].items():
         goal = GOALS.get(key.split()[0])
         lines.append(f"| {key} | **{s['geomean_ratio']:.2f}** | {s['min_ratio']:.2f} ({s['min_case']}) | {f'>= {goal}' if goal else '-'} |")
+    tuned = [(k, s) for k, s in record["summary"].items() if "geomean_tuned_speedup" in s]
+    if tuned:
+        where = record["settings"].get("schedules")
+        lines += ["", f"Tuned schedules (`--schedule tuned`, records: `{where}`), timed interleaved with the default:", "",
+                  "| cases | kernels with a record | geomean default/tuned time |", "|---|---|---|"]  # fmt: skip
+        lines += [f"| {k} | {s['tuned_cases']} of {s['cases']} | **{s['geomean_tuned_speedup']:.3f}** |" for k, s in tuned]
     fractions = record["resnet50_3x3_s1_n8_peak_fraction"]
     if fractions:
         lines += ["", f"ResNet-50 3x3 stride-1 layers at N=8: **{min(fractions.values()):.0%}-{max(fractions.values()):.0%}** of the measured FMA peak (goal >= 75%)."]
     return "\n".join(lines) + "\n"
 
 
-def _cli_args(suite, batches, ops, pattern, rounds, out_dir, progress, isa, api) -> list[str]:
+def _cli_args(suite, batches, ops, pattern, rounds, out_dir, progress, isa, api, schedule, schedules) -> list[str]:
     args = ["bench", "--suite", suite, "--batch", "all" if len(batches) > 1 else str(batches[0])]
     args += ["--op", "both" if len(ops) > 1 else ops[0], "--rounds", str(rounds), "--out", str(out_dir), "--isa", isa, "--api", api]
+    args += ["--schedule", schedule] + (["--schedules", str(schedules)] if schedules else [])
     return args + (["--filter", pattern] if pattern else []) + ([] if progress else ["--no-progress"])
 
 
 def main(
     suite: str, batches: Sequence[int], ops: Sequence[str], pattern: str | None, rounds: int, out_dir: Path,
-    progress: bool = True, isa: str = "native", api: str = "tbe",
+    progress: bool = True, isa: str = "native", api: str = "tbe", schedule: str = "default", schedules: str | None = None,
 ) -> dict:  # fmt: skip
     """Run, print the table, write ``bench.json``, ``README.md`` (the report) and ``bench.png``
     under ``out_dir``; returns the summary.
@@ -521,6 +553,8 @@ def main(
         raise ValueError(f"--api {api!r}: must be one of {', '.join(APIS)}")
     if api == "onednn" and list(ops) != ["filter"]:
         raise ValueError("--api onednn: the oneDNN operators are weight gradients: use --op filter")
+    if schedule not in ("default", "tuned"):
+        raise ValueError(f"--schedule {schedule!r}: must be default or tuned")
     if suite not in SUITES:
         raise ValueError(f"--suite {suite!r}: must be one of {', '.join(SUITES)}")
     if suite == "conv3d" and api != "onednn":
@@ -534,7 +568,7 @@ def main(
     caps = TORCH_ISA_CAPS[isa]
     if any(os.environ.get(k) != v for k, v in caps.items()):
         if "torch" in sys.modules:  # too late to cap it here: run the bench where torch has not loaded
-            command = [sys.executable, "-m", "tvm_convgrad.cli", *_cli_args(suite, batches, ops, pattern, rounds, out_dir, progress, isa, api)]
+            command = [sys.executable, "-m", "tvm_convgrad.cli", *_cli_args(suite, batches, ops, pattern, rounds, out_dir, progress, isa, api, schedule, schedules)]
             if subprocess.run(command, env={**os.environ, **caps}).returncode != 0:
                 raise RuntimeError(f"the benchmark child process failed: {' '.join(command)}")
             return json.loads((out_dir / "bench.json").read_text())["summary"]
@@ -542,7 +576,8 @@ def main(
     probe = FmaProbe(target)
     peaks = [probe.measure()]
     gate = QuietGate(probe, peaks[0].gflops)
-    results = run_bench(cases, ops, rounds, progress, target, gate, api)
+    records = (schedules or SHIPPED) if schedule == "tuned" else None
+    results = run_bench(cases, ops, rounds, progress, target, gate, api, records)
     peaks.append(probe.measure())
     summary = summarize(results)
     isas = _describe_isas(target, results)
@@ -553,7 +588,8 @@ def main(
     record = {
         "environment": environment(target),
         "isa": {"name": isa, **isas},
-        "settings": {"suite": suite, "batches": list(batches), "ops": list(ops), "filter": pattern, "rounds": rounds, "api": api},
+        "settings": {"suite": suite, "batches": list(batches), "ops": list(ops), "filter": pattern, "rounds": rounds, "api": api,
+                     "schedule": schedule, "schedules": str(records) if records else None},
         "quiet_gate": {"threshold": QUIET, "waited_s": round(gate.waited_s, 1), "gave_up": gate.gave_up},
         "fma_peak": [asdict(p) | {"gflops": p.gflops} for p in peaks],
         "summary": summary,

@@ -153,7 +153,8 @@ def bench(args: argparse.Namespace) -> int:
     batches = (1, 8) if args.batch == "all" else (int(args.batch),)
     ops = ("filter", "input") if args.op == "both" else (args.op,)
     try:
-        bench_module.main(args.suite, batches, ops, args.filter, args.rounds, Path(args.out), not args.no_progress, args.isa, args.api)
+        bench_module.main(args.suite, batches, ops, args.filter, args.rounds, Path(args.out), not args.no_progress, args.isa, args.api,
+                          args.schedule, args.schedules)  # fmt: skip
     except ValueError as err:
         print(f"tvm-convgrad bench: {err}", file=sys.stderr)
         return 2
@@ -208,6 +209,9 @@ def _parser() -> argparse.ArgumentParser:
                          help="vector ISA of both sides: ours built for it, PyTorch capped to it (default: this CPU's)")
     p_bench.add_argument("--api", choices=("tbe", "onednn"), default="tbe",
                          help="ours through TBE's DSL (float16 5HD) or the oneDNN Graph frontend (float32 NXC; --op filter)")
+    p_bench.add_argument("--schedule", choices=("default", "tuned"), default="default",
+                         help="tuned: time ours twice, the rule's default and the kernel built from the tuning records")
+    p_bench.add_argument("--schedules", metavar="DIR", help="with --schedule tuned: a database folder (default: the shipped records)")
     p_bench.add_argument("--out", default="bench_out", help="folder for bench.json and bench.png")
     p_bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     p_bench.set_defaults(func=bench)
