@@ -25,3 +25,5 @@ def test_notebook_runs(path, capsys):
     for line in out.splitlines():
         if "max |error| =" in line:
             assert float(line.rsplit("=", 1)[1]) < 1e-3, line
+        if "error / bound =" in line:
+            assert float(line.rsplit("=", 1)[1]) <= 1.0, line
