@@ -3,6 +3,7 @@ kept records and build(schedules=...). Timings are never asserted (only that bot
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -85,7 +86,7 @@ def rpc_tracker():
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(server_port), "--port-end", str(server_port + 1),
              "--tracker", f"127.0.0.1:{port}", "--key", "convgrad-test"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TVM_NUM_THREADS": "2"},
         ))  # fmt: skip
     from tvm import rpc
 
@@ -130,3 +131,16 @@ def test_tune_command_rejects_an_empty_selection(tmp_path, capsys):
 
     assert main(["tune", "--filter", "no-such-layer", "--out", str(tmp_path), "--no-progress"]) == 2
     assert "no benchmark case matches" in capsys.readouterr().err
+
+
+def test_local_runner_times_on_every_core():
+    """The local runner's workers start TVM's thread pool on every core, as the package's own
+    processes do (TVM's default, half the cores, would time a 2-core kernel on one)."""
+    from tvm_convgrad import usable_cores
+    from tvm_convgrad.tune import _use_every_core
+
+    assert runner_from("local").pool._initializer is _use_every_core
+    code = "import os; from tvm_convgrad.tune import _use_every_core; _use_every_core(); print(os.environ['TVM_NUM_THREADS'])"
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120).stdout.split()
+    assert out == [str(usable_cores())]

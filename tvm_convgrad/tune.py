@@ -73,14 +73,22 @@ def _compile_candidate(mod: tvm.IRModule, target: Target, _params=None):
         return tvm.compile(mod, target=target).mod
 
 
+def _use_every_core():
+    """Runner worker initializer: TVM's thread pool on every usable core, as in the processes
+    that import the package (TVM's own default is half the cores on x86: on 2 cores, 1 thread)."""
+    import tvm_convgrad  # noqa: F401 - sets TVM_NUM_THREADS before the pool starts
+
+
 def runner_from(runner: str | ms.runner.Runner, timeout_s: float = RUN_TIMEOUT_S) -> ms.runner.Runner:
     """``"local"``, ``"rpc://HOST:PORT/KEY"`` (a TVM RPC tracker and the key its device servers
-    registered under) or a MetaSchedule ``Runner``. Each candidate: 3 repeats of >= 50 ms."""
+    registered under) or a MetaSchedule ``Runner``. Each candidate: 3 repeats of >= 50 ms. The
+    local runner's workers use every core; start RPC servers with ``TVM_NUM_THREADS`` set to the
+    device's cores (TVM's default is half of them on x86)."""
     if isinstance(runner, ms.runner.Runner):
         return runner
     evaluator = ms.runner.EvaluatorConfig(number=1, repeat=3, min_repeat_ms=50)
     if runner == "local":
-        return ms.runner.LocalRunner(timeout_sec=timeout_s, evaluator_config=evaluator)
+        return ms.runner.LocalRunner(timeout_sec=timeout_s, evaluator_config=evaluator, initializer=_use_every_core)
     match = RPC_URL.match(str(runner))
     if match is None:
         raise ConvGradError("tune", "runner", runner, "must be 'local', 'rpc://HOST:PORT/KEY' or a meta_schedule Runner")
