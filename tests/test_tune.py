@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from tvm.s_tir import meta_schedule as ms
@@ -144,3 +145,31 @@ def test_local_runner_times_on_every_core():
     env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120).stdout.split()
     assert out == [str(usable_cores())]
+
+
+SHIPPED = sorted(p for p in (Path(__file__).parent.parent / "schedules").iterdir() if (p / "database_workload.json").is_file())
+
+
+@pytest.mark.parametrize("folder", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_shipped_records_build_exact_kernels(folder):
+    """Every bench kernel with a record in a shipped database builds from it (for that database's
+    target, wherever this host can run its ISA) and matches the float64 reference."""
+    from tvm.target import Target
+
+    from tvm_convgrad import bench
+    from tvm_convgrad.build import schedule_key
+    from tvm_convgrad.schedule.isa import host_can_run
+
+    kind, mcpu, isa = folder.name.split("-")
+    target = Target({"kind": kind, "mcpu": mcpu, "num-cores": 2})
+    assert schedule_key(target) == folder.name
+    if not host_can_run(target):
+        pytest.skip(f"this host cannot run {isa} code")
+    tuned = 0
+    for case in bench.load_cases("all", (1, 8)):
+        for op in ("filter", "input"):
+            kernel = build(bench.tbe_result(case, op), target=target, schedules=folder)
+            if kernel.schedule != "default":
+                tuned += 1
+                assert check_kernel(kernel).ok, f"{case.name} {op}"
+    assert 0 < tuned <= len(open_database(folder).get_all_tuning_records())

@@ -160,12 +160,18 @@ class TuneReport:
         return "\n".join(lines)
 
 
+def _no_table(data: str) -> None:
+    """In place of MetaSchedule's per-iteration table in notebooks (pandas, and one table per
+    iteration): the progress bar and the report say what it would."""
+
+
 def _quiet_meta_schedule_console():
     """MetaSchedule's console shows warnings only (its per-trial tables go to ``logs/``); handlers
     without a name (a second run in one process, a test runner's) would break its logging config."""
     meta = logging.getLogger("tvm.s_tir.meta_schedule")
     meta.setLevel(logging.WARNING)
     meta.handlers = [h for h in meta.handlers if h.get_name()]
+    tvm.register_global_func("s_tir.meta_schedule.print_interactive_table", _no_table, override=True)
 
 
 def _cost_model() -> str:
@@ -213,7 +219,8 @@ def tune(
     target = resolve_target(target)
     args, _ = _arguments(outputs)
     name = str(args[-1].op.attrs["kernel_name"])
-    func = _prim_func(args, name, target).with_attr("global_symbol", WORKLOAD)
+    named = _prim_func(args, name, target)
+    func = named.with_attr("global_symbol", WORKLOAD)
     mod = tvm.IRModule({WORKLOAD: func})
     rule = rule_for(target)
     work_dir = Path(work_dir)
@@ -250,7 +257,7 @@ def tune(
     kept = best_s < default_s
     keep = open_database(best_dir, create=True)  # exists even when empty: build falls back to the default
     if kept:
-        record = ms.database.TuningRecord(best.trace, keep.commit_workload(workload_key(func)), [best_s], target, best.args_info)
+        record = ms.database.TuningRecord(best.trace, keep.commit_workload(workload_key(named)), [best_s], target, best.args_info)
         keep.commit_tuning_record(record)
         _DATABASES.pop(str(best_dir.resolve()), None)
     return TuneReport(
