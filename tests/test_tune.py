@@ -43,7 +43,9 @@ def test_tune_locally_writes_the_trials_and_a_report(tmp_path):
     assert len(trials.get_all_tuning_records()) >= report.trials
     kernel = build(_dx("tune_local_dx"), schedules=report.database)
     assert kernel.schedule == ("tuned:best" if report.kept else "default")
-    assert report.kept == (report.best_ms < report.default_ms)
+    from tvm_convgrad.tune import KEEP_MARGIN
+
+    assert report.kept == (report.best_ms < report.default_ms * (1 - KEEP_MARGIN))
     assert check_kernel(kernel).ok
     assert "trials" in str(report) and "default" in str(report)
 
@@ -150,7 +152,8 @@ def test_local_runner_times_on_every_core():
 SHIPPED = sorted(p for p in (Path(__file__).parent.parent / "schedules").iterdir() if (p / "database_workload.json").is_file())
 
 
-@pytest.mark.parametrize("folder", SHIPPED, ids=[p.name for p in SHIPPED])
+@pytest.mark.skipif(not SHIPPED, reason="no tuning records are shipped yet")
+@pytest.mark.parametrize("folder", SHIPPED or [None], ids=[p.name for p in SHIPPED] or ["none"])
 def test_shipped_records_build_exact_kernels(folder):
     """Every bench kernel with a record in a shipped database builds from it (for that database's
     target, wherever this host can run its ISA) and matches the float64 reference."""
