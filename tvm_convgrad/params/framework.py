@@ -126,6 +126,22 @@ def _activation(r: Rules, name: str, tensor: Any) -> tuple[tuple[int, ...], str]
     return r.static_shape(f"{name}.shape", tensor, rank, None), str(tensor.dtype)
 
 
+def _activations(r: Rules, first: tuple[str, Any], second: tuple[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...], str]:
+    """The two activation placeholders of an operator: their shapes (same rank) and shared dtype."""
+    (a_name, a), (b_name, b) = first, second
+    a_shape, a_dtype = _activation(r, a_name, a)
+    b_shape, b_dtype = _activation(r, b_name, b)
+    if len(b_shape) != len(a_shape):
+        r.fail(f"{b_name}.shape", b_shape, f"must have the rank of {a_name} ({len(a_shape)})")
+    return a_shape, b_shape, _dtypes(r, [(a_name, a_dtype), (b_name, b_dtype)], DTYPES)
+
+
+def _window(r: Rules, nd: int, strides: Any, dilations: Any, pads_begin: Any, pads_end: Any) -> tuple[tuple[int, ...], ...]:
+    """strides, dilations (>= 1) and pads_begin, pads_end (>= 0): one int per spatial axis each."""
+    return (_attr(r, "strides", strides, nd, 1), _attr(r, "dilations", dilations, nd, 1),
+            _attr(r, "pads_begin", pads_begin, nd, 0), _attr(r, "pads_end", pads_end, nd, 0))  # fmt: skip
+
+
 def _split_format(shape: tuple[int, ...], data_format: str) -> tuple[int, int, tuple[int, ...]]:
     """``(batch, channels, spatial)`` of an activation in NCX or NXC."""
     if data_format == "NCX":
@@ -244,19 +260,12 @@ def onednn_view(
     weights_format, weights shape)``. ``names`` spells the operator's own names: ``x``, ``dy``,
     ``shape`` (the input), ``shape_attr``, ``format``."""
     r = Rules(op, _CODES)
-    x_shape, x_dtype = _activation(r, names["x"], x)
-    dy_shape, dy_dtype = _activation(r, names["dy"], dy)
-    if len(dy_shape) != len(x_shape):
-        r.fail(f"{names['dy']}.shape", dy_shape, f"must have the rank of {names['x']} ({len(x_shape)})")
-    dtype = _dtypes(r, [(names["x"], x_dtype), (names["dy"], dy_dtype)], DTYPES)
+    x_shape, dy_shape, dtype = _activations(r, (names["x"], x), (names["dy"], dy))
     rank, nd = len(x_shape), len(x_shape) - 2
     data_format = _format(r, "data_format", data_format, DATA_FORMATS)
     weights_format = _format(r, names["format"], weights_format, ("XIO", "OIX"))
     mode = _auto_pad(r, auto_pad)
-    strides = _attr(r, "strides", strides, nd, 1)
-    dilations = _attr(r, "dilations", dilations, nd, 1)
-    pads_begin = _attr(r, "pads_begin", pads_begin, nd, 0)
-    pads_end = _attr(r, "pads_end", pads_end, nd, 0)
+    strides, dilations, pads_begin, pads_end = _window(r, nd, strides, dilations, pads_begin, pads_end)
     shape = _weights_shape(r, (names["shape"], names["shape_attr"]), shape_input, shape_attr, rank)
     groups = _groups(r, groups)
     batch, cin, s_in = _split_format(x_shape, data_format)
@@ -297,19 +306,12 @@ def deconv_view(
     """ConvTransposeBackwardWeights (spec §6): ``(conv view, data_format, weights_format, weights
     shape)``. The conv view's x is ``diff_dst`` and its dy ``src`` (spec §4); IOX is its OIX."""
     r = Rules(op, _CODES)
-    src_shape, src_dtype = _activation(r, "src", src)
-    dst_shape, dst_dtype = _activation(r, "diff_dst", diff_dst)
-    if len(dst_shape) != len(src_shape):
-        r.fail("diff_dst.shape", dst_shape, f"must have the rank of src ({len(src_shape)})")
-    dtype = _dtypes(r, [("src", src_dtype), ("diff_dst", dst_dtype)], DTYPES)
+    src_shape, dst_shape, dtype = _activations(r, ("src", src), ("diff_dst", diff_dst))
     rank, nd = len(src_shape), len(src_shape) - 2
     data_format = _format(r, "data_format", data_format, DATA_FORMATS)
     weights_format = _format(r, "weights_format", weights_format, ("XOI", "IOX"))
     mode = _auto_pad(r, auto_pad)
-    strides = _attr(r, "strides", strides, nd, 1)
-    dilations = _attr(r, "dilations", dilations, nd, 1)
-    pads_begin = _attr(r, "pads_begin", pads_begin, nd, 0)
-    pads_end = _attr(r, "pads_end", pads_end, nd, 0)
+    strides, dilations, pads_begin, pads_end = _window(r, nd, strides, dilations, pads_begin, pads_end)
     padding = None if output_padding is None else _attr(r, "output_padding", output_padding, nd, 0)
     shape = _weights_shape(r, ("weights_shape", "weights_shape_attr"), shape_input, shape_attr, rank)
     groups = _groups(r, groups)
