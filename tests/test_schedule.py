@@ -68,6 +68,37 @@ def test_stride_two_dx_is_four_phases_without_zeros():
     assert check_kernel(kernel).ok
 
 
+@pytest.mark.parametrize(
+    "args, mad",
+    [
+        ((3, 32, 15, 13, 48, 3, 2, 1), "dx_cc_"),  # the cube; phase (1, 1) has one tap: unit loops restored
+        ((2, 3, 21, 19, 32, 7, 2, 3), "dx_px_"),  # pixel lanes, a channel-planar dy pack
+        ((2, 40, 17, 15, 40, 3, 2, 1, 40), "dx_dw_"),  # depthwise, 40 channels
+        ((2, 24, 16, 16, 24, 5, 3, 2), "dx_cc_"),  # stride 3: nine phases
+    ],
+    ids=["cube", "pixel-lanes", "depthwise", "stride-3"],
+)
+def test_strided_dx_of_a_batch_runs_image_by_image(monkeypatch, args, mad):
+    """Every phase (and the dy pack) under the result's batch loop, each image's phase buffers
+    allocated for one image; exact. The real threshold (2 MB of dy) is lowered to reach it."""
+    from tvm_convgrad.schedule import cpu
+
+    name = f"per_image_{mad}{args[0]}_{args[6]}"
+    monkeypatch.setattr(cpu, "PER_IMAGE_ABOVE", 0)
+    kernel = build(_dx(*args[:8], groups=args[8] if len(args) > 8 else 1, name=name), schedules=None)
+    tir = kernel.inspect_source("tir")
+    batch = re.search(r"\n( *)for n in range\(T.int64\(" + str(args[0]) + r"\)\):\n", tir)
+    assert batch, "a serial batch loop"
+    body = tir[batch.end():]
+    indent = len(batch.group(1))
+    inside = body[: next((m.start() for m in re.finditer(r"^ {0,%d}\S" % indent, body, re.M)), len(body))]
+    phases = set(re.findall(rf'T.sblock\("({mad}\d_\d)\w*_update"\)', inside))
+    assert len(phases) == args[6] ** 2 and 'T.sblock("c_ddr")' in inside
+    assert check_kernel(kernel).ok
+    monkeypatch.undo()
+    assert "for n in range" not in build(_dx(*args[:8], groups=args[8] if len(args) > 8 else 1, name=name + "_small")).inspect_source("tir")
+
+
 def test_few_tiles_split_the_reduction_across_cores():
     """One 16x16 dW tile (Cin = Cout = 16, 1x1) and two cores: rfactor into per-core parts."""
     target = tvm.target.Target({"kind": "llvm", "num-cores": 2})

@@ -27,9 +27,13 @@ accumulators of the 16 registers), four 128-bit registers on SSE / NEON. The cub
 The fp16 -> fp32 conversion happens once: in the packing stages (``fmap_l1``, ``grads_2_matrix``,
 ``dy_pad``, ``w_col``, ``dy_rows``, ``w_t``; parallel, vectorized or walked in source order), or
 as vector operands load (``vcvtph2ps``) where a pack would only have converted. With
-``tunable=True`` the tile sizes become MetaSchedule samples (``sample_perfect_tile``): the dX
-pixel tiles, the transposed dW's taps x Cout vectors, the pixel-lane dX's rows (the 16x16 cube
-tile is fixed by the register file).
+``tunable=True`` the sizes become MetaSchedule samples (``sample_perfect_tile``, the default a
+divisor among them): the dW cube's Cout rows per tile and its reduction chunk (images x row
+bands), the dX cube's pixel tiles and channel-block groups, the transposed dW's taps x Cout
+vectors, the pixel-lane dX's rows, the depthwise tiles' lanes, pixels and unrolled columns.
+
+A strided dX of a batch whose dy outgrows the cache runs image by image: every phase (and the
+dy pack) under the result's batch loop (:func:`_phases_image_by_image`).
 """
 
 from __future__ import annotations
@@ -49,9 +53,12 @@ __all__ = ["CpuRule", "depthwise_dw_tile", "depthwise_dx_tile", "dx_tile"]
 
 MAX_TILE_PIXELS = 16  # dX pixels per tile: 16 rows of accumulators at most (AVX-512: 16 zmm of 32)
 MAX_TAP_TILE = 7  # transposed dW: taps per tile
+MAX_WO_UNROLL = 4  # depthwise dW: output columns per tile step
 WEIGHTS_IN_CACHE = 512 * 1024  # bytes of w_col kept in a core's L2 while dX walks the pixels
 PACK_PER_CHUNK = True  # dW: pack each chunk's dy inside the chunk loop when it fits PACK_IN_CACHE
 PACK_IN_CACHE = 768 * 1024
+PHASES_PER_IMAGE = True  # strided dX of a batch: the phases image by image (_phases_image_by_image)
+PER_IMAGE_ABOVE = 2 * 1024 * 1024  # ... when the batch's fp32 dy is larger than this (bytes)
 CHUNK_STEPS = 1600  # reduction steps (n, ho, wo) per dW chunk: ~1.6 MB of fmap per 16 Cin blocks
 
 
@@ -118,7 +125,7 @@ def depthwise_dw_tile(kernel_h: int, kernel_w: int, plan: IsaPlan) -> tuple[int,
     options = []
     for rows in (kernel_h, 1):
         for v in plan.row_parts:
-            for u in range(1, 5):
+            for u in range(1, MAX_WO_UNROLL + 1):
                 live = (rows * kernel_w + 2 * u + kernel_w - 1) * v
                 if rows * kernel_w * v <= plan.accumulators and live <= plan.registers - spare:
                     options.append((rows == kernel_h, min(u, 2), v, u, rows))
@@ -143,9 +150,10 @@ def depthwise_dx_tile(rows: int, cols: int, taps_h: int, taps_w: int, plan: IsaP
     return th, tw, v
 
 
-def _elementwise(sch: s_tir.Schedule, block):
-    """Parallel over the outer loops, vectorized over the innermost (C0, or 16 of a longer row)."""
-    *outer, lanes = sch.get_loops(block)
+def _elementwise(sch: s_tir.Schedule, block, shared: int = 0):
+    """Parallel over the outer loops, vectorized over the innermost (C0, or 16 of a longer row);
+    the first ``shared`` loops (that other stages run under too) are left as they are."""
+    *outer, lanes = sch.get_loops(block)[shared:]
     if _extent(sch, lanes) > 16:
         if _extent(sch, lanes) % 16:
             outer.append(lanes)  # a ragged row: parallel only, LLVM vectorizes what it can
@@ -159,13 +167,14 @@ def _elementwise(sch: s_tir.Schedule, block):
         sch.vectorize(lanes)
 
 
-def _planar_pack(sch: s_tir.Schedule, block):
+def _planar_pack(sch: s_tir.Schedule, block, shared: int = 0):
     """A 5HD -> channel-plane pack (``dy_rows``, the transposed dW's ``fmap_l1``): walked in the
-    source's order (channels innermost), so every read is contiguous; 16 planes are written."""
-    n, c, i, j = sch.get_loops(block)
+    source's order (channels innermost), so every read is contiguous; 16 planes are written.
+    With ``shared`` = 1 the batch loop is one that other stages run under too (one image)."""
+    *n, c, i, j = sch.get_loops(block)[shared:]
     c1, c0 = sch.split(c, [None, 16])
-    sch.reorder(n, c1, i, j, c0)
-    sch.parallel(sch.fuse(n, c1, i))
+    sch.reorder(*n, c1, i, j, c0)
+    sch.parallel(sch.fuse(*n, c1, i))
     sch.unroll(c0)
 
 
@@ -176,12 +185,19 @@ class _Cube:
     tunable: bool
     plan: IsaPlan
     placed: set = field(default_factory=set)  # stages a mad moved into its own loops
+    per_image: bool = False  # dX phases run under the result's batch loop (:func:`_phases_image_by_image`)
+
+    def batch(self, n) -> list:
+        """``[n]``, or ``[]`` where the batch loop is the result's, shared by every phase."""
+        return [] if self.per_image else [n]
 
     def split(self, loop, inner: int, max_inner: int):
         """``(outer, inner)``: ``inner`` fixed, or a MetaSchedule sample (a divisor of the
         extent, at most ``max_inner``) when tunable."""
-        if self.tunable:
-            factors = self.sch.sample_perfect_tile(loop, n=2, max_innermost_factor=max_inner)
+        if self.tunable:  # the design space's own decision is the default
+            extent = _extent(self.sch, loop)
+            decision = [extent // inner, inner] if extent % inner == 0 and inner <= max_inner else None
+            factors = self.sch.sample_perfect_tile(loop, n=2, max_innermost_factor=max_inner, decision=decision)
             return self.sch.split(loop, factors)
         return self.sch.split(loop, [None, inner])
 
@@ -210,8 +226,8 @@ class _Cube:
         if PACK_PER_CHUNK:  # small enough that a chunk's fp32 dy stays in the core's cache
             limit = min(limit, max(cols, PACK_IN_CACHE // (owned_out * C0 * 4)))
         images, bands = _chunk(batch, rows, cols, limit)
-        n_o, n_i = sch.split(n, [None, images])
-        ho_o, ho_i = sch.split(ho, [None, bands])
+        n_o, n_i = self.split(n, images, batch)
+        ho_o, ho_i = self.split(ho, bands, rows)
         chunk, steps = [n_o, ho_o], [n_i, ho_i, wo]
         # Cout rows per tile: all 16 where the registers hold them (AVX-512); else the most that
         # fit, the last tile predicated (AVX2: 6 + 6 + 4 rows, not 4 x 4). LLVM unswitches the
@@ -290,7 +306,7 @@ class _Cube:
         n, c1, j, i, c0, co1, mh, mw, co0 = sch.get_loops(block)
         blocks = _extent(sch, c1)
         group = _largest_divisor(blocks, WEIGHTS_IN_CACHE // max(1, weight_bytes // blocks))
-        c1_o, c1_i = sch.split(c1, [None, group])
+        c1_o, c1_i = self.split(c1, group, blocks)
         cols = _extent(sch, i)
         th, tw, v = dx_tile(_extent(sch, j), cols, self.plan)
         most = min(MAX_TILE_PIXELS, self.plan.accumulators // v)
@@ -299,13 +315,13 @@ class _Cube:
         reduction = [co1, mh, mw, co0]
         if cols % tw == 0 or self.tunable:
             i_o, i_i = self.split(i, tw, most)
-            sch.reorder(c1_o, n, j_o, i_o, c1_i, lane_groups, *reduction, j_i, i_i, c0)
-            sch.parallel(sch.fuse(c1_o, n, j_o))
+            sch.reorder(c1_o, *self.batch(n), j_o, i_o, c1_i, lane_groups, *reduction, j_i, i_i, c0)
+            sch.parallel(sch.fuse(c1_o, *self.batch(n), j_o))
             self._register_tile(block, [j_i, i_i], c0, co1)
             return
         # The columns in tiles of TW and one narrower tile at the end: two copies of the mad.
-        sch.reorder(c1_o, n, j_o, i, c1_i, lane_groups, *reduction, j_i, c0)
-        sch.parallel(sch.fuse(c1_o, n, j_o))
+        sch.reorder(c1_o, *self.batch(n), j_o, i, c1_i, lane_groups, *reduction, j_i, c0)
+        sch.parallel(sch.fuse(c1_o, *self.batch(n), j_o))
         for copy, tiles, i_i, below in _whole_tiles_and_edge(sch, i, cols, tw):
             c1_i, lane_groups, co1, mh, mw, co0, j_i, c0 = below
             sch.reorder(*tiles, c1_i, lane_groups, co1, mh, mw, co0, j_i, i_i, c0)
@@ -376,7 +392,7 @@ class _Cube:
         budget = max(1, room // (channels * vectors))
         rows = _largest_divisor(_extent(sch, j), budget)
         j_o, j_i = self.split(j, rows, budget)
-        outer = [n, j_o] + ([i_o] if i_o is not None else [])
+        outer = [*self.batch(n), j_o] + ([i_o] if i_o is not None else [])
         sch.reorder(*outer, co, mh, mw, j_i, ci, i_i)
         sch.parallel(sch.fuse(*outer))
         sch.unroll(ci)
@@ -398,10 +414,10 @@ class _Cube:
         sch, plan = self.sch, self.plan
         q, c1, kh, kw, c0, n, ho, wo = sch.get_loops(block)
         rows, vectors, unroll = depthwise_dw_tile(_extent(sch, kh), _extent(sch, kw), plan)
-        lane_groups, c0 = sch.split(c0, [None, vectors * plan.lanes])
+        lane_groups, c0 = self.split(c0, vectors * plan.lanes, C0)
         tiled = [kh, kw] if rows > 1 or _extent(sch, kh) == 1 else [kw]
         tasks = [q, c1, lane_groups] + ([kh] if tiled == [kw] else [])
-        wo_o, wo_i = sch.split(wo, [None, _largest_divisor(_extent(sch, wo), unroll)])
+        wo_o, wo_i = self.split(wo, _largest_divisor(_extent(sch, wo), unroll), MAX_WO_UNROLL)
         count = 1
         for loop in tasks:
             count *= _extent(sch, loop)
@@ -432,9 +448,9 @@ class _Cube:
         most = min(MAX_TILE_PIXELS, plan.accumulators // v)
         j_o, j_i = self.split(j, th, most)
         i_o, i_i = self.split(i, tw, most)
-        lane_groups, c0 = sch.split(c0, [None, v * plan.lanes])
-        sch.reorder(n, c1, lane_groups, j_o, i_o, q, mh, mw, j_i, i_i, c0)  # a lane group's weights stay in registers
-        sch.parallel(sch.fuse(n, c1, lane_groups, j_o))
+        lane_groups, c0 = self.split(c0, v * plan.lanes, C0)
+        sch.reorder(*self.batch(n), c1, lane_groups, j_o, i_o, q, mh, mw, j_i, i_i, c0)  # a lane group's weights stay in registers
+        sch.parallel(sch.fuse(*self.batch(n), c1, lane_groups, j_o))
         self._register_tile(block, [j_i, i_i], c0, q)
 
 
@@ -454,6 +470,67 @@ def _whole_tiles_and_edge(sch: s_tir.Schedule, loop, extent: int, tile: int):
             yield copy, [tiles], inner, loops[at + 1 :]
         else:  # the edge: one tile
             yield copy, [], part, loops[at + 1 :]
+
+
+DX_PHASES = ("dx_cc_", "dx_px_", "dx_dw_")
+DY_PACKS = ("dy_pad", "dy_rows", "dy_dw")
+
+
+def _phases_image_by_image(sch: s_tir.Schedule) -> set[str]:
+    """A strided dX of a batch, image by image: every stride phase reads all of dy, so phases run
+    one after another over the whole batch read dy from memory once per phase, and a channel-
+    planar pack (``dy_rows``: a tile reads as many rows as there are channels) from memory at
+    the latency of one stream per plane. Under the batch loop of the result stage instead, each
+    image's dy is packed and read by every phase while it is in cache (and TVM allocates the
+    packed dy and the phases' outputs for one image). Returns the stages moved under that loop."""
+    blocks = stage_blocks(sch)
+    phases = [b for b in blocks if sch.get(b).name_hint.startswith(DX_PHASES)]
+    if len(phases) < 2:
+        return set()
+    (result,) = {sch.get(c).name_hint for c in sch.get_consumers(phases[0])}
+    batch = sch.get_loops(sch.get_sblock(result))[0]
+    images = _extent(sch, batch)
+    dy_elements = max(_elements(r.source) for r in sch.get(phases[0]).reads if int(r.source.shape[0]) == images)
+    if images < 2 or dy_elements * 4 <= PER_IMAGE_ABOVE:
+        return set()
+    moved = {result}
+    for phase in phases:
+        sch.compute_at(phase, batch)
+        _restore_unit_loops(sch, phase)
+        moved.add(sch.get(phase).name_hint)
+    for pack in blocks:
+        if sch.get(pack).name_hint in DY_PACKS:
+            sch.compute_at(pack, batch)
+            moved.add(sch.get(pack).name_hint)
+    return moved
+
+
+def _elements(buffer) -> int:
+    size = 1
+    for d in buffer.shape:
+        size *= int(d)
+    return size
+
+
+def _restore_unit_loops(sch: s_tir.Schedule, block):
+    """One loop per iter var again after a ``compute_at`` (which makes none for an extent of 1,
+    e.g. a stride phase with a single tap), so the block's loops unpack as before."""
+    iters = sch.get(block).iter_vars
+    loops = list(sch.get_loops(block))
+    if len(loops) == len(iters):
+        return
+    kept = iter(loops)
+    pending = next(kept, None)
+    missing = 0
+    for it in iters:
+        if pending is not None and int(sch.get(pending).extent) == int(it.dom.extent):
+            for _ in range(missing):
+                sch.add_unit_loop(pending)
+            missing, pending = 0, next(kept, None)
+        else:
+            missing += 1
+    for _ in range(missing):
+        sch.add_unit_loop(block)
 
 
 def _sum_parts(sch: s_tir.Schedule, block):
@@ -482,10 +559,7 @@ def _largest_divisor(n: int, limit: int) -> int:
 def _buffer_bytes(sch: s_tir.Schedule, stage: str) -> int:
     """Bytes of the buffer a stage writes."""
     (buffer,) = [w.source for w in sch.get(sch.get_sblock(stage)).writes]
-    size = 1
-    for d in buffer.shape:
-        size *= int(d)
-    return size * tvm.DataType(buffer.dtype).bits // 8
+    return _elements(buffer) * tvm.DataType(buffer.dtype).bits // 8
 
 
 class CpuRule(ScheduleRule):
@@ -509,6 +583,8 @@ class CpuRule(ScheduleRule):
             for block in stage_blocks(sch):
                 if CONVERT_IN_PLACE in sch.get(block).annotations:
                     sch.compute_inline(block)
+        per_image = _phases_image_by_image(sch) if PHASES_PER_IMAGE else set()
+        cube.per_image = bool(per_image)
         packs = []
         for block in stage_blocks(sch):
             name = sch.get(block).name_hint
@@ -531,8 +607,9 @@ class CpuRule(ScheduleRule):
             if name in cube.placed:
                 continue
             block = sch.get_sblock(name)
+            shared = int(name in per_image)
             if name == "dy_rows" or (name == "fmap_l1" and len(sch.get_loops(block)) == 4):
-                _planar_pack(sch, block)
+                _planar_pack(sch, block, shared)
             else:
-                _elementwise(sch, block)
+                _elementwise(sch, block, shared)
         return sch
