@@ -23,13 +23,16 @@ with the same ``work_dir`` starts from the best records already there):
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
 import re
 import shutil
 import statistics
+import sys
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -178,28 +181,67 @@ def _quiet_meta_schedule_console():
     tvm.register_global_func("s_tir.meta_schedule.print_interactive_table", _no_table, override=True)
 
 
+TENSOR_INTRINSICS = "tvm.s_tir.tensor_intrin"
+
+
+@contextlib.contextmanager
+def _no_tensor_intrinsics(target: Target):
+    """MetaSchedule's ``TuneContext`` imports every tensor intrinsic TVM has, for the generic rules
+    that tensorize: about a minute of TVMScript parsing per process on a 2-core machine. The CPU
+    rule's space tensorizes nothing, so for an ``llvm`` target the import is answered with an empty
+    module while the tuning runs (and forgotten after it: a later real import loads them all)."""
+    if target.kind.name != "llvm" or TENSOR_INTRINSICS in sys.modules:
+        yield
+        return
+    stub = types.ModuleType(TENSOR_INTRINSICS)
+    sys.modules[TENSOR_INTRINSICS] = stub
+    try:
+        yield
+    finally:
+        if sys.modules.get(TENSOR_INTRINSICS) is stub:
+            del sys.modules[TENSOR_INTRINSICS]
+
+
 def _cost_model() -> str:
     return "xgb" if importlib.util.find_spec("xgboost") else "random"
 
 
-def _measure(builder, runner, mods: Sequence[tvm.IRModule], target: Target, func: tirx.PrimFunc) -> list[float]:
-    """Seconds of each module (median of the runner's repeats), built and run as the trials are."""
+def _measure(builder, runner, mods: Sequence[tvm.IRModule], target: Target, func: tirx.PrimFunc, rounds: int = 1) -> list[list[float]]:
+    """Seconds of each module (median of the runner's repeats), built once as the trials are and
+    run ``rounds`` times, the modules alternately: ``[round][module]``."""
     built = builder.build([ms.builder.BuilderInput(mod, target) for mod in mods])
-    for result in built:
-        if result.error_msg:
-            raise RuntimeError(f"building a schedule to compare failed: {result.error_msg}")
-    args_info = ms.arg_info.ArgInfo.from_prim_func(func)
-    device = "cuda" if target.kind.name == "cuda" else "cpu"
-    inputs = [ms.runner.RunnerInput(b.artifact_path, device, args_info) for b in built]
-    times = []
-    for future in runner.run(inputs):
-        result = future.result()
-        if result.error_msg:
-            raise RuntimeError(f"running a schedule to compare failed: {result.error_msg}")
-        times.append(statistics.median(float(s) for s in result.run_secs))
-    for b in built:
-        shutil.rmtree(Path(b.artifact_path).parent, ignore_errors=True)
-    return times
+    try:
+        for result in built:
+            if result.error_msg:
+                raise RuntimeError(f"building a schedule to compare failed: {result.error_msg}")
+        args_info = ms.arg_info.ArgInfo.from_prim_func(func)
+        device = "cuda" if target.kind.name == "cuda" else "cpu"
+        inputs = [ms.runner.RunnerInput(b.artifact_path, device, args_info) for b in built]
+        times = []
+        for _ in range(rounds):
+            times.append([])
+            for future in runner.run(inputs):
+                result = future.result()
+                if result.error_msg:
+                    raise RuntimeError(f"running a schedule to compare failed: {result.error_msg}")
+                times[-1].append(statistics.median(float(s) for s in result.run_secs))
+        return times
+    finally:
+        for b in built:
+            if b.artifact_path:
+                shutil.rmtree(Path(b.artifact_path).parent, ignore_errors=True)
+
+
+def _seed_with_the_default(database, mod: tvm.IRModule, rule, target: Target, builder, runner, func: tirx.PrimFunc):
+    """The rule's default, measured, as the first record of the trials: the evolutionary search
+    starts its population from the best measured records, so it mutates the default's tiles
+    instead of only random points of the space. (The design space's decisions are the default.)"""
+    sch = s_tir.Schedule(mod)
+    rule.schedule(sch, target, tunable=True)
+    ((seconds,),) = _measure(builder, runner, [sch.mod], target, func)
+    record = ms.database.TuningRecord(sch.trace, database.commit_workload(mod), [seconds], target,
+                                      ms.arg_info.ArgInfo.from_prim_func(func))  # fmt: skip
+    database.commit_tuning_record(record)
 
 
 def tune(
@@ -241,11 +283,13 @@ def tune(
     start = time.perf_counter()
     (work_dir / "trials").mkdir(parents=True, exist_ok=True)
     trials_db = ms.database.JSONDatabase(work_dir=str(work_dir / "trials"))
-    ms.tune_tir(
-        mod, target, str(work_dir / "trials"), max_trials_global=trials, num_trials_per_iter=min(16, trials),
-        builder=builder, runner=run, database=trials_db, cost_model=cost_model, measure_callbacks=callbacks,
-        space=space, seed=seed, strategy=ms.search_strategy.EvolutionarySearch(population_size=POPULATION, init_min_unmeasured=16),
-    )  # fmt: skip
+    _seed_with_the_default(trials_db, mod, rule, target, builder, run, func)
+    with _no_tensor_intrinsics(target):
+        ms.tune_tir(
+            mod, target, str(work_dir / "trials"), max_trials_global=trials, num_trials_per_iter=min(16, trials),
+            builder=builder, runner=run, database=trials_db, cost_model=cost_model, measure_callbacks=callbacks,
+            space=space, seed=seed, strategy=ms.search_strategy.EvolutionarySearch(population_size=POPULATION, init_min_unmeasured=16),
+        )  # fmt: skip
     bar.bar.close()
     best = trials_db.query_tuning_record(mod, target, WORKLOAD)
     default_mod = tvm.IRModule({WORKLOAD: rule.apply(func, target).mod["main"]})
@@ -253,11 +297,11 @@ def tune(
     if best is not None:
         tuned = s_tir.Schedule(mod)
         best.trace.apply_to_schedule(tuned, remove_postproc=False)
-        rounds = [_measure(builder, run, [default_mod, tuned.mod], target, func) for _ in range(REMEASURE_ROUNDS)]
+        rounds = _measure(builder, run, [default_mod, tuned.mod], target, func, REMEASURE_ROUNDS)
         default_s = statistics.median(r[0] for r in rounds)
         best_s = statistics.median(r[1] for r in rounds)
     else:
-        default_s = _measure(builder, run, [default_mod], target, func)[0]
+        default_s = _measure(builder, run, [default_mod], target, func)[0][0]
     kept = best_s < default_s * (1 - KEEP_MARGIN)
     keep = open_database(best_dir, create=True)  # exists even when empty: build falls back to the default
     if kept:
