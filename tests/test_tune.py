@@ -180,3 +180,26 @@ def test_shipped_records_build_exact_kernels(folder):
                 tuned += 1
                 assert check_kernel(kernel).ok, f"{case.name} {op}"
     assert 0 < tuned <= len(open_database(folder).get_all_tuning_records())
+
+
+@pytest.mark.parametrize("mcpu", ["haswell", "skylake-avx512"])
+def test_every_bench_case_tunable_trace_replays_with_any_decisions(mcpu):
+    """MetaSchedule's search replays the design space's trace with fresh decisions: every
+    instruction must give the same outputs whatever the samples (a ``get_loops`` after a
+    ``compute_at`` whose loops depend on a sampled chunk did not, and the search stopped)."""
+    from tvm import s_tir
+
+    from tvm_convgrad import bench
+    from tvm_convgrad.build import _arguments, _prim_func
+    from tvm_convgrad.schedule import rule_for
+
+    target = resolve_target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    for case in bench.load_cases("all", (1, 8)):
+        for op in ("filter", "input"):
+            args, _ = _arguments(bench.tbe_result(case, op))
+            func = _prim_func(args, "main", target)
+            sch = s_tir.Schedule(func)
+            rule_for(target).schedule(sch, target, tunable=True)
+            free = s_tir.Trace(sch.trace.insts, {})
+            for seed in range(1, 5):
+                free.apply_to_schedule(s_tir.Schedule(func, seed=seed), remove_postproc=False)

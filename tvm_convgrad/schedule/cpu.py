@@ -262,8 +262,9 @@ class _Cube:
         except Exception:  # read in place (inlined): nothing to move
             return
         sch.compute_at(pack, loop)
-        *_, lanes = sch.get_loops(pack)
-        sch.vectorize(lanes)
+        if not self.tunable:  # (tunable: the loops compute_at makes depend on the sampled chunk, and
+            *_, lanes = sch.get_loops(pack)  # a trace must give the same loops on every replay;
+            sch.vectorize(lanes)  # LLVM vectorizes the contiguous 16-lane conversion by itself)
         self.placed.add(stage)
 
     def _split_reduction(self, block, tiles, reduce, longest, co0, c0):
