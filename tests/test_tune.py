@@ -140,6 +140,32 @@ def test_tune_command_rejects_an_empty_selection(tmp_path, capsys):
     assert "no benchmark case matches" in capsys.readouterr().err
 
 
+def test_tune_command_goes_on_after_a_kernel_fails(tmp_path, capsys, monkeypatch):
+    """A long run is not lost to one kernel: the failure is named, the others tuned, the exit
+    status says something failed."""
+    import json
+
+    from tvm_convgrad.cli import main
+    from tvm_convgrad.tune import TuneReport
+
+    module = sys.modules["tvm_convgrad.tune"]
+    calls = []
+
+    def fake_tune(outputs, target, trials, work_dir, runner, database, progress):
+        calls.append(work_dir.name)
+        if len(calls) == 1:
+            raise RuntimeError("parallel_for_dynamic error with Check failed: (7 vs. 6)")
+        return TuneReport(work_dir.name, "llvm", runner, "random", trials, 2.0, 1.0, True, str(database), str(work_dir), 1.0)
+
+    monkeypatch.setattr(module, "tune", fake_tune)
+    args = ["tune", "--suite", "all", "--filter", r"dw144_s1", "--batch", "1", "--out", str(tmp_path), "--no-progress"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert calls == ["mobilenet_v2.dw144_s1.n1.filter", "mobilenet_v2.dw144_s1.n1.input"]
+    assert "mobilenet_v2.dw144_s1.n1 filter" in err and "(7 vs. 6)" in err
+    assert [r["name"] for r in json.loads((tmp_path / "tune.json").read_text())] == ["mobilenet_v2.dw144_s1.n1.input"]
+
+
 def test_local_runner_times_on_every_core():
     """The local runner's workers start TVM's thread pool on every core, as the package's own
     processes do (TVM's default, half the cores, would time a 2-core kernel on one)."""

@@ -127,20 +127,29 @@ def tune(args: argparse.Namespace) -> int:
         return 2
     runner = f"rpc://{args.rpc}/{args.key}" if args.rpc else "local"
     out = Path(args.out)
-    reports = []
+    reports, failed = [], []
     for case in cases:
         for op in ops:
-            report = tune_one(bench_module.tbe_result(case, op), "llvm", args.trials, out / "work" / f"{case.name}.{op}", runner,
-                              database=Path(args.database) if args.database else out / "best", progress=not args.no_progress)  # fmt: skip
-            print(report)
+            try:  # one kernel's failure does not end a long run: the others are still tuned
+                report = tune_one(bench_module.tbe_result(case, op), "llvm", args.trials, out / "work" / f"{case.name}.{op}", runner,
+                                  database=Path(args.database) if args.database else out / "best", progress=not args.no_progress)  # fmt: skip
+            except Exception as error:  # noqa: BLE001 - reported with the kernel's name, counted in the exit status
+                failed.append(f"{case.name} {op}: {type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}")
+                print(f"tuning {case.name} {op} failed: {failed[-1]}", file=sys.stderr)
+                continue
+            print(report, flush=True)
             reports.append(report)
+    for line in failed:
+        print(f"failed: {line}", file=sys.stderr)
+    if not reports:
+        return 1
     speedups = [r.speedup for r in reports]
     geomean = math.exp(sum(math.log(v) for v in speedups) / len(speedups))
     kept = sum(r.kept for r in reports)
     print(f"{len(reports)} kernels tuned, {kept} records kept; geomean tuned/default speed {geomean:.3f}; records: {reports[0].database}")
     (out / "tune.json").parent.mkdir(parents=True, exist_ok=True)
     (out / "tune.json").write_text(json.dumps([dataclasses.asdict(r) for r in reports], indent=1))
-    return 0
+    return 1 if failed else 0
 
 
 def bench(args: argparse.Namespace) -> int:
