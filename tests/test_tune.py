@@ -54,6 +54,17 @@ def test_tune_locally_writes_the_trials_and_a_report(tmp_path, capsys):
     assert "trials" in str(report) and "default" in str(report)
 
 
+def test_the_default_schedule_is_never_kept_as_a_record(tmp_path):
+    """A first layer's dX (3 channels: pixel lanes, one row per tile) has one candidate, the
+    default: whatever the timing noise says, no record is written for it."""
+    w = placeholder(layout.shape_fracz((16, 3, 3, 3)), name="filters", dtype="float16")
+    dy = placeholder(layout.shape_5hd(1, 16, 12, 12), name="out_backprop", dtype="float16")
+    para = {"strides": [1, 1], "padding": [1, 1, 1, 1], "dilations": [1, 1, 1, 1], "kernel_name": "tune_only_default"}
+    report = tune(dsl.conv2d_backprop_input(w, dy, [16, 3, 3, 3], [1, 3, 12, 12], para), trials=2, work_dir=tmp_path, progress=False)
+    assert not report.kept and report.best_ms == report.default_ms and report.speedup == 1.0
+    assert not ms.database.JSONDatabase(work_dir=str(tmp_path / "best")).get_all_tuning_records()
+
+
 def test_a_kept_record_is_used_by_build_under_any_kernel_name(tmp_path):
     """The record of the best trial, committed as tune() keeps one: build() applies it, for the
     same workload under another kernel_name too, and the result is still exact."""
