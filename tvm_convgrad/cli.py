@@ -21,7 +21,6 @@ import dataclasses
 import importlib
 import importlib.util
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -114,13 +113,18 @@ def run(args: argparse.Namespace) -> int:
     return 0 if _report(f"[conv2d_backprop_{args.op}] {geometry}", kernel, seconds, args.repeat) else 1
 
 
+def _selection(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """``(batches, ops)`` of the bench's and tune's ``--batch`` and ``--op``."""
+    batches = (1, 8) if args.batch == "all" else (int(args.batch),)
+    return batches, (("filter", "input") if args.op == "both" else (args.op,))
+
+
 def tune(args: argparse.Namespace) -> int:
     """Tune the bench's cases (the TBE DSL's kernels) on MetaSchedule; records kept in ``--out``."""
     from . import bench as bench_module
     from .tune import tune as tune_one
 
-    batches = (1, 8) if args.batch == "all" else (int(args.batch),)
-    ops = ("filter", "input") if args.op == "both" else (args.op,)
+    batches, ops = _selection(args)
     cases = bench_module.load_cases(args.suite, batches, args.filter)
     if not cases:
         print(f"tvm-convgrad tune: no benchmark case matches suite={args.suite!r}, filter={args.filter!r}", file=sys.stderr)
@@ -143,8 +147,7 @@ def tune(args: argparse.Namespace) -> int:
         print(f"failed: {line}", file=sys.stderr)
     if not reports:
         return 1
-    speedups = [r.speedup for r in reports]
-    geomean = math.exp(sum(math.log(v) for v in speedups) / len(speedups))
+    geomean = bench_module._geomean([r.speedup for r in reports])
     kept = sum(r.kept for r in reports)
     print(f"{len(reports)} kernels tuned, {kept} records kept; geomean tuned/default speed {geomean:.3f}; records: {reports[0].database}")
     (out / "tune.json").parent.mkdir(parents=True, exist_ok=True)
@@ -159,8 +162,7 @@ def bench(args: argparse.Namespace) -> int:
         return 2
     from . import bench as bench_module
 
-    batches = (1, 8) if args.batch == "all" else (int(args.batch),)
-    ops = ("filter", "input") if args.op == "both" else (args.op,)
+    batches, ops = _selection(args)
     try:
         bench_module.main(args.suite, batches, ops, args.filter, args.rounds, Path(args.out), not args.no_progress, args.isa, args.api,
                           args.schedule, args.schedules)  # fmt: skip

@@ -237,7 +237,10 @@ def _measure(builder, runner, mods: Sequence[tvm.IRModule], target: Target, func
 def _seed_with_the_default(database, mod: tvm.IRModule, rule, target: Target, builder, runner, func: tirx.PrimFunc):
     """The rule's default, measured, as the first record of the trials: the evolutionary search
     starts its population from the best measured records, so it mutates the default's tiles
-    instead of only random points of the space. (The design space's decisions are the default.)"""
+    instead of only random points of the space. (The design space's decisions are the default.)
+    A resumed run finds its workload, and so this record, already there."""
+    if database.has_workload(mod):
+        return
     sch = s_tir.Schedule(mod)
     rule.schedule(sch, target, tunable=True)
     ((seconds,),) = _measure(builder, runner, [sch.mod], target, func)
@@ -311,8 +314,7 @@ def tune(
     keep = open_database(best_dir, create=True)  # exists even when empty: build falls back to the default
     if kept:
         record = ms.database.TuningRecord(best.trace, keep.commit_workload(workload_key(named)), [best_s], target, best.args_info)
-        keep.commit_tuning_record(record)
-        _DATABASES.pop(str(best_dir.resolve()), None)
+        keep.commit_tuning_record(record)  # into the cached database build() reads too
     return TuneReport(
         name=name, target=str(target), runner=runner if isinstance(runner, str) else type(runner).__name__,
         cost_model=cost_model, trials=bar.trials, default_ms=default_s * 1e3, best_ms=best_s * 1e3, kept=kept,
