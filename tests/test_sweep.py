@@ -85,6 +85,23 @@ def _geometry(c: dict):
     return filter_sizes, para, dy
 
 
+def dw_result(case: dict):
+    """dW of a sweep case (fp16 5HD inputs)."""
+    filter_sizes, para, dy = _geometry(case)
+    x = placeholder(layout.shape_5hd(case["n"], case["cin"], case["h"], case["w"]), name="x", dtype="float16")
+    return dsl.conv2d_backprop_filter(x, dy, filter_sizes, {**para, "groups": case["groups"]})
+
+
+def dx_result(case: dict):
+    """dX of a sweep case (fp16 FracZ filters and 5HD dy; a float32 bias when the case has one)."""
+    filter_sizes, para, dy = _geometry(case)
+    filters = placeholder(layout.shape_fracz(filter_sizes, case["groups"]), name="filters", dtype="float16")
+    para["group_dict"] = cube_util.calculate_group(filter_sizes, case["groups"])
+    if case["bias"]:
+        para["tensor_bias"] = placeholder((case["cin"],), name="bias", dtype="float32")
+    return dsl.conv2d_backprop_input(filters, dy, filter_sizes, [case["n"], case["cin"], case["h"], case["w"]], para)
+
+
 def test_sweep_covers_the_parameter_space():
     assert {c["groups"] if c["cin"] != c["groups"] or c["groups"] == 1 else "depthwise" for c in CASES} >= set(GROUP_KINDS)
     assert {s for c in CASES for s in c["strides"]} == {1, 2, 3}
@@ -100,28 +117,19 @@ def test_sweep_covers_the_parameter_space():
 @pytest.mark.parametrize("isa", RUNNABLE_ISAS)
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_conv2d_backprop_filter(case, isa):
-    filter_sizes, para, dy = _geometry(case)
-    x = placeholder(layout.shape_5hd(case["n"], case["cin"], case["h"], case["w"]), name="x", dtype="float16")
-    kernel = build(dsl.conv2d_backprop_filter(x, dy, filter_sizes, {**para, "groups": case["groups"]}), target=isa_target(isa))
+    kernel = build(dw_result(case), target=isa_target(isa))
     check = check_kernel(kernel, seed=1)
     assert check.ok, str(check)
-    assert kernel.output.shape == layout.shape_dw_result(filter_sizes, case["groups"])
+    assert kernel.output.shape == layout.shape_dw_result(_geometry(case)[0], case["groups"])
 
 
 @pytest.mark.parametrize("isa", RUNNABLE_ISAS)
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_conv2d_backprop_input(case, isa):
-    filter_sizes, para, dy = _geometry(case)
-    groups = case["groups"]
-    filters = placeholder(layout.shape_fracz(filter_sizes, groups), name="filters", dtype="float16")
-    para["group_dict"] = cube_util.calculate_group(filter_sizes, groups)
-    if case["bias"]:
-        para["tensor_bias"] = placeholder((case["cin"],), name="bias", dtype="float32")
-    input_sizes = [case["n"], case["cin"], case["h"], case["w"]]
-    kernel = build(dsl.conv2d_backprop_input(filters, dy, filter_sizes, input_sizes, para), target=isa_target(isa))
+    kernel = build(dx_result(case), target=isa_target(isa))
     check = check_kernel(kernel, seed=2)
     assert check.ok, str(check)
-    assert kernel.output.shape == layout.shape_dx_result(input_sizes)
+    assert kernel.output.shape == layout.shape_dx_result([case["n"], case["cin"], case["h"], case["w"]])
 
 
 @needs_torch

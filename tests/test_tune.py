@@ -139,6 +139,8 @@ def test_tune_and_build_reject_bad_arguments(tmp_path):
         runner_from("tcp://host:1/key")
     with pytest.raises(ConvGradError, match="trials"):
         tune(_dw("tune_bad"), trials=0, work_dir=tmp_path)
+    with pytest.raises(ConvGradError, match="target = 'cuda': must be an llvm target"):
+        tune(_dw("tune_bad"), target="cuda", trials=1, work_dir=tmp_path)
     with pytest.raises(ConvGradError, match="schedules"):
         build(_dw("tune_bad"), schedules=tmp_path / "no-database-here")
     shutil.rmtree(tmp_path, ignore_errors=True)

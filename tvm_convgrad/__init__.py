@@ -24,7 +24,7 @@ if "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
     os.environ["TVM_NUM_THREADS"] = str(usable_cores())
 
 from . import dsl, frontends, layout, reference, tvm  # noqa: E402
-from .build import ArgSpec, Kernel, Timing, build, isa_target, lower, pass_context, resolve_target  # noqa: E402
+from .build import ArgSpec, Kernel, Timing, build, emulate_cuda, isa_target, lower, pass_context, resolve_target  # noqa: E402
 from .errors import ConvGradError  # noqa: E402
 from .tune import TuneReport, tune  # noqa: E402
 from .params import ConvGeometry, ConvGradParams  # noqa: E402
@@ -41,6 +41,7 @@ __all__ = [
     "TuneReport",
     "build",
     "dsl",
+    "emulate_cuda",
     "frontends",
     "isa_target",
     "layout",

@@ -32,10 +32,12 @@ from .dsl import result_info
 from .dsl.compute import ARGUMENT_STAGES, formulation
 from .errors import ConvGradError
 from .params import ConvGradParams
+from .schedule.cuda import CudaRule
+from .schedule.cuda import units as cuda_units
 from .schedule.isa import IsaPlan, isa_plan
 
 __all__ = [
-    "ArgSpec", "ISA_MCPU", "Kernel", "KeepIndexWidth", "SHIPPED", "Timing", "build", "isa_target", "lower", "numpy_dtype",
+    "ArgSpec", "ISA_MCPU", "Kernel", "KeepIndexWidth", "SHIPPED", "Timing", "build", "emulate_cuda", "isa_target", "lower", "numpy_dtype",
     "pass_context", "resolve_target", "schedule_key", "shipped_schedules",
 ]  # fmt: skip
 
@@ -254,12 +256,15 @@ class Kernel:
         self, executable, mod: tvm.IRModule, args: list[te.Tensor], params: ConvGradParams | None, target: Target, schedule: str = "default"
     ):
         self.executable = executable
+        self.name = str(args[-1].op.attrs["kernel_name"])
         self.schedule = schedule
-        """``"default"`` (the rule's deterministic schedule) or ``"tuned:<database>"``."""
+        """``"default"`` (the rule's deterministic schedule), ``"tuned:<database>"``, or
+        ``"emulated:<cuda target>"`` (:func:`emulate_cuda`)."""
+        self.units = cuda_units(mod[self.name]) if len(mod.functions) == 1 else None
+        """What the CUDA schedule runs the mads on: ``"tensor-core"`` or ``"simt"`` (None on LLVM)."""
         self.mod = mod
         self.target = target
         self.params = params
-        self.name = str(args[-1].op.attrs["kernel_name"])
         self.args = tuple(ArgSpec(t.op.name, tuple(int(d) for d in t.shape), str(t.dtype)) for t in args)
         self.flops = int(args[-1].op.attrs["flops"])
         self.formulation = formulation(t.op.name for t in _graph_tensors(args[-1]))
@@ -275,7 +280,7 @@ class Kernel:
     def __repr__(self) -> str:
         sig = ", ".join(f"{a.name}: {a.dtype}{list(a.shape)}" for a in self.args[:-1])
         out = self.args[-1]
-        plan = ", ".join(p for p in (self.isa.name if self.isa else None, self.formulation, None if self.schedule == "default" else self.schedule) if p)
+        plan = ", ".join(p for p in (self.isa.name if self.isa else self.units, self.formulation, None if self.schedule == "default" else self.schedule) if p)
         return f"<Kernel {self.name}({sig}) -> {out.dtype}{list(out.shape)} on {self.target.kind.name} [{plan}]>"
 
     @property
@@ -466,3 +471,28 @@ def build(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target 
         kernel.ptx  # no CUDA runtime to JIT it: produce the PTX now, with nvcc
     _CACHE.setdefault(key, []).append((func, kernel))
     return kernel
+
+
+EMULATION_TARGET = Target({"kind": "llvm", "num-cores": 1})
+"""Generic x86-64 code for :func:`emulate_cuda`, whatever the host: the emulation checks index math,
+not speed. (With ``mcpu=znver3`` LLVM miscompiles the emulated SIMT kernel of a depthwise dW —
+odd lanes wrong in ``tests/test_cuda.py``'s ``n2_c144-144_g144`` case — while the same TIR for a
+generic CPU matches the reference.)"""
+
+
+def emulate_cuda(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target = "cuda") -> Kernel:
+    """The CUDA schedule of a gradient, built for this CPU: the same tiling, shared-memory staging,
+    padding and fragment layout as :func:`build` gives ``target``, with the thread bindings left as
+    serial loops and each tensor-core intrinsic as the plain TIR that TVM registers as its
+    description (see :mod:`.schedule.tensor_core`). It runs here like any LLVM kernel, so the CUDA
+    schedule's index math is checked against the reference without a GPU; what it cannot check is
+    TVM's intrinsics themselves and races between threads."""
+    cuda = resolve_target(target)
+    if cuda.kind.name != "cuda":
+        raise ConvGradError("emulate_cuda", "target", str(cuda.kind.name), "must be a cuda target")
+    args, params = _arguments(tensors)
+    name = str(args[-1].op.attrs["kernel_name"])
+    sch = CudaRule(emulate=True).apply(_prim_func(args, name, cuda), cuda)
+    mod = tvm.IRModule({name: sch.mod["main"]})
+    executable = tvm.compile(mod, target=EMULATION_TARGET)
+    return Kernel(executable, mod, args, params, EMULATION_TARGET, f"emulated:{schedule_key(cuda)}")

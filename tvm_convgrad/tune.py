@@ -268,6 +268,8 @@ def tune(
     if not isinstance(trials, int) or trials < 1:
         raise ConvGradError("tune", "trials", trials, "must be an int >= 1")
     target = resolve_target(target)
+    if target.kind.name != "llvm":
+        raise ConvGradError("tune", "target", target.kind.name, "must be an llvm target: the CUDA rule's tiles are not MetaSchedule samples yet")
     args, _ = _arguments(outputs)
     name = str(args[-1].op.attrs["kernel_name"])
     named = _prim_func(args, name, target)
