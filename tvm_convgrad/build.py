@@ -260,7 +260,7 @@ class Kernel:
         self.schedule = schedule
         """``"default"`` (the rule's deterministic schedule), ``"tuned:<database>"``, or
         ``"emulated:<cuda target>"`` (:func:`emulate_cuda`)."""
-        self.units = cuda_units(mod[self.name]) if len(mod.functions) == 1 else None
+        self.units = cuda_units(mod[self.name])
         """What the CUDA schedule runs the mads on: ``"tensor-core"`` or ``"simt"`` (None on LLVM)."""
         self.mod = mod
         self.target = target

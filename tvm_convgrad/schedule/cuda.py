@@ -75,11 +75,11 @@ class CudaRule(ScheduleRule):
     def _simt(self, sch: s_tir.Schedule, names: list[str]) -> None:
         """One thread per output element for the stages (still there) the tensor cores did not take."""
         blocks = [b for b in stage_blocks(sch) if sch.get(b).name_hint in names]
-        stages = [b for b in blocks if sch.get(b).name_hint not in PACK_STAGES]
-        for block in blocks:
-            if sch.get(block).name_hint in PACK_STAGES:
+        is_pack = [sch.get(b).name_hint in PACK_STAGES for b in blocks]
+        for block, pack in zip(blocks, is_pack):
+            if pack:
                 sch.compute_inline(block)
-        for block in stages:
+        for block in (b for b, pack in zip(blocks, is_pack) if not pack):
             spatial, reduce = split_loop_kinds(sch, block)
             sch.reorder(*spatial, *reduce)
             bx, tx = sch.split(sch.fuse(*spatial), [None, THREADS_PER_BLOCK])

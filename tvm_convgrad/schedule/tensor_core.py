@@ -231,7 +231,7 @@ def mad_gemm(sch: s_tir.Schedule, mad) -> GemmExtents | None:
 
 
 def as_gemm(sch: s_tir.Schedule, mad, config: Config) -> None:
-    """Re-index ``mad`` into ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` padded to whole tiles of
+    """Re-index ``mad`` into ``C[S, I, J] += A[S, I, K] * B[S, K, J]`` padded to whole tiles of
     ``config``. Every mad of a function is re-indexed before any is tiled (tiling inlines the
     packs they share), and after the packs are fp16 (the re-indexed copies take their dtype)."""
     reindex_a = sch.reindex(mad, ("read", 0))
