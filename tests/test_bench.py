@@ -134,3 +134,61 @@ def test_bench_times_default_and_tuned_side_by_side(tmp_path):
     assert result["tuned_ms"] > 0 and result["tuned_schedule"] == "default"
     assert "geomean_tuned_speedup" in next(iter(record["summary"].values()))
     assert "Tuned schedules" in (tmp_path / "out" / "README.md").read_text()
+
+
+def _has_gpu() -> bool:
+    import tvm
+
+    return tvm.runtime.enabled("cuda") and tvm.cuda(0).exist
+
+
+@needs_torch
+@pytest.mark.skipif(_has_gpu(), reason="this machine has a GPU: the CUDA bench runs")
+def test_cuda_bench_says_it_needs_a_gpu(tmp_path):
+    exe = shutil.which("tvm-convgrad")
+    command = [exe] if exe else [sys.executable, "-m", "tvm_convgrad.cli"]
+    for args, message in (
+        (["--target", "cuda"], "--target cuda needs a CUDA GPU: TVM finds no CUDA GPU"),
+        (["--target", "cuda", "--isa", "avx2"], "--isa, --api and --schedule are for the CPU"),
+        (["--target", "cuda", "--suite", "conv3d"], "the TBE DSL is 2-D"),
+    ):
+        run = subprocess.run([*command, "bench", *args, "--out", str(tmp_path), "--no-progress"], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 2 and message in run.stderr, run.stderr
+        assert "Traceback" not in run.stderr
+    assert not (tmp_path / "bench.json").exists()
+
+
+def test_cuda_bench_table_reports_ratios_against_the_goal():
+    from tvm_convgrad import bench_cuda
+
+    results = [bench.BenchResult(f"c{i}", kind, 8, "wgrad", 10**12, "3x3/s1", 1.0, ours, 2.0, [ours], [2.0], "cuDNN 90100, tensor-core")
+               for i, (kind, ours) in enumerate((("resnet50", 1.0), ("resnet50", 4.0), ("depthwise", 2.0)))]  # fmt: skip
+    table = bench_cuda.format_table(results, bench.summarize(results), "NVIDIA H100")
+    assert "GPU: NVIDIA H100" in table and "cuDNN 90100, tensor-core" in table
+    lines = {line.split("  ")[0].strip(): line for line in table.splitlines() if "geomean" in line}
+    assert "torch/ours  1.00  min  0.50 (c1)" in lines["resnet50 wgrad N=8"] and lines["resnet50 wgrad N=8"].endswith(f"(goal {bench_cuda.CUDA_GOAL})")
+    assert "min  1.00 (c2)" in lines["depthwise wgrad N=8"] and "goal" not in lines["depthwise wgrad N=8"]
+
+
+@needs_torch
+def test_cuda_bench_checks_times_and_reports_each_kernel(tmp_path, monkeypatch):
+    """The CUDA bench's own steps (build, check against the reference, interleaved timing, the
+    report), run without a GPU: the CUDA kernel replaced by its CPU emulation, cuDNN by PyTorch on
+    the CPU, CUDA events by wall-clock samples."""
+    import torch
+
+    from tvm_convgrad import bench_cuda, emulate_cuda
+
+    monkeypatch.setattr(bench_cuda, "cuda_available", lambda: None)
+    monkeypatch.setattr(bench_cuda, "build", lambda result, target, schedules: emulate_cuda(result, target))
+    monkeypatch.setattr(bench_cuda, "_torch_call", lambda case, op, rng, device, dtype: bench._torch_call(case, op, rng))
+    monkeypatch.setattr(bench_cuda, "_sample_cuda", bench._sample)
+    monkeypatch.setattr(bench_cuda, "_gpu_name", lambda: "emulated GPU")
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    summary = bench_cuda.main("all", (1,), ("filter", "input"), r"res5b_branch2a\.|dw144_s2", 2, tmp_path, progress=False)
+    assert set(summary) == {"resnet50 wgrad N=1", "resnet50 dgrad N=1", "depthwise wgrad N=1", "depthwise dgrad N=1"}
+    record = json.loads((tmp_path / "bench.json").read_text())
+    assert record["environment"]["gpu"] == "emulated GPU" and len(record["results"]) == 4
+    for r in record["results"]:
+        assert r["ours_ms"] > 0 and r["torch_ms"] > 0 and len(r["ours_samples_ms"]) == len(r["torch_samples_ms"]) == 2
+        assert r["torch_impl"].endswith("tensor-core" if r["kind"] == "resnet50" else "simt")

@@ -24,8 +24,9 @@ from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
-from tvm_convgrad import bench, build, emulate_cuda
+from tvm_convgrad import bench, build, dsl, emulate_cuda, layout
 from tvm_convgrad.ptxas import MAX_REGISTERS, ptxas_report
+from tvm_convgrad.schedule.cuda import with_limits
 from tvm_convgrad.schedule.tensor_core import SHARED_BYTES, Config, GemmExtents, get_config
 from tvm_convgrad.verify import check_kernel
 
@@ -40,12 +41,8 @@ TENSOR_CORE_PTX = re.compile(r"wmma\.mma\.sync\.aligned\.(row|col)\.(row|col)\.m
 def _verify_gpu_code(kernel) -> bool:
     """TVM's own GPU checks (MetaSchedule's ``VerifyGPUCode``) with the limits of an H100 and
     the package's shared-memory budget."""
-    target = Target(
-        {"kind": "cuda", "arch": str(kernel.target.attrs["arch"]), "max_threads_per_block": 1024, "thread_warp_size": 32,
-         "max_shared_memory_per_block": SHARED_BYTES, "registers_per_block": 65536}
-    )  # fmt: skip
     postproc = ms.postproc.VerifyGPUCode()
-    postproc._initialize_with_tune_context(ms.TuneContext(mod=kernel.mod, target=target))
+    postproc._initialize_with_tune_context(ms.TuneContext(mod=kernel.mod, target=with_limits(kernel.target)))
     return postproc.apply(s_tir.Schedule(kernel.mod))
 
 
@@ -148,3 +145,159 @@ def test_config_fits_the_budget(gemm, expected):
         assert config.block_m == config.block_n == 64, expected
     if gemm.i < 16:
         assert config.block_m == 16, expected
+    blocks = gemm.s * -(-gemm.i // config.block_m) * -(-gemm.j // config.block_n)
+    if gemm.k >= 16384 and blocks < 132:
+        assert 1 < config.split_k and blocks * config.split_k <= 132, f"{expected}: K split over more thread blocks"
+    else:
+        assert config.split_k == 1, expected
+
+
+@needs_nvcc
+def test_split_k_runs_small_outputs_over_many_thread_blocks():
+    """A dW whose output is one thread block's tile (32x32) and whose K is long (N*Ho*Wo = 1568)
+    sums K slices in separate thread blocks, then adds the slices: built within the limits, and,
+    emulated, against the reference."""
+    from tvm_convgrad.tvm import placeholder
+
+    x = placeholder(layout.shape_5hd(2, 32, 28, 28), name="input_x", dtype="float16")
+    dy = placeholder(layout.shape_5hd(2, 32, 28, 28), name="out_backprop", dtype="float16")
+    dw = dsl.conv2d_backprop_filter(x, dy, [32, 32, 1, 1], {"strides": [1, 1], "padding": [0, 0, 0, 0], "kernel_name": "split_k_dw"})
+    assert get_config(GemmExtents(1, 32, 32, 2 * 28 * 28), Target({"kind": "cuda", "arch": "sm_80"})).split_k > 1
+    kernel = build(dw, target={"kind": "cuda", "arch": "sm_80"}, schedules=None)
+    _check_cuda_kernel(kernel, tensor_cores=True)
+    assert len(kernel.ptx_entries) == 2, "the slices' GEMM, then their sum"
+    emulated = emulate_cuda(dw, {"kind": "cuda", "arch": "sm_80"})
+    assert check_kernel(emulated).ok
+
+
+
+
+@pytest.mark.parametrize("case", CASES[::4], ids=_case_id)
+def test_sampled_tiles_match_the_reference(case):
+    """``tunable=True``: the tensor cores' tiles are MetaSchedule samples. Tiles drawn as a tuning
+    run draws them (block and warp tiles within the padding tile, K step), emulated, against the
+    reference: the search can only pick among correct kernels."""
+    target = {"kind": "cuda", "arch": "sm_80"}
+    for result, seed in ((dw_result(case), 11), (dx_result(case), 12)):
+        default = emulate_cuda(result, target)
+        sampled = emulate_cuda(result, target, seed=seed)
+        check = check_kernel(sampled, seed=seed)
+        assert check.ok, f"{sampled.units}, seed {seed}: {check}"
+        assert sampled.units == default.units
+
+
+def test_the_tunable_default_is_the_default_schedule():
+    """The design space's own decisions are the rule's default schedule (the search starts there),
+    and every sample's trace replays with any decisions (MetaSchedule's search does)."""
+    import tvm_ffi
+
+    from tvm_convgrad.build import _arguments, _prim_func
+    from tvm_convgrad.schedule.cuda import CudaRule
+
+    target = Target({"kind": "cuda", "arch": "sm_90"})
+    case = next(c for c in bench.load_cases("resnet50", (8,)) if ".res3a_branch2b." in c.name)
+    for op in ("filter", "input"):
+        func = _prim_func(_arguments(bench.tbe_result(case, op))[0], "main", target)
+        default, tunable = CudaRule().apply(func, target), CudaRule().apply(func, target, tunable=True)
+        assert "sample_perfect_tile" in str(tunable.trace) and "sample_perfect_tile" not in str(default.trace)
+        assert tvm_ffi.structural_equal(default.mod, tunable.mod)
+        free = s_tir.Trace(tunable.trace.insts, {})
+        replays = []
+        for seed in range(1, 5):
+            replay = s_tir.Schedule(func, seed=seed)
+            free.apply_to_schedule(replay, remove_postproc=False)
+            replays.append(replay.mod)
+        assert any(not tvm_ffi.structural_equal(default.mod, mod) for mod in replays), "the samples explore"
+
+
+@tvm.ir.utils.derived_object
+class _TimedByPosition(ms.runner.PyRunner):
+    """A runner for a machine without a GPU: it runs nothing and times the candidates of a batch by
+    their position (1 s, 1/2 s, ...). A tuning run goes through MetaSchedule's whole loop (sampling,
+    GPU verification, nvcc builds); in its last batch (the default, then the best candidate) the
+    best candidate is twice as fast, so it is kept unless it is the default itself."""
+
+    def run(self, runner_inputs):
+        return [_Timed(1.0 / (position + 1)) for position in range(len(runner_inputs))]
+
+
+@tvm.ir.utils.derived_object
+class _Timed(ms.runner.PyRunnerFuture):
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> ms.runner.RunnerResult:
+        return ms.runner.RunnerResult([self.seconds], None)
+
+
+@needs_nvcc
+def test_tune_for_cuda_keeps_a_sampled_kernel_that_builds_and_computes(tmp_path):
+    """``tune(target=cuda)`` over a runner (a GPU machine's RPC server; here one that times by
+    position): the candidates build for the GPU, and the kept record builds within the limits and,
+    emulated with its tiles, matches the reference."""
+    from tvm_convgrad import tune
+    from tvm_convgrad.tvm import placeholder
+
+    x = placeholder(layout.shape_5hd(1, 64, 28, 28), name="input_x", dtype="float16")
+    dy = placeholder(layout.shape_5hd(1, 64, 28, 28), name="out_backprop", dtype="float16")
+    dw = dsl.conv2d_backprop_filter(x, dy, [64, 64, 3, 3], {"strides": [1, 1], "padding": [1, 1, 1, 1], "kernel_name": "tune_cuda_dw"})
+    target = {"kind": "cuda", "arch": "sm_80"}
+    report = tune(dw, target=target, trials=8, work_dir=tmp_path, runner=_TimedByPosition(), seed=2, progress=False)
+    assert report.trials >= 1 and not report.failures, report.failures
+    if not report.kept:
+        pytest.skip("the search's best candidate was the default schedule: nothing kept to check")
+    kernel = build(dw, target=target, schedules=report.database)
+    assert kernel.schedule == "tuned:best"
+    _check_cuda_kernel(kernel, tensor_cores=True)
+    emulated = emulate_cuda(dw, target, schedules=report.database)
+    assert emulated.schedule == "emulated:tuned:best"
+    assert check_kernel(emulated).ok
+
+
+@needs_nvcc
+def test_depthwise_simt_gathers_into_shared_memory_and_splits_long_sums():
+    """Depthwise (no GEMM) on SIMT: dX gathers the thread block's dy and filter taps into shared
+    memory once and casts its result in the same kernel; dW, whose few outputs are long sums,
+    splits each sum over 16 threads (a cross-thread reduction with barriers between its steps)."""
+    case = next(c for c in bench.load_cases("all", (8,)) if c.name.startswith("mobilenet_v2.dw144_s1"))
+    target = {"kind": "cuda", "arch": "sm_90"}
+    dx = build(bench.tbe_result(case, "input"), target=target, schedules=None)
+    _check_cuda_kernel(dx, tensor_cores=False)
+    assert len(dx.ptx_entries) == 1, "the result stage runs in the mad's threads"
+    assert "__shared__ alignas(64) half dy_dw_shared" in dx.source and "__shared__ alignas(64) half w_dw_shared" in dx.source
+    assert "__syncthreads();" in dx.source
+    dw = build(bench.tbe_result(case, "filter"), target=target, schedules=None)
+    _check_cuda_kernel(dw, tensor_cores=False)
+    assert "threadIdx.y" in dw.source and "red_buf0" in dw.source
+    assert dw.source.count("__syncthreads();") >= 5, "a barrier between the reduction's steps (its 16 slices span warps)"
+
+
+def test_double_buffering_is_the_rules_choice_and_its_alternative_a_design_space():
+    """Operand tiles are double-buffered where a thread block runs several K steps (the copies of
+    the next step beside the mma of this one: a software pipeline); tuning gets the other choice
+    as a second design space, so that a GPU measures whether the pipeline pays. Both compute the
+    same thing (emulated, against the reference)."""
+    import tvm
+
+    from tvm_convgrad.build import EMULATION_TARGET, Kernel, _arguments, _prim_func
+    from tvm_convgrad.schedule.cuda import CudaRule
+
+    target = Target({"kind": "cuda", "arch": "sm_80"})
+    assert get_config(GemmExtents(1, 256, 576, 6272), target).double_buffer
+    assert not get_config(GemmExtents(1, 256, 576, 64), target).double_buffer, "one K step: nothing to overlap"
+    case = next(c for c in CASES if c["groups"] == 1 and c["cin"] >= 16)
+    for result in (dw_result(case), dx_result(case)):
+        args, params = _arguments(result)
+        name = str(args[-1].op.attrs["kernel_name"])
+        func = _prim_func(args, name, target)
+        spaces = CudaRule().design_spaces(s_tir.Schedule(func), target)
+        assert len(spaces) == 2 and sum("software_pipeline_stage" in str(space.trace) for space in spaces) == 1
+        switched = s_tir.Schedule(func)
+        CudaRule(emulate=True).schedule(switched, target, double_buffer="switched")
+        mod = tvm.IRModule({name: switched.mod["main"]})
+        kernel = Kernel(tvm.compile(mod, target=EMULATION_TARGET), mod, args, params, EMULATION_TARGET, "emulated:switched")
+        assert check_kernel(kernel).ok

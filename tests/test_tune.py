@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import tvm
 from tvm.s_tir import meta_schedule as ms
 
 from tvm_convgrad import ConvGradError, build, dsl, layout, tune
@@ -139,8 +140,11 @@ def test_tune_and_build_reject_bad_arguments(tmp_path):
         runner_from("tcp://host:1/key")
     with pytest.raises(ConvGradError, match="trials"):
         tune(_dw("tune_bad"), trials=0, work_dir=tmp_path)
-    with pytest.raises(ConvGradError, match="target = 'cuda': must be an llvm target"):
-        tune(_dw("tune_bad"), target="cuda", trials=1, work_dir=tmp_path)
+    with pytest.raises(ConvGradError, match="target = 'opencl': must be an llvm or a cuda target"):
+        tune(_dw("tune_bad"), target={"kind": "opencl"}, trials=1, work_dir=tmp_path)
+    if not (tvm.runtime.enabled("cuda") and tvm.cuda(0).exist):
+        with pytest.raises(ConvGradError, match="runner = 'local': needs a CUDA GPU on this machine"):
+            tune(_dw("tune_bad"), target="cuda", trials=1, work_dir=tmp_path)
     with pytest.raises(ConvGradError, match="schedules"):
         build(_dw("tune_bad"), schedules=tmp_path / "no-database-here")
     shutil.rmtree(tmp_path, ignore_errors=True)
@@ -151,6 +155,9 @@ def test_tune_command_rejects_an_empty_selection(tmp_path, capsys):
 
     assert main(["tune", "--filter", "no-such-layer", "--out", str(tmp_path), "--no-progress"]) == 2
     assert "no benchmark case matches" in capsys.readouterr().err
+    if not (tvm.runtime.enabled("cuda") and tvm.cuda(0).exist):  # CUDA with nowhere to measure: stops at once, no traceback
+        assert main(["tune", "--target", "cuda", "--suite", "all", "--out", str(tmp_path), "--no-progress"]) == 2
+        assert "runner = 'local': needs a CUDA GPU on this machine" in capsys.readouterr().err
 
 
 def test_tune_command_goes_on_after_a_kernel_fails(tmp_path, capsys, monkeypatch):

@@ -239,14 +239,20 @@ def _ours(kernel: Kernel, rng: np.random.Generator) -> Callable[[], float]:
     return lambda: float(evaluator(*args).mean)
 
 
-def _torch_call(case: BenchCase, op: str, rng: np.random.Generator, channels_last: bool = False) -> Callable[[], object]:
+def _torch_call(case: BenchCase, op: str, rng: np.random.Generator, channels_last: bool = False, device: str = "cpu", dtype=None) -> Callable[[], object]:
+    """PyTorch's gradient of ``case`` on random float32 NCHW tensors (channels-last, or on another
+    ``device`` / ``dtype``: the CUDA bench's float16)."""
     import torch
 
     size, out, _ = case.spatial
     memory = (torch.channels_last if case.rank == 2 else torch.channels_last_3d) if channels_last else torch.contiguous_format
-    x = torch.from_numpy(rng.uniform(-1, 1, (case.N, case.Cin, *size)).astype("float32")).to(memory_format=memory)
-    w = torch.from_numpy(rng.uniform(-1, 1, case.filter_sizes).astype("float32"))
-    dy = torch.from_numpy(rng.uniform(-1, 1, (case.N, case.Cout, *out)).astype("float32")).to(memory_format=memory)
+
+    def tensor(shape):
+        return torch.from_numpy(rng.uniform(-1, 1, shape).astype("float32")).to(device=device, dtype=dtype)
+
+    x = tensor((case.N, case.Cin, *size)).to(memory_format=memory)
+    w = tensor(case.filter_sizes)
+    dy = tensor((case.N, case.Cout, *out)).to(memory_format=memory)
     kw = {"stride": case.stride, "padding": case.pad, "dilation": case.dilation, "groups": case.groups}
     grad = torch.nn.grad
     if op == "filter":

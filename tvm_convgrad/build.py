@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import te, tirx
+from tvm import s_tir, te, tirx
 from tvm.ir.instrument import pass_instrument
 from tvm.target import Target
 
@@ -480,19 +480,58 @@ odd lanes wrong in ``tests/test_cuda.py``'s ``n2_c144-144_g144`` case — while 
 generic CPU matches the reference.)"""
 
 
-def emulate_cuda(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target = "cuda") -> Kernel:
+def emulate_cuda(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target = "cuda", schedules: str | os.PathLike | None = None,
+                 seed: int | None = None) -> Kernel:  # fmt: skip
     """The CUDA schedule of a gradient, built for this CPU: the same tiling, shared-memory staging,
     padding and fragment layout as :func:`build` gives ``target``, with the thread bindings left as
     serial loops and each tensor-core intrinsic as the plain TIR that TVM registers as its
     description (see :mod:`.schedule.tensor_core`). It runs here like any LLVM kernel, so the CUDA
     schedule's index math is checked against the reference without a GPU; what it cannot check is
-    TVM's intrinsics themselves and races between threads."""
+    TVM's intrinsics themselves and races between threads.
+
+    The tiles are the rule's default, those of the tuned record for ``target`` in the database
+    folder ``schedules`` (a :func:`tvm_convgrad.tune` result: the tuned kernel, checked here before
+    it is shipped), or, with ``seed``, tiles drawn as a tuning run draws them."""
     cuda = resolve_target(target)
     if cuda.kind.name != "cuda":
         raise ConvGradError("emulate_cuda", "target", str(cuda.kind.name), "must be a cuda target")
     args, params = _arguments(tensors)
     name = str(args[-1].op.attrs["kernel_name"])
-    sch = CudaRule(emulate=True).apply(_prim_func(args, name, cuda), cuda)
+    func = _prim_func(args, name, cuda)
+    sch, how = s_tir.Schedule(func, error_render_level="none"), "emulated:" + schedule_key(cuda)
+    double_buffer, decisions = "rule", None
+    if schedules is not None:
+        from .tune import tuned_schedule
+
+        tuned = tuned_schedule(func, cuda, schedules)
+        if tuned is None:
+            raise ConvGradError("emulate_cuda", "schedules", str(schedules), f"must hold a tuned record of {name} for {cuda}")
+        default = CudaRule().apply(func, cuda)  # the tuned kernel may come from the other design space
+        if _pipelined(tuned.trace) != _pipelined(default.trace):
+            double_buffer = "switched"
+        decisions, how = _sample_decisions(tuned.trace), f"emulated:tuned:{os.path.basename(os.path.normpath(schedules))}"
+    CudaRule(emulate=True).schedule(sch, cuda, tunable=True, double_buffer=double_buffer)
+    if decisions is not None or seed is not None:
+        sch = _replay(sch.trace, func, decisions, seed)
     mod = tvm.IRModule({name: sch.mod["main"]})
     executable = tvm.compile(mod, target=EMULATION_TARGET)
-    return Kernel(executable, mod, args, params, EMULATION_TARGET, f"emulated:{schedule_key(cuda)}")
+    return Kernel(executable, mod, args, params, EMULATION_TARGET, how)
+
+
+def _pipelined(trace: s_tir.Trace) -> bool:
+    return "software_pipeline_stage" in str(trace)
+
+
+def _sample_decisions(trace: s_tir.Trace) -> list:
+    """The decisions of a trace's sampling instructions, in order."""
+    return [trace.decisions[inst] for inst in trace.insts if inst in trace.decisions]
+
+
+def _replay(trace: s_tir.Trace, func: tirx.PrimFunc, decisions: list | None, seed: int | None) -> s_tir.Schedule:
+    """``trace`` on ``func`` with its samples' ``decisions`` (in order), or drawn anew (``seed``)."""
+    samples = [inst for inst in trace.insts if inst in trace.decisions]
+    if decisions is not None and len(decisions) != len(samples):
+        raise ConvGradError("emulate_cuda", "schedules", f"{len(decisions)} sampled tiles", f"must match the rule's {len(samples)} samples")
+    sch = s_tir.Schedule(func, seed=seed, error_render_level="none")
+    s_tir.Trace(trace.insts, dict(zip(samples, decisions)) if decisions is not None else {}).apply_to_schedule(sch, remove_postproc=False)
+    return sch

@@ -2,12 +2,14 @@
 
 * ``tvm-convgrad demo``: the two TBE documentation examples, end to end on LLVM.
 * ``tvm-convgrad run --op filter|input --input N,C,H,W --filter Cout,Cin_g,KH,KW [...]``: any shape.
-* ``tvm-convgrad tune [--suite resnet50|all] [--trials N] [--rpc HOST:PORT --key K] [--out DIR]``: the
-  bench's cases tuned on MetaSchedule over the schedule rules' space (:func:`tvm_convgrad.tune`).
+* ``tvm-convgrad tune [--suite resnet50|all] [--trials N] [--rpc HOST:PORT --key K] [--target llvm|cuda]
+  [--out DIR]``: the bench's cases tuned on MetaSchedule over the schedule rules' space
+  (:func:`tvm_convgrad.tune`; CUDA: measured on a GPU machine's RPC server, or on this machine's GPU).
 * ``tvm-convgrad bench [--suite resnet50|all|conv3d] [--batch 1|8] [--op filter|input|both] [--filter REGEX]
-  [--isa native|avx2|avx512] [--api tbe|onednn]``: the benchmark shape set against PyTorch's oneDNN
-  kernels, both on one vector ISA, with the machine's measured FMA peak as the roofline (the
-  ``bench`` extra); ``--api onednn`` calls ours through the oneDNN Graph frontend.
+  [--isa native|avx2|avx512] [--api tbe|onednn] [--target llvm|cuda]``: the benchmark shape set against
+  PyTorch's oneDNN kernels, both on one vector ISA, with the machine's measured FMA peak as the roofline
+  (the ``bench`` extra); ``--api onednn`` calls ours through the oneDNN Graph frontend; ``--target cuda``:
+  the tensor-core kernels against PyTorch's cuDNN on this machine's GPU (:mod:`tvm_convgrad.bench_cuda`).
 
 Each builds the kernel, runs it on random data, compares every element with the float64
 reference, and prints the error, the time and GFLOP/s. Bad arguments print the error message and
@@ -135,8 +137,10 @@ def tune(args: argparse.Namespace) -> int:
     for case in cases:
         for op in ops:
             try:  # one kernel's failure does not end a long run: the others are still tuned
-                report = tune_one(bench_module.tbe_result(case, op), "llvm", args.trials, out / "work" / f"{case.name}.{op}", runner,
+                report = tune_one(bench_module.tbe_result(case, op), args.target, args.trials, out / "work" / f"{case.name}.{op}", runner,
                                   database=Path(args.database) if args.database else out / "best", progress=not args.no_progress)  # fmt: skip
+            except ConvGradError:  # the arguments themselves (e.g. --target cuda with no GPU and no --rpc): no kernel can tune
+                raise
             except Exception as error:  # noqa: BLE001 - reported with the kernel's name, counted in the exit status
                 failed.append(f"{case.name} {op}: {type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}")
                 print(f"tuning {case.name} {op} failed: {failed[-1]}", file=sys.stderr)
@@ -164,6 +168,13 @@ def bench(args: argparse.Namespace) -> int:
 
     batches, ops = _selection(args)
     try:
+        if args.target == "cuda":
+            if (args.isa, args.api, args.schedule) != ("native", "tbe", "default"):
+                raise ValueError("--target cuda times the DSL's default kernels: --isa, --api and --schedule are for the CPU")
+            from . import bench_cuda
+
+            bench_cuda.main(args.suite, batches, ops, args.filter, args.rounds, Path(args.out), not args.no_progress)
+            return 0
         bench_module.main(args.suite, batches, ops, args.filter, args.rounds, Path(args.out), not args.no_progress, args.isa, args.api,
                           args.schedule, args.schedules)  # fmt: skip
     except ValueError as err:
@@ -206,6 +217,8 @@ def _parser() -> argparse.ArgumentParser:
     p_tune.add_argument("--key", default="local", help="the device key the servers registered under (with --rpc)")
     p_tune.add_argument("--out", default="tune_out", help="folder for the trial databases, the kept records (best/) and tune.json")
     p_tune.add_argument("--database", help="write the kept records into this database folder instead (e.g. schedules/<target key>)")
+    p_tune.add_argument("--target", choices=("llvm", "cuda"), default="llvm",
+                        help="llvm (this CPU) or cuda (this GPU's arch; measured on --rpc's servers or this machine's GPU)")
     p_tune.add_argument("--no-progress", action="store_true", help="no progress bar")
     p_tune.set_defaults(func=tune)
 
@@ -224,6 +237,8 @@ def _parser() -> argparse.ArgumentParser:
                          help="tuned: time ours twice, the rule's default and the kernel built from the tuning records")
     p_bench.add_argument("--schedules", metavar="DIR", help="with --schedule tuned: a database folder (default: the shipped records)")
     p_bench.add_argument("--out", default="bench_out", help="folder for bench.json and bench.png")
+    p_bench.add_argument("--target", choices=("llvm", "cuda"), default="llvm",
+                         help="cuda: ours on this machine's GPU against PyTorch's cuDNN (float16), instead of the CPU")
     p_bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     p_bench.set_defaults(func=bench)
     return parser

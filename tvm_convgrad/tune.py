@@ -6,7 +6,8 @@
 
 The design space is the schedule rule of the target (:mod:`tvm_convgrad.schedule`) applied with
 ``tunable=True``: its tiles become MetaSchedule samples (``sample_perfect_tile``), so the search
-explores the rule's own ISA-aware structure rather than MetaSchedule's generic space. The
+explores the rule's own ISA-aware (or tensor-core) structure rather than MetaSchedule's generic
+space; on CUDA a second design space switches the double buffering of the operand tiles. The
 evolutionary search mutates those samples; each candidate is compiled as :func:`build` compiles
 (the package's pass context) and timed by the runner: ``"local"`` (this machine) or
 ``"rpc://HOST:PORT/KEY"`` (the device servers registered under KEY with a TVM RPC tracker).
@@ -47,6 +48,8 @@ from tvm.target import Target
 from .build import _arguments, _prim_func, pass_context, resolve_target
 from .errors import ConvGradError
 from .schedule import rule_for
+from .schedule.cuda import with_limits
+from .schedule.intrinsics import cuda_intrinsics
 
 __all__ = ["TuneReport", "open_database", "runner_from", "tune", "tuned_schedule", "workload_key"]
 
@@ -187,11 +190,14 @@ TENSOR_INTRINSICS = "tvm.s_tir.tensor_intrin"
 
 
 @contextlib.contextmanager
-def _no_tensor_intrinsics(target: Target):
+def _tensor_intrinsics_quickly(target: Target):
     """MetaSchedule's ``TuneContext`` imports every tensor intrinsic TVM has, for the generic rules
     that tensorize: about a minute of TVMScript parsing per process on a 2-core machine. The CPU
     rule's space tensorizes nothing, so for an ``llvm`` target the import is answered with an empty
-    module while the tuning runs (and forgotten after it: a later real import loads them all)."""
+    module while the tuning runs (and forgotten after it: a later real import loads them all); for
+    ``cuda`` they are imported in seconds (:func:`.schedule.intrinsics.cuda_intrinsics`)."""
+    if target.kind.name == "cuda":
+        cuda_intrinsics()
     if target.kind.name != "llvm" or TENSOR_INTRINSICS in sys.modules:
         yield
         return
@@ -268,8 +274,15 @@ def tune(
     if not isinstance(trials, int) or trials < 1:
         raise ConvGradError("tune", "trials", trials, "must be an int >= 1")
     target = resolve_target(target)
-    if target.kind.name != "llvm":
-        raise ConvGradError("tune", "target", target.kind.name, "must be an llvm target: the CUDA rule's tiles are not MetaSchedule samples yet")
+    postprocs = []
+    if target.kind.name == "cuda":
+        if runner == "local" and not (tvm.runtime.enabled("cuda") and tvm.cuda(0).exist):
+            raise ConvGradError("tune", "runner", runner, "needs a CUDA GPU on this machine (there is none): "
+                                "use runner='rpc://HOST:PORT/KEY' with the RPC server of a GPU machine")  # fmt: skip
+        target = with_limits(target)
+        postprocs = [ms.postproc.VerifyGPUCode()]  # a sampled tile over the threads or shared memory of a block: not built
+    elif target.kind.name != "llvm":
+        raise ConvGradError("tune", "target", target.kind.name, "must be an llvm or a cuda target")
     args, _ = _arguments(outputs)
     name = str(args[-1].op.attrs["kernel_name"])
     named = _prim_func(args, name, target)
@@ -278,7 +291,7 @@ def tune(
     rule = rule_for(target)
     work_dir = Path(work_dir)
     best_dir = Path(database) if database is not None else work_dir / "best"
-    space = ms.space_generator.ScheduleFn(lambda sch: rule.schedule(sch, target, tunable=True), sch_rules=[], postprocs=[],
+    space = ms.space_generator.ScheduleFn(lambda sch: rule.design_spaces(sch, target), sch_rules=[], postprocs=postprocs,
                                           mutator_probs="from-target")  # fmt: skip
     builder = ms.builder.LocalBuilder(f_build=_compile_candidate, timeout_sec=BUILD_TIMEOUT_S)
     run = runner_from(runner)
@@ -291,7 +304,7 @@ def tune(
     (work_dir / "trials").mkdir(parents=True, exist_ok=True)
     trials_db = ms.database.JSONDatabase(work_dir=str(work_dir / "trials"))
     _seed_with_the_default(trials_db, mod, rule, target, builder, run, func)
-    with _no_tensor_intrinsics(target):
+    with _tensor_intrinsics_quickly(target):
         ms.tune_tir(
             mod, target, str(work_dir / "trials"), max_trials_global=trials, num_trials_per_iter=min(16, trials),
             builder=builder, runner=run, database=trials_db, cost_model=cost_model, measure_callbacks=callbacks,
@@ -354,6 +367,8 @@ def tuned_schedule(func: tirx.PrimFunc, target: Target, path: str | Path) -> s_t
     record = database.query_tuning_record(key, target, WORKLOAD)
     if record is None:
         return None
+    if target.kind.name == "cuda":
+        cuda_intrinsics()  # the trace tensorizes with them
     sch = s_tir.Schedule(tvm.IRModule({WORKLOAD: func}))
     record.trace.apply_to_schedule(sch, remove_postproc=False)
     return sch

@@ -33,13 +33,15 @@ def inline_layout_stages(sch: s_tir.Schedule):
 
 
 def split_loop_kinds(sch: s_tir.Schedule, block) -> tuple[list, list]:
-    """``(spatial loops, reduction loops)`` of an unscheduled TE block (one loop per iter var)."""
+    """``(spatial loops, reduction loops)`` of an unscheduled block (one loop per iter var, each
+    bound to its own loop, in any order: ``rfactor``'s sum of the slices has its reduction first)."""
     loops = sch.get_loops(block)
     iters = sch.get(block).iter_vars
-    assert len(loops) == len(iters), "split_loop_kinds expects an unscheduled block"
-    spatial = [lp for lp, it in zip(loops, iters) if it.iter_type == tirx.IterVar.DataPar]
-    reduce = [lp for lp, it in zip(loops, iters) if it.iter_type == tirx.IterVar.CommReduce]
-    return spatial, reduce
+    realize = sch.get(loops[-1]).body
+    assert len(loops) == len(iters) and isinstance(realize, s_tir.SBlockRealize), "split_loop_kinds expects an unscheduled block"
+    reduce_vars = [value for it, value in zip(iters, realize.iter_values) if it.iter_type == tirx.IterVar.CommReduce]
+    is_reduce = [any(sch.get(lp).loop_var.same_as(var) for var in reduce_vars) for lp in loops]
+    return [lp for lp, r in zip(loops, is_reduce) if not r], [lp for lp, r in zip(loops, is_reduce) if r]
 
 
 def target_cores(target: Target) -> int:

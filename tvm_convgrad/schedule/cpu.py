@@ -574,6 +574,10 @@ class CpuRule(ScheduleRule):
             return None
         return self.schedule(s_tir.Schedule(func, error_render_level="none"), target, tunable)
 
+    def design_spaces(self, sch: s_tir.Schedule, target: Target) -> list[s_tir.Schedule]:
+        """MetaSchedule's design space for ``sch`` (an unscheduled traced schedule): the tunable schedule."""
+        return [self.schedule(sch, target, tunable=True)]
+
     def schedule(self, sch: s_tir.Schedule, target: Target, tunable: bool = False) -> s_tir.Schedule:
         """Schedule the gradient held by ``sch`` in place (MetaSchedule's ``ScheduleFn`` calls
         this on its own traced schedule: with ``tunable`` the tile sizes are its samples)."""

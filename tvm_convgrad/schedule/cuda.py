@@ -5,11 +5,13 @@
   dX's ``dx_cc_*`` and ``dx_px_*`` — runs on tensor cores (:mod:`.tensor_core`): its packs are
   gathered into shared memory, its result stages are inlined into the copy of its tile to global
   memory.
-* What is left is SIMT: depthwise mads (the channel is in both operands: no GEMM), the framework
-  operators' fp32 and bf16 inputs (an f16 tensor core would round them), the result of several
-  stride phases. The remaining packs are inlined, and every stage maps its fused spatial loops onto
-  ``blockIdx.x`` x ``threadIdx.x`` (consecutive threads on consecutive outputs: coalesced stores),
-  a thread running its output's reduction.
+* What is left is SIMT (:mod:`.simt`): depthwise mads (the channel is in both operands: no GEMM),
+  the framework operators' fp32 and bf16 inputs (an f16 tensor core would round them), the result
+  of several stride phases — a thread per output, the packs a thread block reads gathered into
+  shared memory, or, for few outputs with long reductions, each sum split across threads.
+
+``tunable=True``: the tensor cores' thread-block, warp and K-step tiles are MetaSchedule samples
+(``sample_perfect_tile``) whose default decisions are this schedule (the SIMT tiles stay fixed).
 
 ``CudaRule().apply(func, target)`` schedules for the GPU; ``CudaRule(emulate=True)`` gives the same
 schedule with serial loops and plain buffers, which LLVM builds and runs on a CPU (see
@@ -18,16 +20,18 @@ schedule with serial loops and plain buffers, which LLVM builds and runs on a CP
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight import ScheduleRule
 from tvm.target import Target
 
-from .common import PACK_STAGES, inline_layout_stages, split_loop_kinds, stage_blocks
-from .tensor_core import Lowering, as_gemm, get_config, mad_gemm, narrow_packs, tensorize_gemm
+from .common import PACK_STAGES, inline_layout_stages, stage_blocks
+from .simt import schedule_simt
+from .tensor_core import SHARED_BYTES, Config, Lowering, as_gemm, get_config, mad_gemm, narrow_packs, sm_count, tensorize_gemm
 
-__all__ = ["CudaRule", "THREADS_PER_BLOCK", "UNITS", "units"]
+__all__ = ["CudaRule", "UNITS", "units", "with_limits"]
 
-THREADS_PER_BLOCK = 256
 UNITS = "convgrad.units"
 """Annotation of the root block of a CUDA-scheduled function: ``"tensor-core"`` or ``"simt"``."""
 
@@ -42,51 +46,64 @@ class CudaRule(ScheduleRule):
         return target.kind.name == "cuda"
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool = False) -> s_tir.Schedule | None:
-        """The rule's schedule of ``func`` (``tunable`` is accepted for the rule interface: the CUDA
-        tiles are not MetaSchedule samples yet, so it gives the same schedule)."""
+        """The rule's schedule of ``func``; ``tunable``: the tensor cores' tiles are MetaSchedule
+        samples (see :func:`.tensor_core.tensorize_gemm`), their default decisions this schedule."""
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         sch = s_tir.Schedule(func, error_render_level="none")
-        self.schedule(sch, target)
+        self.schedule(sch, target, tunable)
         return sch
 
-    def schedule(self, sch: s_tir.Schedule, target: Target) -> None:
-        """Schedule the TE function in ``sch`` in place."""
+    def design_spaces(self, sch: s_tir.Schedule, target: Target) -> list[s_tir.Schedule]:
+        """MetaSchedule's design spaces for ``sch`` (an unscheduled traced schedule): the tunable
+        schedule, and the same with the operand tiles' double buffering switched (where the
+        rule's choice has an alternative: whether a pipeline pays is for the GPU to say)."""
+        other = sch.copy()
+        self.schedule(sch, target, tunable=True)
+        try:
+            self.schedule(other, target, tunable=True, double_buffer="switched")
+        except NoAlternative:
+            return [sch]
+        return [sch, other]
+
+    def schedule(self, sch: s_tir.Schedule, target: Target, tunable: bool = False, double_buffer: str = "rule") -> None:
+        """Schedule the TE function in ``sch`` in place (MetaSchedule's design space runs this on
+        its own traced schedule). ``double_buffer="switched"``: each GEMM with the other choice
+        than :func:`.tensor_core.get_config`'s (:class:`NoAlternative` where it has none)."""
         inline_layout_stages(sch)
         packs = [b for b in stage_blocks(sch) if sch.get(b).name_hint in PACK_STAGES]
         gemms = []  # (mad, Config) of the mads that run on tensor cores
-        if all(region.source.dtype == "float16" for b in packs for region in sch.get(b).reads):
+        half = all(region.source.dtype == "float16" for b in packs for region in sch.get(b).reads)
+        if half:
             for mad in stage_blocks(sch):
                 gemm = mad_gemm(sch, mad) if _is_reduction(sch.get(mad)) else None
                 if gemm is not None:
-                    gemms.append((mad, get_config(gemm, target)))
-        if gemms:
-            narrow_packs(sch, packs)
+                    gemms.append((mad, _double_buffer(get_config(gemm, target), double_buffer)))
+            narrow_packs(sch, packs)  # exact; the tensor cores' operands, half the shared memory of a SIMT gather
+        if double_buffer != "rule" and not gemms:
+            raise NoAlternative("no tensor-core GEMM: nothing is double-buffered")
         for mad, config in gemms:  # every mad re-indexed before any is tiled (they share packs)
             as_gemm(sch, mad, config)
         on_tensor_cores = {sch.get(mad).name_hint for mad, _ in gemms}
         others = [sch.get(b).name_hint for b in stage_blocks(sch) if sch.get(b).name_hint not in on_tensor_cores]
         for mad, config in gemms:
-            tensorize_gemm(sch, mad, config, self.lowering)
-        self._simt(sch, others)
+            others += tensorize_gemm(sch, mad, config, self.lowering, tunable)
+        schedule_simt(sch, others, self.lowering, sm_count(target))
         self.lowering.finish(sch)
         sch.annotate(sch.get_sblock("root"), UNITS, "tensor-core" if gemms else "simt")
 
-    def _simt(self, sch: s_tir.Schedule, names: list[str]) -> None:
-        """One thread per output element for the stages (still there) the tensor cores did not take."""
-        blocks = [b for b in stage_blocks(sch) if sch.get(b).name_hint in names]
-        is_pack = [sch.get(b).name_hint in PACK_STAGES for b in blocks]
-        for block, pack in zip(blocks, is_pack):
-            if pack:
-                sch.compute_inline(block)
-        for block in (b for b, pack in zip(blocks, is_pack) if not pack):
-            spatial, reduce = split_loop_kinds(sch, block)
-            sch.reorder(*spatial, *reduce)
-            bx, tx = sch.split(sch.fuse(*spatial), [None, THREADS_PER_BLOCK])
-            self.lowering.bind(sch, bx, "blockIdx.x")
-            self.lowering.bind(sch, tx, "threadIdx.x")
-            if reduce:
-                sch.decompose_reduction(block, reduce[0])
+
+class NoAlternative(ValueError):
+    """The schedule has no other choice to switch to."""
+
+
+def _double_buffer(config: Config, choice: str) -> Config:
+    if choice == "rule":
+        return config
+    switched = replace(config, double_buffer=not config.double_buffer)
+    if switched.shared_bytes() > SHARED_BYTES:
+        raise NoAlternative("double-buffered operand tiles exceed the shared-memory budget")
+    return switched
 
 
 def _is_reduction(block: tirx.SBlock) -> bool:
@@ -97,3 +114,12 @@ def units(func: tirx.PrimFunc) -> str | None:
     """``"tensor-core"`` or ``"simt"``: what :class:`CudaRule` ran the mads of ``func`` on (None
     for a function it did not schedule)."""
     return func.body.block.annotations.get(UNITS) if isinstance(func.body, s_tir.SBlockRealize) else None
+
+
+def with_limits(target: Target) -> Target:
+    """``target`` with the per-block limits TVM's GPU verification (MetaSchedule's
+    ``VerifyGPUCode``) checks: 1024 threads, 64K registers, and the rule's shared-memory budget
+    (:data:`.tensor_core.SHARED_BYTES`, what any arch gives without an opt-in)."""
+    config = dict(target.export())
+    config.update(max_threads_per_block=1024, max_shared_memory_per_block=SHARED_BYTES, registers_per_block=65536)
+    return Target({k: v for k, v in config.items() if k not in ("tag", "keys", "features")})

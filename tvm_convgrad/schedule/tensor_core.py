@@ -31,7 +31,13 @@ accumulators        ``wmma.accumulator``  ``frags_m x frags_n`` per warp  ``fill
 ==================  ====================  ==============================  =====================================
 
 The GEMM extents are padded to whole block tiles (``pad_einsum``): the padding reads zeros and
-its results are never stored.
+its results are never stored. Where a thread block runs several K steps, the operand tiles are
+double-buffered (``Config.double_buffer``: TVM's software pipeline on the K-step loop, the copies
+of step ``k + 1`` in stage 1 beside the mma of step ``k``). When the output is too small to give
+every SM a thread block and K is long (``Config.split_k``), K is cut into slices: ``rfactor``
+makes the GEMM a batch of partial GEMMs, one slice each (the slice fused into ``blockIdx.z``),
+and the sum of the slices is left to a SIMT stage (:mod:`.simt`), which also writes the result
+stages.
 
 **Emulation** (:class:`Lowering`, ``emulate=True``): the same schedule with the thread bindings
 left as serial loops and each tensor-core block left as the plain TIR the intrinsic stands for —
@@ -44,7 +50,7 @@ staging, padding and fragment layout on a CPU.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumers, auto_inline_producers, get_index_map
@@ -52,7 +58,7 @@ from tvm.target import Target
 
 from .intrinsics import cuda_intrinsics
 
-__all__ = ["Config", "GemmExtents", "Lowering", "TC", "WARP", "as_gemm", "gemm_extents", "get_config", "mad_gemm", "narrow_packs", "tensorize_gemm"]
+__all__ = ["Config", "GemmExtents", "Lowering", "MAX_FRAGS", "MAX_K_FRAGS", "TC", "WARP", "as_gemm", "gemm_extents", "get_config", "mad_gemm", "narrow_packs", "sm_count", "tensorize_gemm"]
 
 TC = 16
 """The tensor-core block: 16x16x16 (the cube)."""
@@ -75,22 +81,47 @@ rejects (``tvm_access_ptr element type must match the source buffer``)."""
 class Config:
     """The tiling of one GEMM: ``warps_m x warps_n`` warps per thread block, each holding
     ``frags_m x frags_n`` 16x16 accumulators; ``k_frags`` 16-deep steps per shared-memory stage;
-    ``vector`` halves per thread per copy instruction."""
+    ``vector`` halves per thread per copy instruction. ``I`` and ``J`` are padded to whole
+    ``pad_frags_m`` / ``pad_frags_n`` fragments (a multiple of the block's): the largest tile the
+    padding allows, which the thread blocks split when the grid would not fill the GPU (and which
+    bounds the block tiles a tuning run samples). ``split_k`` > 1: K is cut into as many slices,
+    each summed by its own thread blocks, for outputs too small to fill the GPU (dW of early
+    layers: a 64x64 output, K = ``N*Ho*Wo``)."""
 
     warps_m: int
     warps_n: int
     frags_m: int
     frags_n: int
     k_frags: int
+    pad_frags_m: int = 0  # 0: the block's own fragments
+    pad_frags_n: int = 0
+    split_k: int = 1  # thread blocks along K (each sums a slice; a second stage adds the slices)
+    double_buffer: bool = False  # the next K step's operand tiles loaded while this one's are used
     vector: int = 2  # 4 halves: small ptxas spills in strided dX phases; 8: TVM emits an invalid make_ulonglong4
+
+    def __post_init__(self):
+        for axis in "mn":
+            block, pad = getattr(self, f"block_f{axis}"), getattr(self, f"pad_frags_{axis}")
+            if pad == 0:
+                object.__setattr__(self, f"pad_frags_{axis}", block)
+            elif pad % block:
+                raise ValueError(f"pad_frags_{axis}={pad} is not a multiple of the block's {block} fragments")
+
+    @property
+    def block_fm(self) -> int:
+        return self.warps_m * self.frags_m
+
+    @property
+    def block_fn(self) -> int:
+        return self.warps_n * self.frags_n
 
     @property
     def block_m(self) -> int:
-        return TC * self.warps_m * self.frags_m
+        return TC * self.block_fm
 
     @property
     def block_n(self) -> int:
-        return TC * self.warps_n * self.frags_n
+        return TC * self.block_fn
 
     @property
     def block_k(self) -> int:
@@ -101,9 +132,9 @@ class Config:
         return WARP * self.warps_m * self.warps_n
 
     def shared_bytes(self) -> int:
-        """Shared memory of one thread block: the fp16 operand tiles (rows padded by 8 halves) and
-        the fp32 result tile."""
-        operands = (self.block_m + self.block_n) * (self.block_k + 8) * 2
+        """Shared memory of one thread block: the fp16 operand tiles (rows padded by 8 halves; two
+        of each when double-buffered) and the fp32 result tile."""
+        operands = (self.block_m + self.block_n) * (self.block_k + 8) * 2 * (2 if self.double_buffer else 1)
         return operands + self.block_m * (self.block_n + 4) * 4
 
 
@@ -140,36 +171,70 @@ def _kinds(matmul_map: tirx.IndexMap) -> list[str | None]:
     return kinds
 
 
-def _tile_fragments(fragments: int, others: int, sm_count: int) -> int:
-    """Fragments of one thread block along an axis of ``fragments`` 16-wide blocks: the largest
-    of 8, 4, 2 that wastes at most 12.5% to padding (2: 50%), else 1; then halved (down to 2)
-    while the grid would not give every SM a thread block (``others``: the thread blocks along the
-    other axes)."""
-    best = 1
+def _padding_tile(fragments: int) -> int:
+    """The fragments an axis of ``fragments`` 16-wide blocks is padded to a multiple of: the
+    largest of 8, 4, 2 that wastes at most 12.5% (2: 50%), else 1."""
     for tile in (8, 4, 2):
         padded = math.ceil(fragments / tile) * tile
         if padded <= fragments * MAX_WASTE or (tile == 2 and fragments >= 2 and padded <= fragments * 1.5):
-            best = tile
-            break
-    while best > 2 and math.ceil(fragments / best) * others < sm_count:
-        best //= 2
-    return best
+            return tile
+    return 1
+
+
+def _fill_the_sms(tile: int, fragments: int, others: int, sm_count: int) -> int:
+    """The block's fragments within a padding ``tile``: halved (down to 2) while the grid would not
+    give every SM a thread block (``others``: the thread blocks along the other axes)."""
+    while tile > 2 and math.ceil(fragments / tile) * others < sm_count:
+        tile //= 2
+    return tile
+
+
+def sm_count(target: Target) -> int:
+    """The streaming multiprocessors a grid for ``target`` should fill (:data:`SM_COUNT`)."""
+    return SM_COUNT.get(str(target.attrs.get("arch", "sm_80")), 108)
 
 
 def get_config(gemm: GemmExtents, target: Target) -> Config:
     """The tiling of ``gemm`` on ``target``: block tiles as large as padding and the SM count
-    allow (up to 64x64: 4 warps of 2x2 fragments), K steps up to 64 deep within
-    :data:`SHARED_BYTES`."""
-    sm_count = SM_COUNT.get(str(target.attrs.get("arch", "sm_80")), 108)
+    allow (up to :data:`MAX_BLOCK_FRAGMENTS`: 64x64, 4 warps of 2x2 fragments), K steps up to 64
+    deep within :data:`SHARED_BYTES`, K split when the grid would leave SMs idle, and the operand
+    tiles double-buffered where a thread block runs several K steps and shared memory allows."""
+    sms = sm_count(target)
     fm_total, fn_total = math.ceil(gemm.i / TC), math.ceil(gemm.j / TC)
-    block_fm = _tile_fragments(fm_total, gemm.s * math.ceil(fn_total / 8), sm_count)
-    block_fn = _tile_fragments(fn_total, gemm.s * math.ceil(fm_total / block_fm), sm_count)
-    while block_fm * block_fn > MAX_BLOCK_FRAGMENTS:  # the fp32 result tile fits static shared memory
-        block_fm, block_fn = (block_fm // 2, block_fn) if block_fm >= block_fn else (block_fm, block_fn // 2)
+    pad_m, pad_n = _padding_tile(fm_total), _padding_tile(fn_total)
+    while pad_m * pad_n > MAX_BLOCK_FRAGMENTS:  # the fp32 result tile fits static shared memory
+        pad_m, pad_n = (pad_m // 2, pad_n) if pad_m >= pad_n else (pad_m, pad_n // 2)
+    block_fm = _fill_the_sms(pad_m, fm_total, gemm.s * math.ceil(fn_total / pad_n), sms)
+    block_fn = _fill_the_sms(pad_n, fn_total, gemm.s * math.ceil(fm_total / block_fm), sms)
     frags_m, frags_n = min(2, block_fm), min(2, block_fn)
     k_steps = math.ceil(gemm.k / TC)
-    configs = [Config(block_fm // frags_m, block_fn // frags_n, frags_m, frags_n, k) for k in (4, 2, 1) if k <= max(k_steps // 2, 1)]
-    return next((c for c in configs if c.shared_bytes() <= SHARED_BYTES), configs[-1])
+    configs = [Config(block_fm // frags_m, block_fn // frags_n, frags_m, frags_n, k, pad_m, pad_n)
+               for k in (4, 2, 1) if k <= max(k_steps // 2, 1)]  # fmt: skip
+    config = next((c for c in configs if c.shared_bytes() <= SHARED_BYTES), configs[-1])
+    blocks = gemm.s * math.ceil(fm_total / block_fm) * math.ceil(fn_total / block_fn)
+    config = replace(config, split_k=_split_k(blocks, k_steps, config.k_frags, sms))
+    double = replace(config, double_buffer=True)
+    if k_steps // (config.k_frags * config.split_k) >= MIN_PIPELINED_STEPS and double.shared_bytes() <= SHARED_BYTES:
+        return double
+    return config
+
+
+MIN_PIPELINED_STEPS = 4
+"""K steps a thread block runs at least for its operand tiles to be double-buffered."""
+
+
+MIN_SPLIT_STEPS = 4
+"""K steps (of ``k_frags`` fragments) a slice of a split K runs at least."""
+
+
+def _split_k(blocks: int, k_steps: int, k_frags: int, sm_count: int) -> int:
+    """Slices of K that bring a grid of ``blocks`` thread blocks up to the SM count: as many as
+    fill the SMs, each at least :data:`MIN_SPLIT_STEPS` K steps, padding K at most 12.5%."""
+    most = min(math.ceil(sm_count / blocks), k_steps // (k_frags * MIN_SPLIT_STEPS))
+    for split in range(most, 1, -1):
+        if math.ceil(k_steps / (k_frags * split)) * k_frags * split <= k_steps * MAX_WASTE:
+            return split
+    return 1
 
 
 @dataclass(frozen=True)
@@ -200,6 +265,10 @@ class Lowering:
             sch.copy().tensorize(target, intrin)
         else:
             sch.tensorize(target, intrin)
+
+
+def _extent(sch: s_tir.Schedule, loop) -> int:
+    return int(sch.get(loop).extent)
 
 
 def _all_blocks(sch: s_tir.Schedule) -> list:
@@ -242,7 +311,7 @@ def as_gemm(sch: s_tir.Schedule, mad, config: Config) -> None:
     sch.transform_layout(reindex_b, ("write", 0), _k_major(b_map))
     sch.transform_layout(reindex_c, ("read", 0), c_map)
     sch.transform_block_layout(mad, matmul_map)
-    sch.pad_einsum(mad, [1, config.block_m, config.block_n, config.block_k])
+    sch.pad_einsum(mad, [1, TC * config.pad_frags_m, TC * config.pad_frags_n, config.block_k * config.split_k])
 
 
 def _k_major(b_map: tirx.IndexMap) -> tirx.IndexMap:
@@ -252,20 +321,51 @@ def _k_major(b_map: tirx.IndexMap) -> tirx.IndexMap:
     return tirx.IndexMap(b_map.initial_indices, [s, k, j], None)
 
 
-def tensorize_gemm(sch: s_tir.Schedule, mad, config: Config, lowering: Lowering) -> None:
-    """Tile a mad made a GEMM by :func:`as_gemm` onto warps and tensor cores (the module's table)."""
+MAX_FRAGS = 2  # accumulators per warp along each axis: 2x2 x 8 registers per thread
+MAX_K_FRAGS = 4  # 16-deep steps per shared-memory stage
+
+
+def _tile(sch: s_tir.Schedule, loop, factors: list[int], max_inner: int, tunable: bool) -> tuple[list, list]:
+    """Split ``loop`` (extent ``prod(factors)``) by ``factors``, or, ``tunable``, by a MetaSchedule
+    sample (``sample_perfect_tile``: any factors of the extent, the innermost at most
+    ``max_inner``) whose default decision is ``factors``. Returns the loops and the factors (ints
+    or the sample's variables)."""
+    if tunable:
+        factors = list(sch.sample_perfect_tile(loop, n=len(factors), max_innermost_factor=max_inner, decision=factors))
+        return list(sch.split(loop, factors)), factors
+    return list(sch.split(loop, [None, *factors[1:]])), factors
+
+
+def tensorize_gemm(sch: s_tir.Schedule, mad, config: Config, lowering: Lowering, tunable: bool = False) -> list[str]:
+    """Tile a mad made a GEMM by :func:`as_gemm` onto warps and tensor cores (the module's table).
+    ``tunable``: the thread blocks' and warps' tiles within ``config``'s padding tile and the K
+    step are MetaSchedule samples, ``config`` their default. Returns the stages left for SIMT
+    threads: with ``split_k``, the sum of the K slices' partial results (the result stages
+    between it and the output inlined)."""
     batch, i, j, k = sch.get_loops(mad)
+    left = []
+    if config.split_k > 1:  # each thread block sums one K slice into a partial result ...
+        k_slice, k = sch.split(k, [config.split_k, None])
+        mad, total = sch.rfactor(k_slice, factor_axis=0), mad
+        left = [sch.get(total).name_hint]  # ... which a SIMT stage adds up
+        _inline_up_to_the_output(sch, total)
+        batch, i, j, k_slice, k = sch.get_loops(mad)
+        sch.reorder(k_slice, batch, i, j, k)
+        batch = sch.fuse(k_slice, batch)
     i, i_tc = sch.split(i, [None, TC])
     j, j_tc = sch.split(j, [None, TC])
     k, k_tc = sch.split(k, [None, TC])
     sch.reorder(i, j, k, i_tc, j_tc, k_tc)
     cube = sch.blockize(i_tc)  # one 16x16x16 tensor-core operation
-    i0, i1, i2 = sch.split(i, [None, config.warps_m, config.frags_m])
-    j0, j1, j2 = sch.split(j, [None, config.warps_n, config.frags_n])
-    k0, k1 = sch.split(k, [None, config.k_frags])
-    sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2)
+    i_pad, i = sch.split(i, [None, config.pad_frags_m])
+    j_pad, j = sch.split(j, [None, config.pad_frags_n])
+    (i0, i1, i2), (_, warps_m, _) = _tile(sch, i, [config.pad_frags_m // config.block_fm, config.warps_m, config.frags_m], MAX_FRAGS, tunable)
+    (j0, j1, j2), (_, warps_n, _) = _tile(sch, j, [config.pad_frags_n // config.block_fn, config.warps_n, config.frags_n], MAX_FRAGS, tunable)
+    k_steps = _extent(sch, k)
+    (k0, k1), _ = _tile(sch, k, [k_steps // config.k_frags, config.k_frags], MAX_K_FRAGS, tunable)
+    sch.reorder(i_pad, i0, j_pad, j0, i1, j1, k0, k1, i2, j2)
     lowering.bind(sch, batch, "blockIdx.z")
-    lowering.bind(sch, sch.fuse(i0, j0), "blockIdx.x")
+    lowering.bind(sch, sch.fuse(i_pad, i0, j_pad, j0), "blockIdx.x")
     warp = sch.fuse(i1, j1)
     lowering.bind(sch, warp, "threadIdx.y")
 
@@ -273,8 +373,8 @@ def tensorize_gemm(sch: s_tir.Schedule, mad, config: Config, lowering: Lowering)
         copy = sch.cache_read(cube, index, "shared.dyn")
         sch.compute_at(copy, k0)
         fused = sch.fuse(*sch.get_loops(copy)[-2:])
-        _, ty, tx, vec = sch.split(fused, [None, config.warps_m * config.warps_n, WARP, config.vector])
-        lowering.bind(sch, ty, "threadIdx.y")
+        _, ty_m, ty_n, tx, vec = sch.split(fused, [None, warps_m, warps_n, WARP, config.vector])
+        lowering.bind(sch, sch.fuse(ty_m, ty_n), "threadIdx.y")
         lowering.bind(sch, tx, "threadIdx.x")
         sch.vectorize(vec)
         sch.storage_align(copy, 0, axis=-2, factor=16, offset=8)  # rows 8 halves apart: no bank conflicts
@@ -282,6 +382,9 @@ def tensorize_gemm(sch: s_tir.Schedule, mad, config: Config, lowering: Lowering)
 
     fetch_to_shared(0)
     fetch_to_shared(1)
+    if config.double_buffer:  # the copies of step k0 + 1 (stage 1) beside the mma of step k0
+        sch.annotate(k0, "software_pipeline_stage", [0, 0, 1])
+        sch.annotate(k0, "software_pipeline_order", [0, 1, 2])
     frag_a = sch.cache_read(cube, 0, "wmma.matrix_a")
     frag_b = sch.cache_read(cube, 1, "wmma.matrix_b")
     sch.compute_at(frag_a, k1)
@@ -318,3 +421,14 @@ def tensorize_gemm(sch: s_tir.Schedule, mad, config: Config, lowering: Lowering)
         _, tx, vec = sch.split(fused, [None, WARP, config.vector])
         sch.vectorize(vec)
     lowering.bind(sch, tx, "threadIdx.x")
+    return left
+
+
+def _inline_up_to_the_output(sch: s_tir.Schedule, block) -> None:
+    """Inline the stages between ``block`` and the stage that writes the output (re-indexing,
+    padding removal), so that the output stage reads ``block`` directly."""
+    while len(consumers := sch.get_consumers(block)) == 1 and sch.get_consumers(consumers[0]):
+        try:
+            sch.compute_inline(consumers[0])
+        except s_tir.ScheduleError:
+            return
