@@ -154,9 +154,9 @@ def test_config_fits_the_budget(gemm, expected):
 
 @needs_nvcc
 def test_split_k_runs_small_outputs_over_many_thread_blocks():
-    """A dW whose output is one thread block's tile (32x32) and whose K is long (N*Ho*Wo = 1568)
-    sums K slices in separate thread blocks, then adds the slices: built within the limits, and,
-    emulated, against the reference."""
+    """A dW whose output is one thread block's tile (32x32) and whose K is long (N*Ho*Wo = 1568),
+    and a dX of few pixels with a long K (Cout*KH*KW), sum K slices in separate thread blocks, then
+    add the slices: built within the limits, and, emulated, against the reference."""
     from tvm_convgrad.tvm import placeholder
 
     x = placeholder(layout.shape_5hd(2, 32, 28, 28), name="input_x", dtype="float16")
@@ -168,6 +168,15 @@ def test_split_k_runs_small_outputs_over_many_thread_blocks():
     assert len(kernel.ptx_entries) == 2, "the slices' GEMM, then their sum"
     emulated = emulate_cuda(dw, {"kind": "cuda", "arch": "sm_80"})
     assert check_kernel(emulated).ok
+    # dX of a late layer at N=1: 49 pixels x 64 channels, K = 256 * 3 * 3
+    w = placeholder(layout.shape_fracz((256, 64, 3, 3)), name="filters", dtype="float16")
+    dy = placeholder(layout.shape_5hd(1, 256, 7, 7), name="out_backprop", dtype="float16")
+    para = {"strides": [1, 1], "padding": [1, 1, 1, 1], "dilations": [1, 1, 1, 1], "kernel_name": "split_k_dx"}
+    dx = dsl.conv2d_backprop_input(w, dy, [256, 64, 3, 3], [1, 64, 7, 7], para)
+    kernel = build(dx, target={"kind": "cuda", "arch": "sm_80"}, schedules=None)
+    _check_cuda_kernel(kernel, tensor_cores=True)
+    assert len(kernel.ptx_entries) == 2
+    assert check_kernel(emulate_cuda(dx, {"kind": "cuda", "arch": "sm_80"})).ok
 
 
 
