@@ -498,19 +498,18 @@ def emulate_cuda(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | 
     args, params = _arguments(tensors)
     name = str(args[-1].op.attrs["kernel_name"])
     func = _prim_func(args, name, cuda)
-    sch, how = s_tir.Schedule(func, error_render_level="none"), "emulated:" + schedule_key(cuda)
-    double_buffer, decisions = "rule", None
+    rule, how = CudaRule(emulate=True), "emulated:" + schedule_key(cuda)
+    sch, decisions = rule.apply(func, cuda, tunable=True), None
     if schedules is not None:
         from .tune import tuned_schedule
 
         tuned = tuned_schedule(func, cuda, schedules)
         if tuned is None:
             raise ConvGradError("emulate_cuda", "schedules", str(schedules), f"must hold a tuned record of {name} for {cuda}")
-        default = CudaRule().apply(func, cuda)  # the tuned kernel may come from the other design space
-        if _pipelined(tuned.trace) != _pipelined(default.trace):
-            double_buffer = "switched"
+        if _pipelined(tuned.trace) != _pipelined(sch.trace):  # the tuned kernel is from the other design space
+            sch = s_tir.Schedule(func, error_render_level="none")
+            rule.schedule(sch, cuda, tunable=True, double_buffer="switched")
         decisions, how = _sample_decisions(tuned.trace), f"emulated:tuned:{os.path.basename(os.path.normpath(schedules))}"
-    CudaRule(emulate=True).schedule(sch, cuda, tunable=True, double_buffer=double_buffer)
     if decisions is not None or seed is not None:
         sch = _replay(sch.trace, func, decisions, seed)
     mod = tvm.IRModule({name: sch.mod["main"]})
