@@ -52,6 +52,8 @@ def test_bench_command_writes_table_json_and_chart(tmp_path):
     assert len(record["fma_peak"]) == 2 and all(p["gflops"] > 0 for p in record["fma_peak"]) and record["environment"]["cores"] >= 1
     assert all(0 < r["ours_peak_fraction"] and 0 < r["torch_peak_fraction"] for r in record["results"])
     assert record["isa"]["name"] == "native" and all(r["torch_impl"] for r in record["results"])
+    assert all(0 <= r["max_rel_err"] < 1e-2 and 0 <= r["bound_ratio"] <= 1 for r in record["results"]) and record["failed"] == []
+    assert "max rel err" in (tmp_path / "README.md").read_text()
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -77,6 +79,31 @@ def test_bench_isa_caps_both_sides(tmp_path):
     assert record["environment"]["torch_cpu_capability"] == "AVX2"
     assert all("avx2" in r["torch_impl"] for r in record["results"]), [r["torch_impl"] for r in record["results"]]
     assert record["fma_peak"][0]["isa"] == "avx2" and record["fma_peak"][0]["lanes"] == 8
+
+
+@needs_torch
+def test_bench_checks_every_kernel_before_timing_it(tmp_path, monkeypatch, capsys):
+    """A kernel that does not match the float64 reference is not timed: the others are, the
+    report names it, and the command exits with status 1 naming it."""
+    import dataclasses
+
+    from tvm_convgrad.cli import main
+
+    real = bench.check_kernel
+    checked = []
+
+    def wrong_dgrad(kernel, seed=0):  # the dgrad kernel computes "the wrong thing"
+        checked.append(kernel.name)
+        check = real(kernel, seed)
+        return dataclasses.replace(check, worst_ratio=7.0) if "dgrad" in kernel.name else check
+
+    monkeypatch.setattr(bench, "check_kernel", wrong_dgrad)
+    args = ["bench", "--filter", r"res5b_branch2a\.n1", "--op", "both", "--rounds", "1", "--out", str(tmp_path), "--no-progress"]
+    assert main(args) == 1
+    assert "resnet_50_v1_5.res5b_branch2a.n1 dgrad" in capsys.readouterr().err and len(checked) == 2
+    record = json.loads((tmp_path / "bench.json").read_text())
+    assert [r["op"] for r in record["results"]] == ["wgrad"] and [f["op"] for f in record["failed"]] == ["dgrad"]
+    assert "does not match the reference" in (tmp_path / "README.md").read_text()
 
 
 def test_bench_rejects_an_isa_the_machine_cannot_run(monkeypatch, tmp_path):
@@ -189,6 +216,8 @@ def test_cuda_bench_checks_times_and_reports_each_kernel(tmp_path, monkeypatch):
     assert set(summary) == {"resnet50 wgrad N=1", "resnet50 dgrad N=1", "depthwise wgrad N=1", "depthwise dgrad N=1"}
     record = json.loads((tmp_path / "bench.json").read_text())
     assert record["environment"]["gpu"] == "emulated GPU" and len(record["results"]) == 4
+    assert record["failed"] == []
     for r in record["results"]:
         assert r["ours_ms"] > 0 and r["torch_ms"] > 0 and len(r["ours_samples_ms"]) == len(r["torch_samples_ms"]) == 2
+        assert 0 <= r["max_rel_err"] < 1e-2 and r["bound_ratio"] <= 1
         assert r["torch_impl"].endswith("tensor-core" if r["kind"] == "resnet50" else "simt")

@@ -153,6 +153,19 @@ def test_builds_are_cached_by_workload():
     assert build(_dw("cached_dw", filter_sizes=(24, 10, 3, 2), x_shape=(2, 2, 9, 8, 16))) is first
 
 
+def test_the_build_cache_keeps_the_most_recent_kernels(monkeypatch):
+    """The cache is bounded (a long sweep does not keep every executable): the least recently
+    built or reused kernel goes first."""
+    import sys
+
+    monkeypatch.setattr(sys.modules["tvm_convgrad.build"], "CACHED_KERNELS", 2)
+    a = build(_dw("lru_a"))
+    b = build(_dw("lru_b"))
+    assert build(_dw("lru_a")) is a  # reused: now the most recent
+    build(_dw("lru_c"))  # drops b
+    assert build(_dw("lru_a")) is a and build(_dw("lru_b")) is not b
+
+
 def test_lower_feeds_tvm_compile():
     result = _dx("lowered_dx")
     mod = lower(result)

@@ -38,6 +38,28 @@ def test_run_same_padding_and_float16_result():
     assert "pads (1, 1, 1, 1)" in run.stdout and "float16[1, 9, 16, 16]" in run.stdout
 
 
+FRAMEWORK_RUNS = {
+    "convolution_backprop_filters": ["--input-forward", "2,9,9,8", "--output-delta", "2,5,9,12", "--filter-shape", "3,3,8,12",
+                                     "--strides", "2,1", "--pads-begin", "1", "--pads-end", "1", "--dilations", "1,1"],
+    "convolution_backward_weights": ["--src", "1,4,10", "--diff-dst", "1,6,3", "--weights-shape", "6,2,3", "--strides", "3",
+                                     "--pads-begin", "1", "--pads-end", "0", "--groups", "2", "--data-format", "NCX",
+                                     "--weights-format", "OIX", "--dtype", "float16"],
+    "conv_transpose_backward_weights": ["--src", "1,8,5,5,5", "--diff-dst", "1,4,9,9,9", "--weights-shape", "8,4,3,3,3",
+                                        "--strides", "2", "--pads-begin", "1", "--pads-end", "1", "--data-format", "NCX",
+                                        "--weights-format", "IOX", "--dtype", "bfloat16"],
+    "deconv_grad_filter": ["--params", "2,4,4,4,2,6,6,6,3,3,1,1,0,0,1,1,2,0", "--dtype", "float16"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("op", list(FRAMEWORK_RUNS))
+def test_run_a_framework_operator(op):
+    """``run --op`` takes the framework operators with their own argument names, checks every
+    element against the operator's float64 reference and times it."""
+    run = cli("run", "--op", op, *FRAMEWORK_RUNS[op], "--repeat", "1")
+    assert run.returncode == 0, run.stderr
+    assert f"[{op}]" in run.stdout and ": OK" in run.stdout and "GFLOP/s" in run.stdout
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -48,6 +70,14 @@ def test_run_same_padding_and_float16_result():
         (["run", "--op", "input", "--input", "2,20,9,11", "--filter", "24,5,3,3", "--groups", "5"], "groups"),
         (["run", "--op", "filter", "--input", "1,16,7,7", "--filter", "16,16,3,3", "--pads", "FULL"], "pads"),
         (["bench-nothing"], "invalid choice"),
+        (["run", "--op", "convolution_backprop_filters", "--input-forward", "2,9,9,8", "--filter-shape", "3,3,8,12"], "--output-delta"),
+        (["run", "--op", "convolution_backprop_filters", "--input-forward", "2,9,9,8", "--output-delta", "2,8,7,12", "--filter-shape",
+          "3,3,8,12"], "output_delta spatial axis 0"),
+        (["run", "--op", "conv_transpose_backward_weights", "--src", "1,8,5,5", "--diff-dst", "1,4,9,9", "--weights-shape", "8,4,3,3",
+          "--strides", "2", "--data-format", "NCX", "--weights-format", "IOX", "--output-padding", "2"], "output_padding"),
+        (["run", "--op", "deconv_grad_filter", "--params", "1,2,3"], "params"),
+        (["run", "--op", "deconv_grad_filter", "--params", "2,4,4,4,2,6,6,6,3,3,1,1,0,0,1,1,2,0", "--dtype", "bfloat16"], "dtype"),
+        (["run", "--op", "filter", "--filter", "24,5,3,3"], "--input"),
     ],
 )
 def test_bad_arguments_exit_2_without_traceback(args, message):

@@ -25,13 +25,16 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from tvm_convgrad import bench, build, dsl, emulate_cuda, layout
-from tvm_convgrad.ptxas import MAX_REGISTERS, ptxas_report
+from tvm_convgrad.ptxas import MAX_REGISTERS, kernel_report, parse_report
 from tvm_convgrad.schedule.cuda import with_limits
 from tvm_convgrad.schedule.tensor_core import SHARED_BYTES, Config, GemmExtents, get_config
 from tvm_convgrad.verify import check_kernel
 
+import framework_cases
 import test_frontends as frontends
-from test_sweep import CASES, _case_id, dw_result, dx_result
+from runners import TimedByPosition
+from tbe_calls import case_id, dw_result, dx_result
+from test_sweep import CASES
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None or shutil.which("ptxas") is None, reason="the CUDA toolkit is not installed")
 
@@ -52,12 +55,12 @@ def _check_cuda_kernel(kernel, tensor_cores: bool | None = None):
     if tensor_cores is not None:
         assert on_tensor_cores == tensor_cores, kernel
     assert bool(TENSOR_CORE_PTX.search(kernel.ptx)) == on_tensor_cores, "mma instructions exactly where the rule says"
-    entries = ptxas_report(kernel.ptx, arch)
-    assert {e.name for e in entries} == set(kernel.ptx_entries)
+    entries = kernel_report(kernel)
+    assert {e.name for e in entries} == set(kernel.ptx_entries) and all(e.arch == arch for e in entries)
     for entry in entries:
         assert entry.spill_stores == entry.spill_loads == 0, str(entry)
         assert entry.registers <= MAX_REGISTERS, str(entry)
-        assert entry.shared_bytes <= SHARED_BYTES, str(entry)
+        assert entry.total_shared_bytes <= SHARED_BYTES, str(entry)  # static + the launch's dynamic part
     assert _verify_gpu_code(kernel), f"{kernel.name}: TVM's GPU verification failed"
 
 
@@ -73,14 +76,14 @@ def test_resnet50_runs_on_tensor_cores(case, op, arch):
 
 
 @needs_nvcc
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_sweep_builds_within_the_limits(case):
     for result in (dw_result(case), dx_result(case)):
         kernel = build(result, target={"kind": "cuda", "arch": "sm_80"}, schedules=None)
         _check_cuda_kernel(kernel)
 
 
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_emulated_cuda_schedule_matches_the_reference(case):
     """The CUDA schedule's index math, run: tiling, padding to whole tiles, shared-memory staging
     (the packs' gathers), fragments and the result's copy back, against the float64 reference."""
@@ -95,11 +98,11 @@ def test_emulated_cuda_schedule_matches_the_reference(case):
 def test_emulated_frontends_match_the_reference(case):
     """The framework operators' CUDA schedules (tensor cores for fp16 inputs, SIMT for fp32 and
     bf16 ones), emulated, against the reference."""
-    x, dy = frontends._placeholders(case)
-    kernel = emulate_cuda(frontends._call(case, x, dy), {"kind": "cuda", "arch": "sm_80"})
+    x, dy = framework_cases.placeholders(case)
+    kernel = emulate_cuda(framework_cases.call(case, x, dy), {"kind": "cuda", "arch": "sm_80"})
     assert kernel.units == ("tensor-core" if case.dtype == "float16" and kernel.formulation != "depthwise" else "simt")
-    xa, dya = frontends._arrays(case)
-    frontends._check(kernel(xa, dya), frontends._expected(case, xa, dya), kernel, "emulated CUDA")
+    xa, dya = framework_cases.arrays(case)
+    framework_cases.check(kernel(xa, dya), framework_cases.expected(case, xa, dya), kernel, "emulated CUDA")
 
 
 def test_emulation_keeps_the_tensor_core_structure():
@@ -181,7 +184,7 @@ def test_split_k_runs_small_outputs_over_many_thread_blocks():
 
 
 
-@pytest.mark.parametrize("case", CASES[::4], ids=_case_id)
+@pytest.mark.parametrize("case", CASES[::4], ids=case_id)
 def test_sampled_tiles_match_the_reference(case):
     """``tunable=True``: the tensor cores' tiles are MetaSchedule samples. Tiles drawn as a tuning
     run draws them (block and warp tiles within the padding tile, K step), emulated, against the
@@ -219,30 +222,6 @@ def test_the_tunable_default_is_the_default_schedule():
         assert any(not tvm_ffi.structural_equal(default.mod, mod) for mod in replays), "the samples explore"
 
 
-@tvm.ir.utils.derived_object
-class _TimedByPosition(ms.runner.PyRunner):
-    """A runner for a machine without a GPU: it runs nothing and times the candidates of a batch by
-    their position (1 s, 1/2 s, ...). A tuning run goes through MetaSchedule's whole loop (sampling,
-    GPU verification, nvcc builds); in its last batch (the default, then the best candidate) the
-    best candidate is twice as fast, so it is kept unless it is the default itself."""
-
-    def run(self, runner_inputs):
-        return [_Timed(1.0 / (position + 1)) for position in range(len(runner_inputs))]
-
-
-@tvm.ir.utils.derived_object
-class _Timed(ms.runner.PyRunnerFuture):
-    def __init__(self, seconds: float):
-        super().__init__()
-        self.seconds = seconds
-
-    def done(self) -> bool:
-        return True
-
-    def result(self) -> ms.runner.RunnerResult:
-        return ms.runner.RunnerResult([self.seconds], None)
-
-
 @needs_nvcc
 def test_tune_for_cuda_keeps_a_sampled_kernel_that_builds_and_computes(tmp_path):
     """``tune(target=cuda)`` over a runner (a GPU machine's RPC server; here one that times by
@@ -255,7 +234,7 @@ def test_tune_for_cuda_keeps_a_sampled_kernel_that_builds_and_computes(tmp_path)
     dy = placeholder(layout.shape_5hd(1, 64, 28, 28), name="out_backprop", dtype="float16")
     dw = dsl.conv2d_backprop_filter(x, dy, [64, 64, 3, 3], {"strides": [1, 1], "padding": [1, 1, 1, 1], "kernel_name": "tune_cuda_dw"})
     target = {"kind": "cuda", "arch": "sm_80"}
-    report = tune(dw, target=target, trials=8, work_dir=tmp_path, runner=_TimedByPosition(), seed=2, progress=False)
+    report = tune(dw, target=target, trials=8, work_dir=tmp_path, runner=TimedByPosition(), seed=2, progress=False)
     assert report.trials >= 1 and not report.failures, report.failures
     if not report.kept:
         pytest.skip("the search's best candidate was the default schedule: nothing kept to check")
@@ -310,3 +289,30 @@ def test_double_buffering_is_the_rules_choice_and_its_alternative_a_design_space
         mod = tvm.IRModule({name: switched.mod["main"]})
         kernel = Kernel(tvm.compile(mod, target=EMULATION_TARGET), mod, args, params, EMULATION_TARGET, "emulated:switched")
         assert check_kernel(kernel).ok
+
+
+def test_an_unreadable_ptxas_report_fails():
+    """A ptxas log the parser cannot read raises: it never reads as 0 registers or 0 spills."""
+    good = ("ptxas info    : Compiling entry function 'k_kernel' for 'sm_90'\n"
+            "ptxas info    : Function properties for k_kernel\n"
+            "    0 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n"
+            "ptxas info    : Used 40 registers, 1024 bytes smem, 380 bytes cmem[0]\n")  # fmt: skip
+    (entry,) = parse_report(good, "sm_90")
+    assert (entry.registers, entry.spill_stores, entry.spill_loads, entry.shared_bytes) == (40, 8, 4, 1024)
+    for broken in (good.replace("Used 40 registers", "Uses forty registers"), good.replace("bytes spill stores", "spills"), "", "ptxas fatal"):
+        with pytest.raises(ValueError, match="ptxas"):
+            parse_report(broken, "sm_90")
+
+
+@needs_nvcc
+def test_dynamic_shared_memory_is_counted_per_kernel():
+    """The budget counts the dynamic shared memory a launch requests (the tensor cores' operand
+    tiles live in ``shared.dyn``), per GPU kernel: a split-K GEMM's first kernel has it, the
+    kernel that sums the slices none."""
+    case = next(c for c in bench.load_cases("resnet50", (8,)) if ".res2a_branch2a." in c.name)
+    kernel = build(bench.tbe_result(case, "filter"), target={"kind": "cuda", "arch": "sm_90"})
+    entries = {e.name: e for e in kernel_report(kernel)}
+    gemm, total = entries[f"{kernel.name}_kernel"], entries[f"{kernel.name}_kernel_1"]
+    assert gemm.dynamic_shared_bytes > 0 and total.dynamic_shared_bytes == 0
+    assert gemm.total_shared_bytes == gemm.shared_bytes + gemm.dynamic_shared_bytes <= SHARED_BYTES
+    assert "dynamic" in str(gemm)

@@ -10,7 +10,6 @@ seeds, and every error rule.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
@@ -18,60 +17,16 @@ import pytest
 from tvm import te
 
 from conftest import needs_torch, torch
+from framework_cases import Case, arrays, call, check, dsp_params, expected, placeholders, torch_weights
 from tvm_convgrad import ConvGradError, build, reference
 from tvm_convgrad.build import numpy_dtype
 from tvm_convgrad.frontends import dsp, onednn
 from tvm_convgrad.params.framework import auto_pads
-from tvm_convgrad.verify import error_bound
+from tvm_convgrad.verify import check_kernel
 
 # ---------------------------------------------------------------------------------------------
 # Cases
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Case:
-    """One call of a oneDNN operator. ``conv``: x = input_forward / src, dy = output_delta /
-    diff_dst; ``deconv``: x = src, dy = diff_dst. Shapes are NCX here; the call uses data_format."""
-
-    op: str  # "conv", "conv_v2" (ConvolutionBackwardWeights), "deconv"
-    batch: int
-    x_channels: int
-    dy_channels: int
-    groups: int
-    x_size: tuple
-    dy_size: tuple
-    kernel: tuple
-    strides: tuple
-    pads_begin: tuple  # as passed (ignored with auto_pad)
-    pads_end: tuple
-    dilations: tuple
-    auto_pad: str = "none"
-    output_padding: tuple | None = None
-    data_format: str = "NXC"
-    weights_format: str = "XIO"
-    dtype: str = "float32"
-    effective_pads: tuple = field(default=(), compare=False)  # pads_begin the sum uses
-
-    @property
-    def rank(self) -> int:
-        return len(self.kernel)
-
-    def name(self) -> str:
-        return (
-            f"{self.op}-r{self.rank}-g{self.groups}-{self.x_channels}x{self.dy_channels}-s{''.join(map(str, self.strides))}"
-            f"-d{''.join(map(str, self.dilations))}-{self.auto_pad}-{self.data_format}-{self.weights_format}-{self.dtype}"
-        )
-
-    def weights_shape(self) -> tuple:
-        if self.op == "deconv":  # IOX (IC, OC/G, *K) / XOI (*K, OC/G, IC)
-            i, o = self.x_channels, self.dy_channels // self.groups
-            return (i, o, *self.kernel) if self.weights_format == "IOX" else (*self.kernel, o, i)
-        o, i = self.dy_channels, self.x_channels // self.groups  # OIX / XIO
-        return (o, i, *self.kernel) if self.weights_format == "OIX" else (*self.kernel, i, o)
-
-    def layout_shape(self, channels: int, size: tuple) -> tuple:
-        return (self.batch, channels, *size) if self.data_format == "NCX" else (self.batch, *size, channels)
 
 
 _CHANNELS = [(3, 5), (20, 24), (16, 33), (6, 9)]  # per group: not multiples of 16, and more than 16
@@ -144,79 +99,6 @@ def _sweep() -> list[Case]:
 SWEEP = _sweep()
 
 # ---------------------------------------------------------------------------------------------
-# Running a case
-# ---------------------------------------------------------------------------------------------
-
-
-def _call(case: Case, x: te.Tensor, dy: te.Tensor):
-    attrs = dict(strides=list(case.strides), pads_begin=list(case.pads_begin), pads_end=list(case.pads_end),
-                 dilations=list(case.dilations), auto_pad=case.auto_pad, groups=case.groups, data_format=case.data_format)  # fmt: skip
-    shape = list(case.weights_shape())
-    if case.op == "conv":
-        return onednn.convolution_backprop_filters(x, dy, shape, filter_format=case.weights_format, **attrs)
-    if case.op == "conv_v2":
-        return onednn.convolution_backward_weights(x, dy, shape, weights_format=case.weights_format, **attrs)
-    return onednn.conv_transpose_backward_weights(x, dy, shape, weights_format=case.weights_format, output_padding=case.output_padding, **attrs)
-
-
-def _placeholders(case: Case):
-    x = te.placeholder(case.layout_shape(case.x_channels, case.x_size), case.dtype, name="src" if case.op != "conv" else "input_forward")
-    dy = te.placeholder(case.layout_shape(case.dy_channels, case.dy_size), case.dtype, name="diff_dst" if case.op != "conv" else "output_delta")
-    return x, dy
-
-
-def _arrays(case: Case, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    dtype = numpy_dtype(case.dtype)
-    x = rng.uniform(-1, 1, case.layout_shape(case.x_channels, case.x_size)).astype(dtype)
-    dy = rng.uniform(-1, 1, case.layout_shape(case.dy_channels, case.dy_size)).astype(dtype)
-    return x, dy
-
-
-def _expected(case: Case, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    """float64 reference in the case's weights format (from the rounded inputs)."""
-    xn = reference.from_data_format(x.astype(np.float64), case.data_format)
-    dyn = reference.from_data_format(dy.astype(np.float64), case.data_format)
-    if case.op == "deconv":
-        w = reference.conv_transpose_backward_weights(xn, dyn, case.kernel, case.strides, case.effective_pads, case.dilations, case.groups)
-    else:
-        w = reference.conv_backprop_filter_nd(xn, dyn, case.kernel, case.strides, case.effective_pads, case.dilations, case.groups)
-    return reference.to_weights_format(w, case.weights_format)
-
-
-def _torch_weights(case: Case, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    """PyTorch autograd, float64, in the case's weights format. conv: ``conv{n}d_weight`` on x
-    padded with (pads_begin, pads_end); deconv: ``conv_transpose{n}d`` (no padding) cropped to
-    diff_dst's window ``[pb, pb + S_dst)`` (zero-extended), loss ``sum(y * diff_dst)``."""
-    xt = torch.from_numpy(reference.from_data_format(x.astype(np.float64), case.data_format).copy())
-    dyt = torch.from_numpy(reference.from_data_format(dy.astype(np.float64), case.data_format).copy())
-    nd, fn = case.rank, torch.nn.functional
-    if case.op != "deconv":
-        ends = [max(0, (o - 1) * st + (k - 1) * d + 1 - b - size) for size, o, st, k, d, b in
-                zip(case.x_size, case.dy_size, case.strides, case.kernel, case.dilations, case.effective_pads)]  # fmt: skip
-        pad = [p for b, e in reversed(list(zip(case.effective_pads, ends))) for p in (b, e)]
-        weight_fn = getattr(torch.nn.grad, f"conv{nd}d_weight")
-        shape = (case.dy_channels, case.x_channels // case.groups, *case.kernel)
-        w = weight_fn(fn.pad(xt, pad), shape, dyt, stride=case.strides, padding=0, dilation=case.dilations, groups=case.groups)
-        return reference.to_weights_format(w.numpy(), case.weights_format)
-    weight = torch.zeros((case.x_channels, case.dy_channels // case.groups, *case.kernel), dtype=torch.float64, requires_grad=True)
-    y = getattr(fn, f"conv_transpose{nd}d")(xt, weight, stride=case.strides, dilation=case.dilations, groups=case.groups)
-    full = y.shape[2:]
-    extend = [p for ax in reversed(range(nd)) for p in (0, max(0, case.effective_pads[ax] + case.dy_size[ax] - full[ax]))]
-    window = (slice(None), slice(None)) + tuple(slice(b, b + s) for b, s in zip(case.effective_pads, case.dy_size))
-    (fn.pad(y, extend)[window] * dyt).sum().backward()
-    return reference.to_weights_format(weight.grad.numpy(), case.weights_format)
-
-
-def _check(result: np.ndarray, expected: np.ndarray, kernel, what: str):
-    """Every element within the bound of fp32 sums rounded once to the result's type."""
-    assert result.shape == expected.shape, f"{what}: shape {result.shape} != {expected.shape}"
-    error = np.abs(result.astype(np.float64) - expected)
-    ratio = error / error_bound(kernel.params, expected, kernel.output.dtype)
-    assert ratio.max() <= 1.0, f"{what}: max error {error.max():.3g} = {ratio.max():.3g} x the bound"
-
-
-# ---------------------------------------------------------------------------------------------
 # The sweep
 # ---------------------------------------------------------------------------------------------
 
@@ -238,29 +120,29 @@ def test_sweep_covers_the_parameter_space():
 
 @pytest.mark.parametrize("case", SWEEP, ids=[c.name() for c in SWEEP])
 def test_operator_matches_reference(case):
-    x, dy = _placeholders(case)
-    kernel = build(_call(case, x, dy))
+    x, dy = placeholders(case)
+    kernel = build(call(case, x, dy))
     assert kernel.output.shape == case.weights_shape() and kernel.output.dtype == case.dtype
     assert [a.name for a in kernel.inputs] == [x.op.name, dy.op.name]
-    xa, dya = _arrays(case)
-    _check(kernel(xa, dya), _expected(case, xa, dya), kernel, "vs reference")
+    xa, dya = arrays(case)
+    check(kernel(xa, dya), expected(case, xa, dya), kernel, "vs reference")
 
 
 @needs_torch
 @pytest.mark.parametrize("case", SWEEP, ids=[c.name() for c in SWEEP])
 def test_operator_matches_torch(case):
-    x, dy = _placeholders(case)
-    kernel = build(_call(case, x, dy))
-    xa, dya = _arrays(case, seed=1)
-    _check(kernel(xa, dya), _torch_weights(case, xa, dya), kernel, "vs PyTorch")
+    x, dy = placeholders(case)
+    kernel = build(call(case, x, dy))
+    xa, dya = arrays(case, seed=1)
+    check(kernel(xa, dya), torch_weights(case, xa, dya), kernel, "vs PyTorch")
 
 
 def test_rank_3_runs_on_the_cube_with_a_depth_axis():
     """A 3-D gradient is the cube compute with the depth folded into the reduction (no naive
     loop): its mad is ``dw_cc`` and the 5HD layout stage has a depth axis (NDC1HWC0)."""
     case = next(c for c in SWEEP if c.rank == 3 and c.op == "conv" and c.x_channels // c.groups > 8)
-    x, dy = _placeholders(case)
-    kernel = build(_call(case, x, dy))
+    x, dy = placeholders(case)
+    kernel = build(call(case, x, dy))
     assert kernel.formulation == "cube" and kernel.params.geom.depth is not None
     assert "dw_cc" in kernel.inspect_source("tir") and "fmap_l1" in kernel.inspect_source("tir")
 
@@ -276,15 +158,15 @@ def test_rank_3_stem_puts_cout_on_the_lanes():
     rng = np.random.default_rng(0)
     xa, dya = rng.uniform(-1, 1, (1, 3, 6, 9, 9)).astype("float32"), rng.uniform(-1, 1, (1, 20, 6, 5, 5)).astype("float32")
     expected = reference.conv_backprop_filter_nd(xa, dya, (3, 3, 3), (1, 2, 2), (1, 1, 1), (1, 1, 1))
-    _check(kernel(xa, dya), expected, kernel, "3-D stem")
+    check(kernel(xa, dya), expected, kernel, "3-D stem")
 
 
 def test_layout_stages_are_folded_into_the_compute():
     """The framework tensors are read by the compute's packs (the layout stages are inlined),
     and the result stage is written straight in the framework layout: no extra full-size pass."""
     case = SWEEP[0]
-    x, dy = _placeholders(case)
-    tir = build(_call(case, x, dy)).inspect_source("tir")
+    x, dy = placeholders(case)
+    tir = build(call(case, x, dy)).inspect_source("tir")
     assert 'T.sblock("fmap")' not in tir and 'T.sblock("dy")' not in tir and 'T.sblock("dw_ddr")' not in tir
     assert 'T.sblock("diff_weights")' in tir
 
@@ -295,17 +177,17 @@ def test_avx2_plan_runs_the_frontends():
 
     target = isa_target("avx2") if host_can_run(isa_target("avx2")) else pytest.skip("no AVX2 on this host")
     case = next(c for c in SWEEP if c.rank == 2 and c.op == "deconv")
-    x, dy = _placeholders(case)
-    kernel = build(_call(case, x, dy), target=target)
-    xa, dya = _arrays(case)
+    x, dy = placeholders(case)
+    kernel = build(call(case, x, dy), target=target)
+    xa, dya = arrays(case)
     assert kernel.isa.name == "avx2"
-    _check(kernel(xa, dya), _expected(case, xa, dya), kernel, "avx2")
+    check(kernel(xa, dya), expected(case, xa, dya), kernel, "avx2")
 
 
 def test_frontend_builds_for_cuda():
     case = next(c for c in SWEEP if c.rank == 2 and c.op == "conv")
-    x, dy = _placeholders(case)
-    kernel = build(_call(case, x, dy), target={"kind": "cuda", "arch": "sm_80"})
+    x, dy = placeholders(case)
+    kernel = build(call(case, x, dy), target={"kind": "cuda", "arch": "sm_80"})
     assert kernel.target.kind.name == "cuda"
     assert 'T.sblock("fmap")' not in kernel.inspect_source("tir")  # the layout stages are inlined on CUDA too
 
@@ -325,6 +207,37 @@ def test_bf16_kernel_takes_and_returns_ml_dtypes_arrays():
     assert result.dtype == ml_dtypes.bfloat16 and result.shape == (3, 3, 8, 16)
     assert np.all(result.astype(np.float32) == 16 * 0.125)
     assert kernel.time(repeat=1, min_repeat_ms=1).median > 0  # random bf16 inputs too
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_a_padded_one_wide_axis_whose_window_reads_only_padding(dtype):
+    """Issue 18's example: W = 1 padded on the left by 1, kernel width 1, stride 2: the one output
+    column's window reads the left pad only. The packed x holds nothing of the image on that axis;
+    the layout stage in front of it was once left unread and failed to inline (ScheduleError). The
+    gradient is exactly 0 and the kernel builds, for every type and both weight formats."""
+    x = te.placeholder((1, 2, 4, 1), dtype, name="x")
+    dy = te.placeholder((1, 4, 3, 1), dtype, name="dy")
+    attrs = {"strides": [1, 2], "dilations": [2, 1], "pads_begin": [2, 1], "pads_end": [1, 0], "data_format": "NCX"}
+    kernel = build(onednn.convolution_backprop_filters(x, dy, [4, 2, 3, 1], filter_format="OIX", **attrs))
+    rng = np.random.default_rng(0)
+    xa = rng.uniform(-1, 1, (1, 2, 4, 1)).astype(numpy_dtype(dtype))
+    dya = rng.uniform(-1, 1, (1, 4, 3, 1)).astype(numpy_dtype(dtype))
+    expected = reference.conv_backprop_filter_nd(xa.astype(np.float64), dya.astype(np.float64), (3, 1), (1, 2), (2, 1), (2, 1))
+    assert not expected.any()
+    assert kernel(xa, dya).shape == (4, 2, 3, 1) and not kernel(xa, dya).astype(np.float32).any()
+    deconv = onednn.conv_transpose_backward_weights(dy, x, [4, 2, 3, 1], weights_format="IOX", **attrs)  # the same view, roles swapped
+    assert check_kernel(build(deconv)).ok
+
+
+def test_deconv_grad_filter_windows_may_reach_past_the_cropped_output():
+    """Issue 18's example: a 1x1 input, 3x3 kernel, its 3x3 output cropped to 1x1 (out_h = out_w =
+    1): valid (spec §2: the bottom / right crop is implied by out_h / out_w; only §5 rejects), the
+    windows reach rows past ``out + pad_u``, which read 0."""
+    params = [1, 1, 1, 2, 1, 1, 1, 3, 3, 3, 1, 1, 0, 0, 1, 1, 1, 0]
+    kernel, dya, xa, result = _run_dsp(params)
+    assert result.shape == (1, 27, 2)
+    check(result, reference.deconv_grad_filter(dya, xa, params), kernel, "cropped deconvolution")
+    assert check_kernel(kernel).ok  # the operator's own check (kernel.call) agrees
 
 
 def test_f32_products_are_not_rounded_to_f16():
@@ -379,10 +292,6 @@ def test_auto_pad_rule_matches_the_spec_s_ceil_form():
             assert pads[1] - pads[0] in ((0, 1) if mode == "same_upper" else (0, -1))
 
 
-def _dsp_params(batch, in_hw, in_c, out_hw, out_c, k, s, pad, d, group, workspace=0):
-    return [batch, *in_hw, in_c, batch, *out_hw, out_c, *k, *s, *pad, *d, group, workspace]
-
-
 def _run_dsp(params, dtype="float32", seed=0):
     batch, in_h, in_w, in_c, _, out_h, out_w, out_c = params[:8]
     dy = te.placeholder((batch, out_h, out_w, out_c), dtype, name="dy")
@@ -398,7 +307,7 @@ def _run_dsp(params, dtype="float32", seed=0):
 def test_dsp_seed_c_example():
     """Seed 003's C example: batch 16, x and dy 4x4x4, kernel 4x4, stride 1, pad 0, group 1 (the
     deconvolution output cropped to 4x4: the implied bottom / right crop is 3)."""
-    params = _dsp_params(16, (4, 4), 4, (4, 4), 4, (4, 4), (1, 1), (0, 0), (1, 1), 1, workspace=0x10050000)
+    params = dsp_params(16, (4, 4), 4, (4, 4), 4, (4, 4), (1, 1), (0, 0), (1, 1), 1, workspace=0x10050000)
     kernel, dya, xa, result = _run_dsp(params)
     assert result.shape == (1, 4 * 4 * 4, 4)
     np.testing.assert_allclose(result, reference.deconv_grad_filter(dya, xa, params), atol=1e-4)
@@ -409,11 +318,11 @@ def test_dsp_seed_c_example():
 @pytest.mark.parametrize("s,d,out", [(2, 1, 63), (2, 2, 65), (1, 2, 34)])
 def test_dsp_mindspore_unit_test_shapes(in_c, out_c, group, s, d, out):
     """MindSpore's DeConv2DGradFilter UT shapes (batch 2, 32x32, k 3, pad 1: 32 -> 63 / 65 / 34)."""
-    params = _dsp_params(2, (32, 32), in_c, (out, out), out_c, (3, 3), (s, s), (1, 1), (d, d), group)
+    params = dsp_params(2, (32, 32), in_c, (out, out), out_c, (3, 3), (s, s), (1, 1), (d, d), group)
     kernel, dya, xa, result = _run_dsp(params)
     expected = reference.deconv_grad_filter(dya, xa, params)
     assert result.shape == (group, out_c // group * 9, in_c // group)
-    _check(result, expected, kernel, "dsp")
+    check(result, expected, kernel, "dsp")
     if group == 1:  # MindSpore's own layout is the same memory for one group
         np.testing.assert_array_equal(reference.deconv_grad_filter(dya, xa, params, layout="mindspore"), expected[0])
 
@@ -431,7 +340,7 @@ def test_dsp_matches_torch_conv_transpose(geometry, dtype):
     g = geometry
     out_hw = [(i - 1) * s - 2 * p + d * (k - 1) + 1 + e for i, s, p, d, k, e in zip(g["in_hw"], g["s"], g["pad"], g["d"], g["k"], g["extra"])]
     # asymmetric crop: pad_u / pad_l only; PyTorch's padding is symmetric, so its output is cropped at the end
-    params = _dsp_params(2, g["in_hw"], g["in_c"], out_hw, g["out_c"], g["k"], g["s"], g["pad"], g["d"], g["group"])
+    params = dsp_params(2, g["in_hw"], g["in_c"], out_hw, g["out_c"], g["k"], g["s"], g["pad"], g["d"], g["group"])
     kernel, dya, xa, result = _run_dsp(params, dtype)
     module = torch.nn.ConvTranspose2d(g["in_c"], g["out_c"], g["k"], g["s"], padding=g["pad"], output_padding=g["extra"],
                                       groups=g["group"], dilation=g["d"], bias=False).double()  # fmt: skip
@@ -439,7 +348,7 @@ def test_dsp_matches_torch_conv_transpose(geometry, dtype):
     (y * torch.from_numpy(dya.astype(np.float64).transpose(0, 3, 1, 2))).sum().backward()
     m = g["in_c"] // g["group"]
     expected = module.weight.grad.numpy().reshape(g["group"], m, -1, *g["k"]).transpose(0, 2, 3, 4, 1).reshape(g["group"], -1, m)
-    _check(result, expected, kernel, "dsp vs PyTorch")
+    check(result, expected, kernel, "dsp vs PyTorch")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -525,14 +434,14 @@ DECONV_ERRORS = [
 
 
 def _dsp(params=None, dy=None, x=None, dtype="float32"):
-    params = params or _dsp_params(2, (4, 4), 4, (6, 6), 6, (3, 3), (1, 1), (0, 0), (1, 1), 2)
+    params = params or dsp_params(2, (4, 4), 4, (6, 6), 6, (3, 3), (1, 1), (0, 0), (1, 1), 2)
     dy = dy or ((params[4], params[5], params[6], params[7]), dtype)
     x = x or ((params[0], params[1], params[2], params[3]), dtype)
     return dsp.deconv_grad_filter(te.placeholder(dy[0], dy[1], name="dy"), te.placeholder(x[0], x[1], name="x"), params, dtype)
 
 
 def _dsp_with(index, value):
-    params = _dsp_params(2, (4, 4), 4, (6, 6), 6, (3, 3), (1, 1), (0, 0), (1, 1), 2)
+    params = dsp_params(2, (4, 4), 4, (6, 6), 6, (3, 3), (1, 1), (0, 0), (1, 1), 2)
     params[index] = value
     return params
 

@@ -25,9 +25,9 @@ from conftest import RUNNABLE_ISAS
 from test_schedule import _dw, _dx
 
 TARGETS = {
-    "avx512": {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2},
-    "avx2": {"kind": "llvm", "mcpu": "haswell", "num-cores": 2},
-    "sse": {"kind": "llvm", "mcpu": "x86-64", "num-cores": 2},
+    "avx512": {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512", "num-cores": 2},
+    "avx2": {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell", "num-cores": 2},
+    "sse": {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64", "num-cores": 2},
     "neon": {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1", "num-cores": 2},
 }
 REGISTER_KIND = {"avx512": "zmm", "avx2": "ymm", "sse": "xmm", "neon": "v"}
@@ -52,14 +52,14 @@ BROADCAST_TILES = [s for s in SHAPES if "lanes" not in s and "depthwise" not in 
 @pytest.mark.parametrize(
     "target, plan",
     [
-        ({"kind": "llvm", "mcpu": "haswell"}, "avx2"),
-        ({"kind": "llvm", "mcpu": "znver1"}, "avx2"),
-        ({"kind": "llvm", "mcpu": "skylake-avx512"}, "avx512"),
-        ({"kind": "llvm", "mcpu": "znver4"}, "avx512"),
-        ({"kind": "llvm", "mcpu": "sapphirerapids"}, "avx512"),
-        ({"kind": "llvm", "mcpu": "znver4", "mattr": ["-avx512f"]}, "avx2"),
-        ({"kind": "llvm", "mattr": ["+avx2", "+fma"]}, "avx2"),
-        ({"kind": "llvm", "mcpu": "x86-64"}, "sse"),
+        ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell"}, "avx2"),
+        ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver1"}, "avx2"),
+        ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512"}, "avx512"),
+        ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4"}, "avx512"),
+        ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "sapphirerapids"}, "avx512"),
+        ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4", "mattr": ["-avx512f"]}, "avx2"),
+        ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mattr": ["+avx2", "+fma"]}, "avx2"),
+        ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"}, "sse"),
         ({"kind": "llvm", "mtriple": "x86_64-linux-gnu"}, "sse"),
         ({"kind": "llvm", "mtriple": "aarch64-linux-gnu"}, "neon"),
         ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1"}, "neon"),
@@ -102,17 +102,25 @@ def test_isa_target_names_an_isa():
 
 
 def test_the_host_runs_what_it_can():
+    """Whatever the host: its own plan runs; x86 plans run on an x86-64 host only (every x86
+    target names its triple, so on an AArch64 host they are cross-compiled, not run), NEON on an
+    AArch64 one only."""
+    import tvm
+
+    host = tvm.target.codegen.llvm_get_system_triple()
     assert host_can_run(isa_target("native"))
-    assert host_can_run(isa_target("sse"))
-    assert not host_can_run(Target(TARGETS["neon"]))  # tests run on x86-64 hosts
+    assert all(Target(TARGETS[isa]).attrs["mtriple"] == "x86_64-linux-gnu" for isa in ("avx512", "avx2", "sse"))
+    assert str(isa_target("sse").attrs["mtriple"]).startswith("x86_64")
+    assert host_can_run(isa_target("sse")) == host.startswith("x86_64")
+    assert host_can_run(Target(TARGETS["neon"])) == (host.startswith("aarch64") and isa_plan(isa_target("native")).name == "neon")
     assert "native" in RUNNABLE_ISAS
 
 
 def test_kernel_says_which_plan_it_used():
-    kernel = build(_dw(1, 32, 8, 8, 32, 3, 1, 1, name="plan_dw"), target={"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+    kernel = build(_dw(1, 32, 8, 8, 32, 3, 1, 1, name="plan_dw"), target={"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell", "num-cores": 2})
     assert kernel.isa.name == "avx2" and kernel.formulation == "cube"
     assert "[avx2, cube]" in repr(kernel)
-    dx = build(_dx(1, 3, 32, 32, 16, 7, 2, 3, name="plan_dx"), target={"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+    dx = build(_dx(1, 3, 32, 32, 16, 7, 2, 3, name="plan_dx"), target={"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512", "num-cores": 2})
     assert dx.isa.name == "avx512" and dx.formulation == "pixel-lanes"
 
 

@@ -12,10 +12,8 @@ import subprocess
 import sys
 
 import pytest
-import tvm
-from tvm import s_tir
 
-from tvm_convgrad import build, dsl, layout, schedule
+from tvm_convgrad import build, dsl, isa_target, layout, schedule
 from tvm_convgrad.build import _arguments, _prim_func, resolve_target
 from tvm_convgrad.dsl.compute import cube_util
 from tvm_convgrad.schedule.isa import host_can_run
@@ -44,7 +42,7 @@ def _dx(n, cin, h, w, cout, k, s=1, p=0, groups=1, name="sched_dx"):
 @pytest.mark.parametrize("make", [_dw, _dx], ids=["dw", "dx"])
 def test_cube_tiles_are_parallel_unrolled_vectorized(make, isa):
     """The scheduled TIR has the cube's structure on every ISA (cross-compiled; runs where it can)."""
-    target = {"kind": "llvm", "mcpu": {"avx512": "skylake-avx512", "avx2": "haswell"}[isa], "num-cores": 2}
+    target = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": {"avx512": "skylake-avx512", "avx2": "haswell"}[isa], "num-cores": 2}
     kernel = build(make(2, 64, 14, 14, 64, 3, 1, 1, name=f"sched_{make.__name__[1:]}_{isa}"), target=target)
     tir = kernel.inspect_source("tir")
     mad = "dw_cc" if make is _dw else "dx_cc_0_0"
@@ -101,8 +99,7 @@ def test_strided_dx_of_a_batch_runs_image_by_image(monkeypatch, args, mad):
 
 def test_few_tiles_split_the_reduction_across_cores():
     """One 16x16 dW tile (Cin = Cout = 16, 1x1) and two cores: rfactor into per-core parts."""
-    target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
-    kernel = build(_dw(1, 16, 9, 9, 16, 1, name="split_k_dw"), target=target)
+    kernel = build(_dw(1, 16, 9, 9, 16, 1, name="split_k_dw"), target=isa_target("native", cores=2))
     tir = kernel.inspect_source("tir")
     assert "dw_cc_rf" in tir
     assert check_kernel(kernel).ok

@@ -15,12 +15,11 @@ import numpy as np
 import pytest
 
 from tvm_convgrad import build, dsl, isa_target, layout
-from tvm_convgrad.dsl.compute import cube_util
-from tvm_convgrad.params import out_size
 from tvm_convgrad.tvm import placeholder
 from tvm_convgrad.verify import check_kernel, kernel_arrays, random_inputs
 
 from conftest import RUNNABLE_ISAS, assert_within_bound, needs_torch, torch_filter_grad, torch_input_grad
+from tbe_calls import case_id, dw_result, dx_result, geometry
 
 GROUP_KINDS = (1, 2, 3, 4, 16, 32, "depthwise")
 
@@ -66,42 +65,6 @@ def _cases() -> list[dict]:
 CASES = _cases()
 
 
-def _case_id(c: dict) -> str:
-    g = c["groups"]
-    return (
-        f"n{c['n']}_c{c['cin']}-{c['cout']}_g{g}_{c['h']}x{c['w']}_k{c['k'][0]}x{c['k'][1]}"
-        f"_s{c['strides'][0]}{c['strides'][1]}_d{c['dilations'][0]}{c['dilations'][1]}"
-        f"_p{''.join(map(str, c['pads']))}_{c['res_dtype'][5:]}{'_bias' if c['bias'] else ''}"
-    )
-
-
-def _geometry(c: dict):
-    kh, kw = c["k"]
-    ho = out_size(c["h"], kh, c["strides"][0], c["pads"][0], c["pads"][1], c["dilations"][0])
-    wo = out_size(c["w"], kw, c["strides"][1], c["pads"][2], c["pads"][3], c["dilations"][1])
-    filter_sizes = [c["cout"], c["cin"] // c["groups"], kh, kw]
-    para = {"strides": list(c["strides"]), "padding": c["pads"], "dilations": [1, 1, *c["dilations"]], "res_dtype": c["res_dtype"]}
-    dy = placeholder(layout.shape_5hd(c["n"], c["cout"], ho, wo), name="dy", dtype="float16")
-    return filter_sizes, para, dy
-
-
-def dw_result(case: dict):
-    """dW of a sweep case (fp16 5HD inputs)."""
-    filter_sizes, para, dy = _geometry(case)
-    x = placeholder(layout.shape_5hd(case["n"], case["cin"], case["h"], case["w"]), name="x", dtype="float16")
-    return dsl.conv2d_backprop_filter(x, dy, filter_sizes, {**para, "groups": case["groups"]})
-
-
-def dx_result(case: dict):
-    """dX of a sweep case (fp16 FracZ filters and 5HD dy; a float32 bias when the case has one)."""
-    filter_sizes, para, dy = _geometry(case)
-    filters = placeholder(layout.shape_fracz(filter_sizes, case["groups"]), name="filters", dtype="float16")
-    para["group_dict"] = cube_util.calculate_group(filter_sizes, case["groups"])
-    if case["bias"]:
-        para["tensor_bias"] = placeholder((case["cin"],), name="bias", dtype="float32")
-    return dsl.conv2d_backprop_input(filters, dy, filter_sizes, [case["n"], case["cin"], case["h"], case["w"]], para)
-
-
 def test_sweep_covers_the_parameter_space():
     assert {c["groups"] if c["cin"] != c["groups"] or c["groups"] == 1 else "depthwise" for c in CASES} >= set(GROUP_KINDS)
     assert {s for c in CASES for s in c["strides"]} == {1, 2, 3}
@@ -115,16 +78,16 @@ def test_sweep_covers_the_parameter_space():
 
 
 @pytest.mark.parametrize("isa", RUNNABLE_ISAS)
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_conv2d_backprop_filter(case, isa):
     kernel = build(dw_result(case), target=isa_target(isa))
     check = check_kernel(kernel, seed=1)
     assert check.ok, str(check)
-    assert kernel.output.shape == layout.shape_dw_result(_geometry(case)[0], case["groups"])
+    assert kernel.output.shape == layout.shape_dw_result(geometry(case)[0], case["groups"])
 
 
 @pytest.mark.parametrize("isa", RUNNABLE_ISAS)
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_conv2d_backprop_input(case, isa):
     kernel = build(dx_result(case), target=isa_target(isa))
     check = check_kernel(kernel, seed=2)
@@ -133,10 +96,10 @@ def test_conv2d_backprop_input(case, isa):
 
 
 @needs_torch
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_against_pytorch(case):
     """The OIHW / NCHW views of both results against torch.nn.grad (an independent oracle)."""
-    filter_sizes, para, dy = _geometry(case)
+    filter_sizes, para, dy = geometry(case)
     groups = case["groups"]
     x = placeholder(layout.shape_5hd(case["n"], case["cin"], case["h"], case["w"]), name="x", dtype="float16")
     dw_kernel = build(dsl.conv2d_backprop_filter(x, dy, filter_sizes, {**para, "groups": groups}))

@@ -17,7 +17,9 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 
 from tvm_convgrad import ConvGradError, build, dsl, layout, tune
+from runners import TimedByPosition
 from tvm_convgrad.build import resolve_target
+from tvm_convgrad.schedule.isa import host_can_run
 from tvm_convgrad.tune import open_database, runner_from, workload_key
 from tvm_convgrad.tvm import placeholder
 from tvm_convgrad.verify import check_kernel
@@ -135,6 +137,20 @@ def test_tune_over_an_rpc_tracker(rpc_tracker, tmp_path):
     assert report.default_ms > 0 and report.best_ms > 0
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mcpu", ["znver4", "cascadelake", "sapphirerapids"])
+def test_tune_on_cpus_with_vnni(mcpu, tmp_path):
+    """Tuning works for x86 targets with AVX-512 VNNI whatever the host: MetaSchedule's x86 default
+    rules (which ask for the VNNI tensor intrinsic) are never built for the rules' space. The
+    candidates are compiled for the target; a runner that times by position stands in for the
+    machine that would run them."""
+    target = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": mcpu, "num-cores": 2}
+    assert "avx512vnni" in tvm.target.codegen.llvm_get_cpu_features(tvm.target.Target(target))
+    report = tune(_dw(f"tune_vnni_{mcpu}"), target=target, trials=4, work_dir=tmp_path, runner=TimedByPosition(), seed=4, progress=False)
+    assert report.trials >= 1 and not report.failures, report.failures
+    assert mcpu in report.target
+
+
 def test_tune_and_build_reject_bad_arguments(tmp_path):
     with pytest.raises(ConvGradError, match="runner"):
         runner_from("tcp://host:1/key")
@@ -147,6 +163,10 @@ def test_tune_and_build_reject_bad_arguments(tmp_path):
             tune(_dw("tune_bad"), target="cuda", trials=1, work_dir=tmp_path)
     with pytest.raises(ConvGradError, match="schedules"):
         build(_dw("tune_bad"), schedules=tmp_path / "no-database-here")
+    foreign = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1"}
+    if not host_can_run(tvm.target.Target(foreign)):  # code this host cannot run is timed over RPC
+        with pytest.raises(ConvGradError, match="runner = 'local': cannot time llvm-neoverse-n1-neon code on this machine"):
+            tune(_dw("tune_bad"), target=foreign, trials=1, work_dir=tmp_path)
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
@@ -211,10 +231,10 @@ def test_shipped_records_build_exact_kernels(folder):
 
     from tvm_convgrad import bench
     from tvm_convgrad.build import schedule_key
-    from tvm_convgrad.schedule.isa import host_can_run
+    from tvm_convgrad.schedule.isa import host_can_run, x86_triple
 
     kind, mcpu, isa = folder.name.split("-")
-    target = Target({"kind": kind, "mcpu": mcpu, "num-cores": 2})
+    target = Target({"kind": kind, "mtriple": x86_triple(), "mcpu": mcpu, "num-cores": 2})
     assert schedule_key(target) == folder.name
     if not host_can_run(target):
         pytest.skip(f"this host cannot run {isa} code")
@@ -239,7 +259,7 @@ def test_every_bench_case_tunable_trace_replays_with_any_decisions(mcpu):
     from tvm_convgrad.build import _arguments, _prim_func
     from tvm_convgrad.schedule import rule_for
 
-    target = resolve_target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    target = resolve_target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": mcpu, "num-cores": 2})
     for case in bench.load_cases("all", (1, 8)):
         for op in ("filter", "input"):
             args, _ = _arguments(bench.tbe_result(case, op))

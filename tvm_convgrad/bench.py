@@ -54,9 +54,10 @@ from .frontends import onednn
 from .peak import FmaPeak, FmaProbe
 from .schedule.isa import host_can_run, isa_plan
 from .tvm import placeholder
+from .verify import Check, check_kernel
 
 __all__ = [
-    "APIS", "BenchCase", "BenchResult", "GOALS", "ISAS", "TORCH_ISA_CAPS", "load_cases", "main", "markdown_report", "onednn_result",
+    "APIS", "BenchCase", "BenchFailure", "BenchResult", "CheckFailed", "GOALS", "ISAS", "TORCH_ISA_CAPS", "load_cases", "main", "markdown_report", "onednn_result",
     "run_bench", "summarize",
 ]  # fmt: skip
 
@@ -151,6 +152,8 @@ class BenchResult:
     torch_impl: str = ""  # the oneDNN implementation(s) PyTorch ran, e.g. "jit:avx2"
     tuned_ms: float | None = None  # with --schedule tuned: the kernel built from the tuning records
     tuned_schedule: str = ""  # "tuned:<database>", or "default" when no record matched
+    max_rel_err: float = float("nan")  # max |ours - float64 reference| / max |reference|, checked before timing
+    bound_ratio: float = float("nan")  # the largest elementwise |error| / allowed error (<= 1: within the bound)
 
     @property
     def tuned_speedup(self) -> float | None:
@@ -169,6 +172,36 @@ class BenchResult:
     @property
     def torch_gflops(self) -> float:
         return self.flops / self.torch_ms / 1e6
+
+
+@dataclass(frozen=True)
+class BenchFailure:
+    """A case whose kernel did not match the float64 reference: not timed, named in the report,
+    and the command exits with status 1."""
+
+    case: str
+    op: str
+    kernel: str  # which kernel: "default" or the tuned one's schedule
+    check: str  # the check's verdict (errors, share of the bound)
+
+
+class CheckFailed(RuntimeError):
+    """Some cases of a bench run computed the wrong result (the others were timed and reported)."""
+
+    def __init__(self, failures: Sequence[BenchFailure]):
+        self.failures = list(failures)
+        names = "; ".join(f"{f.case} {f.op} ({f.kernel}): {f.check}" for f in failures)
+        super().__init__(f"{len(failures)} case(s) do not match the float64 reference and were not timed: {names}")
+
+
+def checked(kernel: Kernel, case: str, op: str, failures: list[BenchFailure]) -> Check | None:
+    """The kernel's check against the float64 reference (:func:`~tvm_convgrad.verify.check_kernel`),
+    or None, with the failure recorded, when it does not match."""
+    check = check_kernel(kernel)
+    if check.ok:
+        return check
+    failures.append(BenchFailure(case, op, kernel.schedule, str(check)))
+    return None
 
 
 SUITES = ("resnet50", "all", "conv3d")
@@ -305,9 +338,11 @@ class QuietGate:
 def run_bench(
     cases: Sequence[BenchCase], ops: Sequence[str], rounds: int = 5, progress: bool = True, target: Target | None = None,
     gate: QuietGate | None = None, api: str = "tbe", schedules: str | Path | None = None,
-) -> list[BenchResult]:
-    """Build (for ``target``, default this CPU) and time every (case, op), ours and torch
-    interleaved, each sample after ``gate`` says the machine is quiet; see the module docstring.
+) -> tuple[list[BenchResult], list[BenchFailure]]:
+    """Build (for ``target``, default this CPU), check against the float64 reference, and time
+    every (case, op), ours and torch interleaved, each sample after ``gate`` says the machine is
+    quiet; see the module docstring. A kernel that does not match the reference is not timed:
+    it is returned as a :class:`BenchFailure`.
     ``api="onednn"``: the weight gradient through the oneDNN frontend (``ops`` must be filter).
     ``schedules`` (a database folder, or ``build.SHIPPED``): also time the kernel built from its
     records, interleaved with the default one (``BenchResult.tuned_ms``)."""
@@ -318,7 +353,7 @@ def run_bench(
     quiet = gate.wait if gate else (lambda: None)
     torch.set_num_threads(usable_cores())
     rng = np.random.default_rng(0)
-    results = []
+    results, failures = [], []
     bar = tqdm([(c, op) for c in cases for op in ops], disable=not progress, unit="kernel", dynamic_ncols=True)
     for case, op in bar:
         bar.set_description(f"{OPS[op]} {case.name}")
@@ -327,6 +362,9 @@ def run_bench(
         kernel = build(result_tensor, target=target, schedules=None)
         compile_s = time.perf_counter() - start
         tuned = build(result_tensor, target=target, schedules=schedules) if schedules is not None else None
+        check = checked(kernel, case.name, OPS[op], failures)
+        if check is None or (tuned is not None and tuned is not kernel and checked(tuned, case.name, OPS[op], failures) is None):
+            continue
         tuned_t: list[float] = []
         timed_tuned = _ours(tuned, rng) if tuned is not None else None
         call = _torch_call(case, op, rng, channels_last=api == "onednn")
@@ -351,10 +389,11 @@ def run_bench(
             statistics.median(ours_t) * 1e3, statistics.median(torch_t) * 1e3,
             [t * 1e3 for t in ours_t], [t * 1e3 for t in torch_t], impl,
             statistics.median(tuned_t) * 1e3 if tuned_t else None, tuned.schedule if tuned is not None else "",
+            check.relative_error, check.worst_ratio,
         )  # fmt: skip
         results.append(result)
         bar.set_postfix(ratio=f"{result.ratio:.2f}")
-    return results
+    return results, failures
 
 
 def _geomean(values: Sequence[float]) -> float:
@@ -401,12 +440,13 @@ def format_table(results: Sequence[BenchResult], summary: dict, peaks: Sequence[
     lines = [
         f"ours: {isas['ours']}   PyTorch: {isas['torch']}",
         f"{'case':42s} {'op':5s} {'ours ms':>9s} {'torch ms':>9s} {'torch/ours':>10s} {'ours GF/s':>9s} {'%peak':>6s} "
-        f"{'torch GF/s':>10s} {'%peak':>6s} {'oneDNN':>22s} {'compile s':>9s}",
+        f"{'torch GF/s':>10s} {'%peak':>6s} {'oneDNN':>22s} {'compile s':>9s} {'rel err':>8s}",
     ]
     for r in results:
         lines.append(
             f"{r.case:42s} {r.op:5s} {r.ours_ms:9.3f} {r.torch_ms:9.3f} {r.ratio:10.2f} {r.ours_gflops:9.1f} "
-            f"{r.ours_gflops / peak:6.0%} {r.torch_gflops:10.1f} {r.torch_gflops / peak:6.0%} {r.torch_impl:>22s} {r.compile_s:9.2f}"
+            f"{r.ours_gflops / peak:6.0%} {r.torch_gflops:10.1f} {r.torch_gflops / peak:6.0%} {r.torch_impl:>22s} {r.compile_s:9.2f} "
+            f"{r.max_rel_err:8.1e}"
         )
     lines.append("")
     lines.append(f"{peaks[0]}; after the run {peaks[-1].gflops:.0f} GFLOP/s; roofline {peak:.0f} GFLOP/s")
@@ -509,16 +549,20 @@ def markdown_report(record: dict) -> str:
         f"({record['fma_peak'][0]['accumulators']} x {record['fma_peak'][0]['lanes']}-lane accumulators per core, all cores, best sample before / after the run)",
         f"* medians of {record['settings']['rounds']} interleaved samples, each taken once an FMA probe showed the cores free "
         f"(>= {record['quiet_gate']['threshold']:.0%} of the peak; {record['quiet_gate']['waited_s']:.0f} s of waiting in all); raw numbers: `bench.json`; chart: `bench.png`",
+        "* every kernel checked against the float64 reference before it was timed (`max rel err`: max |ours - reference| / "
+        "max |reference|; every element within the bound of fp32 sums rounded once to the result's type)",
         "",
-        "| case | op | kernel | ours ms | torch ms | torch/ours | ours GFLOP/s | % peak | torch GFLOP/s | % peak | oneDNN | compile s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| case | op | kernel | ours ms | torch ms | torch/ours | ours GFLOP/s | % peak | torch GFLOP/s | % peak | oneDNN | compile s | max rel err |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in record["results"]:
         lines.append(
             f"| {r['case']} | {r['op']} | {r['kernel']} | {r['ours_ms']:.3f} | {r['torch_ms']:.3f} | {r['ratio']:.2f} | "
             f"{r['ours_gflops']:.1f} | {r['ours_peak_fraction']:.0%} | {r['torch_gflops']:.1f} | {r['torch_peak_fraction']:.0%} | "
-            f"{r['torch_impl']} | {r['compile_s']:.2f} |"
+            f"{r['torch_impl']} | {r['compile_s']:.2f} | {r['max_rel_err']:.1e} |"
         )
+    for f in record.get("failed", []):
+        lines.append(f"| {f['case']} | {f['op']} | **does not match the reference ({f['kernel']}): {f['check']}** | | | | | | | | | | |")
     lines += ["", "| cases | geomean torch/ours | lowest case | goal |", "|---|---|---|---|"]
     for key, s in record["summary"].items():
         goal = GOALS.get(key.split()[0])
@@ -583,7 +627,7 @@ def main(
     peaks = [probe.measure()]
     gate = QuietGate(probe, peaks[0].gflops)
     records = (schedules or SHIPPED) if schedule == "tuned" else None
-    results = run_bench(cases, ops, rounds, progress, target, gate, api, records)
+    results, failures = run_bench(cases, ops, rounds, progress, target, gate, api, records)
     peaks.append(probe.measure())
     summary = summarize(results)
     isas = _describe_isas(target, results)
@@ -600,6 +644,7 @@ def main(
         "fma_peak": [asdict(p) | {"gflops": p.gflops} for p in peaks],
         "summary": summary,
         "resnet50_3x3_s1_n8_peak_fraction": peak_fractions(results, peak),
+        "failed": [asdict(f) for f in failures],
         "results": [
             asdict(r) | {"ratio": r.ratio, "ours_gflops": r.ours_gflops, "torch_gflops": r.torch_gflops,
                          "ours_peak_fraction": r.ours_gflops / peak, "torch_peak_fraction": r.torch_gflops / peak}
@@ -610,6 +655,9 @@ def main(
     (out_dir / "README.md").write_text(markdown_report(record))
     env = record["environment"]
     title = f"{env['cpu']} ({env['cores']} cores), measured FMA peak {peak:.0f} GFLOP/s\nours: {isas['ours']}\nPyTorch {env['torch']}: {isas['torch']}"
-    plot(results, out_dir / "bench.png", title, peak)
+    if results:
+        plot(results, out_dir / "bench.png", title, peak)
     print(f"wrote {out_dir / 'bench.json'}, {out_dir / 'README.md'} and {out_dir / 'bench.png'}")
+    if failures:
+        raise CheckFailed(failures)
     return summary

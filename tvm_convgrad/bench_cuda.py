@@ -5,13 +5,14 @@ For every case of the benchmark shape set and each gradient, on this machine's G
 * ours: the DSL kernel built for the GPU's arch (float16 inputs in TBE layouts, float32
   accumulation, the result in the TBE result layout), first checked against the float64
   reference (:func:`~tvm_convgrad.verify.check_kernel`: a kernel that computes the wrong thing is
-  not timed), then timed with TVM's ``time_evaluator`` (compile excluded);
+  not timed, it is named in the report and the command exits with status 1);
 * PyTorch: ``torch.nn.grad.conv2d_weight`` / ``conv2d_input`` on float16 NCHW CUDA tensors —
   cuDNN, with ``torch.backends.cudnn.benchmark`` on so that it first picks its fastest algorithm
-  for the shape — timed with CUDA events around back-to-back calls;
+  for the shape;
 
-interleaved, each sample >= 0.15 s, medians of ``rounds`` samples, and the ratio torch / ours
-(> 1: ours is faster). The goal on the ResNet-50 cases is a geomean >= 1.0 per gradient and batch.
+both timed alike (:func:`_sample_cuda`): one call to warm up, then CUDA events around as many
+back-to-back calls as fill a sample of >= 0.15 s, on the default stream both runtimes launch on;
+interleaved, medians of ``rounds`` samples, and the ratio torch / ours (> 1: ours is faster). The goal on the ResNet-50 cases is a geomean >= 1.0 per gradient and batch.
 A GPU is needed: on a machine without one the command says so (the kernels' structure is checked
 without a GPU by the test suite: ptxas, GPU verification, the CPU emulation).
 """
@@ -28,9 +29,10 @@ from typing import Callable, Sequence
 import numpy as np
 import tvm
 
-from .bench import OPS, SAMPLE_SECONDS, BenchCase, BenchResult, _geomean, _ours, _torch_call, load_cases, summarize, tbe_result
+from .bench import (
+    OPS, SAMPLE_SECONDS, BenchCase, BenchFailure, BenchResult, CheckFailed, _geomean, _torch_call, checked, load_cases, summarize, tbe_result,
+)  # fmt: skip
 from .build import build, resolve_target
-from .verify import check_kernel
 
 __all__ = ["CUDA_GOAL", "cuda_available", "main", "run_cuda_bench"]
 
@@ -75,8 +77,10 @@ def _sample_cuda(call: Callable[[], object]) -> float:
     return start.elapsed_time(end) / 1e3 / calls
 
 
-def run_cuda_bench(cases: Sequence[BenchCase], ops: Sequence[str], rounds: int = 5, progress: bool = True) -> list[BenchResult]:
-    """Build, check and time every (case, op) on this GPU, ours and cuDNN interleaved."""
+def run_cuda_bench(cases: Sequence[BenchCase], ops: Sequence[str], rounds: int = 5, progress: bool = True
+                   ) -> tuple[list[BenchResult], list[BenchFailure]]:  # fmt: skip
+    """Build, check and time every (case, op) on this GPU, ours and cuDNN interleaved, both with
+    CUDA events (:func:`_sample_cuda`); a kernel that does not match the reference is not timed."""
     import torch
     from tqdm import tqdm
 
@@ -84,29 +88,39 @@ def run_cuda_bench(cases: Sequence[BenchCase], ops: Sequence[str], rounds: int =
     target = resolve_target("cuda")  # this GPU's arch
     rng = np.random.default_rng(0)
     impl = f"cuDNN {torch.backends.cudnn.version()}"
-    results = []
+    results, failures = [], []
     bar = tqdm([(c, op) for c in cases for op in ops], disable=not progress, unit="kernel", dynamic_ncols=True)
     for case, op in bar:
         bar.set_description(f"{OPS[op]} {case.name}")
         start = time.perf_counter()
         kernel = build(tbe_result(case, op), target=target, schedules=None)
         compile_s = time.perf_counter() - start
-        check = check_kernel(kernel)
-        if not check.ok:
-            raise RuntimeError(f"{case.name} {op}: the CUDA kernel does not match the reference: {check}")
-        ours = _ours(kernel, rng)
+        check = checked(kernel, case.name, OPS[op], failures)
+        if check is None:
+            continue
+        ours = _launch(kernel, rng)
         call = _torch_call(case, op, rng, device="cuda", dtype=torch.float16)
         ours_t, torch_t = [], []
         for _ in range(rounds):
-            ours_t.append(ours())
+            ours_t.append(_sample_cuda(ours))
             torch_t.append(_sample_cuda(call))
         results.append(BenchResult(
             case.name, case.kind, case.N, OPS[op], case.flops, f"{case.KH}x{case.KW}/s{case.stride[0]}", compile_s,
             statistics.median(ours_t) * 1e3, statistics.median(torch_t) * 1e3, [t * 1e3 for t in ours_t],
-            [t * 1e3 for t in torch_t], f"{impl}, {kernel.units}",
+            [t * 1e3 for t in torch_t], f"{impl}, {kernel.units}", max_rel_err=check.relative_error, bound_ratio=check.worst_ratio,
         ))  # fmt: skip
         bar.set_postfix(ratio=f"{results[-1].ratio:.2f}")
-    return results
+    return results, failures
+
+
+def _launch(kernel, rng: np.random.Generator) -> Callable[[], None]:
+    """One launch of ``kernel`` on random device arrays (no copies, no synchronisation: the caller
+    times it as it times PyTorch's calls)."""
+    dev = kernel.device
+    args = [tvm.runtime.tensor(rng.uniform(-1, 1, a.shape).astype(a.dtype), dev) for a in kernel.inputs]
+    args.append(tvm.runtime.empty(kernel.output.shape, kernel.output.dtype, dev))
+    function = kernel.executable[kernel.name]
+    return lambda: function(*args)
 
 
 def format_table(results: Sequence[BenchResult], summary: dict, gpu: str) -> str:
@@ -139,7 +153,7 @@ def main(suite: str, batches: Sequence[int], ops: Sequence[str], pattern: str | 
                          "structure (ptxas, GPU verification, CPU emulation); their speed is unmeasured")  # fmt: skip
     import torch
 
-    results = run_cuda_bench(cases, ops, rounds, progress)
+    results, failures = run_cuda_bench(cases, ops, rounds, progress)
     summary = summarize(results)
     gpu = _gpu_name()
     print(format_table(results, summary, gpu))
@@ -151,7 +165,10 @@ def main(suite: str, batches: Sequence[int], ops: Sequence[str], pattern: str | 
         "summary": summary,
         "geomean_ratio": _geomean([r.ratio for r in results]),
         "results": [asdict(r) | {"ratio": r.ratio, "ours_gflops": r.ours_gflops, "torch_gflops": r.torch_gflops} for r in results],
+        "failed": [asdict(f) for f in failures],
     }  # fmt: skip
     (out_dir / "bench.json").write_text(json.dumps(record, indent=1))
     print(f"wrote {out_dir / 'bench.json'}")
+    if failures:
+        raise CheckFailed(failures)
     return summary

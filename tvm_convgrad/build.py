@@ -17,6 +17,7 @@ import math
 import os
 import re
 import shutil
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -28,13 +29,13 @@ from tvm.ir.instrument import pass_instrument
 from tvm.target import Target
 
 from . import schedule, usable_cores
-from .dsl import result_info
+from .dsl import framework_call, result_info
 from .dsl.compute import ARGUMENT_STAGES, formulation
 from .errors import ConvGradError
 from .params import ConvGradParams
 from .schedule.cuda import CudaRule
 from .schedule.cuda import units as cuda_units
-from .schedule.isa import IsaPlan, isa_plan
+from .schedule.isa import IsaPlan, isa_plan, x86_triple
 
 __all__ = [
     "ArgSpec", "ISA_MCPU", "Kernel", "KeepIndexWidth", "SHIPPED", "Timing", "build", "emulate_cuda", "isa_target", "lower", "numpy_dtype",
@@ -84,14 +85,15 @@ def isa_target(isa: str = "native", cores: int | None = None) -> Target:
     """An x86 LLVM target for one vector ISA: ``"native"`` (this CPU, as ``"llvm"``), ``"avx512"``,
     ``"avx2"`` or ``"sse"``. The host's own CPU model when its plan is that ISA (so the code is
     tuned for it), else the model of :data:`ISA_MCPU` (e.g. AVX2 = ``haswell`` on an AVX-512
-    machine); ``cores`` threads (default: every usable core)."""
+    machine) with an x86-64 triple (x86 code whatever the host: on an AArch64 one it cross-compiles);
+    ``cores`` threads (default: every usable core)."""
     host = resolve_target("llvm")
     cores = cores or usable_cores()
     if isa == "native" or (isa in ISA_MCPU and isa_plan(host).name == isa):
         return Target({"kind": "llvm", "mcpu": str(host.attrs["mcpu"]), "num-cores": cores})
     if isa not in ISA_MCPU:
         raise ConvGradError("isa_target", "isa", isa, f"must be 'native' or one of {sorted(ISA_MCPU)}")
-    return Target({"kind": "llvm", "mcpu": ISA_MCPU[isa], "num-cores": cores})
+    return Target({"kind": "llvm", "mtriple": x86_triple(), "mcpu": ISA_MCPU[isa], "num-cores": cores})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,6 +268,9 @@ class Kernel:
         self.target = target
         self.params = params
         self.args = tuple(ArgSpec(t.op.name, tuple(int(d) for d in t.shape), str(t.dtype)) for t in args)
+        self.call = framework_call(args[-1])
+        """The framework operator's call (:class:`~tvm_convgrad.params.framework.FrameworkCall`) the
+        kernel computes, or None for the TBE DSL's (whose inputs are 5HD / FracZ, see ``params``)."""
         self.flops = int(args[-1].op.attrs["flops"])
         self.formulation = formulation(t.op.name for t in _graph_tensors(args[-1]))
         """Which compute the gradient uses: ``"cube"`` (16x16 blocks), ``"cout-lanes"`` (dW with
@@ -407,7 +412,26 @@ class Kernel:
 # build
 # ---------------------------------------------------------------------------------------------
 
-_CACHE: dict[tuple[int, str, str], list[tuple[tirx.PrimFunc, Kernel]]] = {}
+CACHED_KERNELS = 256
+"""How many compiled kernels :func:`build` keeps (the least recently built or reused are dropped
+first): a notebook or a bench never compiles twice, and a long sweep does not hold every
+executable it ever built."""
+_CACHE: OrderedDict[tuple[int, str, str], list[tuple[tirx.PrimFunc, Kernel]]] = OrderedDict()
+
+
+def _cached(key: tuple[int, str, str], func: tirx.PrimFunc) -> Kernel | None:
+    for cached_func, kernel in _CACHE.get(key, []):
+        if tvm_ffi.structural_equal(cached_func, func):
+            _CACHE.move_to_end(key)
+            return kernel
+    return None
+
+
+def _cache(key: tuple[int, str, str], func: tirx.PrimFunc, kernel: Kernel):
+    _CACHE.setdefault(key, []).append((func, kernel))
+    _CACHE.move_to_end(key)
+    while sum(len(v) for v in _CACHE.values()) > CACHED_KERNELS:
+        _CACHE.popitem(last=False)
 
 
 SHIPPED = "shipped"
@@ -459,9 +483,9 @@ def build(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target 
     name = str(args[-1].op.attrs["kernel_name"])
     func = _prim_func(args, name, target)
     key = (tvm_ffi.structural_hash(func), str(target), str(schedules))
-    for cached_func, kernel in _CACHE.get(key, []):
-        if tvm_ffi.structural_equal(cached_func, func):
-            return kernel
+    kernel = _cached(key, func)
+    if kernel is not None:
+        return kernel
     sch, how = _schedule(func, target, schedules)
     mod = tvm.IRModule({name: sch.mod["main"]})
     with pass_context(target):
@@ -469,7 +493,7 @@ def build(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target 
     kernel = Kernel(executable, mod, args, params, target, how)
     if target.kind.name == "cuda" and not tvm.runtime.enabled("cuda") and shutil.which("nvcc"):
         kernel.ptx  # no CUDA runtime to JIT it: produce the PTX now, with nvcc
-    _CACHE.setdefault(key, []).append((func, kernel))
+    _cache(key, func, kernel)
     return kernel
 
 

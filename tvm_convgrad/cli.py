@@ -41,6 +41,18 @@ from .verify import check_kernel
 
 __all__ = ["main"]
 
+RUN_HELP = """Build one gradient, run it on random data, check every element against the float64 reference
+and time it. Examples:
+
+  tvm-convgrad run --op filter --input 8,64,56,56 --filter 64,64,3,3 --pads 1,1,1,1
+  tvm-convgrad run --op input --input 1,144,28,28 --filter 144,1,3,3 --groups 144 --strides 2 --pads SAME
+  tvm-convgrad run --op convolution_backprop_filters --input-forward 8,56,56,64 --output-delta 8,56,56,64 \\
+      --filter-shape 3,3,64,64 --pads-begin 1 --pads-end 1
+  tvm-convgrad run --op conv_transpose_backward_weights --src 2,8,7,7 --diff-dst 2,4,14,14 --weights-shape 8,4,3,3 \\
+      --strides 2 --pads-begin 1 --pads-end 0 --data-format NCX --weights-format IOX --dtype bfloat16
+  tvm-convgrad run --op deconv_grad_filter --params 2,8,8,4,2,15,15,6,3,3,2,2,1,1,1,1,2,0
+"""
+
 
 def _ints(count: int, names: str):
     """argparse type: ``count`` comma-separated ints (a single int is repeated)."""
@@ -57,6 +69,14 @@ def _ints(count: int, names: str):
         return values
 
     return parse
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    """argparse type: comma-separated ints, any number."""
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of comma-separated ints") from None
 
 
 def _pads(text: str):
@@ -92,10 +112,13 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    n, cin, h, w = args.input
-    cout, cin_g, kh, kw = args.filter
-    sh, sw = args.strides
-    dh, dw = args.dilations
+    if args.op in FRAMEWORK_OPS:
+        result, described = _framework_result(args)
+        kernel, seconds = _build(result, args.target)
+        return 0 if _report(f"[{args.op}] {described}", kernel, seconds, args.repeat) else 1
+    (n, cin, h, w), (cout, cin_g, kh, kw) = _given(args, "input", "filter")
+    sh, sw = _pair(args, "strides", 1)
+    dh, dw = _pair(args, "dilations", 1)
     pads = resolve_pads(Rules("tvm-convgrad run", {}), args.pads, (h, w), (kh, kw), (sh, sw), (dh, dw))
     ho = max(out_size(h, kh, sh, pads[0], pads[1], dh), 1)  # the DSL names an impossible geometry
     wo = max(out_size(w, kw, sw, pads[2], pads[3], dw), 1)
@@ -110,9 +133,73 @@ def run(args: argparse.Namespace) -> int:
         para["group_dict"] = cube_util.calculate_group([cout, cin_g, kh, kw], args.groups)  # checked by the DSL
         filters = placeholder(layout.shape_fracz((cout, cin_g, kh, kw), args.groups), name="filters", dtype="float16")
         result = dsl.conv2d_backprop_input(filters, dy, [cout, cin_g, kh, kw], [n, cin, h, w], para)
-    geometry = f"x {args.input}, w {args.filter}, strides {args.strides}, pads {tuple(pads)}, dilations {args.dilations}, groups {args.groups}"
+    geometry = f"x {args.input}, w {args.filter}, strides {(sh, sw)}, pads {tuple(pads)}, dilations {(dh, dw)}, groups {args.groups}"
     kernel, seconds = _build(result, args.target)
     return 0 if _report(f"[conv2d_backprop_{args.op}] {geometry}", kernel, seconds, args.repeat) else 1
+
+
+def _pair(args: argparse.Namespace, name: str, default: int) -> tuple[int, int]:
+    """A TBE ``run`` attribute of the two spatial axes: one int for both, or two."""
+    values = list(getattr(args, name) or (default,))
+    values = values * 2 if len(values) == 1 else values
+    if len(values) != 2:
+        raise ConvGradError(f"tvm-convgrad run --op {args.op}", _flag(name), values, "must be 1 or 2 comma-separated ints (H, W)")
+    return values[0], values[1]
+
+
+FRAMEWORK_OPS = {
+    # --op: (x, dy, weights shape, weights format, its default) in the operator's own names
+    "convolution_backprop_filters": ("input_forward", "output_delta", "filter_shape", "filter_format", "XIO"),
+    "convolution_backward_weights": ("src", "diff_dst", "weights_shape", "weights_format", "XIO"),
+    "conv_transpose_backward_weights": ("src", "diff_dst", "weights_shape", "weights_format", "XOI"),
+    "deconv_grad_filter": ("dy", "x", "params", None, None),
+}
+"""The framework operators ``run`` takes, each with its own argument names as flags."""
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _given(args: argparse.Namespace, *names: str) -> list:
+    for name in names:
+        if getattr(args, name) is None:
+            raise ConvGradError(f"tvm-convgrad run --op {args.op}", _flag(name), None, "is required")
+    return [list(getattr(args, name)) for name in names]
+
+
+def _per_axis(args: argparse.Namespace, name: str, nd: int) -> list[int] | None:
+    """An attribute given as one int (for every spatial axis) or as one per axis."""
+    values = getattr(args, name)
+    if values is None:
+        return None
+    return list(values) * nd if len(values) == 1 else list(values)
+
+
+def _framework_result(args: argparse.Namespace):
+    """``(result, description)`` of a framework operator's call: placeholders of the given shapes
+    in ``--dtype``, the attributes under the operator's own names."""
+    from tvm import te
+
+    from .frontends import dsp, onednn
+
+    x_name, dy_name, shape_name, format_name, default_format = FRAMEWORK_OPS[args.op]
+    if args.op == "deconv_grad_filter":
+        (params,) = _given(args, "params")
+        dy = te.placeholder(params[4:8], args.dtype, name="dy") if len(params) == 18 else None
+        x = te.placeholder(params[0:4], args.dtype, name="x") if len(params) == 18 else None
+        return dsp.deconv_grad_filter(dy, x, params, args.dtype), f"params {params}, {args.dtype}"
+    x_shape, dy_shape, weights = _given(args, x_name, dy_name, shape_name)
+    nd = len(x_shape) - 2
+    attrs = {name: _per_axis(args, name, nd) for name in ("strides", "pads_begin", "pads_end", "dilations", "output_padding")}
+    attrs = {k: v for k, v in attrs.items() if v is not None and (k != "output_padding" or args.op == "conv_transpose_backward_weights")}
+    attrs = {"strides": [1] * nd, "dilations": [1] * nd, "pads_begin": [0] * nd, "pads_end": [0] * nd, **attrs, "auto_pad": args.auto_pad,
+             "groups": args.groups, "data_format": args.data_format, format_name: getattr(args, format_name) or default_format}  # fmt: skip
+    x = te.placeholder(x_shape, args.dtype, name=x_name)
+    dy = te.placeholder(dy_shape, args.dtype, name=dy_name)
+    result = getattr(onednn, args.op)(x, dy, weights, **attrs)
+    described = ", ".join(f"{k} {v}" for k, v in attrs.items())
+    return result, f"{x_name} {x_shape}, {dy_name} {dy_shape}, {shape_name} {weights}, {described}, {args.dtype}"
 
 
 def _selection(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -180,6 +267,9 @@ def bench(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"tvm-convgrad bench: {err}", file=sys.stderr)
         return 2
+    except bench_module.CheckFailed as err:
+        print(f"tvm-convgrad bench: {err}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -195,15 +285,31 @@ def _parser() -> argparse.ArgumentParser:
     common(p_demo)
     p_demo.set_defaults(func=demo)
 
-    p_run = sub.add_parser("run", help="build, run and check one gradient for any shape")
-    p_run.add_argument("--op", required=True, choices=("filter", "input"), help="conv2d_backprop_filter (dW) or _input (dX)")
-    p_run.add_argument("--input", required=True, type=_ints(4, "N,C,H,W"), metavar="N,C,H,W", help="forward input x (= dX) shape")
-    p_run.add_argument("--filter", required=True, type=_ints(4, "Cout,Cin_g,KH,KW"), metavar="Cout,Cin_g,KH,KW", help="weight shape, Cin per group")
-    p_run.add_argument("--strides", type=_ints(2, "sh,sw"), default=(1, 1), metavar="SH,SW")
-    p_run.add_argument("--pads", type=_pads, default=(0, 0, 0, 0), metavar="T,B,L,R|SAME|VALID")
-    p_run.add_argument("--dilations", type=_ints(2, "dh,dw"), default=(1, 1), metavar="DH,DW")
-    p_run.add_argument("--groups", type=int, default=1)
-    p_run.add_argument("--res-dtype", choices=("float32", "float16"), help="result dtype (default: float32 for dW, float16 for dX)")
+    p_run = sub.add_parser("run", help="build, run and check one gradient for any shape", description=RUN_HELP,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p_run.add_argument("--op", required=True, choices=("filter", "input", *FRAMEWORK_OPS),
+                       help="conv2d_backprop_filter (dW) or _input (dX) of TBE's DSL, or a framework operator")  # fmt: skip
+    tbe = p_run.add_argument_group("TBE DSL (--op filter | input): the forward convolution, NCHW / OIHW")
+    tbe.add_argument("--input", type=_ints(4, "N,C,H,W"), metavar="N,C,H,W", help="forward input x (= dX) shape")
+    tbe.add_argument("--filter", type=_ints(4, "Cout,Cin_g,KH,KW"), metavar="Cout,Cin_g,KH,KW", help="weight shape, Cin per group")
+    tbe.add_argument("--pads", type=_pads, default=(0, 0, 0, 0), metavar="T,B,L,R|SAME|VALID")
+    tbe.add_argument("--res-dtype", choices=("float32", "float16"), help="result dtype (default: float32 for dW, float16 for dX)")
+    both = p_run.add_argument_group("both (one int for every spatial axis, or one per axis)")
+    both.add_argument("--strides", type=_int_list, metavar="S[,S..]")
+    both.add_argument("--dilations", type=_int_list, metavar="D[,D..]")
+    both.add_argument("--groups", type=int, default=1)
+    frame = p_run.add_argument_group("framework operators: their own tensors and attributes")
+    for name in sorted({n for names in FRAMEWORK_OPS.values() for n in names[:3] if n != "params"}):
+        frame.add_argument(_flag(name), dest=name, type=_int_list, metavar="SHAPE", help=f"{name} shape")
+    frame.add_argument("--params", type=_int_list, metavar="P0,..,P17", help="deconv_grad_filter: its 18 params")
+    frame.add_argument("--pads-begin", type=_int_list, metavar="P[,P..]")
+    frame.add_argument("--pads-end", type=_int_list, metavar="P[,P..]")
+    frame.add_argument("--output-padding", type=_int_list, metavar="P[,P..]", help="conv_transpose_backward_weights")
+    frame.add_argument("--auto-pad", default="none", help="none | same_upper | same_lower | valid")
+    frame.add_argument("--data-format", default="NXC", help="NXC | NCX")
+    frame.add_argument("--filter-format", help="convolution_backprop_filters: XIO (default) | OIX")
+    frame.add_argument("--weights-format", help="XIO | OIX (default XIO); conv_transpose_backward_weights: XOI (default) | IOX")
+    frame.add_argument("--dtype", default="float32", help="float32 | float16 | bfloat16 (deconv_grad_filter: float32 | float16)")
     common(p_run)
     p_run.set_defaults(func=run)
 

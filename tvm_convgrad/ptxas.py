@@ -1,7 +1,7 @@
 """What ``ptxas -v`` says about a CUDA kernel's PTX: registers, spills and shared memory per entry.
 
->>> for entry in ptxas_report(kernel.ptx, "sm_90"):
-...     print(entry)          # bench_wgrad_..._kernel: 128 registers, 0 B spilled, 41472 B shared
+>>> for entry in kernel_report(kernel):     # a CUDA Kernel; ptxas_report(ptx, arch) for any PTX
+...     print(entry)          # bench_wgrad_..._kernel: 128 registers, 0 B spilled, 4096 B shared + 19456 B dynamic
 
 :data:`MAX_REGISTERS` is what a thread may hold on every arch since sm_35; the package's shared-memory
 budget is :data:`tvm_convgrad.schedule.tensor_core.SHARED_BYTES` (48 KB, below the H100's 227 KB).
@@ -13,17 +13,18 @@ import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-__all__ = ["MAX_REGISTERS", "PtxasEntry", "ptxas_report"]
+__all__ = ["MAX_REGISTERS", "PtxasEntry", "dynamic_shared_bytes", "kernel_report", "parse_report", "ptxas_report"]
 
 MAX_REGISTERS = 255
 
 
 @dataclass(frozen=True)
 class PtxasEntry:
-    """The resources ``ptxas`` assigned to one ``.entry`` (a ``__global__`` kernel)."""
+    """The resources ``ptxas`` assigned to one ``.entry`` (a ``__global__`` kernel), and the
+    dynamic shared memory its launch adds (:func:`kernel_report`; 0 from :func:`ptxas_report`)."""
 
     name: str
     arch: str
@@ -32,17 +33,26 @@ class PtxasEntry:
     spill_loads: int
     shared_bytes: int
     stack_bytes: int
+    dynamic_shared_bytes: int = 0
+
+    @property
+    def total_shared_bytes(self) -> int:
+        """Static and dynamic shared memory of one thread block: what the budget bounds."""
+        return self.shared_bytes + self.dynamic_shared_bytes
 
     def __str__(self) -> str:
         spilled = self.spill_stores + self.spill_loads
-        return f"{self.name} ({self.arch}): {self.registers} registers, {spilled} B spilled, {self.shared_bytes} B shared"
+        return (f"{self.name} ({self.arch}): {self.registers} registers, {spilled} B spilled, {self.shared_bytes} B shared"
+                + (f" + {self.dynamic_shared_bytes} B dynamic" if self.dynamic_shared_bytes else ""))  # fmt: skip
 
 
 def ptxas_report(ptx: str, arch: str = "sm_80") -> list[PtxasEntry]:
-    """Assemble ``ptx`` for ``arch`` with ``ptxas -v`` (from the CUDA toolkit) and parse its report.
+    """Assemble ``ptx`` for ``arch`` with ``ptxas -v`` (from the CUDA toolkit) and parse its report:
+    one entry per ``.entry`` of the PTX. A report it cannot read raises ``ValueError`` (never a
+    silent 0 registers or spills).
 
     Dynamic shared memory is not in ptxas's count: a kernel's ``shared_bytes`` is its static part
-    (the launch adds the dynamic part, which TVM computes)."""
+    (:func:`kernel_report` adds the dynamic part the launch requests)."""
     if shutil.which("ptxas") is None:
         raise RuntimeError("ptxas_report needs ptxas (CUDA toolkit) on PATH")
     with tempfile.TemporaryDirectory() as tmp:
@@ -53,21 +63,72 @@ def ptxas_report(ptx: str, arch: str = "sm_80") -> list[PtxasEntry]:
         )
     if done.returncode != 0:
         raise RuntimeError(f"ptxas rejected the PTX for {arch}:\n{done.stderr.strip()}")
-    return _parse(done.stderr, arch)
+    entries = parse_report(done.stderr, arch)
+    expected = set(re.findall(r"\.entry\s+(\w+)", ptx))
+    if {e.name for e in entries} != expected:
+        raise ValueError(f"ptxas reported the kernels {sorted(e.name for e in entries)}, the PTX has {sorted(expected)}:\n{done.stderr}")
+    return entries
 
 
-def _parse(log: str, arch: str) -> list[PtxasEntry]:
+def parse_report(log: str, arch: str) -> list[PtxasEntry]:
+    """The entries of a ``ptxas -v`` log. Every entry must state its registers and its stack /
+    spill line; ``smem`` appears only where a kernel has static shared memory (else 0)."""
     entries = []
     for block in re.split(r"ptxas info\s+: Compiling entry function ", log)[1:]:
-        name = re.match(r"'(\w+)'", block).group(1)
+        name = re.match(r"'(\w+)'", block)
         used = re.search(r"Used (\d+) registers", block)
+        spills = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", block)
+        if name is None or used is None or spills is None:
+            raise ValueError(f"cannot read ptxas's report of an entry (no name, 'Used N registers' or spill line):\n{block.strip()}")
         smem = re.search(r"(\d+) bytes smem", block)
-        spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", block)
-        stack = re.search(r"(\d+) bytes stack frame", block)
-        entries.append(
-            PtxasEntry(
-                name, arch, int(used.group(1)) if used else 0, int(spills.group(1)) if spills else 0,
-                int(spills.group(2)) if spills else 0, int(smem.group(1)) if smem else 0, int(stack.group(1)) if stack else 0,
-            )
-        )  # fmt: skip
+        entries.append(PtxasEntry(name.group(1), arch, int(used.group(1)), int(spills.group(2)), int(spills.group(3)),
+                                  int(smem.group(1)) if smem else 0, int(spills.group(1))))  # fmt: skip
+    if not entries:
+        raise ValueError(f"ptxas's report names no entry function:\n{log.strip()}")
     return entries
+
+
+def dynamic_shared_bytes(kernel) -> dict[str, int]:
+    """Bytes of dynamic shared memory (``shared.dyn``, after TVM merges a kernel's buffers into one)
+    each GPU kernel of a CUDA :class:`~tvm_convgrad.Kernel` launches with, by PTX entry name:
+    its scheduled TIR lowered by TVM's own pipeline for its target, one kernel per top-level
+    ``blockIdx`` launch, named as TVM names them (``<name>_kernel``, ``<name>_kernel_1``, ...)."""
+    import tvm
+
+    target = kernel.target
+    mod = tvm.IRModule({gv.name_hint: f.with_attr("target", target) for gv, f in kernel.mod.functions.items()})
+    lower, _, _ = tvm.tirx.get_default_tir_pipeline(target)
+    with tvm.transform.PassContext():
+        (func,) = lower(mod).functions.values()
+    launches: list[int] = []
+
+    def visit(stmt, launch: int | None):
+        kind = type(stmt).__name__
+        if kind == "AttrStmt" and stmt.attr_key == "thread_extent" and launch is None:
+            launches.append(0)
+            launch = len(launches) - 1
+        if kind == "AllocBuffer" and launch is not None and stmt.buffer.scope() == "shared.dyn":
+            extent = 1
+            for d in stmt.buffer.shape:
+                extent *= int(d)
+            launches[launch] += extent * tvm.DataType(stmt.buffer.dtype).bits // 8
+        for child in (getattr(stmt, "body", None), getattr(stmt, "then_case", None), getattr(stmt, "else_case", None)):
+            if child is not None:
+                visit(child, launch)
+        for child in getattr(stmt, "seq", None) or ():
+            visit(child, launch)
+
+    visit(func.body, None)
+    return {f"{kernel.name}_kernel" + (f"_{i}" if i else ""): size for i, size in enumerate(launches)}
+
+
+def kernel_report(kernel) -> list[PtxasEntry]:
+    """:func:`ptxas_report` of a CUDA kernel's PTX for its arch, each entry with the dynamic shared
+    memory its launch adds (:func:`dynamic_shared_bytes`)."""
+    arch = str(kernel.target.attrs.get("arch", "sm_80"))
+    dynamic = dynamic_shared_bytes(kernel)
+    entries = ptxas_report(kernel.ptx, arch)
+    unknown = {e.name for e in entries} - set(dynamic)
+    if unknown:
+        raise ValueError(f"{kernel.name}: PTX entries {sorted(unknown)} match no kernel launch of its TIR ({sorted(dynamic)})")
+    return [replace(e, dynamic_shared_bytes=dynamic[e.name]) for e in entries]

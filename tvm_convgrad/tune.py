@@ -45,11 +45,12 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
-from .build import _arguments, _prim_func, pass_context, resolve_target
+from .build import _arguments, _prim_func, pass_context, resolve_target, schedule_key
 from .errors import ConvGradError
 from .schedule import rule_for
 from .schedule.cuda import with_limits
 from .schedule.intrinsics import cuda_intrinsics
+from .schedule.isa import host_can_run
 
 __all__ = ["TuneReport", "open_database", "runner_from", "tune", "tuned_schedule", "workload_key"]
 
@@ -210,6 +211,15 @@ def _tensor_intrinsics_quickly(target: Target):
             del sys.modules[TENSOR_INTRINSICS]
 
 
+def _mutators(target: Target) -> dict:
+    """MetaSchedule's default mutators of the target kind, given explicitly: with any of a space's
+    rules, postprocs or mutators left "from-target", ``TuneContext`` builds the target's whole
+    default rule set, and on an x86 CPU with VNNI (Cascade Lake and later, Zen 4 / 5) that set
+    asks for the ``dot_16x4_vnni`` tensor intrinsic, which is not registered while tuning (see
+    :func:`_tensor_intrinsics_quickly`). The rules' space needs none of those rules."""
+    return ms.mutator.Mutator.create("cuda" if target.kind.name == "cuda" else "llvm")
+
+
 def _cost_model() -> str:
     return "xgb" if importlib.util.find_spec("xgboost") else "random"
 
@@ -283,6 +293,9 @@ def tune(
         postprocs = [ms.postproc.VerifyGPUCode()]  # a sampled tile over the threads or shared memory of a block: not built
     elif target.kind.name != "llvm":
         raise ConvGradError("tune", "target", target.kind.name, "must be an llvm or a cuda target")
+    elif runner == "local" and not host_can_run(target):
+        raise ConvGradError("tune", "runner", runner, f"cannot time {schedule_key(target)} code on this machine (its CPU lacks the "
+                            "instructions): use runner='rpc://HOST:PORT/KEY' with the RPC server of a machine that has them")  # fmt: skip
     args, _ = _arguments(outputs)
     name = str(args[-1].op.attrs["kernel_name"])
     named = _prim_func(args, name, target)
@@ -292,7 +305,7 @@ def tune(
     work_dir = Path(work_dir)
     best_dir = Path(database) if database is not None else work_dir / "best"
     space = ms.space_generator.ScheduleFn(lambda sch: rule.design_spaces(sch, target), sch_rules=[], postprocs=postprocs,
-                                          mutator_probs="from-target")  # fmt: skip
+                                          mutator_probs=_mutators(target))  # fmt: skip
     builder = ms.builder.LocalBuilder(f_build=_compile_candidate, timeout_sec=BUILD_TIMEOUT_S)
     run = runner_from(runner)
     cost_model = _cost_model()

@@ -13,15 +13,17 @@ errors of the order of the values themselves, far above that bound.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 from . import layout, reference
-from .build import ArgSpec, Kernel
+from .build import ArgSpec, Kernel, numpy_dtype
 from .dsl.compute.depthwise import depthwise
 from .params import FILTER_OP, ConvGradParams
+from .params.framework import FrameworkCall
 
-__all__ = ["Inputs", "Check", "random_inputs", "kernel_arrays", "expected_result", "error_bound", "check_kernel"]
+__all__ = ["Check", "Inputs", "check_kernel", "error_bound", "expected_result", "framework_expected", "kernel_arrays", "random_inputs"]
 
 _EPS = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
@@ -99,18 +101,49 @@ class Check:
     def ok(self) -> bool:
         return self.worst_ratio <= 1.0
 
+    @property
+    def relative_error(self) -> float:
+        """max |error| / max |reference|."""
+        return self.max_abs_error / max(self.max_abs_reference, 1e-30)
+
     def __str__(self) -> str:
-        rel = self.max_abs_error / max(self.max_abs_reference, 1e-30)
+        rel = self.relative_error
         verdict = "OK" if self.ok else "MISMATCH"
         return f"max |error| {self.max_abs_error:.3g} (relative {rel:.2g}, {self.worst_ratio:.2g} of the bound): {verdict}"
 
 
+def framework_expected(call: FrameworkCall, arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """The float64 result of a framework operator's call on its input ``arrays`` (its own layouts,
+    argument order), from the references written from ``framework_ops/*.md``."""
+    first, second = (np.asarray(a, dtype=np.float64) for a in arrays)
+    if call.op == "DeconvGradFilter":
+        return reference.deconv_grad_filter(first, second, call.dsp_params)
+    v = call.view
+    first, second = reference.from_data_format(first, call.data_format), reference.from_data_format(second, call.data_format)
+    gradient = reference.conv_transpose_backward_weights if call.op == "ConvTransposeBackwardWeights" else reference.conv_backprop_filter_nd
+    return reference.to_weights_format(gradient(first, second, v.kernel, v.strides, v.pads_begin, v.dilations, v.groups), call.weights_format)
+
+
 def check_kernel(kernel: Kernel, seed: int = 0) -> Check:
-    """Run ``kernel`` on random inputs and compare it with the float64 reference, elementwise."""
+    """Run ``kernel`` on random inputs and compare it with the float64 reference, elementwise.
+
+    A TBE kernel gets NCHW / OIHW inputs packed into its layouts and the reference of its whole
+    TBE-layout result; a framework operator's kernel (``kernel.call``) inputs in its own layouts
+    and the reference of its operator, the bound of fp32 sums rounded once to its type."""
     params = kernel.params
-    inputs = random_inputs(params, seed, kernel.inputs[2] if len(kernel.inputs) > 2 else None)
-    result = kernel(*kernel_arrays(params, inputs))
-    expected = expected_result(params, inputs)
+    if kernel.call is not None:
+        rng = np.random.default_rng(seed)
+        arrays = [rng.uniform(-1.0, 1.0, a.shape).astype(numpy_dtype(a.dtype)) for a in kernel.inputs]
+        result = kernel(*arrays)
+        expected = framework_expected(kernel.call, arrays)
+        bound = error_bound(params, expected, kernel.output.dtype)
+    else:
+        inputs = random_inputs(params, seed, kernel.inputs[2] if len(kernel.inputs) > 2 else None)
+        result = kernel(*kernel_arrays(params, inputs))
+        expected = expected_result(params, inputs)
+        bound = error_bound(params, expected)
+    if result.shape != expected.shape:
+        raise AssertionError(f"{kernel.name}: result shape {result.shape} != the reference's {expected.shape}")
     error = np.abs(result.astype(np.float64) - expected)
-    ratio = error / error_bound(params, expected)
+    ratio = error / bound
     return Check(float(error.max()), float(np.abs(expected).max()), float(ratio.max()), result, expected)

@@ -18,17 +18,25 @@ from typing import Any, Sequence
 from tvm import te
 
 from ..params import ConvGradParams, filter_grad_params, input_grad_params
+from ..params.framework import FrameworkCall
 from . import compute
 from .compute import conv2d_backprop_filter_compute, conv2d_backprop_input_compute
 
-__all__ = ["attach", "conv2d_backprop_filter", "conv2d_backprop_input", "compute", "result_info"]
+__all__ = ["attach", "conv2d_backprop_filter", "conv2d_backprop_input", "compute", "framework_call", "result_info"]
 
 
-def attach(result: te.Tensor, params: ConvGradParams, inputs: Sequence[te.Tensor]) -> te.Tensor:
-    """Remember on the returned tensor what :func:`tvm_convgrad.build` needs (params, arg order)."""
+def attach(result: te.Tensor, params: ConvGradParams, inputs: Sequence[te.Tensor], call: FrameworkCall | None = None) -> te.Tensor:
+    """Remember on the returned tensor what :func:`tvm_convgrad.build` needs (params, arg order)
+    and, for a framework operator, its call (:class:`~tvm_convgrad.params.framework.FrameworkCall`)."""
     result.convgrad_params = params
     result.convgrad_inputs = tuple(inputs)
+    result.convgrad_call = call
     return result
+
+
+def framework_call(result: te.Tensor) -> FrameworkCall | None:
+    """The framework operator's call a result tensor was made by (None for the TBE DSL's)."""
+    return getattr(result, "convgrad_call", None)
 
 
 def result_info(result: te.Tensor) -> tuple[ConvGradParams, tuple[te.Tensor, ...]] | None:

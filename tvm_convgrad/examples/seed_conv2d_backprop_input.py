@@ -1,7 +1,6 @@
 # The TBE documentation example of conv2d_backprop_input, with `tbe` replaced by `tvm_convgrad`.
 from tvm_convgrad import tvm
 from tvm_convgrad import dsl
-from tvm_convgrad.dsl.compute import cube_util
 
 out_backprop_shape = (1, 1, 7, 7, 16)
 out_backprop_dtype = "float16"

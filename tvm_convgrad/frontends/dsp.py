@@ -34,7 +34,7 @@ from tvm import te
 
 from ..dsl import attach
 from ..dsl.compute import conv2d_backprop_filter_compute
-from ..params.framework import dsp_view
+from ..params.framework import FrameworkCall, dsp_view
 from .layouts import as_5hd, weight_stage
 
 __all__ = ["deconv_grad_filter", "fp_deconv_grad_filter", "hp_deconv_grad_filter"]
@@ -57,7 +57,7 @@ def deconv_grad_filter(
 
     attrs = {"kernel_name": kernel_name, "flops": compute_params.flops, "weights_format": "dsp"}
     result = weight_stage(dw, view, (group, rows, m), to_oix, dtype, "dw", attrs)
-    return attach(result, compute_params, (dy, x))
+    return attach(result, compute_params, (dy, x), FrameworkCall("DeconvGradFilter", view, "NXC", "dsp", tuple(int(v) for v in params)))
 
 
 def fp_deconv_grad_filter(dy: te.Tensor, x: te.Tensor, params: Sequence[int], kernel_name: str = "fp_deconv_grad_filter") -> te.Tensor:

@@ -26,7 +26,7 @@ from tvm import te
 
 from ..dsl import attach
 from ..dsl.compute import conv2d_backprop_filter_compute
-from ..params.framework import ConvView, deconv_view, onednn_view
+from ..params.framework import ConvView, FrameworkCall, deconv_view, onednn_view
 from .layouts import as_5hd, weight_stage
 
 __all__ = ["conv_transpose_backward_weights", "convolution_backprop_filters", "convolution_backward_weights"]
@@ -34,7 +34,8 @@ __all__ = ["conv_transpose_backward_weights", "convolution_backprop_filters", "c
 _CHANNELS_FIRST = ("OIX", "IOX")  # (O, I, *K) / (I, O, *K): the conv view's (o, i, k) in that order
 
 
-def _filter_grad(x: te.Tensor, dy: te.Tensor, view: ConvView, data_format: str, weights_format: str, shape, kernel_name: str, inputs) -> te.Tensor:
+def _filter_grad(op: str, x: te.Tensor, dy: te.Tensor, view: ConvView, data_format: str, weights_format: str, shape, kernel_name: str,
+                 inputs) -> te.Tensor:  # fmt: skip
     """The dW compute between layout stages: ``x`` / ``dy`` are the conv view's tensors, the
     result has ``shape`` in ``weights_format`` (channels first: ``(o, i, *k)``, else ``(*k, i, o)``
     of the conv view)."""
@@ -46,7 +47,7 @@ def _filter_grad(x: te.Tensor, dy: te.Tensor, view: ConvView, data_format: str, 
         to_oix = lambda *index: (index[-1], index[-2], index[:-2])  # noqa: E731
     attrs = {"kernel_name": kernel_name, "flops": params.flops, "weights_format": weights_format}
     result = weight_stage(dw, view, shape, to_oix, view.dtype, "diff_weights", attrs)
-    return attach(result, params, inputs)
+    return attach(result, params, inputs, FrameworkCall(op, view, data_format, weights_format))
 
 
 def convolution_backprop_filters(
@@ -92,7 +93,7 @@ def convolution_backprop_filters(
         input_forward, output_delta, filter_shape, filter_shape_attr, strides, pads_begin, pads_end, dilations,
         auto_pad, groups, data_format, filter_format,
     )  # fmt: skip
-    return _filter_grad(input_forward, output_delta, view, data_format, filter_format, shape, kernel_name, (input_forward, output_delta))
+    return _filter_grad("ConvolutionBackpropFilters", input_forward, output_delta, view, data_format, filter_format, shape, kernel_name, (input_forward, output_delta))
 
 
 def convolution_backward_weights(
@@ -120,7 +121,7 @@ def convolution_backward_weights(
         src, diff_dst, weights_shape, weights_shape_attr, strides, pads_begin, pads_end, dilations,
         auto_pad, groups, data_format, weights_format,
     )  # fmt: skip
-    return _filter_grad(src, diff_dst, view, data_format, weights_format, shape, kernel_name, (src, diff_dst))
+    return _filter_grad("ConvolutionBackwardWeights", src, diff_dst, view, data_format, weights_format, shape, kernel_name, (src, diff_dst))
 
 
 def conv_transpose_backward_weights(
@@ -160,5 +161,5 @@ def conv_transpose_backward_weights(
         "ConvTransposeBackwardWeights", src, diff_dst, weights_shape, weights_shape_attr, strides, pads_begin,
         pads_end, dilations, auto_pad, output_padding, groups, data_format, weights_format,
     )  # fmt: skip
-    return _filter_grad(diff_dst, src, view, data_format, weights_format, shape, kernel_name, (src, diff_dst))
+    return _filter_grad("ConvTransposeBackwardWeights", diff_dst, src, view, data_format, weights_format, shape, kernel_name, (src, diff_dst))
 

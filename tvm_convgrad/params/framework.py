@@ -33,6 +33,7 @@ __all__ = [
     "DATA_FORMATS",
     "DTYPES",
     "ConvView",
+    "FrameworkCall",
     "auto_pads",
     "deconv_view",
     "dsp_view",
@@ -96,6 +97,24 @@ class ConvView:
         """The dW compute's parameters: inputs in ``dtype``, the result in float32 (the
         frontend's layout stage rounds it once to ``dtype``)."""
         return ConvGradParams(FILTER_OP, self.geometry(), self.dtype, "float32", kernel_name)
+
+
+@dataclass(frozen=True)
+class FrameworkCall:
+    """A framework operator's call in its own terms, kept on its result for whoever checks or
+    describes the kernel (:func:`tvm_convgrad.verify.check_kernel`, the command line).
+
+    ``op`` is the operator's name (``ConvolutionBackpropFilters``, ``ConvolutionBackwardWeights``,
+    ``ConvTransposeBackwardWeights``, ``DeconvGradFilter``); the kernel's inputs are in
+    ``data_format`` (DeconvGradFilter: NHWC, ``"NXC"``) and its result in ``weights_format``
+    (DeconvGradFilter: ``"dsp"``, ``[G, OCg*kh*kw, m]``). ``view`` holds the attributes (kernel,
+    strides, pads as used, dilations, groups) and ``dsp_params`` DeconvGradFilter's ``params``."""
+
+    op: str
+    view: ConvView
+    data_format: str
+    weights_format: str
+    dsp_params: tuple[int, ...] | None = None
 
 
 def auto_pads(size: int, kernel: int, stride: int, dilation: int, mode: str) -> tuple[int, int]:
@@ -405,9 +424,7 @@ def dsp_view(op: str, dy: Any, x: Any, params: Any, dtype: Any) -> ConvView:
             r.fail(f"params[{DSP_PARAMS.index(name)}] ({name})", size,
                    f"must be > {(out - 1) * s + eff - pb - s} and <= {(out - 1) * s + eff - pb}: "
                    f"(in - 1)*stride + (kernel - 1)*dilation + 1 - pad minus at most stride - 1 of output padding")  # fmt: skip
-        if size + pb < eff:
-            r.fail(f"params[{DSP_PARAMS.index(name)}] ({name})", size, f"with the pad must cover the dilated kernel {eff}")
-        pads_end.append(max(0, crop))
+        pads_end.append(max(0, crop))  # windows past the end of dy (a crop of the deconv output) read zeros
     return ConvView(
         batch=p["batch"], cin=p["out_c"], cout=p["in_c"], groups=p["group"],
         spatial_in=(p["out_h"], p["out_w"]), spatial_out=(p["in_h"], p["in_w"]), kernel=(p["kernel_h"], p["kernel_w"]),

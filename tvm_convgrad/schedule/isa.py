@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import tvm
 from tvm.target import Target
 
-__all__ = ["IsaPlan", "PLANS", "host_can_run", "host_features", "isa_plan"]
+__all__ = ["IsaPlan", "PLANS", "X86_TRIPLE", "host_can_run", "host_features", "isa_plan", "x86_triple"]
 
 C0 = 16  # lanes of a cube row (fp32 values of one channel block)
 
@@ -89,6 +89,18 @@ def _features(target: Target) -> set[str]:
         return set(tvm.target.codegen.llvm_get_cpu_features(target))
     except Exception:  # an LLVM without this target's backend: nothing is known
         return set()
+
+
+X86_TRIPLE = "x86_64-linux-gnu"
+"""The triple of an x86 target built on a host of another architecture (cross-compiled)."""
+
+
+def x86_triple() -> str:
+    """This machine's triple when it is an x86-64 one, else :data:`X86_TRIPLE`: the triple every
+    x86 target the package makes for a vector ISA names (:func:`tvm_convgrad.isa_target`), so that
+    it is x86 code on any host (an AArch64 one included)."""
+    host = tvm.target.codegen.llvm_get_system_triple()
+    return host if host.startswith("x86_64") else X86_TRIPLE
 
 
 def _triple(target: Target) -> str:

@@ -1,0 +1,169 @@
+"""The framework operators' calls as data: one :class:`Case` per oneDNN call, one :class:`DspCase`
+per DeconvGradFilter call, with the placeholders, random arrays, float64 references (written from
+``framework_ops/*.md``), the PyTorch autograd oracle and the elementwise closeness check that the
+frontend tests, the CUDA emulation tests and the random property sweeps share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from tvm import te
+
+from conftest import torch
+from tvm_convgrad import reference
+from tvm_convgrad.build import numpy_dtype
+from tvm_convgrad.frontends import dsp, onednn
+from tvm_convgrad.verify import error_bound
+
+__all__ = ["Case", "DspCase", "dsp_params", "arrays", "call", "check", "expected", "placeholders", "torch_weights"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One call of a oneDNN operator. ``conv``: x = input_forward / src, dy = output_delta /
+    diff_dst; ``deconv``: x = src, dy = diff_dst. Shapes are NCX here; the call uses data_format."""
+
+    op: str  # "conv", "conv_v2" (ConvolutionBackwardWeights), "deconv"
+    batch: int
+    x_channels: int
+    dy_channels: int
+    groups: int
+    x_size: tuple
+    dy_size: tuple
+    kernel: tuple
+    strides: tuple
+    pads_begin: tuple  # as passed (ignored with auto_pad)
+    pads_end: tuple
+    dilations: tuple
+    auto_pad: str = "none"
+    output_padding: tuple | None = None
+    data_format: str = "NXC"
+    weights_format: str = "XIO"
+    dtype: str = "float32"
+    effective_pads: tuple = field(default=(), compare=False)  # pads_begin the sum uses
+
+    @property
+    def rank(self) -> int:
+        return len(self.kernel)
+
+    def name(self) -> str:
+        return (
+            f"{self.op}-r{self.rank}-g{self.groups}-{self.x_channels}x{self.dy_channels}-s{''.join(map(str, self.strides))}"
+            f"-d{''.join(map(str, self.dilations))}-{self.auto_pad}-{self.data_format}-{self.weights_format}-{self.dtype}"
+        )
+
+    def weights_shape(self) -> tuple:
+        if self.op == "deconv":  # IOX (IC, OC/G, *K) / XOI (*K, OC/G, IC)
+            i, o = self.x_channels, self.dy_channels // self.groups
+            return (i, o, *self.kernel) if self.weights_format == "IOX" else (*self.kernel, o, i)
+        o, i = self.dy_channels, self.x_channels // self.groups  # OIX / XIO
+        return (o, i, *self.kernel) if self.weights_format == "OIX" else (*self.kernel, i, o)
+
+    def layout_shape(self, channels: int, size: tuple) -> tuple:
+        return (self.batch, channels, *size) if self.data_format == "NCX" else (self.batch, *size, channels)
+
+
+
+def call(case: Case, x: te.Tensor, dy: te.Tensor):
+    attrs = dict(strides=list(case.strides), pads_begin=list(case.pads_begin), pads_end=list(case.pads_end),
+                 dilations=list(case.dilations), auto_pad=case.auto_pad, groups=case.groups, data_format=case.data_format)  # fmt: skip
+    shape = list(case.weights_shape())
+    if case.op == "conv":
+        return onednn.convolution_backprop_filters(x, dy, shape, filter_format=case.weights_format, **attrs)
+    if case.op == "conv_v2":
+        return onednn.convolution_backward_weights(x, dy, shape, weights_format=case.weights_format, **attrs)
+    return onednn.conv_transpose_backward_weights(x, dy, shape, weights_format=case.weights_format, output_padding=case.output_padding, **attrs)
+
+
+def placeholders(case: Case):
+    x = te.placeholder(case.layout_shape(case.x_channels, case.x_size), case.dtype, name="src" if case.op != "conv" else "input_forward")
+    dy = te.placeholder(case.layout_shape(case.dy_channels, case.dy_size), case.dtype, name="diff_dst" if case.op != "conv" else "output_delta")
+    return x, dy
+
+
+def arrays(case: Case, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    dtype = numpy_dtype(case.dtype)
+    x = rng.uniform(-1, 1, case.layout_shape(case.x_channels, case.x_size)).astype(dtype)
+    dy = rng.uniform(-1, 1, case.layout_shape(case.dy_channels, case.dy_size)).astype(dtype)
+    return x, dy
+
+
+def expected(case: Case, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """float64 reference in the case's weights format (from the rounded inputs)."""
+    xn = reference.from_data_format(x.astype(np.float64), case.data_format)
+    dyn = reference.from_data_format(dy.astype(np.float64), case.data_format)
+    if case.op == "deconv":
+        w = reference.conv_transpose_backward_weights(xn, dyn, case.kernel, case.strides, case.effective_pads, case.dilations, case.groups)
+    else:
+        w = reference.conv_backprop_filter_nd(xn, dyn, case.kernel, case.strides, case.effective_pads, case.dilations, case.groups)
+    return reference.to_weights_format(w, case.weights_format)
+
+
+def torch_weights(case: Case, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """PyTorch autograd, float64, in the case's weights format. conv: ``conv{n}d_weight`` on x
+    padded with (pads_begin, pads_end); deconv: ``conv_transpose{n}d`` (no padding) cropped to
+    diff_dst's window ``[pb, pb + S_dst)`` (zero-extended), loss ``sum(y * diff_dst)``."""
+    xt = torch.from_numpy(reference.from_data_format(x.astype(np.float64), case.data_format).copy())
+    dyt = torch.from_numpy(reference.from_data_format(dy.astype(np.float64), case.data_format).copy())
+    nd, fn = case.rank, torch.nn.functional
+    if case.op != "deconv":
+        ends = [max(0, (o - 1) * st + (k - 1) * d + 1 - b - size) for size, o, st, k, d, b in
+                zip(case.x_size, case.dy_size, case.strides, case.kernel, case.dilations, case.effective_pads)]  # fmt: skip
+        pad = [p for b, e in reversed(list(zip(case.effective_pads, ends))) for p in (b, e)]
+        weight_fn = getattr(torch.nn.grad, f"conv{nd}d_weight")
+        shape = (case.dy_channels, case.x_channels // case.groups, *case.kernel)
+        w = weight_fn(fn.pad(xt, pad), shape, dyt, stride=case.strides, padding=0, dilation=case.dilations, groups=case.groups)
+        return reference.to_weights_format(w.numpy(), case.weights_format)
+    weight = torch.zeros((case.x_channels, case.dy_channels // case.groups, *case.kernel), dtype=torch.float64, requires_grad=True)
+    y = getattr(fn, f"conv_transpose{nd}d")(xt, weight, stride=case.strides, dilation=case.dilations, groups=case.groups)
+    full = y.shape[2:]
+    extend = [p for ax in reversed(range(nd)) for p in (0, max(0, case.effective_pads[ax] + case.dy_size[ax] - full[ax]))]
+    window = (slice(None), slice(None)) + tuple(slice(b, b + s) for b, s in zip(case.effective_pads, case.dy_size))
+    (fn.pad(y, extend)[window] * dyt).sum().backward()
+    return reference.to_weights_format(weight.grad.numpy(), case.weights_format)
+
+
+def check(result: np.ndarray, expected: np.ndarray, kernel, what: str):
+    """Every element within the bound of fp32 sums rounded once to the result's type."""
+    assert result.shape == expected.shape, f"{what}: shape {result.shape} != {expected.shape}"
+    error = np.abs(result.astype(np.float64) - expected)
+    ratio = error / error_bound(kernel.params, expected, kernel.output.dtype)
+    assert ratio.max() <= 1.0, f"{what}: max error {error.max():.3g} = {ratio.max():.3g} x the bound"
+
+
+@dataclass(frozen=True)
+class DspCase:
+    """One call of DeconvGradFilter: its 18 ``params`` and type (float32 or float16)."""
+
+    params: tuple
+    dtype: str = "float32"
+
+    @property
+    def dy_shape(self) -> tuple:
+        return tuple(self.params[4:8])
+
+    @property
+    def x_shape(self) -> tuple:
+        return tuple(self.params[0:4])
+
+    def name(self) -> str:
+        return "dsp-" + "-".join(map(str, self.params[:17])) + f"-{self.dtype}"
+
+    def call(self):
+        dy = te.placeholder(self.dy_shape, self.dtype, name="dy")
+        x = te.placeholder(self.x_shape, self.dtype, name="x")
+        return dsp.deconv_grad_filter(dy, x, list(self.params), self.dtype)
+
+    def arrays(self, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        return (rng.uniform(-1, 1, self.dy_shape).astype(self.dtype), rng.uniform(-1, 1, self.x_shape).astype(self.dtype))
+
+    def expected(self, dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+        return reference.deconv_grad_filter(dy, x, self.params)
+
+
+def dsp_params(batch, in_hw, in_c, out_hw, out_c, k, s, pad, d, group, workspace=0) -> list:
+    """DeconvGradFilter's 18 params from named parts."""
+    return [batch, *in_hw, in_c, batch, *out_hw, out_c, *k, *s, *pad, *d, group, workspace]

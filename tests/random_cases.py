@@ -1,0 +1,488 @@
+"""Random calls of every operator for the property sweeps (``tests/test_properties.py``).
+
+``valid_case(op, rng)`` draws a call the operator's spec allows, over its whole parameter space:
+spatial ranks 1-3 (framework operators), every data / weights format, f32 / f16 / bf16, groups and
+depthwise with channel counts that are not multiples of 16, 1-wide axes, strides larger than the
+kernel, dilations, asymmetric and zero pads (and pads past the kernel's reach), every auto_pad
+mode and output_padding. Such a call must build and match the float64 reference.
+
+``invalid_call(op, rng)`` takes a valid call and breaks exactly one of the spec's rules; it
+returns the call and the parameter its ``ConvGradError`` must name.
+
+Operators: ``tbe_filter`` / ``tbe_input`` (the TBE DSL), ``conv`` (ConvolutionBackpropFilters),
+``conv_v2`` (ConvolutionBackwardWeights), ``deconv`` (ConvTransposeBackwardWeights), ``dsp``
+(DeconvGradFilter).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import numpy as np
+from tvm import te
+
+from framework_cases import Case, DspCase
+from tbe_calls import geometry
+from tvm_convgrad import dsl, layout, reference
+from tvm_convgrad.dsl.compute import cube_util
+from tvm_convgrad.frontends import dsp, onednn
+from tvm_convgrad.tvm import placeholder
+
+__all__ = ["OPERATORS", "call_of", "invalid_call", "valid_case", "valid_result"]
+
+OPERATORS = ("tbe_filter", "tbe_input", "conv", "conv_v2", "deconv", "dsp")
+_PER_GROUP = (1, 2, 3, 5, 8, 16, 17, 20, 33)  # channels per group: below, at and past one 16-lane block
+
+
+def _pick(rng: np.random.Generator, options):
+    return options[int(rng.integers(len(options)))]
+
+
+def _channels(rng: np.random.Generator) -> tuple[int, int, int]:
+    """``(groups, in per group, out per group)``: one group, a few, many small ones, or depthwise."""
+    kind = _pick(rng, ("one", "one", "few", "many", "depthwise"))
+    if kind == "depthwise":
+        return int(rng.integers(1, 41)), 1, int(rng.integers(1, 3))
+    if kind == "many":
+        return int(_pick(rng, (7, 16, 32))), int(rng.integers(1, 6)), int(rng.integers(1, 6))
+    groups = 1 if kind == "one" else int(rng.integers(2, 5))
+    return groups, int(_pick(rng, _PER_GROUP)), int(_pick(rng, _PER_GROUP))
+
+
+def _axis(rng: np.random.Generator, max_size: int, max_kernel: int) -> dict:
+    """One spatial axis: kernel, stride (often larger than the kernel), dilation, pads (zero,
+    asymmetric, or past the dilated kernel) and an input size the window fits (often 1)."""
+    k, s, d = int(rng.integers(1, max_kernel + 1)), int(rng.integers(1, 5)), int(rng.integers(1, 4))
+    eff = (k - 1) * d + 1
+    pb, pe = (int(rng.integers(0, eff + 2)) for _ in range(2))
+    if rng.random() < 0.3:
+        pb, pe = 0, 0
+    low = max(1, eff - pb - pe)
+    size = low if rng.random() < 0.2 else int(rng.integers(low, low + max_size))
+    return {"k": k, "s": s, "d": d, "pb": pb, "pe": pe, "size": size, "eff": eff}
+
+
+# ---------------------------------------------------------------------------------------------
+# TBE DSL
+# ---------------------------------------------------------------------------------------------
+
+
+def _tbe_case(rng: np.random.Generator, op: str) -> dict:
+    """A ``tests/tbe_calls.py`` case dict (fp16 inputs)."""
+    groups, cin_g, cout_g = _channels(rng)
+    h, w = _axis(rng, 9, 5), _axis(rng, 9, 5)
+    return {
+        "n": int(rng.integers(1, 4)), "cin": groups * cin_g, "h": h["size"], "w": w["size"], "cout": groups * cout_g,
+        "k": (h["k"], w["k"]), "strides": (h["s"], w["s"]), "pads": [h["pb"], h["pe"], w["pb"], w["pe"]],
+        "dilations": (h["d"], w["d"]), "groups": groups, "bias": op == "tbe_input" and bool(rng.random() < 0.25),
+        "res_dtype": _pick(rng, ("float32", "float16")), "group_dict": bool(rng.random() < 0.5),
+    }  # fmt: skip
+
+
+def _tbe_args(case: dict, op: str) -> dict:
+    """The DSL call's arguments as plain data (shapes, dtypes, lists), so one rule can be broken."""
+    filter_sizes, para, dy = geometry(case)
+    args = {"filter_sizes": filter_sizes, "para": para, "dy": (tuple(int(d) for d in dy.shape), "float16")}
+    if op == "tbe_filter":
+        args["x"] = (layout.shape_5hd(case["n"], case["cin"], case["h"], case["w"]), "float16")
+        para["groups"] = case["groups"]
+    else:
+        args["w"] = (layout.shape_fracz(filter_sizes, case["groups"]), "float16")
+        args["input_sizes"] = [case["n"], case["cin"], case["h"], case["w"]]
+        if case["group_dict"]:
+            para["group_dict"] = cube_util.calculate_group(filter_sizes, case["groups"])
+        if case["bias"]:
+            args["bias"] = ((case["cin"],), "float32")
+    return args
+
+
+def _tbe_call(op: str, args: dict):
+    para = dict(args["para"])
+    dy = placeholder(args["dy"][0], name="out_backprop", dtype=args["dy"][1])
+    if op == "tbe_filter":
+        x = placeholder(args["x"][0], name="input_x", dtype=args["x"][1])
+        return dsl.conv2d_backprop_filter(x, dy, args["filter_sizes"], para)
+    if "bias" in args:
+        para["tensor_bias"] = placeholder(args["bias"][0], name="bias", dtype=args["bias"][1])
+    w = placeholder(args["w"][0], name="filters", dtype=args["w"][1])
+    return dsl.conv2d_backprop_input(w, dy, args["filter_sizes"], args["input_sizes"], para)
+
+
+def _shape_plus(key: str, axis: int, by: int = 1):
+    def change(args):
+        shape = list(args[key][0])
+        shape[axis] += by
+        args[key] = (tuple(shape), args[key][1])
+
+    return change
+
+
+def _list_set(key: str, index, value, container: str = "para"):
+    def change(args):
+        target = args[container] if container else args
+        seq = list(target[key])
+        seq[index] = value
+        target[key] = seq
+
+    return change
+
+
+def _set(key: str, value, container: str = "para"):
+    def change(args):
+        (args[container] if container else args)[key] = value
+
+    return change
+
+
+def _drop(key: str):
+    def change(args):
+        del args["para"][key]
+
+    return change
+
+
+def _too_big_kernel(axis: int):
+    """A kernel that the padded input cannot hold (and the weights' FracZ rows to match it)."""
+
+    def change(args):
+        pads = args["para"]["padding"]
+        size = (args["x"][0] if "x" in args else (None, None, *args["input_sizes"][2:]))[2 + axis]
+        args["filter_sizes"][2 + axis] = size + pads[2 * axis] + pads[2 * axis + 1] + 1
+        if "w" in args:
+            args["w"] = (layout.shape_fracz(args["filter_sizes"], args["input_sizes"][1] // args["filter_sizes"][1]), args["w"][1])
+
+    return change
+
+
+_TBE_COMMON = [
+    ("para_dict['strides']", _list_set("strides", 0, 0)),
+    ("para_dict['strides']", _set("strides", [1])),
+    ("para_dict['padding']", _list_set("padding", 3, -1)),
+    ("para_dict['dilations']", _set("dilations", [1, 1, 1])),
+    ("para_dict['dilations']", _list_set("dilations", 0, 2)),
+    ("para_dict['res_dtype']", _set("res_dtype", "int32")),
+    ("para_dict['kernel_name']", _set("kernel_name", "1st kernel")),
+    ("filter_sizes", _set("filter_sizes", [16, 16, 3], None)),
+    ("out_backprop.dtype", lambda a: a.__setitem__("dy", (a["dy"][0], "float32"))),
+    ("out_backprop.shape", lambda a: a.__setitem__("dy", (a["dy"][0][:4], "float16"))),
+    ("out_backprop.shape[0]", _shape_plus("dy", 0)),
+    ("out_backprop.shape[1]", _shape_plus("dy", 1)),
+    ("out_backprop.shape[2]", _shape_plus("dy", 2)),
+    ("out_backprop.shape[3]", _shape_plus("dy", 3)),
+    ("filter_sizes[2]", _too_big_kernel(0)),
+    ("filter_sizes[3]", _too_big_kernel(1)),
+]
+_TBE_BREAKS = {
+    "tbe_filter": _TBE_COMMON + [
+        ("filter_sizes", _list_set("filter_sizes", 1, 0, None)),
+        ("para_dict['groups']", _set("groups", 0)),
+        ("para_dict['stride']", _set("stride", [1, 1])),
+        ("input_x.shape", lambda a: a.__setitem__("x", (a["x"][0][:4], "float16"))),
+        ("input_x.shape[1]", _shape_plus("x", 1)),
+        ("input_x.shape[4]", lambda a: a.__setitem__("x", ((*a["x"][0][:4], 8), "float16"))),
+        ("input_x.dtype", lambda a: (a.__setitem__("x", (a["x"][0], "float32")), a.__setitem__("dy", (a["dy"][0], "float32")))),
+    ],
+    "tbe_input": _TBE_COMMON + [
+        ("filter_sizes", _list_set("filter_sizes", 1, 0, None)),
+        ("para_dict['strides']", _drop("strides")),
+        ("para_dict['offset_w']", _set("offset_w", 0)),
+        ("para_dict['pooling_mode']", _set("pooling_mode", "AVG")),
+        ("input_sizes", _set("input_sizes", [1, 16, 4], None)),
+        ("filters.shape[0]", _shape_plus("w", 0)),
+        ("filters.shape[1]", _shape_plus("w", 1)),
+        ("filters.shape", lambda a: a.__setitem__("w", ((*a["w"][0][:3], 8), "float16"))),
+        ("filters.dtype", lambda a: (a.__setitem__("w", (a["w"][0], "float32")), a.__setitem__("dy", (a["dy"][0], "float32")))),
+        ("para_dict['tensor_bias'].shape", lambda a: a.__setitem__("bias", ((a["input_sizes"][1] + 17,), "float32"))),
+    ],
+}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# oneDNN Graph
+# ---------------------------------------------------------------------------------------------
+
+_ONEDNN_NAMES = {
+    "conv": {"x": "input_forward", "dy": "output_delta", "shape": "filter_shape", "format": "filter_format"},
+    "conv_v2": {"x": "src", "dy": "diff_dst", "shape": "weights_shape", "format": "weights_format"},
+    "deconv": {"x": "src", "dy": "diff_dst", "shape": "weights_shape", "format": "weights_format"},
+}
+
+
+def _onednn_case(rng: np.random.Generator, op: str) -> Case:
+    rank = int(rng.integers(1, 4))
+    groups, per_x, per_dy = _channels(rng)
+    mode = _pick(rng, ("none", "none", "none", "same_upper", "same_lower", "valid", "SAME_UPPER"))
+    data_format = _pick(rng, ("NXC", "NCX"))
+    weights_format = _pick(rng, ("XOI", "IOX") if op == "deconv" else ("XIO", "OIX"))
+    dtype = _pick(rng, ("float32", "float16", "bfloat16"))
+    batch = int(rng.integers(1, 4))
+    max_size, max_kernel = (9, 4) if rank < 3 else (5, 3)
+    for _ in range(1000):
+        axes = [_axis(rng, max_size, max_kernel) for _ in range(rank)]
+        if op != "deconv":
+            if mode != "none":
+                for a in axes:
+                    a["pb"], a["pe"] = reference.auto_pad(a["size"], a["k"], a["s"], a["d"], mode.lower())
+            if all(a["size"] + a["pb"] + a["pe"] >= a["eff"] for a in axes):
+                break
+            continue
+        # ConvTranspose: the conv view's x is diff_dst (``size`` here), its dy is src.
+        padding = None
+        if mode != "none":  # the regular rule on the diff_dst size; src then is its conv output
+            for a in axes:
+                a["pb"], a["pe"] = reference.auto_pad(a["size"], a["k"], a["s"], a["d"], mode.lower())
+        if any(a["size"] + a["pb"] + a["pe"] < a["eff"] for a in axes):
+            continue
+        if rng.random() < 0.4:  # the output_padding the sizes imply, stated
+            padding = tuple((a["size"] + a["pb"] + a["pe"] - a["eff"]) % a["s"] for a in axes)
+        break
+    else:
+        raise AssertionError("no valid draw in 1000 tries")
+    out = tuple((a["size"] + a["pb"] + a["pe"] - a["eff"]) // a["s"] + 1 for a in axes)
+    spatial = tuple(a["size"] for a in axes)
+    given_pb = tuple(a["pb"] if mode == "none" else int(rng.integers(0, 3)) for a in axes)  # ignored with auto_pad
+    given_pe = tuple(a["pe"] if mode == "none" else int(rng.integers(0, 3)) for a in axes)
+    common = {"kernel": tuple(a["k"] for a in axes), "strides": tuple(a["s"] for a in axes), "pads_begin": given_pb, "pads_end": given_pe,
+              "dilations": tuple(a["d"] for a in axes), "auto_pad": mode, "data_format": data_format, "weights_format": weights_format,
+              "dtype": dtype, "effective_pads": tuple(a["pb"] for a in axes)}  # fmt: skip
+    if op == "deconv":  # src (x of the Case) has the conv view's output size
+        return Case(op, batch, per_dy * groups, per_x * groups, groups, out, spatial, output_padding=padding, **common)
+    return Case(op, batch, per_x * groups, per_dy * groups, groups, spatial, out, **common)
+
+
+def _effective_pads_end(case: Case) -> list[int]:
+    """The pads_end the sum uses: as given, or auto_pad's on the conv view's input (src; diff_dst
+    for ConvTranspose)."""
+    if case.auto_pad == "none":
+        return list(case.pads_end)
+    size = case.dy_size if case.op == "deconv" else case.x_size
+    return [reference.auto_pad(n, k, s, d, case.auto_pad.lower())[1] for n, k, s, d in zip(size, case.kernel, case.strides, case.dilations)]
+
+
+def _onednn_args(case: Case) -> dict:
+    attrs = {"strides": list(case.strides), "pads_begin": list(case.pads_begin), "pads_end": list(case.pads_end),
+             "dilations": list(case.dilations), "auto_pad": case.auto_pad, "groups": case.groups, "data_format": case.data_format}  # fmt: skip
+    if case.op == "deconv":
+        attrs["output_padding"] = None if case.output_padding is None else list(case.output_padding)
+    attrs[_ONEDNN_NAMES[case.op]["format"]] = case.weights_format
+    return {
+        "x": (case.layout_shape(case.x_channels, case.x_size), case.dtype),
+        "dy": (case.layout_shape(case.dy_channels, case.dy_size), case.dtype),
+        "shape": list(case.weights_shape()),
+        "attrs": attrs,
+        "pads": (list(case.effective_pads), _effective_pads_end(case)),
+    }
+
+
+def _onednn_call(op: str, args: dict):
+    names = _ONEDNN_NAMES[op]
+    x = te.placeholder(args["x"][0], args["x"][1], name=names["x"])
+    dy = te.placeholder(args["dy"][0], args["dy"][1], name=names["dy"])
+    fn = {"conv": onednn.convolution_backprop_filters, "conv_v2": onednn.convolution_backward_weights,
+          "deconv": onednn.conv_transpose_backward_weights}[op]  # fmt: skip
+    return fn(x, dy, args["shape"], **args["attrs"])
+
+
+def _attr_set(key: str, value):
+    return lambda a: a["attrs"].__setitem__(key, value)
+
+
+def _attr_item(key: str, value):
+    def change(args):
+        seq = list(args["attrs"][key])
+        seq[-1] = value
+        args["attrs"][key] = seq
+
+    return change
+
+
+def _spatial_axes(args: dict, key: str) -> list[int]:
+    """The positions of the spatial axes in ``args[key]``'s shape (NCX or NXC)."""
+    rank = len(args[key][0])
+    return list(range(2, rank)) if args["attrs"]["data_format"] == "NCX" else list(range(1, rank - 1))
+
+
+def _activation_axis_plus(key: str, channel: bool = False):
+    def change(args):
+        shape = list(args[key][0])
+        axis = (1 if args["attrs"]["data_format"] == "NCX" else len(shape) - 1) if channel else _spatial_axes(args, key)[-1]
+        shape[axis] += 1
+        args[key] = (tuple(shape), args[key][1])
+
+    return change
+
+
+def _weights_kernel_too_big(op: str):
+    """The last kernel axis larger than the padded input (pads as given, no auto_pad)."""
+
+    def change(args):
+        fmt, x_key = args["attrs"][_ONEDNN_NAMES[op]["format"]], "dy" if op == "deconv" else "x"
+        size = args[x_key][0][_spatial_axes(args, x_key)[-1]]
+        args["attrs"].update(auto_pad="none", pads_begin=args["pads"][0], pads_end=args["pads"][1])  # the other axes stay valid
+        big = size + args["pads"][0][-1] + args["pads"][1][-1] + 1
+        shape = args["shape"]
+        shape[-1 if fmt in ("OIX", "IOX") else -3] = big
+
+    return change
+
+
+def _weights_out_plus(op: str):
+    """The weight's O (output channels of the conv view) off by one."""
+
+    def change(args):
+        fmt = args["attrs"][_ONEDNN_NAMES[op]["format"]]
+        index = {"OIX": 0, "XIO": -1, "IOX": 1, "XOI": -2}[fmt]
+        args["shape"][index] += 1
+
+    return change
+
+
+def _onednn_breaks(op: str) -> list[tuple[str, Callable]]:
+    n = _ONEDNN_NAMES[op]
+    x, dy = n["x"], n["dy"]
+    conv_x, conv_dy = (dy, x) if op == "deconv" else (x, dy)  # the conv view's roles
+    breaks = [
+        ("strides", _attr_item("strides", 0)),
+        ("strides", _attr_set("strides", [1] * 4)),
+        ("strides", _attr_item("strides", 1.5)),
+        ("dilations", _attr_item("dilations", 0)),
+        ("pads_begin", _attr_item("pads_begin", -1)),
+        ("pads_end", _attr_set("pads_end", [0] * 4)),
+        ("groups", _attr_set("groups", 0)),
+        (f"{conv_x} channels", lambda a: a["attrs"].__setitem__("groups", max(a["x"][0][1], a["x"][0][-1], a["dy"][0][1], a["dy"][0][-1]) + 1)),
+        ("data_format", _attr_set("data_format", "NHWC")),
+        (n["format"], _attr_set(n["format"], "HWIO")),
+        ("auto_pad", _attr_set("auto_pad", "same")),
+        (n["shape"], lambda a: a.__setitem__("shape", a["shape"][:-1])),
+        (n["shape"], lambda a: a["shape"].__setitem__(0, 0)),
+        (n["shape"], lambda a: a.__setitem__("shape", None)),
+        (n["shape"], _weights_out_plus(op)),
+        (f"{conv_dy} spatial axis", _activation_axis_plus("x" if op == "deconv" else "dy")),
+        (f"{conv_x} spatial axis", _weights_kernel_too_big(op)),
+        (f"{x}.dtype", lambda a: (a.__setitem__("x", (a["x"][0], "int8")), a.__setitem__("dy", (a["dy"][0], "int8")))),
+        (f"{dy}.dtype", lambda a: a.__setitem__("dy", (a["dy"][0], "float64"))),
+        (f"{dy}.shape", lambda a: a.__setitem__("dy", ((a["dy"][0][0] + 1, *a["dy"][0][1:]), a["dy"][1]))),
+        (f"{dy}.shape", lambda a: a.__setitem__("dy", ((*a["dy"][0], 1), a["dy"][1]))),
+        (f"{x}.shape", lambda a: a.__setitem__("x", ((*a["x"][0], 1, 1, 1), a["x"][1]))),
+    ]
+    if op == "deconv":
+        breaks += [
+            ("output_padding", _attr_set("output_padding", [-1] * 4)),
+            ("output_padding", lambda a: a["attrs"].__setitem__("output_padding", [s for s in a["attrs"]["strides"]])),
+        ]
+    return breaks
+
+
+# ---------------------------------------------------------------------------------------------
+# DSP DeconvGradFilter
+# ---------------------------------------------------------------------------------------------
+
+
+def _dsp_case(rng: np.random.Generator) -> DspCase:
+    groups, m, ocg = _channels(rng)
+    axes = []
+    for _ in range(2):
+        k, s, d = int(rng.integers(1, 5)), int(rng.integers(1, 5)), int(rng.integers(1, 4))
+        eff, pad = (k - 1) * d + 1, int(rng.integers(0, 4))
+        size = 1 if rng.random() < 0.2 else int(rng.integers(1, 7))  # x: in_h / in_w
+        top = (size - 1) * s + eff - pad + s - 1  # the largest out: s - 1 rows of output padding
+        if top < 1:
+            pad, top = 0, (size - 1) * s + eff + s - 1
+        out = int(rng.integers(max(1, top - s - 3), top + 1))  # crops (windows past dy's end) to output padding
+        axes.append((size, out, k, s, pad, d))
+    (in_h, out_h, kh, sh, pu, dh), (in_w, out_w, kw, sw, pl, dw) = axes
+    batch = int(rng.integers(1, 4))
+    params = (batch, in_h, in_w, groups * m, batch, out_h, out_w, groups * ocg, kh, kw, sh, sw, pu, pl, dh, dw, groups, 0)
+    return DspCase(params, _pick(rng, ("float32", "float16")))
+
+
+def _dsp_args(case: DspCase) -> dict:
+    return {"params": list(case.params), "dy": (case.dy_shape, case.dtype), "x": (case.x_shape, case.dtype), "dtype": case.dtype}
+
+
+def _dsp_call(args: dict):
+    dy = te.placeholder(args["dy"][0], args["dy"][1], name="dy")
+    x = te.placeholder(args["x"][0], args["x"][1], name="x")
+    return dsp.deconv_grad_filter(dy, x, args["params"], args["dtype"])
+
+
+def _param_set(index: int, value):
+    return lambda a: a["params"].__setitem__(index, value)
+
+
+def _dsp_out_too_big(axis: int):
+    def change(args):
+        p = args["params"]
+        size, k, s, pad, d = p[1 + axis], p[8 + axis], p[10 + axis], p[12 + axis], p[14 + axis]
+        p[5 + axis] = (size - 1) * s + (k - 1) * d + 1 - pad + s  # one row more than output padding allows
+        args["dy"] = ((p[4], p[5], p[6], p[7]), args["dy"][1])
+
+    return change
+
+
+_DSP_BREAKS = [
+    *[(f"params[{i}]", _param_set(i, 0)) for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 14, 15, 16)],
+    ("params[12]", _param_set(12, -1)),
+    ("params[13]", _param_set(13, -2)),
+    ("params[0]", lambda a: a["params"].__setitem__(0, a["params"][4] + 1)),
+    ("params[3]", lambda a: a["params"].__setitem__(16, a["params"][3] + 1)),
+    ("params[5]", _dsp_out_too_big(0)),
+    ("params[6]", _dsp_out_too_big(1)),
+    ("params", lambda a: a.__setitem__("params", a["params"][:17])),
+    ("params", _param_set(8, 2.0)),
+    ("dy.shape", lambda a: a.__setitem__("dy", ((*a["dy"][0][:3], a["dy"][0][3] + 1), a["dy"][1]))),
+    ("x.shape", lambda a: a.__setitem__("x", ((a["x"][0][0], a["x"][0][1] + 1, *a["x"][0][2:]), a["x"][1]))),
+    ("x.dtype", lambda a: a.__setitem__("x", (a["x"][0], "float16" if a["dtype"] == "float32" else "float32"))),
+    ("dtype", lambda a: a.__setitem__("dtype", "bfloat16")),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points
+# ---------------------------------------------------------------------------------------------
+
+
+def valid_case(op: str, rng: np.random.Generator):
+    """A valid call of ``op``: a TBE case dict, a :class:`Case` or a :class:`DspCase`."""
+    if op.startswith("tbe_"):
+        return _tbe_case(rng, op)
+    if op == "dsp":
+        return _dsp_case(rng)
+    return _onednn_case(rng, op)
+
+
+def _args(op: str, case) -> dict:
+    if op.startswith("tbe_"):
+        return _tbe_args(case, op)
+    return _dsp_args(case) if op == "dsp" else _onednn_args(case)
+
+
+def call_of(op: str, args: dict):
+    """The operator's result tensor for call ``args`` (see :func:`_args`)."""
+    if op.startswith("tbe_"):
+        return _tbe_call(op, args)
+    return _dsp_call(args) if op == "dsp" else _onednn_call(op, args)
+
+
+def valid_result(op: str, case):
+    """The result tensor of a valid case."""
+    return call_of(op, _args(op, case))
+
+
+def _breaks(op: str) -> list[tuple[str, Callable]]:
+    if op.startswith("tbe_"):
+        return _TBE_BREAKS[op]
+    return _DSP_BREAKS if op == "dsp" else _onednn_breaks(op)
+
+
+def invalid_call(op: str, rng: np.random.Generator, index: int) -> tuple[Callable, str, str]:
+    """``(make, param, what)``: a valid call of ``op`` with its ``index``-th rule (cycling)
+    broken; ``make()`` must raise ``ConvGradError`` whose ``param`` starts with ``param``."""
+    case = valid_case(op, rng)
+    breaks = _breaks(op)
+    param, change = breaks[index % len(breaks)]
+    args = copy.deepcopy(_args(op, case))
+    change(args)
+    return (lambda: call_of(op, args)), param, f"{op} break {index % len(breaks)} ({param}) of {case!r}"
+
