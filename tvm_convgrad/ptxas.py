@@ -90,36 +90,43 @@ def parse_report(log: str, arch: str) -> list[PtxasEntry]:
 
 def dynamic_shared_bytes(kernel) -> dict[str, int]:
     """Bytes of dynamic shared memory (``shared.dyn``, after TVM merges a kernel's buffers into one)
-    each GPU kernel of a CUDA :class:`~tvm_convgrad.Kernel` launches with, by PTX entry name:
-    its scheduled TIR lowered by TVM's own pipeline for its target, one kernel per top-level
-    ``blockIdx`` launch, named as TVM names them (``<name>_kernel``, ``<name>_kernel_1``, ...)."""
+    each GPU kernel of a CUDA :class:`~tvm_convgrad.Kernel` launches with, by kernel (PTX entry)
+    name: its scheduled TIR lowered as ``tvm.compile`` lowers it (the target bound with its host,
+    TVM's default pipeline for it), one device function per GPU kernel."""
+    import tvm
+    from tvm.target import Target
+
+    host = Target("llvm" if tvm.runtime.enabled("llvm") else "c")
+    mod = tvm.tirx.transform.BindTarget(Target(kernel.target).with_host(host))(kernel.mod)
+    lower, _, _ = tvm.tirx.get_default_tir_pipeline(kernel.target)
+    with tvm.transform.PassContext():
+        lowered = lower(mod)
+    sizes = {}
+    for gv, func in lowered.functions.items():
+        if func.attrs is None or "tirx.kernel_launch_params" not in func.attrs:
+            continue  # the host function
+        sizes[gv.name_hint] = sum(_bytes(buffer) for buffer in _allocations(func.body) if buffer.scope() == "shared.dyn")
+    return sizes
+
+
+def _allocations(stmt) -> list:
+    """The buffers allocated anywhere in ``stmt`` (TVM 0.27 has no Python statement visitor)."""
+    found = [stmt.buffer] if type(stmt).__name__ == "AllocBuffer" else []
+    for child in (getattr(stmt, "body", None), getattr(stmt, "then_case", None), getattr(stmt, "else_case", None)):
+        if child is not None:
+            found += _allocations(child)
+    for child in getattr(stmt, "seq", None) or ():
+        found += _allocations(child)
+    return found
+
+
+def _bytes(buffer) -> int:
     import tvm
 
-    target = kernel.target
-    mod = tvm.IRModule({gv.name_hint: f.with_attr("target", target) for gv, f in kernel.mod.functions.items()})
-    lower, _, _ = tvm.tirx.get_default_tir_pipeline(target)
-    with tvm.transform.PassContext():
-        (func,) = lower(mod).functions.values()
-    launches: list[int] = []
-
-    def visit(stmt, launch: int | None):
-        kind = type(stmt).__name__
-        if kind == "AttrStmt" and stmt.attr_key == "thread_extent" and launch is None:
-            launches.append(0)
-            launch = len(launches) - 1
-        if kind == "AllocBuffer" and launch is not None and stmt.buffer.scope() == "shared.dyn":
-            extent = 1
-            for d in stmt.buffer.shape:
-                extent *= int(d)
-            launches[launch] += extent * tvm.DataType(stmt.buffer.dtype).bits // 8
-        for child in (getattr(stmt, "body", None), getattr(stmt, "then_case", None), getattr(stmt, "else_case", None)):
-            if child is not None:
-                visit(child, launch)
-        for child in getattr(stmt, "seq", None) or ():
-            visit(child, launch)
-
-    visit(func.body, None)
-    return {f"{kernel.name}_kernel" + (f"_{i}" if i else ""): size for i, size in enumerate(launches)}
+    count = 1
+    for d in buffer.shape:
+        count *= int(d)
+    return count * tvm.DataType(buffer.dtype).bits // 8
 
 
 def kernel_report(kernel) -> list[PtxasEntry]:
