@@ -7,8 +7,8 @@ import pytest
 
 from tvm_convgrad import isa_target
 from tvm_convgrad.params import ConvGeometry, ConvGradParams
-from tvm_convgrad.schedule.isa import host_can_run, isa_plan
-from tvm_convgrad.verify import error_bound
+from tvm_convgrad.isa import host_can_run, isa_plan
+from tvm_convgrad.tools.verify import error_bound
 
 try:
     import torch
@@ -51,7 +51,7 @@ def torch_input_grad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.nd
 
 
 def assert_within_bound(actual: np.ndarray, expected: np.ndarray, params: ConvGradParams, what: str = ""):
-    """Every element within :func:`tvm_convgrad.verify.error_bound` of ``expected``."""
+    """Every element within :func:`tvm_convgrad.tools.verify.error_bound` of ``expected``."""
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
     error = np.abs(actual.astype(np.float64) - expected)
     ratio = error / error_bound(params, expected)

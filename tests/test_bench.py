@@ -10,8 +10,12 @@ import sys
 
 import pytest
 
-from tvm_convgrad import bench, isa_target
-from tvm_convgrad.schedule.isa import host_can_run
+from tvm_convgrad import isa_target
+from tvm_convgrad.tools import bench
+from tvm_convgrad.tools.bench import cuda as bench_cuda
+from tvm_convgrad.tools.bench import results as bench_results
+from tvm_convgrad.tools.bench import run as bench_run
+from tvm_convgrad.isa import host_can_run
 
 from conftest import needs_torch
 
@@ -89,7 +93,7 @@ def test_bench_checks_every_kernel_before_timing_it(tmp_path, monkeypatch, capsy
 
     from tvm_convgrad.cli import main
 
-    real = bench.check_kernel
+    real = bench_results.check_kernel
     checked = []
 
     def wrong_dgrad(kernel, seed=0):  # the dgrad kernel computes "the wrong thing"
@@ -97,7 +101,7 @@ def test_bench_checks_every_kernel_before_timing_it(tmp_path, monkeypatch, capsy
         check = real(kernel, seed)
         return dataclasses.replace(check, worst_ratio=7.0) if "dgrad" in kernel.name else check
 
-    monkeypatch.setattr(bench, "check_kernel", wrong_dgrad)
+    monkeypatch.setattr(bench_results, "check_kernel", wrong_dgrad)
     args = ["bench", "--filter", r"res5b_branch2a\.n1", "--op", "both", "--rounds", "1", "--out", str(tmp_path), "--no-progress"]
     assert main(args) == 1
     assert "resnet_50_v1_5.res5b_branch2a.n1 dgrad" in capsys.readouterr().err and len(checked) == 2
@@ -107,7 +111,7 @@ def test_bench_checks_every_kernel_before_timing_it(tmp_path, monkeypatch, capsy
 
 
 def test_bench_rejects_an_isa_the_machine_cannot_run(monkeypatch, tmp_path):
-    monkeypatch.setattr(bench, "host_can_run", lambda target: False)
+    monkeypatch.setattr(bench_run, "host_can_run", lambda target: False)
     with pytest.raises(ValueError, match="cannot run"):
         bench.main("resnet50", (1,), ("filter",), r"conv1\.", 1, tmp_path, progress=False, isa="avx2")
     with pytest.raises(ValueError, match="--isa"):
@@ -147,7 +151,7 @@ def test_onednn_result_of_a_3d_case_is_the_cube_with_a_depth_axis():
 def test_bench_times_default_and_tuned_side_by_side(tmp_path):
     """--schedule tuned with a database that holds no record for the case: both kernels timed,
     the tuned one reports the default schedule and the summary its speed ratio."""
-    from tvm_convgrad.tune import open_database
+    from tvm_convgrad.compile import open_database
 
     open_database(tmp_path / "empty", create=True)
     exe = shutil.which("tvm-convgrad")
@@ -186,8 +190,6 @@ def test_cuda_bench_says_it_needs_a_gpu(tmp_path):
 
 
 def test_cuda_bench_table_reports_ratios_against_the_goal():
-    from tvm_convgrad import bench_cuda
-
     results = [bench.BenchResult(f"c{i}", kind, 8, "wgrad", 10**12, "3x3/s1", 1.0, ours, 2.0, [ours], [2.0], "cuDNN 90100, tensor-core")
                for i, (kind, ours) in enumerate((("resnet50", 1.0), ("resnet50", 4.0), ("depthwise", 2.0)))]  # fmt: skip
     table = bench_cuda.format_table(results, bench.summarize(results), "NVIDIA H100")
@@ -204,13 +206,13 @@ def test_cuda_bench_checks_times_and_reports_each_kernel(tmp_path, monkeypatch):
     the CPU, CUDA events by wall-clock samples."""
     import torch
 
-    from tvm_convgrad import bench_cuda, emulate_cuda
+    from tvm_convgrad import emulate_cuda
 
     monkeypatch.setattr(bench_cuda, "cuda_available", lambda: None)
     monkeypatch.setattr(bench_cuda, "build", lambda result, target, schedules: emulate_cuda(result, target))
-    monkeypatch.setattr(bench_cuda, "_torch_call", lambda case, op, rng, device, dtype: bench._torch_call(case, op, rng))
-    monkeypatch.setattr(bench_cuda, "_sample_cuda", bench._sample)
-    monkeypatch.setattr(bench_cuda, "_gpu_name", lambda: "emulated GPU")
+    monkeypatch.setattr(bench_cuda, "torch_call", lambda case, op, rng, device, dtype: bench.torch_call(case, op, rng))
+    monkeypatch.setattr(bench_cuda, "sample_cuda", bench.sample)
+    monkeypatch.setattr(bench_cuda, "gpu_name", lambda: "emulated GPU")
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     summary = bench_cuda.main("all", (1,), ("filter", "input"), r"res5b_branch2a\.|dw144_s2", 2, tmp_path, progress=False)
     assert set(summary) == {"resnet50 wgrad N=1", "resnet50 dgrad N=1", "depthwise wgrad N=1", "depthwise dgrad N=1"}

@@ -16,7 +16,7 @@ import tvm
 import tvm_convgrad
 from tvm_convgrad import Timing, build, dsl, layout, lower
 from tvm_convgrad.tvm import placeholder
-from tvm_convgrad.verify import check_kernel, expected_result, kernel_arrays, random_inputs
+from tvm_convgrad.tools.verify import check_kernel, expected_result, kernel_arrays, random_inputs
 
 PARA = {"strides": [2, 1], "padding": [1, 0, 1, 2], "dilations": [1, 1, 1, 2], "groups": 2}
 
@@ -156,9 +156,10 @@ def test_builds_are_cached_by_workload():
 def test_the_build_cache_keeps_the_most_recent_kernels(monkeypatch):
     """The cache is bounded (a long sweep does not keep every executable): the least recently
     built or reused kernel goes first."""
-    import sys
 
-    monkeypatch.setattr(sys.modules["tvm_convgrad.build"], "CACHED_KERNELS", 2)
+    from tvm_convgrad.compile import builder
+
+    monkeypatch.setattr(builder, "CACHED_KERNELS", 2)
     a = build(_dw("lru_a"))
     b = build(_dw("lru_b"))
     assert build(_dw("lru_a")) is a  # reused: now the most recent

@@ -24,11 +24,12 @@ from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
-from tvm_convgrad import bench, build, dsl, emulate_cuda, layout
-from tvm_convgrad.ptxas import MAX_REGISTERS, kernel_report, parse_report
+from tvm_convgrad import Workload, build, dsl, emulate_cuda, layout
+from tvm_convgrad.tools.ptxas import MAX_REGISTERS, kernel_report, parse_report
 from tvm_convgrad.schedule.cuda import with_limits
-from tvm_convgrad.schedule.tensor_core import SHARED_BYTES, Config, GemmExtents, get_config
-from tvm_convgrad.verify import check_kernel
+from tvm_convgrad.schedule.cuda import SHARED_BYTES, CudaRule, GemmConfig, GemmExtents, gemm_config, sm_count
+from tvm_convgrad.tools import bench
+from tvm_convgrad.tools.verify import check_kernel
 
 import framework_cases
 import test_frontends as frontends
@@ -140,8 +141,8 @@ def test_exported_library_holds_the_host_function_and_the_kernels(tmp_path):
     ],
 )
 def test_config_fits_the_budget(gemm, expected):
-    config = get_config(gemm, Target({"kind": "cuda", "arch": "sm_90"}))
-    assert isinstance(config, Config)
+    config = gemm_config(gemm, sm_count(Target({"kind": "cuda", "arch": "sm_90"})))
+    assert isinstance(config, GemmConfig)
     assert config.shared_bytes() <= SHARED_BYTES and config.threads <= 1024
     assert config.block_m * config.block_n <= 64 * 64
     if gemm.i >= 1024 and gemm.j >= 256:
@@ -165,7 +166,7 @@ def test_split_k_runs_small_outputs_over_many_thread_blocks():
     x = placeholder(layout.shape_5hd(2, 32, 28, 28), name="input_x", dtype="float16")
     dy = placeholder(layout.shape_5hd(2, 32, 28, 28), name="out_backprop", dtype="float16")
     dw = dsl.conv2d_backprop_filter(x, dy, [32, 32, 1, 1], {"strides": [1, 1], "padding": [0, 0, 0, 0], "kernel_name": "split_k_dw"})
-    assert get_config(GemmExtents(1, 32, 32, 2 * 28 * 28), Target({"kind": "cuda", "arch": "sm_80"})).split_k > 1
+    assert gemm_config(GemmExtents(1, 32, 32, 2 * 28 * 28), sm_count(Target({"kind": "cuda", "arch": "sm_80"}))).split_k > 1
     kernel = build(dw, target={"kind": "cuda", "arch": "sm_80"}, schedules=None)
     _check_cuda_kernel(kernel, tensor_cores=True)
     assert len(kernel.ptx_entries) == 2, "the slices' GEMM, then their sum"
@@ -203,13 +204,11 @@ def test_the_tunable_default_is_the_default_schedule():
     and every sample's trace replays with any decisions (MetaSchedule's search does)."""
     import tvm_ffi
 
-    from tvm_convgrad.build import _arguments, _prim_func
-    from tvm_convgrad.schedule.cuda import CudaRule
 
     target = Target({"kind": "cuda", "arch": "sm_90"})
     case = next(c for c in bench.load_cases("resnet50", (8,)) if ".res3a_branch2b." in c.name)
     for op in ("filter", "input"):
-        func = _prim_func(_arguments(bench.tbe_result(case, op))[0], "main", target)
+        func = Workload.of(bench.tbe_result(case, op)).prim_func(target, "main")
         default, tunable = CudaRule().apply(func, target), CudaRule().apply(func, target, tunable=True)
         assert "sample_perfect_tile" in str(tunable.trace) and "sample_perfect_tile" not in str(default.trace)
         assert tvm_ffi.structural_equal(default.mod, tunable.mod)
@@ -271,23 +270,21 @@ def test_double_buffering_is_the_rules_choice_and_its_alternative_a_design_space
     same thing (emulated, against the reference)."""
     import tvm
 
-    from tvm_convgrad.build import EMULATION_TARGET, Kernel, _arguments, _prim_func
-    from tvm_convgrad.schedule.cuda import CudaRule
+    from tvm_convgrad.compile import EMULATION_TARGET, Kernel
 
     target = Target({"kind": "cuda", "arch": "sm_80"})
-    assert get_config(GemmExtents(1, 256, 576, 6272), target).double_buffer
-    assert not get_config(GemmExtents(1, 256, 576, 64), target).double_buffer, "one K step: nothing to overlap"
+    assert gemm_config(GemmExtents(1, 256, 576, 6272), sm_count(target)).double_buffer
+    assert not gemm_config(GemmExtents(1, 256, 576, 64), sm_count(target)).double_buffer, "one K step: nothing to overlap"
     case = next(c for c in CASES if c["groups"] == 1 and c["cin"] >= 16)
     for result in (dw_result(case), dx_result(case)):
-        args, params = _arguments(result)
-        name = str(args[-1].op.attrs["kernel_name"])
-        func = _prim_func(args, name, target)
+        workload = Workload.of(result)
+        func = workload.prim_func(target)
         spaces = CudaRule().design_spaces(s_tir.Schedule(func), target)
         assert len(spaces) == 2 and sum("software_pipeline_stage" in str(space.trace) for space in spaces) == 1
-        switched = s_tir.Schedule(func)
-        CudaRule(emulate=True).schedule(switched, target, double_buffer="switched")
-        mod = tvm.IRModule({name: switched.mod["main"]})
-        kernel = Kernel(tvm.compile(mod, target=EMULATION_TARGET), mod, args, params, EMULATION_TARGET, "emulated:switched")
+        rule = CudaRule(emulate=True)
+        switched = rule.schedule(s_tir.Schedule(func), target, config=rule.switched(target))
+        mod = tvm.IRModule({workload.name: switched.mod["main"]})
+        kernel = Kernel(tvm.compile(mod, target=EMULATION_TARGET), mod, workload, EMULATION_TARGET, "emulated:switched")
         assert check_kernel(kernel).ok
 
 

@@ -14,7 +14,7 @@ from tvm_convgrad import build, dsl, isa_target, layout, reference
 from tvm_convgrad.dsl.compute import cube_util
 from tvm_convgrad.params import out_size
 from tvm_convgrad.tvm import placeholder
-from tvm_convgrad.verify import check_kernel, kernel_arrays, random_inputs
+from tvm_convgrad.tools.verify import check_kernel, kernel_arrays, random_inputs
 
 from conftest import RUNNABLE_ISAS, assert_within_bound, needs_torch, torch_filter_grad, torch_input_grad
 

@@ -22,11 +22,12 @@ CHILD = textwrap.dedent(
     import numpy as np
     import tvm
     sys.path.insert(0, sys.argv[1])
-    from test_sweep import CASES, _geometry
+    from tbe_calls import geometry
+    from test_sweep import CASES
     from tvm_convgrad import build, dsl, isa_target, layout
     from tvm_convgrad.dsl.compute import cube_util
     from tvm_convgrad.tvm import placeholder
-    from tvm_convgrad.verify import expected_result, kernel_arrays, random_inputs, error_bound
+    from tvm_convgrad.tools.verify import expected_result, kernel_arrays, random_inputs, error_bound
 
     PAGE = mmap.PAGESIZE
     libc = ctypes.CDLL(None, use_errno=True)
@@ -53,7 +54,7 @@ CHILD = textwrap.dedent(
 
     for side in ("after", "before"):
         for i, case in enumerate(CASES):
-            filter_sizes, para, dy = _geometry(case)
+            filter_sizes, para, dy = geometry(case)
             groups = case["groups"]
             x = placeholder(layout.shape_5hd(case["n"], case["cin"], case["h"], case["w"]), name="x", dtype="float16")
             filters = placeholder(layout.shape_fracz(filter_sizes, groups), name="filters", dtype="float16")

@@ -28,7 +28,7 @@ import framework_cases
 from conftest import RUNNABLE_ISAS
 from random_cases import OPERATORS, invalid_call, valid_case, valid_result
 from tvm_convgrad import ConvGradError, build, isa_target
-from tvm_convgrad.verify import check_kernel, error_bound
+from tvm_convgrad.tools.verify import check_kernel, error_bound
 
 SEED = int(os.environ.get("CONVGRAD_SWEEP_SEED", "20261124"))
 VALID = int(os.environ.get("CONVGRAD_SWEEP_CASES", "40"))

@@ -16,7 +16,7 @@ import pytest
 
 from tvm_convgrad import build, dsl, isa_target, layout
 from tvm_convgrad.tvm import placeholder
-from tvm_convgrad.verify import check_kernel, kernel_arrays, random_inputs
+from tvm_convgrad.tools.verify import check_kernel, kernel_arrays, random_inputs
 
 from conftest import RUNNABLE_ISAS, assert_within_bound, needs_torch, torch_filter_grad, torch_input_grad
 from tbe_calls import case_id, dw_result, dx_result, geometry

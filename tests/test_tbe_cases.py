@@ -22,7 +22,7 @@ import pytest
 
 from tvm_convgrad import ConvGradError, build
 from tvm_convgrad.frontends.tbe_ops import conv2d_backprop_filter_d, conv2d_backprop_input_d
-from tvm_convgrad.verify import check_kernel
+from tvm_convgrad.tools.verify import check_kernel
 
 CASES = json.loads((Path(__file__).parent / "data" / "tbe_cases.json").read_text())["cases"]
 RUN_LIMIT = 6e8

@@ -18,11 +18,11 @@ from tvm.s_tir import meta_schedule as ms
 
 from tvm_convgrad import ConvGradError, build, dsl, layout, tune
 from runners import TimedByPosition
-from tvm_convgrad.build import resolve_target
-from tvm_convgrad.schedule.isa import host_can_run
-from tvm_convgrad.tune import open_database, runner_from, workload_key
+from tvm_convgrad.compile import Workload, open_database, resolve_target, workload_key
+from tvm_convgrad.isa import host_can_run
+from tvm_convgrad.tuning import runner_from
 from tvm_convgrad.tvm import placeholder
-from tvm_convgrad.verify import check_kernel
+from tvm_convgrad.tools.verify import check_kernel
 
 
 def _dw(name: str, size: int = 8):
@@ -50,7 +50,7 @@ def test_tune_locally_writes_the_trials_and_a_report(tmp_path, capsys):
     assert len(trials.get_all_tuning_records()) >= report.trials
     kernel = build(_dx("tune_local_dx"), schedules=report.database)
     assert kernel.schedule == ("tuned:best" if report.kept else "default")
-    from tvm_convgrad.tune import KEEP_MARGIN
+    from tvm_convgrad.tuning import KEEP_MARGIN
 
     assert report.kept == (report.best_ms < report.default_ms * (1 - KEEP_MARGIN))
     assert check_kernel(kernel).ok
@@ -75,10 +75,7 @@ def test_a_kept_record_is_used_by_build_under_any_kernel_name(tmp_path):
     trials = ms.database.JSONDatabase(work_dir=str(tmp_path / "run" / "trials"))
     best = min((r for r in trials.get_all_tuning_records() if r.run_secs), key=lambda r: float(r.run_secs[0]))
     kept = open_database(tmp_path / "kept", create=True)
-    from tvm_convgrad.build import _arguments, _prim_func
-
-    args, _ = _arguments(_dw("tune_keep_a"))
-    func = _prim_func(args, "tune_keep_a", resolve_target("llvm"))
+    func = Workload.of(_dw("tune_keep_a")).prim_func(resolve_target("llvm"))
     kept.commit_tuning_record(ms.database.TuningRecord(best.trace, kept.commit_workload(workload_key(func)), best.run_secs))
     for name in ("tune_keep_a", "tune_keep_b"):
         kernel = build(_dw(name), schedules=tmp_path / "kept")
@@ -186,9 +183,10 @@ def test_tune_command_goes_on_after_a_kernel_fails(tmp_path, capsys, monkeypatch
     import json
 
     from tvm_convgrad.cli import main
-    from tvm_convgrad.tune import TuneReport
+    from tvm_convgrad import tuning
+    from tvm_convgrad.tuning import TuneReport
 
-    module = sys.modules["tvm_convgrad.tune"]
+    module = tuning
     calls = []
 
     def fake_tune(outputs, target, trials, work_dir, runner, database, progress):
@@ -210,10 +208,10 @@ def test_local_runner_times_on_every_core():
     """The local runner's workers start TVM's thread pool on every core, as the package's own
     processes do (TVM's default, half the cores, would time a 2-core kernel on one)."""
     from tvm_convgrad import usable_cores
-    from tvm_convgrad.tune import _use_every_core
+    from tvm_convgrad.tuning.runners import use_every_core
 
-    assert runner_from("local").pool._initializer is _use_every_core
-    code = "import os; from tvm_convgrad.tune import _use_every_core; _use_every_core(); print(os.environ['TVM_NUM_THREADS'])"
+    assert runner_from("local").pool._initializer is use_every_core
+    code = "import os; from tvm_convgrad.tuning.runners import use_every_core; use_every_core(); print(os.environ['TVM_NUM_THREADS'])"
     env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120).stdout.split()
     assert out == [str(usable_cores())]
@@ -229,9 +227,9 @@ def test_shipped_records_build_exact_kernels(folder):
     target, wherever this host can run its ISA) and matches the float64 reference."""
     from tvm.target import Target
 
-    from tvm_convgrad import bench
-    from tvm_convgrad.build import schedule_key
-    from tvm_convgrad.schedule.isa import host_can_run, x86_triple
+    from tvm_convgrad.compile import schedule_key
+    from tvm_convgrad.tools import bench
+    from tvm_convgrad.isa import host_can_run, x86_triple
 
     kind, mcpu, isa = folder.name.split("-")
     target = Target({"kind": kind, "mtriple": x86_triple(), "mcpu": mcpu, "num-cores": 2})
@@ -255,15 +253,13 @@ def test_every_bench_case_tunable_trace_replays_with_any_decisions(mcpu):
     ``compute_at`` whose loops depend on a sampled chunk did not, and the search stopped)."""
     from tvm import s_tir
 
-    from tvm_convgrad import bench
-    from tvm_convgrad.build import _arguments, _prim_func
+    from tvm_convgrad.tools import bench
     from tvm_convgrad.schedule import rule_for
 
     target = resolve_target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": mcpu, "num-cores": 2})
     for case in bench.load_cases("all", (1, 8)):
         for op in ("filter", "input"):
-            args, _ = _arguments(bench.tbe_result(case, op))
-            func = _prim_func(args, "main", target)
+            func = Workload.of(bench.tbe_result(case, op)).prim_func(target, "main")
             sch = s_tir.Schedule(func)
             rule_for(target).schedule(sch, target, tunable=True)
             free = s_tir.Trace(sch.trace.insts, {})
