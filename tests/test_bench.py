@@ -17,7 +17,7 @@ from tvm_convgrad.tools.bench import results as bench_results
 from tvm_convgrad.tools.bench import run as bench_run
 from tvm_convgrad.isa import host_can_run
 
-from conftest import needs_torch
+from conftest import needs_torch, slow
 
 
 def test_case_selection():
@@ -42,6 +42,7 @@ def test_summary_is_a_geometric_mean():
     assert math.isclose(summary["geomean_ratio"], 1.0) and summary["min_ratio"] == 0.5 and summary["min_case"] == "c1"
 
 
+@slow
 @needs_torch
 def test_bench_command_writes_table_json_and_chart(tmp_path):
     exe = shutil.which("tvm-convgrad")
@@ -61,6 +62,7 @@ def test_bench_command_writes_table_json_and_chart(tmp_path):
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@slow
 @needs_torch
 def test_bench_rejects_an_empty_selection(tmp_path):
     exe = shutil.which("tvm-convgrad")
@@ -69,6 +71,7 @@ def test_bench_rejects_an_empty_selection(tmp_path):
     assert run.returncode == 2 and "no benchmark case matches" in run.stderr and "Traceback" not in run.stderr
 
 
+@slow
 @needs_torch
 @pytest.mark.skipif(not host_can_run(isa_target("avx2")), reason="this machine cannot run AVX2 code")
 def test_bench_isa_caps_both_sides(tmp_path):
@@ -118,6 +121,7 @@ def test_bench_rejects_an_isa_the_machine_cannot_run(monkeypatch, tmp_path):
         bench.main("resnet50", (1,), ("filter",), None, 1, tmp_path, progress=False, isa="avx3")
 
 
+@slow
 @needs_torch
 def test_bench_times_the_onednn_frontend(tmp_path):
     """--api onednn: ours through ConvolutionBackwardWeights (float32 NXC), PyTorch channels-last."""
@@ -147,6 +151,7 @@ def test_onednn_result_of_a_3d_case_is_the_cube_with_a_depth_axis():
     assert result.convgrad_params.geom.depth.kernel == 3 and result.convgrad_params.flops == case.flops
 
 
+@slow
 @needs_torch
 def test_bench_times_default_and_tuned_side_by_side(tmp_path):
     """--schedule tuned with a database that holds no record for the case: both kernels timed,
@@ -173,6 +178,7 @@ def _has_gpu() -> bool:
     return tvm.runtime.enabled("cuda") and tvm.cuda(0).exist
 
 
+@slow
 @needs_torch
 @pytest.mark.skipif(_has_gpu(), reason="this machine has a GPU: the CUDA bench runs")
 def test_cuda_bench_says_it_needs_a_gpu(tmp_path):
@@ -199,6 +205,7 @@ def test_cuda_bench_table_reports_ratios_against_the_goal():
     assert "min  1.00 (c2)" in lines["depthwise wgrad N=8"] and "goal" not in lines["depthwise wgrad N=8"]
 
 
+@slow
 @needs_torch
 def test_cuda_bench_checks_times_and_reports_each_kernel(tmp_path, monkeypatch):
     """The CUDA bench's own steps (build, check against the reference, interleaved timing, the

@@ -11,6 +11,8 @@ import textwrap
 
 import numpy as np
 import pytest
+
+from conftest import slow
 import tvm
 
 import tvm_convgrad
@@ -120,6 +122,7 @@ def test_default_cpu_schedule_is_applied():
         assert kernel.inspect_source("tir").count("T.vectorized(") >= 4
 
 
+@slow
 def test_export_library_runs_with_the_runtime_alone(tmp_path):
     kernel = build(_dw("exported_dw"))
     path = kernel.export_library(tmp_path / "dw.so")
@@ -182,6 +185,7 @@ def test_lower_feeds_tvm_compile():
     np.testing.assert_allclose(out.numpy(), kernel(*arrays), rtol=1e-6)
 
 
+@slow
 def test_index_width():
     """LLVM kernels keep 64-bit indices (no NarrowDataType); CUDA ones use 32-bit unless a tensor
     has 2**31 elements or more (built only: 4 GiB of data is not allocated)."""

@@ -32,6 +32,7 @@ from tvm_convgrad.tools import bench
 from tvm_convgrad.tools.verify import check_kernel
 
 import framework_cases
+from conftest import slow, tiered
 import test_frontends as frontends
 from runners import TimedByPosition
 from tbe_calls import case_id, dw_result, dx_result
@@ -65,26 +66,28 @@ def _check_cuda_kernel(kernel, tensor_cores: bool | None = None):
     assert _verify_gpu_code(kernel), f"{kernel.name}: TVM's GPU verification failed"
 
 
-RESNET = [(case, op, arch) for case in bench.load_cases("resnet50", (1, 8)) for op in ("filter", "input") for arch in ("sm_80", "sm_90")
-          if arch == "sm_90" or case.N == 8]  # fmt: skip
+RESNET = [(case, op, arch) for i, case in enumerate(bench.load_cases("resnet50", (1, 8))) for op in ("filter", "input")
+          for arch in ("sm_80", "sm_90") if arch == "sm_90" or (case.N == 8 and i % 3 == 0)]  # fmt: skip
+"""Every ResNet-50 case for sm_90 (H100) at N=1 and 8; every third at N=8 for sm_80 (A100)."""
 
 
 @needs_nvcc
-@pytest.mark.parametrize("case, op, arch", RESNET, ids=[f"{c.name}-{op}-{arch}" for c, op, arch in RESNET])
+@pytest.mark.parametrize("case, op, arch", tiered(RESNET, lambda i, r: ".res3b_branch2b.n8" in r[0].name and r[2] == "sm_90",
+                                                  lambda r: f"{r[0].name}-{r[1]}-{r[2]}", unpack=True))
 def test_resnet50_runs_on_tensor_cores(case, op, arch):
     kernel = build(bench.tbe_result(case, op), target={"kind": "cuda", "arch": arch}, schedules=None)
     _check_cuda_kernel(kernel, tensor_cores=True)
 
 
 @needs_nvcc
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("case", tiered(CASES, lambda i, c: i in (2, 6), case_id))  # groups 2, depthwise
 def test_sweep_builds_within_the_limits(case):
     for result in (dw_result(case), dx_result(case)):
         kernel = build(result, target={"kind": "cuda", "arch": "sm_80"}, schedules=None)
         _check_cuda_kernel(kernel)
 
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("case", tiered(CASES, lambda i, c: i < 7, case_id))  # every group kind once
 def test_emulated_cuda_schedule_matches_the_reference(case):
     """The CUDA schedule's index math, run: tiling, padding to whole tiles, shared-memory staging
     (the packs' gathers), fragments and the result's copy back, against the float64 reference."""
@@ -95,7 +98,7 @@ def test_emulated_cuda_schedule_matches_the_reference(case):
         assert check.ok, f"{kernel.units}: {check}"
 
 
-@pytest.mark.parametrize("case", frontends.SWEEP, ids=[c.name() for c in frontends.SWEEP])
+@pytest.mark.parametrize("case", tiered(frontends.SWEEP, lambda i, c: i % 12 == 0, lambda c: c.name()))
 def test_emulated_frontends_match_the_reference(case):
     """The framework operators' CUDA schedules (tensor cores for fp16 inputs, SIMT for fp32 and
     bf16 ones), emulated, against the reference."""
@@ -156,6 +159,7 @@ def test_config_fits_the_budget(gemm, expected):
         assert config.split_k == 1, expected
 
 
+@slow
 @needs_nvcc
 def test_split_k_runs_small_outputs_over_many_thread_blocks():
     """A dW whose output is one thread block's tile (32x32) and whose K is long (N*Ho*Wo = 1568),
@@ -185,6 +189,7 @@ def test_split_k_runs_small_outputs_over_many_thread_blocks():
 
 
 
+@slow
 @pytest.mark.parametrize("case", CASES[::4], ids=case_id)
 def test_sampled_tiles_match_the_reference(case):
     """``tunable=True``: the tensor cores' tiles are MetaSchedule samples. Tiles drawn as a tuning
@@ -221,6 +226,7 @@ def test_the_tunable_default_is_the_default_schedule():
         assert any(not tvm_ffi.structural_equal(default.mod, mod) for mod in replays), "the samples explore"
 
 
+@slow
 @needs_nvcc
 def test_tune_for_cuda_keeps_a_sampled_kernel_that_builds_and_computes(tmp_path):
     """``tune(target=cuda)`` over a runner (a GPU machine's RPC server; here one that times by

@@ -76,6 +76,8 @@ CHILD = textwrap.dedent(
     '''
 )
 
+pytestmark = pytest.mark.slow  # the fast tier (-m "not slow") leaves these to the full suite
+
 
 @pytest.mark.parametrize("isa", RUNNABLE_ISAS)
 def test_kernels_stay_inside_their_buffers(isa):

@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from conftest import slow
+
 from tvm_convgrad import build, dsl, isa_target, layout, schedule
 from tvm_convgrad.compile import Workload, resolve_target
 from tvm_convgrad.dsl.compute import cube_util
@@ -129,6 +131,7 @@ def _threads(env: dict) -> int:
     return int(run.stdout.strip())
 
 
+@slow
 def test_threads_default_to_every_usable_core_and_respect_the_user():
     cores = len(os.sched_getaffinity(0))
     assert _threads({}) == cores  # TVM alone would start cores // 2 on x86

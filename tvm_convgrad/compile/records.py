@@ -19,7 +19,9 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from ..errors import ConvGradError
+from ..dsl.compute.stages import FORMULATION
 from ..isa import isa_plan
+from ..schedule.base import mads
 from ..schedule.cuda.intrinsics import cuda_intrinsics
 
 __all__ = ["SHIPPED", "WORKLOAD", "open_database", "schedule_key", "shipped_schedules", "tuned_schedule", "workload_key"]
@@ -54,9 +56,13 @@ WORKLOAD = "main"
 def workload_key(func: tirx.PrimFunc) -> tvm.IRModule:
     """The module a gradient's records are stored under: the PrimFunc with its ``kernel_name``
     (the global symbol and the result stage's attribute) replaced by ``main``, so that the same
-    workload under another name finds the same records."""
+    workload under another name finds the same records, and without its mads' formulation
+    attributes (a hint to the schedule rules: records made before they existed still match)."""
     name = str(func.attrs["global_symbol"]) if func.attrs and "global_symbol" in func.attrs else WORKLOAD
-    text = tvm.ir.save_json(func).replace(json.dumps(name), json.dumps(WORKLOAD))
+    sch = s_tir.Schedule(func)
+    for block, _ in mads(sch):  # the mads' kind is the schedule rules' hint, not part of the workload
+        sch.unannotate(block, FORMULATION)
+    text = tvm.ir.save_json(sch.mod["main"].with_attr("global_symbol", name)).replace(json.dumps(name), json.dumps(WORKLOAD))
     return tvm.IRModule({WORKLOAD: tvm.ir.load_json(text)})
 
 
