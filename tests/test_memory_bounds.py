@@ -79,7 +79,7 @@ CHILD = textwrap.dedent(
 pytestmark = pytest.mark.slow  # the fast tier (-m "not slow") leaves these to the full suite
 
 
-@pytest.mark.parametrize("isa", RUNNABLE_ISAS)
+@pytest.mark.parametrize("isa", RUNNABLE_ISAS[:1])  # this CPU's plan (the sweep runs the others)
 def test_kernels_stay_inside_their_buffers(isa):
     tests = Path(__file__).parent
     run = subprocess.run([sys.executable, "-c", CHILD, str(tests), isa], capture_output=True, text=True, timeout=900)

@@ -11,7 +11,7 @@ Sizes and seed come from the environment, so that CI runs a slice and a full run
 
     CONVGRAD_SWEEP_CASES=2000 python -m pytest -q tests/test_properties.py     # the full sweep
 
-``CONVGRAD_SWEEP_CASES`` (default 30) valid calls and ``CONVGRAD_SWEEP_INVALID`` (default 2000)
+``CONVGRAD_SWEEP_CASES`` (default 20) valid calls and ``CONVGRAD_SWEEP_INVALID`` (default 2000)
 invalid calls per operator, drawn from ``CONVGRAD_SWEEP_SEED`` (default 20261124). Call ``i`` of an
 operator is drawn from ``(seed, operator, i)`` alone, so a failure names the one call to re-run.
 """
@@ -31,7 +31,7 @@ from tvm_convgrad import ConvGradError, build, isa_target
 from tvm_convgrad.tools.verify import check_kernel, error_bound
 
 SEED = int(os.environ.get("CONVGRAD_SWEEP_SEED", "20261124"))
-VALID = int(os.environ.get("CONVGRAD_SWEEP_CASES", "30"))
+VALID = int(os.environ.get("CONVGRAD_SWEEP_CASES", "20"))
 INVALID = int(os.environ.get("CONVGRAD_SWEEP_INVALID", "2000"))
 SHOWN = 10  # failures listed in a report
 
