@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from tvm_convgrad import isa_target
+from tvm_convgrad.isa import host_can_run, isa_plan
 from tvm_convgrad.params import ConvGeometry, ConvGradParams
-from tvm_convgrad.schedule.isa import host_can_run, isa_plan
-from tvm_convgrad.verify import error_bound
+from tvm_convgrad.tools.verify import error_bound
 
 try:
     import torch
@@ -27,6 +27,21 @@ def _runnable_isas() -> list[str]:
 
 
 RUNNABLE_ISAS = _runnable_isas()
+
+slow = pytest.mark.slow
+
+
+def tiered(values, fast, ids=None, unpack: bool = False) -> list:
+    """``values`` as pytest parameters, each marked ``slow`` unless ``fast(index, value)`` holds: the
+    full suite runs them all, the fast tier (``-m "not slow"``) the chosen few. ``unpack``: each
+    value is a tuple of several parameters."""
+    return [pytest.param(*(v if unpack else (v,)), marks=() if fast(i, v) else (slow,), id=ids(v) if callable(ids) else None)
+            for i, v in enumerate(values)]  # fmt: skip
+
+
+def native_first(isas) -> list:
+    """The ISA plans as parameters: this CPU's in the fast tier, the others (AVX2, SSE) in the full suite."""
+    return tiered(isas, lambda i, isa: isa == "native")
 
 
 def torch_filter_grad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
@@ -51,7 +66,7 @@ def torch_input_grad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.nd
 
 
 def assert_within_bound(actual: np.ndarray, expected: np.ndarray, params: ConvGradParams, what: str = ""):
-    """Every element within :func:`tvm_convgrad.verify.error_bound` of ``expected``."""
+    """Every element within :func:`tvm_convgrad.tools.verify.error_bound` of ``expected``."""
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
     error = np.abs(actual.astype(np.float64) - expected)
     ratio = error / error_bound(params, expected)

@@ -12,9 +12,9 @@ from tvm import te
 
 from conftest import torch
 from tvm_convgrad import reference
-from tvm_convgrad.build import numpy_dtype
+from tvm_convgrad.compile import numpy_dtype
 from tvm_convgrad.frontends import dsp, onednn
-from tvm_convgrad.verify import error_bound
+from tvm_convgrad.tools.verify import error_bound
 
 __all__ = ["Case", "DspCase", "dsp_params", "arrays", "call", "check", "expected", "placeholders", "torch_weights"]
 

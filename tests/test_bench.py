@@ -10,10 +10,14 @@ import sys
 
 import pytest
 
-from tvm_convgrad import bench, isa_target
-from tvm_convgrad.schedule.isa import host_can_run
+from tvm_convgrad import isa_target
+from tvm_convgrad.tools import bench
+from tvm_convgrad.tools.bench import cuda as bench_cuda
+from tvm_convgrad.tools.bench import results as bench_results
+from tvm_convgrad.tools.bench import run as bench_run
+from tvm_convgrad.isa import host_can_run
 
-from conftest import needs_torch
+from conftest import needs_torch, slow
 
 
 def test_case_selection():
@@ -38,6 +42,7 @@ def test_summary_is_a_geometric_mean():
     assert math.isclose(summary["geomean_ratio"], 1.0) and summary["min_ratio"] == 0.5 and summary["min_case"] == "c1"
 
 
+@slow
 @needs_torch
 def test_bench_command_writes_table_json_and_chart(tmp_path):
     exe = shutil.which("tvm-convgrad")
@@ -57,6 +62,7 @@ def test_bench_command_writes_table_json_and_chart(tmp_path):
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@slow
 @needs_torch
 def test_bench_rejects_an_empty_selection(tmp_path):
     exe = shutil.which("tvm-convgrad")
@@ -65,6 +71,7 @@ def test_bench_rejects_an_empty_selection(tmp_path):
     assert run.returncode == 2 and "no benchmark case matches" in run.stderr and "Traceback" not in run.stderr
 
 
+@slow
 @needs_torch
 @pytest.mark.skipif(not host_can_run(isa_target("avx2")), reason="this machine cannot run AVX2 code")
 def test_bench_isa_caps_both_sides(tmp_path):
@@ -89,7 +96,7 @@ def test_bench_checks_every_kernel_before_timing_it(tmp_path, monkeypatch, capsy
 
     from tvm_convgrad.cli import main
 
-    real = bench.check_kernel
+    real = bench_results.check_kernel
     checked = []
 
     def wrong_dgrad(kernel, seed=0):  # the dgrad kernel computes "the wrong thing"
@@ -97,7 +104,7 @@ def test_bench_checks_every_kernel_before_timing_it(tmp_path, monkeypatch, capsy
         check = real(kernel, seed)
         return dataclasses.replace(check, worst_ratio=7.0) if "dgrad" in kernel.name else check
 
-    monkeypatch.setattr(bench, "check_kernel", wrong_dgrad)
+    monkeypatch.setattr(bench_results, "check_kernel", wrong_dgrad)
     args = ["bench", "--filter", r"res5b_branch2a\.n1", "--op", "both", "--rounds", "1", "--out", str(tmp_path), "--no-progress"]
     assert main(args) == 1
     assert "resnet_50_v1_5.res5b_branch2a.n1 dgrad" in capsys.readouterr().err and len(checked) == 2
@@ -107,13 +114,14 @@ def test_bench_checks_every_kernel_before_timing_it(tmp_path, monkeypatch, capsy
 
 
 def test_bench_rejects_an_isa_the_machine_cannot_run(monkeypatch, tmp_path):
-    monkeypatch.setattr(bench, "host_can_run", lambda target: False)
+    monkeypatch.setattr(bench_run, "host_can_run", lambda target: False)
     with pytest.raises(ValueError, match="cannot run"):
         bench.main("resnet50", (1,), ("filter",), r"conv1\.", 1, tmp_path, progress=False, isa="avx2")
     with pytest.raises(ValueError, match="--isa"):
         bench.main("resnet50", (1,), ("filter",), None, 1, tmp_path, progress=False, isa="avx3")
 
 
+@slow
 @needs_torch
 def test_bench_times_the_onednn_frontend(tmp_path):
     """--api onednn: ours through ConvolutionBackwardWeights (float32 NXC), PyTorch channels-last."""
@@ -143,11 +151,12 @@ def test_onednn_result_of_a_3d_case_is_the_cube_with_a_depth_axis():
     assert result.convgrad_params.geom.depth.kernel == 3 and result.convgrad_params.flops == case.flops
 
 
+@slow
 @needs_torch
 def test_bench_times_default_and_tuned_side_by_side(tmp_path):
     """--schedule tuned with a database that holds no record for the case: both kernels timed,
     the tuned one reports the default schedule and the summary its speed ratio."""
-    from tvm_convgrad.tune import open_database
+    from tvm_convgrad.compile import open_database
 
     open_database(tmp_path / "empty", create=True)
     exe = shutil.which("tvm-convgrad")
@@ -169,6 +178,7 @@ def _has_gpu() -> bool:
     return tvm.runtime.enabled("cuda") and tvm.cuda(0).exist
 
 
+@slow
 @needs_torch
 @pytest.mark.skipif(_has_gpu(), reason="this machine has a GPU: the CUDA bench runs")
 def test_cuda_bench_says_it_needs_a_gpu(tmp_path):
@@ -186,8 +196,6 @@ def test_cuda_bench_says_it_needs_a_gpu(tmp_path):
 
 
 def test_cuda_bench_table_reports_ratios_against_the_goal():
-    from tvm_convgrad import bench_cuda
-
     results = [bench.BenchResult(f"c{i}", kind, 8, "wgrad", 10**12, "3x3/s1", 1.0, ours, 2.0, [ours], [2.0], "cuDNN 90100, tensor-core")
                for i, (kind, ours) in enumerate((("resnet50", 1.0), ("resnet50", 4.0), ("depthwise", 2.0)))]  # fmt: skip
     table = bench_cuda.format_table(results, bench.summarize(results), "NVIDIA H100")
@@ -197,6 +205,7 @@ def test_cuda_bench_table_reports_ratios_against_the_goal():
     assert "min  1.00 (c2)" in lines["depthwise wgrad N=8"] and "goal" not in lines["depthwise wgrad N=8"]
 
 
+@slow
 @needs_torch
 def test_cuda_bench_checks_times_and_reports_each_kernel(tmp_path, monkeypatch):
     """The CUDA bench's own steps (build, check against the reference, interleaved timing, the
@@ -204,13 +213,13 @@ def test_cuda_bench_checks_times_and_reports_each_kernel(tmp_path, monkeypatch):
     the CPU, CUDA events by wall-clock samples."""
     import torch
 
-    from tvm_convgrad import bench_cuda, emulate_cuda
+    from tvm_convgrad import emulate_cuda
 
     monkeypatch.setattr(bench_cuda, "cuda_available", lambda: None)
     monkeypatch.setattr(bench_cuda, "build", lambda result, target, schedules: emulate_cuda(result, target))
-    monkeypatch.setattr(bench_cuda, "_torch_call", lambda case, op, rng, device, dtype: bench._torch_call(case, op, rng))
-    monkeypatch.setattr(bench_cuda, "_sample_cuda", bench._sample)
-    monkeypatch.setattr(bench_cuda, "_gpu_name", lambda: "emulated GPU")
+    monkeypatch.setattr(bench_cuda, "torch_call", lambda case, op, rng, device, dtype: bench.torch_call(case, op, rng))
+    monkeypatch.setattr(bench_cuda, "sample_cuda", bench.sample)
+    monkeypatch.setattr(bench_cuda, "gpu_name", lambda: "emulated GPU")
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     summary = bench_cuda.main("all", (1,), ("filter", "input"), r"res5b_branch2a\.|dw144_s2", 2, tmp_path, progress=False)
     assert set(summary) == {"resnet50 wgrad N=1", "resnet50 dgrad N=1", "depthwise wgrad N=1", "depthwise dgrad N=1"}

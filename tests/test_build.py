@@ -11,12 +11,14 @@ import textwrap
 
 import numpy as np
 import pytest
+
+from conftest import slow
 import tvm
 
 import tvm_convgrad
 from tvm_convgrad import Timing, build, dsl, layout, lower
 from tvm_convgrad.tvm import placeholder
-from tvm_convgrad.verify import check_kernel, expected_result, kernel_arrays, random_inputs
+from tvm_convgrad.tools.verify import check_kernel, expected_result, kernel_arrays, random_inputs
 
 PARA = {"strides": [2, 1], "padding": [1, 0, 1, 2], "dilations": [1, 1, 1, 2], "groups": 2}
 
@@ -120,6 +122,7 @@ def test_default_cpu_schedule_is_applied():
         assert kernel.inspect_source("tir").count("T.vectorized(") >= 4
 
 
+@slow
 def test_export_library_runs_with_the_runtime_alone(tmp_path):
     kernel = build(_dw("exported_dw"))
     path = kernel.export_library(tmp_path / "dw.so")
@@ -156,9 +159,10 @@ def test_builds_are_cached_by_workload():
 def test_the_build_cache_keeps_the_most_recent_kernels(monkeypatch):
     """The cache is bounded (a long sweep does not keep every executable): the least recently
     built or reused kernel goes first."""
-    import sys
 
-    monkeypatch.setattr(sys.modules["tvm_convgrad.build"], "CACHED_KERNELS", 2)
+    from tvm_convgrad.compile import builder
+
+    monkeypatch.setattr(builder, "CACHED_KERNELS", 2)
     a = build(_dw("lru_a"))
     b = build(_dw("lru_b"))
     assert build(_dw("lru_a")) is a  # reused: now the most recent
@@ -181,6 +185,7 @@ def test_lower_feeds_tvm_compile():
     np.testing.assert_allclose(out.numpy(), kernel(*arrays), rtol=1e-6)
 
 
+@slow
 def test_index_width():
     """LLVM kernels keep 64-bit indices (no NarrowDataType); CUDA ones use 32-bit unless a tensor
     has 2**31 elements or more (built only: 4 GiB of data is not allocated)."""

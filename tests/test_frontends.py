@@ -19,10 +19,10 @@ from tvm import te
 from conftest import needs_torch, torch
 from framework_cases import Case, arrays, call, check, dsp_params, expected, placeholders, torch_weights
 from tvm_convgrad import ConvGradError, build, reference
-from tvm_convgrad.build import numpy_dtype
+from tvm_convgrad.compile import numpy_dtype
 from tvm_convgrad.frontends import dsp, onednn
 from tvm_convgrad.params.framework import auto_pads
-from tvm_convgrad.verify import check_kernel
+from tvm_convgrad.tools.verify import check_kernel
 
 # ---------------------------------------------------------------------------------------------
 # Cases
@@ -173,7 +173,7 @@ def test_layout_stages_are_folded_into_the_compute():
 
 def test_avx2_plan_runs_the_frontends():
     from tvm_convgrad import isa_target
-    from tvm_convgrad.schedule.isa import host_can_run
+    from tvm_convgrad.isa import host_can_run
 
     target = isa_target("avx2") if host_can_run(isa_target("avx2")) else pytest.skip("no AVX2 on this host")
     case = next(c for c in SWEEP if c.rank == 2 and c.op == "deconv")

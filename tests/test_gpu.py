@@ -22,10 +22,11 @@ from runners import TimedByPosition
 from random_cases import OPERATORS, valid_case, valid_result
 from tbe_calls import dw_result, dx_result
 from test_sweep import CASES
-from tvm_convgrad import bench, build, dsl, layout, pass_context, tune
+from tvm_convgrad import build, dsl, layout, pass_context, tune
+from tvm_convgrad.tools import bench
 from tvm_convgrad.schedule import CudaRule
 from tvm_convgrad.tvm import placeholder
-from tvm_convgrad.verify import check_kernel
+from tvm_convgrad.tools.verify import check_kernel
 
 HAS_GPU = tvm.runtime.enabled("cuda") and tvm.cuda(0).exist
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU on this machine (TVM's tvm.cuda(0) does not exist)")]

@@ -15,11 +15,11 @@ import pytest
 from tvm.target import Target
 
 from tvm_convgrad import ConvGradError, build, isa_target
-from tvm_convgrad.asm import hot_loops, innermost_loops
-from tvm_convgrad.peak import build_fma_peak
+from tvm_convgrad.tools.asm import hot_loops, innermost_loops
+from tvm_convgrad.tools.peak import build_fma_peak
 from tvm_convgrad.schedule.cpu import dx_tile
-from tvm_convgrad.schedule.isa import PLANS, host_can_run, isa_plan
-from tvm_convgrad.verify import check_kernel
+from tvm_convgrad.isa import PLANS, host_can_run, isa_plan
+from tvm_convgrad.tools.verify import check_kernel
 
 from conftest import RUNNABLE_ISAS
 from test_schedule import _dw, _dx
@@ -175,9 +175,9 @@ def test_dw_reduction_in_chunks_is_exact(isa):
     """dW whose reduction runs in several chunks around the register tiles (2 images x 48 rows of
     72 in bands of 16 rows): the accumulators are zeroed once, before the first chunk, on every
     plan (on AVX2 the 6 + 6 + 4 row tiles once zeroed them per chunk, keeping the last band only)."""
-    from tvm_convgrad.schedule.cpu import _chunk
+    from tvm_convgrad.schedule.cpu.tiles import chunk
 
-    assert _chunk(2, 48, 72) == (1, 16)  # 6 chunks
+    assert chunk(2, 48, 72) == (1, 16)  # 6 chunks
     kernel = build(_dw(2, 25, 48, 72, 25, 3, 1, 1, name=f"chunks_dw_{isa}"), target=isa_target(isa))
     assert check_kernel(kernel).ok, str(check_kernel(kernel))
 

@@ -12,6 +12,8 @@ from nbclient import NotebookClient
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 TIMEOUT_S = 180  # each notebook runs in under 3 minutes on a 2-core machine
 
+pytestmark = pytest.mark.slow  # the fast tier (-m "not slow") leaves these to the full suite
+
 
 def test_there_are_notebooks():
     assert {p.name for p in NOTEBOOKS} >= {"quickstart.ipynb", "framework_operators.ipynb"}

@@ -10,7 +10,7 @@ import pytest
 from tvm_convgrad import build, dsl, layout
 from tvm_convgrad.dsl.compute.phases import axis_phases
 from tvm_convgrad.tvm import placeholder
-from tvm_convgrad.verify import check_kernel
+from tvm_convgrad.tools.verify import check_kernel
 
 
 def _brute(size, kernel, stride, pad, dilation):

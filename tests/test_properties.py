@@ -11,7 +11,7 @@ Sizes and seed come from the environment, so that CI runs a slice and a full run
 
     CONVGRAD_SWEEP_CASES=2000 python -m pytest -q tests/test_properties.py     # the full sweep
 
-``CONVGRAD_SWEEP_CASES`` (default 40) valid calls and ``CONVGRAD_SWEEP_INVALID`` (default 2000)
+``CONVGRAD_SWEEP_CASES`` (default 20) valid calls and ``CONVGRAD_SWEEP_INVALID`` (default 2000)
 invalid calls per operator, drawn from ``CONVGRAD_SWEEP_SEED`` (default 20261124). Call ``i`` of an
 operator is drawn from ``(seed, operator, i)`` alone, so a failure names the one call to re-run.
 """
@@ -28,10 +28,10 @@ import framework_cases
 from conftest import RUNNABLE_ISAS
 from random_cases import OPERATORS, invalid_call, valid_case, valid_result
 from tvm_convgrad import ConvGradError, build, isa_target
-from tvm_convgrad.verify import check_kernel, error_bound
+from tvm_convgrad.tools.verify import check_kernel, error_bound
 
 SEED = int(os.environ.get("CONVGRAD_SWEEP_SEED", "20261124"))
-VALID = int(os.environ.get("CONVGRAD_SWEEP_CASES", "40"))
+VALID = int(os.environ.get("CONVGRAD_SWEEP_CASES", "20"))
 INVALID = int(os.environ.get("CONVGRAD_SWEEP_INVALID", "2000"))
 SHOWN = 10  # failures listed in a report
 

@@ -13,12 +13,14 @@ import sys
 
 import pytest
 
+from conftest import slow
+
 from tvm_convgrad import build, dsl, isa_target, layout, schedule
-from tvm_convgrad.build import _arguments, _prim_func, resolve_target
+from tvm_convgrad.compile import Workload, resolve_target
 from tvm_convgrad.dsl.compute import cube_util
-from tvm_convgrad.schedule.isa import host_can_run
+from tvm_convgrad.isa import host_can_run
 from tvm_convgrad.tvm import placeholder
-from tvm_convgrad.verify import check_kernel
+from tvm_convgrad.tools.verify import check_kernel
 
 
 
@@ -79,10 +81,10 @@ def test_stride_two_dx_is_four_phases_without_zeros():
 def test_strided_dx_of_a_batch_runs_image_by_image(monkeypatch, args, mad):
     """Every phase (and the dy pack) under the result's batch loop, each image's phase buffers
     allocated for one image; exact. The real threshold (2 MB of dy) is lowered to reach it."""
-    from tvm_convgrad.schedule import cpu
+    from tvm_convgrad.schedule.cpu import loops
 
     name = f"per_image_{mad}{args[0]}_{args[6]}"
-    monkeypatch.setattr(cpu, "PER_IMAGE_ABOVE", 0)
+    monkeypatch.setattr(loops, "PER_IMAGE_ABOVE", 0)
     kernel = build(_dx(*args[:8], groups=args[8] if len(args) > 8 else 1, name=name), schedules=None)
     tir = kernel.inspect_source("tir")
     batch = re.search(r"\n( *)for n in range\(T.int64\(" + str(args[0]) + r"\)\):\n", tir)
@@ -114,11 +116,11 @@ def test_few_input_channels_change_the_lanes():
 
 
 def test_tunable_rule_samples_tiles():
-    args, _ = _arguments(_dx(1, 32, 14, 14, 32, 3, 1, 1, name="tunable_dx"))
+    workload = Workload.of(_dx(1, 32, 14, 14, 32, 3, 1, 1, name="tunable_dx"))
     target = resolve_target("llvm")
-    sch = schedule.CpuRule().apply(_prim_func(args, "tunable_dx", target), target, tunable=True)
+    sch = schedule.CpuRule().apply(workload.prim_func(target), target, tunable=True)
     assert "sample_perfect_tile" in str(sch.trace)
-    assert "sample_perfect_tile" not in str(schedule.CpuRule().apply(_prim_func(args, "tunable_dx", target), target, tunable=False).trace)
+    assert "sample_perfect_tile" not in str(schedule.CpuRule().apply(workload.prim_func(target), target, tunable=False).trace)
 
 
 def _threads(env: dict) -> int:
@@ -129,6 +131,7 @@ def _threads(env: dict) -> int:
     return int(run.stdout.strip())
 
 
+@slow
 def test_threads_default_to_every_usable_core_and_respect_the_user():
     cores = len(os.sched_getaffinity(0))
     assert _threads({}) == cores  # TVM alone would start cores // 2 on x86

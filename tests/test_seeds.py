@@ -10,7 +10,7 @@ import tvm
 from tvm_convgrad import build
 from tvm_convgrad import tvm as tbe_tvm
 from tvm_convgrad.examples import SEEDS
-from tvm_convgrad.verify import check_kernel
+from tvm_convgrad.tools.verify import check_kernel
 
 
 @pytest.mark.parametrize("op", sorted(SEEDS))

@@ -16,9 +16,9 @@ import pytest
 
 from tvm_convgrad import build, dsl, isa_target, layout
 from tvm_convgrad.tvm import placeholder
-from tvm_convgrad.verify import check_kernel, kernel_arrays, random_inputs
+from tvm_convgrad.tools.verify import check_kernel, kernel_arrays, random_inputs
 
-from conftest import RUNNABLE_ISAS, assert_within_bound, needs_torch, torch_filter_grad, torch_input_grad
+from conftest import RUNNABLE_ISAS, assert_within_bound, native_first, needs_torch, tiered, torch_filter_grad, torch_input_grad
 from tbe_calls import case_id, dw_result, dx_result, geometry
 
 GROUP_KINDS = (1, 2, 3, 4, 16, 32, "depthwise")
@@ -77,8 +77,11 @@ def test_sweep_covers_the_parameter_space():
     assert {c["res_dtype"] for c in CASES} == {"float32", "float16"}
 
 
-@pytest.mark.parametrize("isa", RUNNABLE_ISAS)
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+FAST = tiered(CASES, lambda i, c: i < len(GROUP_KINDS), case_id)  # the fast tier: every group kind once
+
+
+@pytest.mark.parametrize("isa", native_first(RUNNABLE_ISAS))
+@pytest.mark.parametrize("case", FAST)
 def test_conv2d_backprop_filter(case, isa):
     kernel = build(dw_result(case), target=isa_target(isa))
     check = check_kernel(kernel, seed=1)
@@ -86,8 +89,8 @@ def test_conv2d_backprop_filter(case, isa):
     assert kernel.output.shape == layout.shape_dw_result(geometry(case)[0], case["groups"])
 
 
-@pytest.mark.parametrize("isa", RUNNABLE_ISAS)
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("isa", native_first(RUNNABLE_ISAS))
+@pytest.mark.parametrize("case", FAST)
 def test_conv2d_backprop_input(case, isa):
     kernel = build(dx_result(case), target=isa_target(isa))
     check = check_kernel(kernel, seed=2)
@@ -96,7 +99,7 @@ def test_conv2d_backprop_input(case, isa):
 
 
 @needs_torch
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("case", tiered(CASES, lambda i, c: i < 2, case_id))
 def test_against_pytorch(case):
     """The OIHW / NCHW views of both results against torch.nn.grad (an independent oracle)."""
     filter_sizes, para, dy = geometry(case)

@@ -9,7 +9,7 @@
   [--isa native|avx2|avx512] [--api tbe|onednn] [--target llvm|cuda]``: the benchmark shape set against
   PyTorch's oneDNN kernels, both on one vector ISA, with the machine's measured FMA peak as the roofline
   (the ``bench`` extra); ``--api onednn`` calls ours through the oneDNN Graph frontend; ``--target cuda``:
-  the tensor-core kernels against PyTorch's cuDNN on this machine's GPU (:mod:`tvm_convgrad.bench_cuda`).
+  the tensor-core kernels against PyTorch's cuDNN on this machine's GPU (:mod:`tvm_convgrad.tools.bench.cuda`).
 
 Each builds the kernel, runs it on random data, compares every element with the float64
 reference, and prints the error, the time and GFLOP/s. Bad arguments print the error message and
@@ -29,15 +29,16 @@ from pathlib import Path
 from typing import Sequence
 
 from . import dsl, layout
-from .build import Kernel, build
+from .compile import Kernel, build
 from .dsl.compute import cube_util
 from .errors import ConvGradError
 from .examples import SEEDS
 from .params import out_size
 from .params.rules import Rules
 from .params.tbe_op import resolve_pads
+from .isa import BENCH_ISAS
+from .tools.verify import check_kernel
 from .tvm import placeholder
-from .verify import check_kernel
 
 __all__ = ["main"]
 
@@ -210,8 +211,8 @@ def _selection(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[str, ..
 
 def tune(args: argparse.Namespace) -> int:
     """Tune the bench's cases (the TBE DSL's kernels) on MetaSchedule; records kept in ``--out``."""
-    from . import bench as bench_module
-    from .tune import tune as tune_one
+    from .tools import bench as bench_module
+    from .tuning import tune as tune_one
 
     batches, ops = _selection(args)
     cases = bench_module.load_cases(args.suite, batches, args.filter)
@@ -238,7 +239,7 @@ def tune(args: argparse.Namespace) -> int:
         print(f"failed: {line}", file=sys.stderr)
     if not reports:
         return 1
-    geomean = bench_module._geomean([r.speedup for r in reports])
+    geomean = bench_module.geomean([r.speedup for r in reports])
     kept = sum(r.kept for r in reports)
     print(f"{len(reports)} kernels tuned, {kept} records kept; geomean tuned/default speed {geomean:.3f}; records: {reports[0].database}")
     (out / "tune.json").parent.mkdir(parents=True, exist_ok=True)
@@ -251,16 +252,16 @@ def bench(args: argparse.Namespace) -> int:
     if missing:  # torch must not load here: the bench caps its ISA first
         print(f"tvm-convgrad bench: {missing[0]} is missing: pip install -e '.[bench]'", file=sys.stderr)
         return 2
-    from . import bench as bench_module
+    from .tools import bench as bench_module
 
     batches, ops = _selection(args)
     try:
         if args.target == "cuda":
             if (args.isa, args.api, args.schedule) != ("native", "tbe", "default"):
                 raise ValueError("--target cuda times the DSL's default kernels: --isa, --api and --schedule are for the CPU")
-            from . import bench_cuda
+            from .tools.bench import cuda
 
-            bench_cuda.main(args.suite, batches, ops, args.filter, args.rounds, Path(args.out), not args.no_progress)
+            cuda.main(args.suite, batches, ops, args.filter, args.rounds, Path(args.out), not args.no_progress)
             return 0
         bench_module.main(args.suite, batches, ops, args.filter, args.rounds, Path(args.out), not args.no_progress, args.isa, args.api,
                           args.schedule, args.schedules)  # fmt: skip
@@ -335,7 +336,7 @@ def _parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--op", choices=("filter", "input", "both"), default="both", help="wgrad, dgrad or both")
     p_bench.add_argument("--filter", metavar="REGEX", help="only cases whose name matches")
     p_bench.add_argument("--rounds", type=int, default=5, help="interleaved samples per kernel (medians reported)")
-    p_bench.add_argument("--isa", choices=("native", "avx2", "avx512"), default="native",
+    p_bench.add_argument("--isa", choices=BENCH_ISAS, default="native",
                          help="vector ISA of both sides: ours built for it, PyTorch capped to it (default: this CPU's)")
     p_bench.add_argument("--api", choices=("tbe", "onednn"), default="tbe",
                          help="ours through TBE's DSL (float16 5HD) or the oneDNN Graph frontend (float32 NXC; --op filter)")

@@ -34,7 +34,9 @@ from tvm import te
 
 from ..dsl import attach
 from ..dsl.compute import conv2d_backprop_filter_compute
-from ..params.framework import FrameworkCall, dsp_view
+from ..dsl.compute.stages import DSP_DW, DY_5HD, FMAP_5HD
+from ..params.dsp import dsp_view
+from ..params.framework import FrameworkCall
 from .layouts import as_5hd, weight_stage
 
 __all__ = ["deconv_grad_filter", "fp_deconv_grad_filter", "hp_deconv_grad_filter"]
@@ -50,13 +52,13 @@ def deconv_grad_filter(
     kh, kw = view.kernel
     rows = view.cin // group * kh * kw
     compute_params = view.params(kernel_name)
-    dw = conv2d_backprop_filter_compute(as_5hd(dy, "NXC", "fmap"), as_5hd(x, "NXC", "dy"), compute_params)
+    dw = conv2d_backprop_filter_compute(as_5hd(dy, "NXC", FMAP_5HD), as_5hd(x, "NXC", DY_5HD), compute_params)
 
     def to_oix(g, row, i):  # conv view: o = the x channel g*m + i, i = the dy channel c of group g
         return g * m + i, row // (kh * kw), (row // kw % kh, row % kw)
 
     attrs = {"kernel_name": kernel_name, "flops": compute_params.flops, "weights_format": "dsp"}
-    result = weight_stage(dw, view, (group, rows, m), to_oix, dtype, "dw", attrs)
+    result = weight_stage(dw, view, (group, rows, m), to_oix, dtype, DSP_DW, attrs)
     return attach(result, compute_params, (dy, x), FrameworkCall("DeconvGradFilter", view, "NXC", "dsp", tuple(int(v) for v in params)))
 
 

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 from tvm import te, tirx
 
 from .. import layout
-from ..dsl.compute.common import LAYOUT_ADAPTER
+from ..dsl.compute.stages import LAYOUT_ADAPTER, LAYOUT_IN_TAG, LAYOUT_OUT_TAG
 from ..layout import C0, ceil_div
 from ..params.framework import ConvView
 
@@ -47,7 +47,7 @@ def as_5hd(tensor: te.Tensor, data_format: str, name: str) -> te.Tensor:
         return tirx.Select(c < channels, read, tirx.const(0, tensor.dtype)) if padded else read
 
     return te.compute(
-        (*lead, ceil_div(channels, C0), *plane, C0), value, name=name, tag="layout_in", attrs={LAYOUT_ADAPTER: "in"}
+        (*lead, ceil_div(channels, C0), *plane, C0), value, name=name, tag=LAYOUT_IN_TAG, attrs={LAYOUT_ADAPTER: "in"}
     )
 
 
@@ -74,4 +74,4 @@ def weight_stage(
         kd, kh, kw = (0,) * (3 - len(taps)) + tuple(taps)
         return dw[layout.dw_result_index(o, i, kd, kh, kw, ext, kernel)].astype(dtype)
 
-    return te.compute(tuple(shape), value, name=name, tag="layout_out", attrs={LAYOUT_ADAPTER: "out", **attrs})
+    return te.compute(tuple(shape), value, name=name, tag=LAYOUT_OUT_TAG, attrs={LAYOUT_ADAPTER: "out", **attrs})

@@ -26,7 +26,9 @@ from tvm import te
 
 from ..dsl import attach
 from ..dsl.compute import conv2d_backprop_filter_compute
-from ..params.framework import ConvView, FrameworkCall, deconv_view, onednn_view
+from ..dsl.compute.stages import DIFF_WEIGHTS, DY_5HD, FMAP_5HD
+from ..params.framework import ConvView, FrameworkCall
+from ..params.onednn import deconv_view, onednn_view
 from .layouts import as_5hd, weight_stage
 
 __all__ = ["conv_transpose_backward_weights", "convolution_backprop_filters", "convolution_backward_weights"]
@@ -40,13 +42,13 @@ def _filter_grad(op: str, x: te.Tensor, dy: te.Tensor, view: ConvView, data_form
     result has ``shape`` in ``weights_format`` (channels first: ``(o, i, *k)``, else ``(*k, i, o)``
     of the conv view)."""
     params = view.params(kernel_name)
-    dw = conv2d_backprop_filter_compute(as_5hd(x, data_format, "fmap"), as_5hd(dy, data_format, "dy"), params)
+    dw = conv2d_backprop_filter_compute(as_5hd(x, data_format, FMAP_5HD), as_5hd(dy, data_format, DY_5HD), params)
     if weights_format in _CHANNELS_FIRST:
         to_oix = lambda o, i, *k: (o, i, k)  # noqa: E731
     else:
         to_oix = lambda *index: (index[-1], index[-2], index[:-2])  # noqa: E731
     attrs = {"kernel_name": kernel_name, "flops": params.flops, "weights_format": weights_format}
-    result = weight_stage(dw, view, shape, to_oix, view.dtype, "diff_weights", attrs)
+    result = weight_stage(dw, view, shape, to_oix, view.dtype, DIFF_WEIGHTS, attrs)
     return attach(result, params, inputs, FrameworkCall(op, view, data_format, weights_format))
 
 

@@ -1,4 +1,4 @@
-"""Schedule rules, one per target kind, in the shape of TVM's dlight rules.
+"""Schedule rules, one per target kind, in the shape of TVM's dlight rules (:mod:`.base`: the protocol).
 
 ``rule_for(target).apply(func, target, tunable)`` returns an ``s_tir.Schedule``; the rules are
 ``dlight.ScheduleRule`` objects, so ``dlight.ApplyDefaultSchedule(CpuRule(), CudaRule())`` works too.
@@ -7,19 +7,19 @@
 from __future__ import annotations
 
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight import ScheduleRule
 from tvm.target import Target
 
 from ..errors import ConvGradError
-from .cpu import CpuRule
-from .cuda import CudaRule
+from .base import Config, Rule
+from .cpu import CpuConfig, CpuRule
+from .cuda import CudaConfig, CudaRule
 
-__all__ = ["CpuRule", "CudaRule", "rule_for", "apply"]
+__all__ = ["Config", "CpuConfig", "CpuRule", "CudaConfig", "CudaRule", "Rule", "apply", "rule_for"]
 
-_RULES: dict[str, ScheduleRule] = {"llvm": CpuRule(), "cuda": CudaRule()}
+_RULES: dict[str, Rule] = {rule.kind: rule for rule in (CpuRule(), CudaRule())}
 
 
-def rule_for(target: Target) -> ScheduleRule:
+def rule_for(target: Target) -> Rule:
     """The schedule rule of a target kind (``llvm`` or ``cuda``)."""
     try:
         return _RULES[target.kind.name]

@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
+import tvm
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from .. import usable_cores
-from ..dsl.compute.common import LAYOUT_ADAPTER
+from ..dsl.compute.stages import LAYOUT_ADAPTER
+from ..machine import usable_cores
 
-__all__ = ["PACK_STAGES", "inline_layout_stages", "stage_blocks", "split_loop_kinds", "target_cores"]
+__all__ = ["buffer_bytes", "elements", "inline_layout_stages", "loop_extent", "stage_blocks", "split_loop_kinds", "target_cores"]
 
-PACK_STAGES = ("grads_2_matrix", "fmap_l1", "dy_pad", "w_col", "dy_rows", "w_t", "grads_dw", "fmap_dw", "dy_dw", "w_dw")
-"""The stages that cast (and pad) the inputs to fp32: elementwise, read by the mads."""
+
+def loop_extent(sch: s_tir.Schedule, loop) -> int:
+    """The (static) extent of a loop."""
+    return int(sch.get(loop).extent)
+
+
+def elements(buffer) -> int:
+    """Elements of a buffer of static shape."""
+    size = 1
+    for d in buffer.shape:
+        size *= int(d)
+    return size
+
+
+def buffer_bytes(sch: s_tir.Schedule, stage: str) -> int:
+    """Bytes of the buffer a stage writes."""
+    (buffer,) = [w.source for w in sch.get(sch.get_sblock(stage)).writes]
+    return elements(buffer) * tvm.DataType(buffer.dtype).bits // 8
 
 
 def stage_blocks(sch: s_tir.Schedule) -> list[s_tir.schedule.SBlockRV]:

@@ -64,6 +64,7 @@ from ...layout import C0
 from ...params import ConvGeometry, ConvGradParams
 from .common import ACC, guarded, in_place, inside
 from .depthwise import depthwise, depthwise_filter_grad
+from .stages import DW_CC, DW_CC_T, DW_DDR, DW_TAG, FMAP_L1, FORMULATION, GRADS_2_MATRIX, KERNEL_H, KERNEL_W, MAD_TAG, Formulation
 
 __all__ = ["conv2d_backprop_filter_compute", "transposed_filter_grad"]
 
@@ -174,8 +175,8 @@ def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvG
     return te.compute(
         shape,
         lambda *i: value(*i).astype(params.res_dtype),
-        name="dw_ddr",
-        tag="conv2d_backprop_filterdw_ddr",
+        name=DW_DDR,
+        tag=DW_TAG,
         attrs={"kernel_name": params.kernel_name, "mode": mode, "flops": params.flops},
     )
 
@@ -190,7 +191,7 @@ def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape) -> 
         conds = [c1 < g.c1_y] if c1_grads > g.c1_y else []
         return guarded(conds, dy[(*fold.dy_read(nd), c1, ho, wo, c0)].astype(ACC))
 
-    grads = te.compute((fold.dy_extent, c1_grads, g.ho, g.wo, C0), grads_value, name="grads_2_matrix", tag="grads_2_matrix")
+    grads = te.compute((fold.dy_extent, c1_grads, g.ho, g.wo, C0), grads_value, name=GRADS_2_MATRIX, tag=GRADS_2_MATRIX)
     (sh, sw), (dil_h, dil_w) = g.strides, g.dilations
     rows = _StridePhases(g.ho, g.kh, sh, dil_h)
     cols = _StridePhases(g.wo, g.kw, sw, dil_w)
@@ -207,7 +208,7 @@ def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape) -> 
     # target that converts fp16 as it loads reads x in place instead (the schedule inlines it).
     direct = rows.phases == cols.phases == 1 and not any(g.pads) and c1_fmap == g.c1_x and g.depth is None
     packed = (fold.fmap_extent, c1_fmap, rows.phases, cols.phases, rows.per_phase, cols.per_phase, C0)
-    fmap_l1 = te.compute(packed, fmap_value, name="fmap_l1", tag="fmap_l1", attrs=in_place(fmap, direct))
+    fmap_l1 = te.compute(packed, fmap_value, name=FMAP_L1, tag=FMAP_L1, attrs=in_place(fmap, direct))
 
     n = te.reduce_axis((0, fold.dy_extent), name="n")
     ho = te.reduce_axis((0, g.ho), name="ho")
@@ -223,7 +224,7 @@ def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape) -> 
             axis=[n, ho, wo],
         )
 
-    return te.compute(shape, mad, name="dw_cc", tag="mad", attrs={"kernel_h": g.kh, "kernel_w": g.kw})
+    return te.compute(shape, mad, name=DW_CC, tag=MAD_TAG, attrs={FORMULATION: Formulation.CUBE_DW.value, KERNEL_H: g.kh, KERNEL_W: g.kw})
 
 
 def _transposed_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams) -> te.Tensor:
@@ -237,15 +238,15 @@ def _transposed_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams) -> t
         conds += inside((i, j), g.pads[::2], (g.h, g.w), reach)
         return guarded(conds, fmap[(*lead, c // C0, i - g.pads[0], j - g.pads[2], c % C0)].astype(ACC))
 
-    fmap_l1 = te.compute((fold.fmap_extent, g.cin, *reach), fmap_value, name="fmap_l1", tag="fmap_l1")
+    fmap_l1 = te.compute((fold.fmap_extent, g.cin, *reach), fmap_value, name=FMAP_L1, tag=FMAP_L1)
     cout = g.group.cout_g_padded
     grads = te.compute(
         (fold.dy_extent, cout // C0, g.ho, g.wo, C0),
         lambda nd, c1, ho, wo, c0: guarded(
             [c1 * C0 + c0 < g.cout] if cout > g.cout else [], dy[(*fold.dy_read(nd), c1, ho, wo, c0)].astype(ACC)
         ),
-        name="grads_2_matrix",
-        tag="grads_2_matrix",
+        name=GRADS_2_MATRIX,
+        tag=GRADS_2_MATRIX,
         attrs=in_place(dy),
     )
     n = te.reduce_axis((0, fold.dy_extent), name="n")
@@ -259,7 +260,7 @@ def _transposed_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams) -> t
             axis=[n, ho, wo],
         )
 
-    return te.compute((g.kd * g.cin, g.kh, g.kw, cout), mad, name="dw_cc_t", tag="mad")
+    return te.compute((g.kd * g.cin, g.kh, g.kw, cout), mad, name=DW_CC_T, tag=MAD_TAG, attrs={FORMULATION: Formulation.COUT_LANES.value})
 
 
 def _from_transposed(dw_t: te.Tensor, fkk, co, ci0, params: ConvGradParams):

@@ -43,6 +43,7 @@ from ...params import ConvGradParams
 from .common import ACC, guarded
 from .depthwise import depthwise, depthwise_input_phases
 from .phases import AxisPhase, DyWindow, axis_phases, dy_window, phase_stage_name
+from .stages import C_DDR, DX_PX, DX_TAG, DY_PAD, DY_ROWS, FORMULATION, MAD_TAG, W_COL, W_T, Formulation
 
 __all__ = ["AxisPhase", "axis_phases", "conv2d_backprop_input_compute", "phase_stage_name", "pixel_lanes_input_grad"]
 
@@ -88,8 +89,8 @@ def conv2d_backprop_input_compute(
     return te.compute(
         layout.shape_dx_result(g.input_sizes),
         result,
-        name="c_ddr",
-        tag="conv2d_backprop_input",
+        name=C_DDR,
+        tag=DX_TAG,
         attrs={
             "kernel_name": params.kernel_name,
             "output_shape": list(layout.shape_5hd(*g.input_sizes)),
@@ -110,12 +111,12 @@ def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows
         conds = ([c1 < g.c1_y] if c1_dy > g.c1_y else []) + window.conds(y, x)
         return guarded(conds, dy[n, c1, y - top, x - left, c0].astype(ACC))
 
-    dy_pad = te.compute((g.batch, c1_dy, *window.shape, C0), pad_value, name="dy_pad", tag="dy_pad")
+    dy_pad = te.compute((g.batch, c1_dy, *window.shape, C0), pad_value, name=DY_PAD, tag=DY_PAD)
     w_col = te.compute(
         (g.c1_x, ext.cout1_g, g.kh, g.kw, C0, C0),
         lambda c1, co1, kh, kw, co0, ci0: filters[layout.fracz_row(c1, kh, kw, g.kh, g.kw), co1, co0, ci0].astype(ACC),
-        name="w_col",
-        tag="w_col",
+        name=W_COL,
+        tag=W_COL,
     )
 
     def phase_mad(ph: AxisPhase, pw: AxisPhase) -> te.Tensor:
@@ -132,7 +133,8 @@ def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows
                 axis=[co1, mh, mw, co0],
             )
 
-        return te.compute((g.batch, g.c1_x, ph.count, pw.count, C0), mad, name=phase_stage_name(ph, pw), tag="mad")
+        return te.compute((g.batch, g.c1_x, ph.count, pw.count, C0), mad, name=phase_stage_name(ph, pw), tag=MAD_TAG,
+                          attrs={FORMULATION: Formulation.CUBE_DX.value})  # fmt: skip
 
     phases = [(ph, pw, phase_mad(ph, pw)) for ph in rows for pw in cols]
     return phases, lambda mad, n, c1, j, i, c0: mad[n, c1, j, i, c0]
@@ -146,12 +148,12 @@ def _pixel_lane_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams
     def rows_value(n, co, y, x):
         return guarded(window.conds(y, x), dy[n, co // C0, y - top, x - left, co % C0].astype(ACC))
 
-    dy_rows = te.compute((g.batch, g.cout, *window.shape), rows_value, name="dy_rows", tag="dy_rows")
+    dy_rows = te.compute((g.batch, g.cout, *window.shape), rows_value, name=DY_ROWS, tag=DY_ROWS)
     w_t = te.compute(
         (g.cout, g.cin, g.kh, g.kw),
         lambda co, ci, kh, kw: filters[layout.fracz_row(ci // C0, kh, kw, g.kh, g.kw), co // C0, co % C0, ci % C0].astype(ACC),
-        name="w_t",
-        tag="w_t",
+        name=W_T,
+        tag=W_T,
     )
 
     def phase_mad(ph: AxisPhase, pw: AxisPhase) -> te.Tensor:
@@ -164,8 +166,9 @@ def _pixel_lane_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams
                 dy_rows[n, co, ph.dy_index(j, mh, top), pw.dy_index(i, mw, left)] * w_t[co, ci, ph.tap(mh), pw.tap(mw)],
                 axis=[co, mh, mw],
             ),
-            name=phase_stage_name(ph, pw, "dx_px"),
-            tag="mad",
+            name=phase_stage_name(ph, pw, DX_PX),
+            tag=MAD_TAG,
+            attrs={FORMULATION: Formulation.PIXEL_LANES.value},
         )
 
     phases = [(ph, pw, phase_mad(ph, pw)) for ph in rows for pw in cols]

@@ -4,18 +4,10 @@ from __future__ import annotations
 
 from tvm import te, tirx
 
+from .stages import CONVERT_IN_PLACE
+
 ACC = "float32"
 """Accumulation dtype of the cube: fp16 x fp16 products are exact in fp32."""
-
-CONVERT_IN_PLACE = "convert_in_place"
-"""Stage attribute: the stage only converts its input to fp32 (no padding, no reordering that a
-load could not do), so a schedule may inline it where the target converts fp16 as it loads."""
-
-
-LAYOUT_ADAPTER = "layout_adapter"
-"""Stage attribute of a frontend's layout stage: ``"in"`` (a framework-layout input seen as 5HD,
-inlined into the compute's packing stage) or ``"out"`` (the compute's result written in the
-framework's weight layout; the result stage before it is inlined into it)."""
 
 
 def in_place(source: te.Tensor, when: bool = True) -> dict | None:

@@ -46,6 +46,7 @@ from ...layout import C0
 from ...params import ConvGradParams
 from .common import ACC, guarded, in_place, inside
 from .phases import AxisPhase, DyWindow, phase_stage_name
+from .stages import DW_DW, DX_DW, DY_DW, FMAP_DW, FORMULATION, GRADS_DW, MAD_TAG, W_DW, Formulation
 
 __all__ = ["depthwise", "depthwise_filter_grad", "depthwise_input_phases"]
 
@@ -80,7 +81,7 @@ def depthwise_filter_grad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams
     m = g.cout_g
     (sh, sw), (dil_h, dil_w), (pt, _, pl, _) = g.strides, g.dilations, g.pads
     grads = _by_multiplier(
-        dy, params, (g.batch, m, g.c1_x, g.ho, g.wo, C0), lambda y, x: ([], (y, x)), "grads_dw",
+        dy, params, (g.batch, m, g.c1_x, g.ho, g.wo, C0), lambda y, x: ([], (y, x)), GRADS_DW,
         in_place(dy, m == 1),
     )  # fmt: skip
     reach = ((g.ho - 1) * sh + g.kh_dilated, (g.wo - 1) * sw + g.kw_dilated)
@@ -90,7 +91,7 @@ def depthwise_filter_grad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams
         return guarded(conds, fmap[n, c1, i - pt, j - pl, c0].astype(ACC))
 
     direct = not any(g.pads) and reach[0] <= g.h and reach[1] <= g.w
-    fmap_dw = te.compute((g.batch, g.c1_x, *reach, C0), fmap_value, name="fmap_dw", tag="fmap_dw", attrs=in_place(fmap, direct))
+    fmap_dw = te.compute((g.batch, g.c1_x, *reach, C0), fmap_value, name=FMAP_DW, tag=FMAP_DW, attrs=in_place(fmap, direct))
     n = te.reduce_axis((0, g.batch), name="n")
     ho = te.reduce_axis((0, g.ho), name="ho")
     wo = te.reduce_axis((0, g.wo), name="wo")
@@ -100,8 +101,9 @@ def depthwise_filter_grad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams
             grads[n, q, c1, ho, wo, c0] * fmap_dw[n, c1, ho * sh + kh * dil_h, wo * sw + kw * dil_w, c0],
             axis=[n, ho, wo],
         ),
-        name="dw_dw",
-        tag="mad",
+        name=DW_DW,
+        tag=MAD_TAG,
+        attrs={FORMULATION: Formulation.DEPTHWISE_DW.value},
     )
     mag = g.group.multiple
 
@@ -121,7 +123,7 @@ def depthwise_input_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradPa
     m = g.cout_g
     top, left = window.top, window.left
     dy_dw = _by_multiplier(
-        dy, params, (g.batch, m, g.c1_x, *window.shape, C0), lambda y, x: (window.conds(y, x), (y - top, x - left)), "dy_dw"
+        dy, params, (g.batch, m, g.c1_x, *window.shape, C0), lambda y, x: (window.conds(y, x), (y - top, x - left)), DY_DW
     )
     mag = g.group.multiple
 
@@ -133,7 +135,7 @@ def depthwise_input_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradPa
         conds = [channel < g.cin] if g.c1_x * C0 > g.cin else []
         return guarded(conds, filters[row, co_l // C0, co_l % C0, j].astype(ACC))
 
-    w_dw = te.compute((m, g.c1_x, g.kh, g.kw, C0), weight, name="w_dw", tag="w_dw")
+    w_dw = te.compute((m, g.c1_x, g.kh, g.kw, C0), weight, name=W_DW, tag=W_DW)
 
     def phase_mad(ph: AxisPhase, pw: AxisPhase) -> te.Tensor:
         q = te.reduce_axis((0, m), name="q")
@@ -145,8 +147,9 @@ def depthwise_input_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradPa
                 dy_dw[n, q, c1, ph.dy_index(j, mh, top), pw.dy_index(i, mw, left), c0] * w_dw[q, c1, ph.tap(mh), pw.tap(mw), c0],
                 axis=[q, mh, mw],
             ),
-            name=phase_stage_name(ph, pw, "dx_dw"),
-            tag="mad",
+            name=phase_stage_name(ph, pw, DX_DW),
+            tag=MAD_TAG,
+            attrs={FORMULATION: Formulation.DEPTHWISE_DX.value},
         )
 
     phases = [(ph, pw, phase_mad(ph, pw)) for ph in rows for pw in cols]

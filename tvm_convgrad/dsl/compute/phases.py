@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from .common import inside
+from .stages import DX_CC, phase_name
 
 __all__ = ["AxisPhase", "DyWindow", "axis_phases", "dy_window", "phase_stage_name"]
 
@@ -60,8 +61,9 @@ def axis_phases(size: int, kernel: int, stride: int, pad_before: int, dilation: 
     return phases
 
 
-def phase_stage_name(ph: AxisPhase, pw: AxisPhase, prefix: str = "dx_cc") -> str:
-    return f"{prefix}_{ph.first}_{pw.first}"
+def phase_stage_name(ph: AxisPhase, pw: AxisPhase, prefix: str = DX_CC) -> str:
+    """The name of the mad of the stride phase ``(ph, pw)`` (:func:`.stages.phase_name`)."""
+    return phase_name(prefix, ph.first, pw.first)
 
 
 

@@ -28,7 +28,7 @@ split reduction      few outputs (< 2 thread blocks per SM),     16 outputs (``c
                                                                  contiguous halves
 ===================  ==========================================  ======================================
 
-In the CPU emulation (:class:`.tensor_core.Lowering`) the thread bindings are serial loops and the
+In the CPU emulation (:class:`.lowering.Lowering`) the thread bindings are serial loops and the
 cross-thread sum an ordinary reduction loop: the tiles and the shared-memory gathers run as on the
 GPU.
 """
@@ -39,15 +39,16 @@ import math
 
 from tvm import ir, s_tir, sym
 
-from .common import PACK_STAGES, split_loop_kinds
-from .tensor_core import Lowering
+from ...dsl.compute.stages import PACK_STAGES
+from ...layout import C0
+from ..common import split_loop_kinds
+from .lowering import Lowering
 
 __all__ = ["OUTPUT_THREADS", "PACK_BYTES", "REDUCE_THREADS", "THREADS_PER_BLOCK", "schedule_simt"]
 
 THREADS_PER_BLOCK = 256
 OUTPUT_THREADS = 16  # split reduction: outputs per thread block (the c0 axis), on threadIdx.x ...
 REDUCE_THREADS = THREADS_PER_BLOCK // OUTPUT_THREADS  # ... and slices of the reduction, on threadIdx.y
-C0 = 16
 TILE_ROWS = TILE_COLS = 4  # x c0: 256 outputs, a 3x3 dX's 6x6 x c0 input pixels
 MIN_SPLIT_REDUCTION = 256  # reduction length worth summing across threads
 PACK_BYTES = 16 * 1024

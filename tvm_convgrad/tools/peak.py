@@ -19,8 +19,8 @@ import tvm
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from .schedule.common import target_cores
-from .schedule.isa import IsaPlan, isa_plan
+from ..isa import IsaPlan, isa_plan
+from ..schedule.common import target_cores
 
 __all__ = ["FmaPeak", "FmaProbe", "build_fma_peak", "fma_peak_func", "measure_fma_peak"]
 

@@ -15,44 +15,57 @@
 
 ``CudaRule().apply(func, target)`` schedules for the GPU; ``CudaRule(emulate=True)`` gives the same
 schedule with serial loops and plain buffers, which LLVM builds and runs on a CPU (see
-:mod:`.tensor_core`). :func:`units` says which units a scheduled function uses.
+:mod:`.lowering`). :func:`units` says which units a scheduled function uses. The rule's
+:class:`CudaConfig` (from :meth:`CudaRule.get_config`) holds the SM count the grids fill and whether
+each GEMM takes the other double-buffering choice than its own tiling's (the second design space
+that tuning explores).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight import ScheduleRule
 from tvm.target import Target
 
-from .common import PACK_STAGES, inline_layout_stages, stage_blocks
+from ...dsl.compute.stages import PACK_STAGES
+from ..base import Config, Rule
+from ..common import inline_layout_stages, stage_blocks
+from .gemm import SHARED_BYTES, SM_COUNT, GemmConfig, gemm_config
+from .lowering import Lowering
 from .simt import schedule_simt
-from .tensor_core import SHARED_BYTES, Config, Lowering, as_gemm, get_config, mad_gemm, narrow_packs, sm_count, tensorize_gemm
+from .tensor_core import as_gemm, mad_gemm, narrow_packs, tensorize_gemm
 
-__all__ = ["CudaRule", "UNITS", "units", "with_limits"]
+__all__ = ["UNITS", "CudaConfig", "CudaRule", "NoAlternative", "sm_count", "units", "with_limits"]
 
 UNITS = "convgrad.units"
 """Annotation of the root block of a CUDA-scheduled function: ``"tensor-core"`` or ``"simt"``."""
 
 
-class CudaRule(ScheduleRule):
+def sm_count(target: Target) -> int:
+    """The streaming multiprocessors a grid for ``target`` should fill (:data:`.gemm.SM_COUNT`, by arch)."""
+    return SM_COUNT.get(str(target.attrs.get("arch", "sm_80")), 108)
+
+
+@dataclass(frozen=True)
+class CudaConfig(Config):
+    """The CUDA rule's choices for a target: the SMs its grids fill, and whether every GEMM takes
+    the other double-buffering choice than :func:`.gemm.gemm_config` gives it."""
+
+    sm_count: int
+    switch_double_buffering: bool = False
+
+
+class CudaRule(Rule):
     """Schedule rule for ``cuda`` targets (usable in ``dlight.ApplyDefaultSchedule``)."""
+
+    kind = "cuda"
 
     def __init__(self, emulate: bool = False):
         self.lowering = Lowering(emulate)
 
-    def is_target_available(self, target: Target) -> bool:
-        return target.kind.name == "cuda"
-
-    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool = False) -> s_tir.Schedule | None:
-        """The rule's schedule of ``func``; ``tunable``: the tensor cores' tiles are MetaSchedule
-        samples (see :func:`.tensor_core.tensorize_gemm`), their default decisions this schedule."""
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        sch = s_tir.Schedule(func, error_render_level="none")
-        self.schedule(sch, target, tunable)
-        return sch
+    def get_config(self, target: Target, func: tirx.PrimFunc | None = None) -> CudaConfig:
+        return CudaConfig(sm_count(target))
 
     def design_spaces(self, sch: s_tir.Schedule, target: Target) -> list[s_tir.Schedule]:
         """MetaSchedule's design spaces for ``sch`` (an unscheduled traced schedule): the tunable
@@ -61,46 +74,51 @@ class CudaRule(ScheduleRule):
         other = sch.copy()
         self.schedule(sch, target, tunable=True)
         try:
-            self.schedule(other, target, tunable=True, double_buffer="switched")
+            self.schedule(other, target, tunable=True, config=self.switched(target))
         except NoAlternative:
             return [sch]
         return [sch, other]
 
-    def schedule(self, sch: s_tir.Schedule, target: Target, tunable: bool = False, double_buffer: str = "rule") -> None:
-        """Schedule the TE function in ``sch`` in place (MetaSchedule's design space runs this on
-        its own traced schedule). ``double_buffer="switched"``: each GEMM with the other choice
-        than :func:`.tensor_core.get_config`'s (:class:`NoAlternative` where it has none)."""
+    def switched(self, target: Target) -> CudaConfig:
+        """The config of the second design space: every GEMM with the other double-buffering choice."""
+        return replace(self.get_config(target), switch_double_buffering=True)
+
+    def schedule(self, sch: s_tir.Schedule, target: Target, tunable: bool = False, config: CudaConfig | None = None) -> s_tir.Schedule:
+        """Schedule the TE function in ``sch`` in place; with ``config.switch_double_buffering``,
+        raises :class:`NoAlternative` where no GEMM has another choice."""
+        config = config or self.get_config(target)
         inline_layout_stages(sch)
         packs = [b for b in stage_blocks(sch) if sch.get(b).name_hint in PACK_STAGES]
-        gemms = []  # (mad, Config) of the mads that run on tensor cores
+        gemms = []  # (mad, GemmConfig) of the mads that run on tensor cores
         half = all(region.source.dtype == "float16" for b in packs for region in sch.get(b).reads)
         if half:
             for mad in stage_blocks(sch):
                 gemm = mad_gemm(sch, mad) if _is_reduction(sch.get(mad)) else None
                 if gemm is not None:
-                    gemms.append((mad, _double_buffer(get_config(gemm, target), double_buffer)))
+                    gemms.append((mad, _double_buffer(gemm_config(gemm, config.sm_count), config.switch_double_buffering)))
             narrow_packs(sch, packs)  # exact; the tensor cores' operands, half the shared memory of a SIMT gather
-        if double_buffer != "rule" and not gemms:
+        if config.switch_double_buffering and not gemms:
             raise NoAlternative("no tensor-core GEMM: nothing is double-buffered")
-        for mad, config in gemms:  # every mad re-indexed before any is tiled (they share packs)
-            as_gemm(sch, mad, config)
+        for mad, tiling in gemms:  # every mad re-indexed before any is tiled (they share packs)
+            as_gemm(sch, mad, tiling)
         on_tensor_cores = {sch.get(mad).name_hint for mad, _ in gemms}
         others = [sch.get(b).name_hint for b in stage_blocks(sch) if sch.get(b).name_hint not in on_tensor_cores]
-        for mad, config in gemms:
-            others += tensorize_gemm(sch, mad, config, self.lowering, tunable)
-        schedule_simt(sch, others, self.lowering, sm_count(target))
+        for mad, tiling in gemms:
+            others += tensorize_gemm(sch, mad, tiling, self.lowering, tunable)
+        schedule_simt(sch, others, self.lowering, config.sm_count)
         self.lowering.finish(sch)
         sch.annotate(sch.get_sblock("root"), UNITS, "tensor-core" if gemms else "simt")
+        return sch
 
 
 class NoAlternative(ValueError):
     """The schedule has no other choice to switch to."""
 
 
-def _double_buffer(config: Config, choice: str) -> Config:
-    if choice == "rule":
-        return config
-    switched = replace(config, double_buffer=not config.double_buffer)
+def _double_buffer(tiling: GemmConfig, switch: bool) -> GemmConfig:
+    if not switch:
+        return tiling
+    switched = replace(tiling, double_buffer=not tiling.double_buffer)
     if switched.shared_bytes() > SHARED_BYTES:
         raise NoAlternative("double-buffered operand tiles exceed the shared-memory budget")
     return switched
@@ -119,7 +137,7 @@ def units(func: tirx.PrimFunc) -> str | None:
 def with_limits(target: Target) -> Target:
     """``target`` with the per-block limits TVM's GPU verification (MetaSchedule's
     ``VerifyGPUCode``) checks: 1024 threads, 64K registers, and the rule's shared-memory budget
-    (:data:`.tensor_core.SHARED_BYTES`, what any arch gives without an opt-in)."""
+    (:data:`.gemm.SHARED_BYTES`, what any arch gives without an opt-in)."""
     config = dict(target.export())
     config.update(max_threads_per_block=1024, max_shared_memory_per_block=SHARED_BYTES, registers_per_block=65536)
     return Target({k: v for k, v in config.items() if k not in ("tag", "keys", "features")})

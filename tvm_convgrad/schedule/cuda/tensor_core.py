@@ -15,7 +15,7 @@ stage; :func:`narrow_packs` stores them as fp16 again (exact: every value is an 
 zero), so that the GEMM's operands are the tensor cores' ``f16`` and its products are summed in
 ``f32`` — the cube's arithmetic, as on the CPU.
 
-The schedule of one GEMM (a thread block computes a ``block_m x block_n`` tile of one ``S``):
+The GEMM's tiles come from :func:`.gemm.gemm_config`. The schedule of one GEMM (a thread block computes a ``block_m x block_n`` tile of one ``S``):
 
 ==================  ====================  ==============================  =====================================
 stage               scope                 shape per thread block          how
@@ -39,7 +39,7 @@ makes the GEMM a batch of partial GEMMs, one slice each (the slice fused into ``
 and the sum of the slices is left to a SIMT stage (:mod:`.simt`), which also writes the result
 stages.
 
-**Emulation** (:class:`Lowering`, ``emulate=True``): the same schedule with the thread bindings
+**Emulation** (:class:`.lowering.Lowering`, ``emulate=True``): the same schedule with the thread bindings
 left as serial loops and each tensor-core block left as the plain TIR the intrinsic stands for —
 that each block matches the intrinsic's registered description is checked by tensorizing it on a
 copy of the schedule — and the fragments stored as ordinary buffers (shared memory stays: LLVM
@@ -49,235 +49,15 @@ staging, padding and fragment layout on a CPU.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
-
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumers, auto_inline_producers, get_index_map
-from tvm.target import Target
 
+from ..common import loop_extent
+from .gemm import TC, WARP, GemmConfig, GemmExtents, gemm_extents
 from .intrinsics import cuda_intrinsics
+from .lowering import Lowering
 
-__all__ = ["Config", "GemmExtents", "Lowering", "MAX_FRAGS", "MAX_K_FRAGS", "TC", "WARP", "as_gemm", "gemm_extents", "get_config", "mad_gemm", "narrow_packs", "sm_count", "tensorize_gemm"]
-
-TC = 16
-"""The tensor-core block: 16x16x16 (the cube)."""
-
-WARP = 32
-SM_COUNT = {"sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_90": 132}
-"""Streaming multiprocessors of the arch's flagship part (A100, RTX 30, RTX 40/L40, H100): the
-thread blocks a grid should fill."""
-
-MAX_WASTE = 1.125  # padded / real extent accepted for a larger tile
-MAX_BLOCK_FRAGMENTS = 16  # 64x64 or 128x32 results per thread block
-SHARED_BYTES = 48 * 1024
-"""Shared memory of one thread block: what every arch gives a kernel without an opt-in. The operand
-tiles are dynamic shared memory, the fp32 result tile static: in one scope TVM 0.27 would reuse the
-operand tiles' bytes for the result tile with the operands' element type, which ``LowerIntrin``
-rejects (``tvm_access_ptr element type must match the source buffer``)."""
-
-
-@dataclass(frozen=True)
-class Config:
-    """The tiling of one GEMM: ``warps_m x warps_n`` warps per thread block, each holding
-    ``frags_m x frags_n`` 16x16 accumulators; ``k_frags`` 16-deep steps per shared-memory stage;
-    ``vector`` halves per thread per copy instruction. ``I`` and ``J`` are padded to whole
-    ``pad_frags_m`` / ``pad_frags_n`` fragments (a multiple of the block's): the largest tile the
-    padding allows, which the thread blocks split when the grid would not fill the GPU (and which
-    bounds the block tiles a tuning run samples). ``split_k`` > 1: K is cut into as many slices,
-    each summed by its own thread blocks, for outputs too small to fill the GPU (dW of early
-    layers: a 64x64 output, K = ``N*Ho*Wo``)."""
-
-    warps_m: int
-    warps_n: int
-    frags_m: int
-    frags_n: int
-    k_frags: int
-    pad_frags_m: int = 0  # 0: the block's own fragments
-    pad_frags_n: int = 0
-    split_k: int = 1  # thread blocks along K (each sums a slice; a second stage adds the slices)
-    double_buffer: bool = False  # the next K step's operand tiles loaded while this one's are used
-    vector: int = 2  # 4 halves: small ptxas spills in strided dX phases; 8: TVM emits an invalid make_ulonglong4
-
-    def __post_init__(self):
-        for axis in "mn":
-            block, pad = getattr(self, f"block_f{axis}"), getattr(self, f"pad_frags_{axis}")
-            if pad == 0:
-                object.__setattr__(self, f"pad_frags_{axis}", block)
-            elif pad % block:
-                raise ValueError(f"pad_frags_{axis}={pad} is not a multiple of the block's {block} fragments")
-
-    @property
-    def block_fm(self) -> int:
-        return self.warps_m * self.frags_m
-
-    @property
-    def block_fn(self) -> int:
-        return self.warps_n * self.frags_n
-
-    @property
-    def block_m(self) -> int:
-        return TC * self.block_fm
-
-    @property
-    def block_n(self) -> int:
-        return TC * self.block_fn
-
-    @property
-    def block_k(self) -> int:
-        return TC * self.k_frags
-
-    @property
-    def threads(self) -> int:
-        return WARP * self.warps_m * self.warps_n
-
-    def shared_bytes(self) -> int:
-        """Shared memory of one thread block: the fp16 operand tiles (rows padded by 8 halves; two
-        of each when double-buffered) and the fp32 result tile."""
-        operands = (self.block_m + self.block_n) * (self.block_k + 8) * 2 * (2 if self.double_buffer else 1)
-        return operands + self.block_m * (self.block_n + 4) * 4
-
-
-@dataclass(frozen=True)
-class GemmExtents:
-    """``C[S, I, J] += A[S, I, K] * B[S, J, K]`` of a mad."""
-
-    s: int
-    i: int
-    j: int
-    k: int
-
-
-def gemm_extents(block: tirx.SBlock) -> GemmExtents | None:
-    """The GEMM extents of a mad whose operands were re-indexed, or None when it is not a GEMM
-    (depthwise: the channel is in both operands and no iterator is in one operand only)."""
-    maps = get_index_map(block)
-    if maps is None:
-        return None
-    extents = {"s": 1, "i": 1, "j": 1, "k": 1}
-    matmul_map = maps[0]
-    for it, fused in zip(block.iter_vars, _kinds(matmul_map)):
-        if fused is not None:
-            extents[fused] *= int(it.dom.extent)
-    return GemmExtents(**extents)
-
-
-def _kinds(matmul_map: tirx.IndexMap) -> list[str | None]:
-    """The GEMM axis (``s``, ``i``, ``j``, ``k``) each block iterator is fused into."""
-    kinds = []
-    for var in matmul_map.initial_indices:
-        used = [name for name, index in zip("sijk", matmul_map.final_indices) if var in tirx.analysis.undefined_vars(index)]
-        kinds.append(used[0] if used else None)
-    return kinds
-
-
-def _padding_tile(fragments: int) -> int:
-    """The fragments an axis of ``fragments`` 16-wide blocks is padded to a multiple of: the
-    largest of 8, 4, 2 that wastes at most 12.5% (2: 50%), else 1."""
-    for tile in (8, 4, 2):
-        padded = math.ceil(fragments / tile) * tile
-        if padded <= fragments * MAX_WASTE or (tile == 2 and fragments >= 2 and padded <= fragments * 1.5):
-            return tile
-    return 1
-
-
-def _fill_the_sms(tile: int, fragments: int, others: int, sm_count: int) -> int:
-    """The block's fragments within a padding ``tile``: halved (down to 2) while the grid would not
-    give every SM a thread block (``others``: the thread blocks along the other axes)."""
-    while tile > 2 and math.ceil(fragments / tile) * others < sm_count:
-        tile //= 2
-    return tile
-
-
-def sm_count(target: Target) -> int:
-    """The streaming multiprocessors a grid for ``target`` should fill (:data:`SM_COUNT`)."""
-    return SM_COUNT.get(str(target.attrs.get("arch", "sm_80")), 108)
-
-
-def get_config(gemm: GemmExtents, target: Target) -> Config:
-    """The tiling of ``gemm`` on ``target``: block tiles as large as padding and the SM count
-    allow (up to :data:`MAX_BLOCK_FRAGMENTS`: 64x64, 4 warps of 2x2 fragments), K steps up to 64
-    deep within :data:`SHARED_BYTES`, K split when the grid would leave SMs idle, and the operand
-    tiles double-buffered where a thread block runs several K steps and shared memory allows."""
-    sms = sm_count(target)
-    fm_total, fn_total = math.ceil(gemm.i / TC), math.ceil(gemm.j / TC)
-    pad_m, pad_n = _padding_tile(fm_total), _padding_tile(fn_total)
-    while pad_m * pad_n > MAX_BLOCK_FRAGMENTS:  # the fp32 result tile fits static shared memory
-        pad_m, pad_n = (pad_m // 2, pad_n) if pad_m >= pad_n else (pad_m, pad_n // 2)
-    block_fm = _fill_the_sms(pad_m, fm_total, gemm.s * math.ceil(fn_total / pad_n), sms)
-    block_fn = _fill_the_sms(pad_n, fn_total, gemm.s * math.ceil(fm_total / block_fm), sms)
-    frags_m, frags_n = min(2, block_fm), min(2, block_fn)
-    k_steps = math.ceil(gemm.k / TC)
-    configs = [Config(block_fm // frags_m, block_fn // frags_n, frags_m, frags_n, k, pad_m, pad_n)
-               for k in (4, 2, 1) if k <= max(k_steps // 2, 1)]  # fmt: skip
-    config = next((c for c in configs if c.shared_bytes() <= SHARED_BYTES), configs[-1])
-    blocks = gemm.s * math.ceil(fm_total / block_fm) * math.ceil(fn_total / block_fn)
-    config = replace(config, split_k=_split_k(blocks, k_steps, config.k_frags, sms))
-    double = replace(config, double_buffer=True)
-    if k_steps // (config.k_frags * config.split_k) >= MIN_PIPELINED_STEPS and double.shared_bytes() <= SHARED_BYTES:
-        return double
-    return config
-
-
-MIN_PIPELINED_STEPS = 4
-"""K steps a thread block runs at least for its operand tiles to be double-buffered."""
-
-
-MIN_SPLIT_STEPS = 4
-"""K steps (of ``k_frags`` fragments) a slice of a split K runs at least."""
-
-
-def _split_k(blocks: int, k_steps: int, k_frags: int, sm_count: int) -> int:
-    """Slices of K that bring a grid of ``blocks`` thread blocks up to the SM count: as many as
-    fill the SMs, each at least :data:`MIN_SPLIT_STEPS` K steps, padding K at most 12.5%."""
-    most = min(math.ceil(sm_count / blocks), k_steps // (k_frags * MIN_SPLIT_STEPS))
-    for split in range(most, 1, -1):
-        if math.ceil(k_steps / (k_frags * split)) * k_frags * split <= k_steps * MAX_WASTE:
-            return split
-    return 1
-
-
-@dataclass(frozen=True)
-class Lowering:
-    """The device-specific steps of the schedule: binding loops to threads, memory scopes and
-    tensor-core intrinsics on CUDA; serial loops, plain buffers and the intrinsics' own TIR in
-    the CPU emulation."""
-
-    emulate: bool = False
-
-    def bind(self, sch: s_tir.Schedule, loop, thread: str):
-        if not self.emulate:
-            sch.bind(loop, thread)
-
-    def finish(self, sch: s_tir.Schedule):
-        """Emulated: store the fragments (``wmma.*`` scopes, which LLVM cannot allocate) as ordinary buffers."""
-        if not self.emulate:
-            return
-        for block in _all_blocks(sch):
-            for index, region in enumerate(sch.get(block).writes):
-                if region.source.scope().startswith("wmma."):
-                    sch.set_scope(block, index, "global")
-
-    def tensorize(self, sch: s_tir.Schedule, target, intrin: str):
-        """Replace ``target`` (a loop or block) by ``intrin``; emulated: check that it matches
-        the intrinsic's description (on a copy) and keep it as plain TIR."""
-        if self.emulate:
-            sch.copy().tensorize(target, intrin)
-        else:
-            sch.tensorize(target, intrin)
-
-
-def _extent(sch: s_tir.Schedule, loop) -> int:
-    return int(sch.get(loop).extent)
-
-
-def _all_blocks(sch: s_tir.Schedule) -> list:
-    blocks, stack = [], list(sch.get_child_blocks(sch.get_sblock("root")))
-    while stack:
-        block = stack.pop()
-        blocks.append(block)
-        stack.extend(sch.get_child_blocks(block))
-    return blocks
+__all__ = ["MAX_FRAGS", "MAX_K_FRAGS", "as_gemm", "mad_gemm", "narrow_packs", "tensorize_gemm"]
 
 
 def narrow_packs(sch: s_tir.Schedule, packs) -> None:
@@ -299,7 +79,7 @@ def mad_gemm(sch: s_tir.Schedule, mad) -> GemmExtents | None:
     return gemm_extents(probe.get(probe_mad))
 
 
-def as_gemm(sch: s_tir.Schedule, mad, config: Config) -> None:
+def as_gemm(sch: s_tir.Schedule, mad, config: GemmConfig) -> None:
     """Re-index ``mad`` into ``C[S, I, J] += A[S, I, K] * B[S, K, J]`` padded to whole tiles of
     ``config``. Every mad of a function is re-indexed before any is tiled (tiling inlines the
     packs they share), and after the packs are fp16 (the re-indexed copies take their dtype)."""
@@ -336,7 +116,7 @@ def _tile(sch: s_tir.Schedule, loop, factors: list[int], max_inner: int, tunable
     return list(sch.split(loop, [None, *factors[1:]])), factors
 
 
-def tensorize_gemm(sch: s_tir.Schedule, mad, config: Config, lowering: Lowering, tunable: bool = False) -> list[str]:
+def tensorize_gemm(sch: s_tir.Schedule, mad, config: GemmConfig, lowering: Lowering, tunable: bool = False) -> list[str]:
     """Tile a mad made a GEMM by :func:`as_gemm` onto warps and tensor cores (the module's table).
     ``tunable``: the thread blocks' and warps' tiles within ``config``'s padding tile and the K
     step are MetaSchedule samples, ``config`` their default. Returns the stages left for SIMT
@@ -361,7 +141,7 @@ def tensorize_gemm(sch: s_tir.Schedule, mad, config: Config, lowering: Lowering,
     j_pad, j = sch.split(j, [None, config.pad_frags_n])
     (i0, i1, i2), (_, warps_m, _) = _tile(sch, i, [config.pad_frags_m // config.block_fm, config.warps_m, config.frags_m], MAX_FRAGS, tunable)
     (j0, j1, j2), (_, warps_n, _) = _tile(sch, j, [config.pad_frags_n // config.block_fn, config.warps_n, config.frags_n], MAX_FRAGS, tunable)
-    k_steps = _extent(sch, k)
+    k_steps = loop_extent(sch, k)
     (k0, k1), _ = _tile(sch, k, [k_steps // config.k_frags, config.k_frags], MAX_K_FRAGS, tunable)
     sch.reorder(i_pad, i0, j_pad, j0, i1, j1, k0, k1, i2, j2)
     lowering.bind(sch, batch, "blockIdx.z")
@@ -432,3 +212,4 @@ def _inline_up_to_the_output(sch: s_tir.Schedule, block) -> None:
             sch.compute_inline(consumers[0])
         except s_tir.ScheduleError:
             return
+

@@ -1,4 +1,6 @@
-"""The vector ISA of an LLVM target, and the register-tile sizes the CPU rule derives from it.
+"""Every fact the package knows about vector ISAs: the plan of an LLVM target (its registers, lanes
+and what its FMAs can take), the LLVM CPU model and triple that stand for an ISA, the host's
+features, and how PyTorch is capped to one ISA when the bench compares both sides on it.
 
 The cube's unit is a row of 16 fp32 lanes (one C0 block). How many registers such a row takes,
 and how many rows fit in the register file next to the operands, depends on the target's vector
@@ -29,9 +31,12 @@ from dataclasses import dataclass, replace
 import tvm
 from tvm.target import Target
 
-__all__ = ["IsaPlan", "PLANS", "X86_TRIPLE", "host_can_run", "host_features", "isa_plan", "x86_triple"]
+from .layout import C0
 
-C0 = 16  # lanes of a cube row (fp32 values of one channel block)
+__all__ = [
+    "BENCH_ISAS", "ISA_MCPU", "IsaPlan", "PLANS", "TORCH_ISA_CAPS", "X86_TRIPLE", "host_can_run", "host_features", "isa_plan",
+    "x86_triple",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class IsaPlan:
     broadcast_operand: bool  # an FMA can take a broadcast scalar from memory (AVX-512 ``{1toN}``)
     converts_fp16: bool = True  # fp16 -> fp32 in one instruction as a vector loads (F16C, NEON)
     memory_operands: bool = True  # an FMA can read one operand from memory (x86; not AArch64)
+    register_kind: str = "xmm"  # how the assembly names its vector registers: zmm, ymm, xmm, v
 
     @property
     def lanes(self) -> int:
@@ -76,12 +82,26 @@ class IsaPlan:
 
 
 PLANS = {
-    "avx512": IsaPlan("avx512", 512, 32, 28, fma=True, broadcast_operand=True),
-    "avx2": IsaPlan("avx2", 256, 16, 12, fma=True, broadcast_operand=False),
+    "avx512": IsaPlan("avx512", 512, 32, 28, fma=True, broadcast_operand=True, register_kind="zmm"),
+    "avx2": IsaPlan("avx2", 256, 16, 12, fma=True, broadcast_operand=False, register_kind="ymm"),
     "sse": IsaPlan("sse", 128, 16, 8, fma=False, broadcast_operand=False, converts_fp16=False),
-    "neon": IsaPlan("neon", 128, 32, 24, fma=True, broadcast_operand=False, memory_operands=False),
+    "neon": IsaPlan("neon", 128, 32, 24, fma=True, broadcast_operand=False, memory_operands=False, register_kind="v"),
     "generic": IsaPlan("generic", 128, 16, 8, fma=False, broadcast_operand=False, converts_fp16=False, memory_operands=False),
 }
+
+ISA_MCPU = {"avx512": "skylake-avx512", "avx2": "haswell", "sse": "x86-64"}
+"""The LLVM CPU model that stands for an x86 vector ISA when the host's own CPU is of another plan
+(:func:`tvm_convgrad.isa_target`)."""
+
+BENCH_ISAS = ("native", "avx2", "avx512")
+"""The ISAs the bench puts both sides on (``tvm-convgrad bench --isa``): this CPU's, or a cap."""
+
+TORCH_ISA_CAPS = {
+    "native": {},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
+}
+"""Environment that caps PyTorch (ATen's kernels and oneDNN's) to one ISA; read when torch loads."""
 
 
 def _features(target: Target) -> set[str]:

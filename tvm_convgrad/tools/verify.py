@@ -17,11 +17,11 @@ from typing import Sequence
 
 import numpy as np
 
-from . import layout, reference
-from .build import ArgSpec, Kernel, numpy_dtype
-from .dsl.compute.depthwise import depthwise
-from .params import FILTER_OP, ConvGradParams
-from .params.framework import FrameworkCall
+from .. import layout, reference
+from ..compile import ArgSpec, Kernel, numpy_dtype
+from ..dsl.compute.depthwise import depthwise
+from ..params import FILTER_OP, ConvGradParams
+from ..params.framework import FrameworkCall
 
 __all__ = ["Check", "Inputs", "check_kernel", "error_bound", "expected_result", "framework_expected", "kernel_arrays", "random_inputs"]
 

@@ -10,7 +10,7 @@ For every case of the benchmark shape set and each gradient, on this machine's G
   cuDNN, with ``torch.backends.cudnn.benchmark`` on so that it first picks its fastest algorithm
   for the shape;
 
-both timed alike (:func:`_sample_cuda`): one call to warm up, then CUDA events around as many
+both timed alike (:func:`sample_cuda`): one call to warm up, then CUDA events around as many
 back-to-back calls as fill a sample of >= 0.15 s, on the default stream both runtimes launch on;
 interleaved, medians of ``rounds`` samples, and the ratio torch / ours (> 1: ours is faster). The goal on the ResNet-50 cases is a geomean >= 1.0 per gradient and batch.
 A GPU is needed: on a machine without one the command says so (the kernels' structure is checked
@@ -29,12 +29,12 @@ from typing import Callable, Sequence
 import numpy as np
 import tvm
 
-from .bench import (
-    OPS, SAMPLE_SECONDS, BenchCase, BenchFailure, BenchResult, CheckFailed, _geomean, _torch_call, checked, load_cases, summarize, tbe_result,
-)  # fmt: skip
-from .build import build, resolve_target
+from ...compile import build, resolve_target
+from .cases import OPS, BenchCase, load_cases, tbe_result
+from .measure import SAMPLE_SECONDS, torch_call
+from .results import BenchFailure, BenchResult, CheckFailed, checked, geomean, summarize
 
-__all__ = ["CUDA_GOAL", "cuda_available", "main", "run_cuda_bench"]
+__all__ = ["CUDA_GOAL", "cuda_available", "gpu_name", "launch", "main", "run_cuda_bench", "sample_cuda"]
 
 CUDA_GOAL = 1.0
 """Geomean torch / ours the ResNet-50 cases aim at, per gradient and batch."""
@@ -51,13 +51,13 @@ def cuda_available() -> str | None:
     return None
 
 
-def _gpu_name() -> str:
+def gpu_name() -> str:
     import torch
 
     return torch.cuda.get_device_name()
 
 
-def _sample_cuda(call: Callable[[], object]) -> float:
+def sample_cuda(call: Callable[[], object]) -> float:
     """Seconds per call of ``call`` on the GPU: CUDA events around as many back-to-back calls as
     fill SAMPLE_SECONDS (after one call to warm up)."""
     import torch
@@ -80,7 +80,7 @@ def _sample_cuda(call: Callable[[], object]) -> float:
 def run_cuda_bench(cases: Sequence[BenchCase], ops: Sequence[str], rounds: int = 5, progress: bool = True
                    ) -> tuple[list[BenchResult], list[BenchFailure]]:  # fmt: skip
     """Build, check and time every (case, op) on this GPU, ours and cuDNN interleaved, both with
-    CUDA events (:func:`_sample_cuda`); a kernel that does not match the reference is not timed."""
+    CUDA events (:func:`sample_cuda`); a kernel that does not match the reference is not timed."""
     import torch
     from tqdm import tqdm
 
@@ -98,12 +98,12 @@ def run_cuda_bench(cases: Sequence[BenchCase], ops: Sequence[str], rounds: int =
         check = checked(kernel, case.name, OPS[op], failures)
         if check is None:
             continue
-        ours = _launch(kernel, rng)
-        call = _torch_call(case, op, rng, device="cuda", dtype=torch.float16)
+        ours = launch(kernel, rng)
+        call = torch_call(case, op, rng, device="cuda", dtype=torch.float16)
         ours_t, torch_t = [], []
         for _ in range(rounds):
-            ours_t.append(_sample_cuda(ours))
-            torch_t.append(_sample_cuda(call))
+            ours_t.append(sample_cuda(ours))
+            torch_t.append(sample_cuda(call))
         results.append(BenchResult(
             case.name, case.kind, case.N, OPS[op], case.flops, f"{case.KH}x{case.KW}/s{case.stride[0]}", compile_s,
             statistics.median(ours_t) * 1e3, statistics.median(torch_t) * 1e3, [t * 1e3 for t in ours_t],
@@ -113,7 +113,7 @@ def run_cuda_bench(cases: Sequence[BenchCase], ops: Sequence[str], rounds: int =
     return results, failures
 
 
-def _launch(kernel, rng: np.random.Generator) -> Callable[[], None]:
+def launch(kernel, rng: np.random.Generator) -> Callable[[], None]:
     """One launch of ``kernel`` on random device arrays (no copies, no synchronisation: the caller
     times it as it times PyTorch's calls)."""
     dev = kernel.device
@@ -155,7 +155,7 @@ def main(suite: str, batches: Sequence[int], ops: Sequence[str], pattern: str | 
 
     results, failures = run_cuda_bench(cases, ops, rounds, progress)
     summary = summarize(results)
-    gpu = _gpu_name()
+    gpu = gpu_name()
     print(format_table(results, summary, gpu))
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {
@@ -163,7 +163,7 @@ def main(suite: str, batches: Sequence[int], ops: Sequence[str], pattern: str | 
                         "cudnn": torch.backends.cudnn.version()},
         "settings": {"suite": suite, "batches": list(batches), "ops": list(ops), "filter": pattern, "rounds": rounds},
         "summary": summary,
-        "geomean_ratio": _geomean([r.ratio for r in results]),
+        "geomean_ratio": geomean([r.ratio for r in results]),
         "results": [asdict(r) | {"ratio": r.ratio, "ours_gflops": r.ours_gflops, "torch_gflops": r.torch_gflops} for r in results],
         "failed": [asdict(f) for f in failures],
     }  # fmt: skip

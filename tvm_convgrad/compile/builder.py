@@ -1,0 +1,105 @@
+"""Compile gradient tensors into callable kernels: TE -> PrimFunc -> schedule -> tvm.compile.
+
+>>> dw = dsl.conv2d_backprop_filter(fmap, dy, filter_sizes, para_dict)
+>>> kernel = tvm_convgrad.build(dw)              # or build([fmap, dy, dw], target="cuda")
+>>> mod = tvm_convgrad.lower(dw, "llvm")         # the scheduled IRModule, for your own tvm.compile
+
+The schedule is the tuned record of the workload when the records hold one (:mod:`.records`), else
+the target's rule's default (:mod:`tvm_convgrad.schedule`). Builds are cached by workload, target
+and records.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections import OrderedDict
+from typing import Any, Sequence
+
+import tvm
+import tvm_ffi
+from tvm import te, tirx
+from tvm.target import Target
+
+from .. import schedule
+from .kernel import Kernel
+from .records import SHIPPED, shipped_schedules, tuned_schedule
+from .target import pass_context, resolve_target
+from .workload import Workload
+
+__all__ = ["CACHED_KERNELS", "build", "lower"]
+
+
+def lower(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target = "llvm") -> tvm.IRModule:
+    """The scheduled ``IRModule`` of a gradient, ready for your own ``tvm.compile(mod, target)``
+    (compile it inside :func:`~tvm_convgrad.pass_context` to get the package's code).
+
+    Its one function is named by the ``kernel_name``.
+    """
+    target = resolve_target(target)
+    workload = Workload.of(tensors)
+    sch = schedule.apply(workload.prim_func(target), target)
+    return tvm.IRModule({workload.name: sch.mod["main"]})
+
+
+CACHED_KERNELS = 256
+"""How many compiled kernels :func:`build` keeps (the least recently built or reused are dropped
+first): a notebook or a bench never compiles twice, and a long sweep does not hold every
+executable it ever built."""
+_CACHE: OrderedDict[tuple[int, str, str], list[tuple[tirx.PrimFunc, Kernel]]] = OrderedDict()
+
+
+def _cached(key: tuple[int, str, str], func: tirx.PrimFunc) -> Kernel | None:
+    for cached_func, kernel in _CACHE.get(key, []):
+        if tvm_ffi.structural_equal(cached_func, func):
+            _CACHE.move_to_end(key)
+            return kernel
+    return None
+
+
+def _cache(key: tuple[int, str, str], func: tirx.PrimFunc, kernel: Kernel):
+    _CACHE.setdefault(key, []).append((func, kernel))
+    _CACHE.move_to_end(key)
+    while sum(len(v) for v in _CACHE.values()) > CACHED_KERNELS:
+        _CACHE.popitem(last=False)
+
+
+
+def _schedule(func: tirx.PrimFunc, target: Target, schedules) -> tuple[Any, str]:
+    """``(s_tir.Schedule, how)``: a tuned record's when the database has one, else the rule's."""
+    path = shipped_schedules(target) if schedules == SHIPPED else schedules
+    if path is not None:
+        sch = tuned_schedule(func, target, path)
+        if sch is not None:
+            return sch, f"tuned:{os.path.basename(os.path.normpath(path))}"
+    return schedule.apply(func, target), "default"
+
+
+def build(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target = "llvm", schedules: str | os.PathLike | None = SHIPPED) -> Kernel:
+    """Compile a gradient for ``target`` (``"llvm"``, ``"cuda"``, a dict or a Target).
+
+    ``tensors`` is the result of ``tvm_convgrad.dsl`` (its inputs are known), or the argument
+    list ``[inputs..., result]`` as for ``te.create_prim_func``. ``schedules``: the tuning
+    records to look the workload up in — the ones shipped for this target (default), a database
+    folder written by :func:`tvm_convgrad.tune`, or None for the rule's default schedule
+    (``Kernel.schedule`` says which was used). Compiled kernels are cached by workload, target
+    and schedules: building the same thing twice returns the same :class:`Kernel`.
+    """
+    target = resolve_target(target)
+    workload = Workload.of(tensors)
+    name = workload.name
+    func = workload.prim_func(target)
+    key = (tvm_ffi.structural_hash(func), str(target), str(schedules))
+    kernel = _cached(key, func)
+    if kernel is not None:
+        return kernel
+    sch, how = _schedule(func, target, schedules)
+    mod = tvm.IRModule({name: sch.mod["main"]})
+    with pass_context(target):
+        executable = tvm.compile(mod, target=target)
+    kernel = Kernel(executable, mod, workload, target, how)
+    if target.kind.name == "cuda" and not tvm.runtime.enabled("cuda") and shutil.which("nvcc"):
+        kernel.ptx  # no CUDA runtime to JIT it: produce the PTX now, with nvcc
+    _cache(key, func, kernel)
+    return kernel
+

@@ -1,0 +1,80 @@
+"""The CUDA schedule of a gradient, run on this CPU (:func:`emulate_cuda`): its index math checked
+against the reference without a GPU."""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import tvm
+from tvm import s_tir, te, tirx
+from tvm.target import Target
+
+from ..errors import ConvGradError
+from ..schedule.cuda import CudaRule
+from .kernel import Kernel
+from .records import schedule_key, tuned_schedule
+from .target import resolve_target
+from .workload import Workload
+
+__all__ = ["EMULATION_TARGET", "emulate_cuda"]
+
+
+EMULATION_TARGET = Target({"kind": "llvm", "num-cores": 1})
+"""Generic x86-64 code for :func:`emulate_cuda`, whatever the host: the emulation checks index math,
+not speed. (With ``mcpu=znver3`` LLVM miscompiles the emulated SIMT kernel of a depthwise dW —
+odd lanes wrong in ``tests/test_cuda.py``'s ``n2_c144-144_g144`` case — while the same TIR for a
+generic CPU matches the reference.)"""
+
+
+def emulate_cuda(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target = "cuda", schedules: str | os.PathLike | None = None,
+                 seed: int | None = None) -> Kernel:  # fmt: skip
+    """The CUDA schedule of a gradient, built for this CPU: the same tiling, shared-memory staging,
+    padding and fragment layout as :func:`build` gives ``target``, with the thread bindings left as
+    serial loops and each tensor-core intrinsic as the plain TIR that TVM registers as its
+    description (see :mod:`.schedule.tensor_core`). It runs here like any LLVM kernel, so the CUDA
+    schedule's index math is checked against the reference without a GPU; what it cannot check is
+    TVM's intrinsics themselves and races between threads.
+
+    The tiles are the rule's default, those of the tuned record for ``target`` in the database
+    folder ``schedules`` (a :func:`tvm_convgrad.tune` result: the tuned kernel, checked here before
+    it is shipped), or, with ``seed``, tiles drawn as a tuning run draws them."""
+    cuda = resolve_target(target)
+    if cuda.kind.name != "cuda":
+        raise ConvGradError("emulate_cuda", "target", str(cuda.kind.name), "must be a cuda target")
+    workload = Workload.of(tensors)
+    name = workload.name
+    func = workload.prim_func(cuda)
+    rule, how = CudaRule(emulate=True), "emulated:" + schedule_key(cuda)
+    sch, decisions = rule.apply(func, cuda, tunable=True), None
+    if schedules is not None:
+        tuned = tuned_schedule(func, cuda, schedules)
+        if tuned is None:
+            raise ConvGradError("emulate_cuda", "schedules", str(schedules), f"must hold a tuned record of {name} for {cuda}")
+        if _pipelined(tuned.trace) != _pipelined(sch.trace):  # the tuned kernel is from the other design space
+            sch = rule.schedule(s_tir.Schedule(func, error_render_level="none"), cuda, tunable=True, config=rule.switched(cuda))
+        decisions, how = _sample_decisions(tuned.trace), f"emulated:tuned:{os.path.basename(os.path.normpath(schedules))}"
+    if decisions is not None or seed is not None:
+        sch = _replay(sch.trace, func, decisions, seed)
+    mod = tvm.IRModule({name: sch.mod["main"]})
+    executable = tvm.compile(mod, target=EMULATION_TARGET)
+    return Kernel(executable, mod, workload, EMULATION_TARGET, how)
+
+
+def _pipelined(trace: s_tir.Trace) -> bool:
+    return "software_pipeline_stage" in str(trace)
+
+
+def _sample_decisions(trace: s_tir.Trace) -> list:
+    """The decisions of a trace's sampling instructions, in order."""
+    return [trace.decisions[inst] for inst in trace.insts if inst in trace.decisions]
+
+
+def _replay(trace: s_tir.Trace, func: tirx.PrimFunc, decisions: list | None, seed: int | None) -> s_tir.Schedule:
+    """``trace`` on ``func`` with its samples' ``decisions`` (in order), or drawn anew (``seed``)."""
+    samples = [inst for inst in trace.insts if inst in trace.decisions]
+    if decisions is not None and len(decisions) != len(samples):
+        raise ConvGradError("emulate_cuda", "schedules", f"{len(decisions)} sampled tiles", f"must match the rule's {len(samples)} samples")
+    sch = s_tir.Schedule(func, seed=seed, error_render_level="none")
+    s_tir.Trace(trace.insts, dict(zip(samples, decisions)) if decisions is not None else {}).apply_to_schedule(sch, remove_postproc=False)
+    return sch

@@ -1,0 +1,127 @@
+"""A gradient as :func:`tvm_convgrad.build` compiles it (:class:`Workload`): its argument tensors in
+call order, its validated parameters and, for a framework operator, its call; and its PrimFunc.
+
+Argument order: the operator's inputs in TBE order, then the result: ``conv2d_backprop_filter``:
+``(input_x, out_backprop, dw)``; ``conv2d_backprop_input``: ``(filters, out_backprop[, tensor_bias],
+dx)``; a framework operator's in its own order. The compiled function's symbol is the result's
+``kernel_name``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from tvm import te, tirx
+from tvm.target import Target
+
+from ..dsl import framework_call, result_info
+from ..dsl.compute import ARGUMENT_STAGES, formulation
+from ..errors import ConvGradError
+from ..params import ConvGradParams
+from ..params.framework import FrameworkCall
+
+__all__ = ["Workload"]
+
+_INT32_LIMIT = 2**31
+
+
+@dataclass(frozen=True, eq=False)
+class Workload:
+    """The argument tensors of a gradient (``args``: inputs, then the result), its parameters
+    (None for a graph the package did not make) and its framework call (None for TBE's DSL)."""
+
+    args: tuple[te.Tensor, ...]
+    params: ConvGradParams | None
+    call: FrameworkCall | None
+
+    @classmethod
+    def of(cls, tensors: te.Tensor | Sequence[te.Tensor]) -> Workload:
+        """The workload of a result tensor (of :mod:`tvm_convgrad.dsl` or a frontend: its inputs
+        are known) or of an explicit argument list ``[inputs..., result]``."""
+        args, params = _arguments(tensors)
+        return cls(tuple(args), params, framework_call(args[-1]))
+
+    @property
+    def output(self) -> te.Tensor:
+        return self.args[-1]
+
+    @property
+    def inputs(self) -> tuple[te.Tensor, ...]:
+        return self.args[:-1]
+
+    @property
+    def name(self) -> str:
+        """The kernel name: the compiled function's symbol."""
+        return str(self.output.op.attrs["kernel_name"])
+
+    @property
+    def flops(self) -> int:
+        return int(self.output.op.attrs["flops"])
+
+    @property
+    def formulation(self) -> str | None:
+        """``cube``, ``cout-lanes``, ``pixel-lanes`` or ``depthwise`` (see :class:`~tvm_convgrad.dsl.compute.Formulation`)."""
+        return formulation(t.op.attrs for t in _graph_tensors(self.output) if isinstance(t.op, te.ComputeOp))
+
+    def prim_func(self, target: Target, name: str | None = None) -> tirx.PrimFunc:
+        """The unscheduled PrimFunc, its symbol ``name`` (default: the kernel name): 64-bit indices on
+        CPUs (address arithmetic without sign extensions), 32-bit on GPUs where every tensor allows it."""
+        largest = max(math.prod(int(d) for d in t.shape) for t in _graph_tensors(self.output))
+        wide = target.kind.name == "llvm" or largest >= _INT32_LIMIT
+        func = te.create_prim_func(list(self.args), index_dtype_override="int64" if wide else None)
+        return func.with_attr("global_symbol", name or self.name)
+
+
+def _placeholders(output: te.Tensor) -> list[te.Tensor]:
+    """The placeholders ``output`` reads, in TBE argument order (``ARGUMENT_STAGES``)."""
+    stages = {t.op.name: t for t in _graph_tensors(output)}
+    found: list[te.Tensor] = []
+    for readers in ARGUMENT_STAGES.get(output.op.tag, ()):
+        for stage in (stages[name] for name in readers if name in stages):
+            for inp in stage.op.input_tensors:
+                if isinstance(inp.op, te.PlaceholderOp) and not any(inp.same_as(f) for f in found):
+                    found.append(inp)
+    for t in stages.values():  # any others (a graph this package did not make): in walk order
+        if isinstance(t.op, te.PlaceholderOp) and not any(t.same_as(f) for f in found):
+            found.append(t)
+    return found
+
+
+def _graph_tensors(output: te.Tensor) -> list[te.Tensor]:
+    tensors, stack, seen = [], [output], set()
+    while stack:
+        t = stack.pop()
+        if hash(t.op) in seen:
+            continue
+        seen.add(hash(t.op))
+        tensors.append(t)
+        stack.extend(t.op.input_tensors)
+    return tensors
+
+
+def _arguments(tensors: te.Tensor | Sequence[te.Tensor]) -> tuple[list[te.Tensor], ConvGradParams | None]:
+    """``(arguments in order, params)`` for a result tensor or an explicit argument list."""
+    if isinstance(tensors, te.Tensor):
+        info = result_info(tensors)
+        if info is not None:
+            return [*info[1], tensors], info[0]
+        output, inputs = tensors, _placeholders(tensors)
+    else:
+        if not isinstance(tensors, (list, tuple)) or not tensors or not all(isinstance(t, te.Tensor) for t in tensors):
+            raise ConvGradError("build", "tensors", tensors, "must be a result te.Tensor or a list [inputs..., result]")
+        *inputs, output = tensors
+        needed = _placeholders(output)
+        missing = [t.op.name for t in needed if not any(t.same_as(i) for i in inputs)]
+        extra = [t.op.name for t in inputs if not any(t.same_as(n) for n in needed)]
+        if missing or extra:
+            raise ConvGradError(
+                "build", "tensors", [t.op.name for t in tensors],
+                f"the inputs must be exactly the placeholders the result reads: missing {missing}, not read {extra}",
+            )  # fmt: skip
+    if "kernel_name" not in output.op.attrs:
+        raise ConvGradError("build", "tensors", output.op.name, "the result must come from tvm_convgrad.dsl (or a frontend)")
+    info = result_info(output)
+    return [*inputs, output], (info[0] if info else None)
+

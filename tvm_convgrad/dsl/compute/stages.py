@@ -1,0 +1,132 @@
+"""Every stage of the gradient computes, named once: the contract between the computes and the
+schedule rules (TBE's habit: one stage per data movement, found by name by its schedule).
+
+=====================  ==========================================================================
+stage                  what it holds
+=====================  ==========================================================================
+``grads_2_matrix``     dW: dy as the cube's reduction reads it (fp32, 0 past its channels)
+``fmap_l1``            dW: x with its zero padding (stored by stride phase; NCHW planes for Cout
+                       on the lanes)
+``dw_cc``              dW mad, the cube (Cin on the lanes)
+``dw_cc_t``            dW mad with Cout on the lanes (few input channels)
+``grads_dw``           depthwise dW: dy with 16 channels on the lanes
+``fmap_dw``            depthwise dW: x with its padding, 16 channels on the lanes
+``dw_dw``              depthwise dW mad
+``dw_ddr``             the dW result (TBE's ``(real_g, cin1_g*KH*KW, cout_g, 16)``, ``res_dtype``)
+``dy_pad``             dX: dy zero-padded for the stride phases (fp32)
+``w_col``              dX: the weights rotated 180 degrees, 16x16 blocks transposed
+``dy_rows``            dX with output columns on the lanes: dy as channel planes
+``w_t``                dX with output columns on the lanes: the weights per channel
+``dy_dw`` / ``w_dw``   depthwise dX: dy and the weights, 16 channels on the lanes
+``dx_cc_<rh>_<rw>``    dX mad of one stride phase, the cube
+``dx_px_<rh>_<rw>``    dX mad of one stride phase, output columns on the lanes
+``dx_dw_<rh>_<rw>``    dX mad of one stride phase, depthwise
+``c_ddr``              the dX result (5HD memory ``(N, C1, H*W, 16)``, ``res_dtype``, + bias)
+=====================  ==========================================================================
+
+A framework operator (:mod:`tvm_convgrad.frontends`) adds layout stages around the dW compute:
+``fmap`` / ``dy`` (its tensors seen as 5HD, tag ``layout_in``) and its result in the framework's
+weight layout (``diff_weights``; DeconvGradFilter's ``dw``; tag ``layout_out``).
+
+Each mad carries the :data:`FORMULATION` attribute naming its kind (:class:`Formulation`): the
+schedule rules choose the class that schedules it by that kind, never by the stage's name.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Iterable
+
+__all__ = [
+    "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "DIFF_WEIGHTS", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
+    "DX_PX", "DY_5HD", "DY_DW", "DY_PACKS", "DY_PAD", "DY_ROWS", "DW_TAG", "DX_TAG", "FMAP_5HD", "FMAP_DW", "FMAP_L1", "FORMULATION", "Formulation",
+    "GRADS_2_MATRIX", "GRADS_DW", "KERNEL_H", "KERNEL_W", "LAYOUT_ADAPTER", "LAYOUT_IN_TAG", "LAYOUT_OUT_TAG", "MAD_TAG", "PACK_STAGES", "W_COL", "W_DW", "W_T",
+    "formulation", "phase_name",
+]  # fmt: skip
+
+# dW
+GRADS_2_MATRIX = "grads_2_matrix"
+FMAP_L1 = "fmap_l1"
+DW_CC = "dw_cc"
+DW_CC_T = "dw_cc_t"
+GRADS_DW = "grads_dw"
+FMAP_DW = "fmap_dw"
+DW_DW = "dw_dw"
+DW_DDR = "dw_ddr"
+# dX (each mad is one per stride phase: :func:`phase_name`)
+DY_PAD = "dy_pad"
+W_COL = "w_col"
+DY_ROWS = "dy_rows"
+W_T = "w_t"
+DY_DW = "dy_dw"
+W_DW = "w_dw"
+DX_CC = "dx_cc"
+DX_PX = "dx_px"
+DX_DW = "dx_dw"
+C_DDR = "c_ddr"
+# a framework operator's layout stages
+FMAP_5HD = "fmap"
+DY_5HD = "dy"
+DIFF_WEIGHTS = "diff_weights"
+DSP_DW = "dw"
+LAYOUT_IN_TAG, LAYOUT_OUT_TAG = "layout_in", "layout_out"
+
+DW_TAG = "conv2d_backprop_filterdw_ddr"
+"""TBE's tag of the dW result stage."""
+DX_TAG = "conv2d_backprop_input"
+"""TBE's tag of the dX result stage."""
+MAD_TAG = "mad"
+
+DX_PHASE_PREFIXES = (DX_CC, DX_PX, DX_DW)
+PACK_STAGES = (GRADS_2_MATRIX, FMAP_L1, DY_PAD, W_COL, DY_ROWS, W_T, GRADS_DW, FMAP_DW, DY_DW, W_DW)
+"""The stages that cast (and pad) the inputs to fp32: elementwise, read by the mads."""
+DY_PACKS = (DY_PAD, DY_ROWS, DY_DW)
+"""dX's packs of dy (every stride phase reads one)."""
+
+ARGUMENT_STAGES = {
+    DW_TAG: ((FMAP_L1, FMAP_DW, DW_CC), (GRADS_2_MATRIX, GRADS_DW, DW_CC_T, DW_DW)),
+    DX_TAG: ((W_COL, W_T, W_DW), (DY_PAD, DY_ROWS, DY_DW), (C_DDR,)),  # filters, dy, bias
+}
+"""Result tag -> per input in TBE argument order, the stages (of any formulation) that read it."""
+
+# Stage attributes
+FORMULATION = "convgrad.formulation"
+"""Attribute of every mad: its :class:`Formulation`."""
+KERNEL_H, KERNEL_W = "kernel_h", "kernel_w"
+"""Attributes of the dW cube's mad: the kernel's extents (its ``(c1, kh, kw)`` row axis is fused)."""
+CONVERT_IN_PLACE = "convert_in_place"
+"""Attribute of a stage that only converts its input to fp32 (no padding, no reordering that a
+load could not do), so a schedule may inline it where the target converts fp16 as it loads."""
+LAYOUT_ADAPTER = "layout_adapter"
+"""Attribute of a frontend's layout stage: ``"in"`` (a framework-layout input seen as 5HD, inlined
+into the compute's packing stage) or ``"out"`` (the compute's result written in the framework's
+weight layout; the result stage before it is inlined into it)."""
+
+
+class Formulation(str, Enum):
+    """The kind of a mad, and so which schedule takes it (see each compute's docstring)."""
+
+    CUBE_DW = "cube-dw"  # dW: 16x16 blocks, Cin on the lanes
+    CUBE_DX = "cube-dx"  # dX: one 16x16-block mad per stride phase
+    COUT_LANES = "cout-lanes"  # dW, few input channels: Cout on the lanes
+    PIXEL_LANES = "pixel-lanes"  # dX, few input channels: output columns on the lanes
+    DEPTHWISE_DW = "depthwise-dw"  # dW, one input channel per group: channels on the lanes
+    DEPTHWISE_DX = "depthwise-dx"  # dX, one input channel per group: one mad per stride phase
+
+    @property
+    def family(self) -> str:
+        """``cube``, ``cout-lanes``, ``pixel-lanes`` or ``depthwise``: what ``Kernel.formulation`` says."""
+        return self.value.removesuffix("-dw").removesuffix("-dx")
+
+
+def phase_name(prefix: str, rh: int, rw: int) -> str:
+    """The stage name of a dX mad of stride phase ``(rh, rw)``: ``<prefix>_<rh>_<rw>``."""
+    return f"{prefix}_{rh}_{rw}"
+
+
+def formulation(attrs: Iterable) -> str | None:
+    """The family of the gradient whose stages have attribute maps ``attrs`` (None without a mad)."""
+    for stage_attrs in attrs:
+        if stage_attrs is not None and FORMULATION in stage_attrs:
+            return Formulation(str(stage_attrs[FORMULATION])).family
+    return None

@@ -1,0 +1,120 @@
+"""The rules of oneDNN Graph's weight-gradient operators (``framework_ops/ConvolutionBackpropFilters.md``,
+``ConvTransposeBackwardWeights.md``, their error sections): each call validated into its
+:class:`~.framework.ConvView`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .framework import (
+    CODES, DATA_FORMATS, ConvView, activations, auto_pad_mode, auto_pads, check_channels_and_batch, check_spatial, format_choice, groups_attr, per_axis,
+    split_format, weights_shape, window_attrs, with_pads,
+)  # fmt: skip
+from .rules import Rules
+
+__all__ = ["deconv_view", "onednn_view"]
+
+
+def onednn_view(
+    op: str,
+    names: dict[str, str],
+    x: Any,
+    dy: Any,
+    shape_input: Any,
+    shape_attr: Any,
+    strides: Any,
+    pads_begin: Any,
+    pads_end: Any,
+    dilations: Any,
+    auto_pad: Any,
+    groups: Any,
+    data_format: Any,
+    weights_format: Any,
+) -> tuple[ConvView, str, str, tuple[int, ...]]:
+    """ConvolutionBackpropFilters / ConvolutionBackwardWeights (spec §6): ``(view, data_format,
+    weights_format, weights shape)``. ``names`` spells the operator's own names: ``x``, ``dy``,
+    ``shape`` (the input), ``shape_attr``, ``format``."""
+    r = Rules(op, CODES)
+    x_shape, dy_shape, dtype = activations(r, (names["x"], x), (names["dy"], dy))
+    rank, nd = len(x_shape), len(x_shape) - 2
+    data_format = format_choice(r, "data_format", data_format, DATA_FORMATS)
+    weights_format = format_choice(r, names["format"], weights_format, ("XIO", "OIX"))
+    mode = auto_pad_mode(r, auto_pad)
+    strides, dilations, pads_begin, pads_end = window_attrs(r, nd, strides, dilations, pads_begin, pads_end)
+    shape = weights_shape(r, (names["shape"], names["shape_attr"]), shape_input, shape_attr, rank)
+    groups = groups_attr(r, groups)
+    batch, cin, s_in = split_format(x_shape, data_format)
+    dy_batch, cout, s_out = split_format(dy_shape, data_format)
+    o, i, kernel = (shape[-1], shape[-2], shape[:-2]) if weights_format == "XIO" else (shape[0], shape[1], shape[2:])
+    named = {"cin": f"{names['x']} channels", "cout": f"{names['dy']} channels", "in": names["x"], "out": names["dy"]}
+    view = ConvView(batch, cin, cout, groups, s_in, s_out, tuple(kernel), strides, pads_begin, pads_end, dilations, dtype)
+    check_channels_and_batch(r, view, named)
+    if o != cout:
+        r.fail(names["shape"], shape, f"its O ({weights_format}) must equal the {names['dy']} channels {cout}")
+    if i * groups != cin:
+        r.fail(names["shape"], shape, f"its I ({weights_format}) x groups must equal the {names['x']} channels {cin}")
+    if dy_batch != batch:
+        r.fail(f"{names['dy']}.shape", dy_shape, f"batch must equal the {names['x']} batch {batch}")
+    if mode != "none":
+        pads = [auto_pads(s_in[a], kernel[a], strides[a], dilations[a], mode) for a in range(nd)]
+        view = with_pads(view, pads)
+    check_spatial(r, view, named)
+    return view, data_format, weights_format, shape
+
+
+def deconv_view(
+    op: str,
+    src: Any,
+    diff_dst: Any,
+    shape_input: Any,
+    shape_attr: Any,
+    strides: Any,
+    pads_begin: Any,
+    pads_end: Any,
+    dilations: Any,
+    auto_pad: Any,
+    output_padding: Any,
+    groups: Any,
+    data_format: Any,
+    weights_format: Any,
+) -> tuple[ConvView, str, str, tuple[int, ...]]:
+    """ConvTransposeBackwardWeights (spec §6): ``(conv view, data_format, weights_format, weights
+    shape)``. The conv view's x is ``diff_dst`` and its dy ``src`` (spec §4); IOX is its OIX."""
+    r = Rules(op, CODES)
+    src_shape, dst_shape, dtype = activations(r, ("src", src), ("diff_dst", diff_dst))
+    rank, nd = len(src_shape), len(src_shape) - 2
+    data_format = format_choice(r, "data_format", data_format, DATA_FORMATS)
+    weights_format = format_choice(r, "weights_format", weights_format, ("XOI", "IOX"))
+    mode = auto_pad_mode(r, auto_pad)
+    strides, dilations, pads_begin, pads_end = window_attrs(r, nd, strides, dilations, pads_begin, pads_end)
+    padding = None if output_padding is None else per_axis(r, "output_padding", output_padding, nd, 0)
+    shape = weights_shape(r, ("weights_shape", "weights_shape_attr"), shape_input, shape_attr, rank)
+    groups = groups_attr(r, groups)
+    batch, ic, s_src = split_format(src_shape, data_format)
+    dst_batch, oc, s_dst = split_format(dst_shape, data_format)
+    i, o, kernel = (shape[0], shape[1], shape[2:]) if weights_format == "IOX" else (shape[-1], shape[-2], shape[:-2])
+    view = ConvView(batch, oc, ic, groups, s_dst, s_src, tuple(kernel), strides, pads_begin, pads_end, dilations, dtype)
+    named = {"cin": "diff_dst channels", "cout": "src channels", "in": "diff_dst", "out": "src"}
+    check_channels_and_batch(r, view, named)
+    if i != ic:
+        r.fail("weights_shape", shape, f"its I ({weights_format}) must equal the src channels {ic}")
+    if o * groups != oc:
+        r.fail("weights_shape", shape, f"its O ({weights_format}) x groups must equal the diff_dst channels {oc} "
+               "(O holds out_channels / groups)")  # fmt: skip
+    if dst_batch != batch:
+        r.fail("diff_dst.shape", dst_shape, f"batch must equal the src batch {batch}")
+    if padding is not None:
+        for axis, (op_, s) in enumerate(zip(padding, strides)):
+            if op_ >= s:
+                r.fail("output_padding", padding, f"axis {axis}: must be < the stride {s}")
+    if mode != "none":  # the regular-conv rule on the diff_dst size (spec §5)
+        view = with_pads(view, [auto_pads(s_dst[a], kernel[a], strides[a], dilations[a], mode) for a in range(nd)])
+    check_spatial(r, view, named)
+    if padding is not None:
+        for axis in range(nd):
+            eff = (kernel[axis] - 1) * dilations[axis] + 1
+            expect = strides[axis] * (s_src[axis] - 1) + eff - view.pads_begin[axis] - view.pads_end[axis] + padding[axis]
+            if s_dst[axis] != expect:
+                r.fail(f"diff_dst spatial axis {axis}", s_dst[axis],
+                       f"must be s*(S_src-1) + (K-1)*d+1 - pads + output_padding = {expect}")  # fmt: skip
+    return view, data_format, weights_format, shape

@@ -1,0 +1,154 @@
+"""The cube on the CPU: 16x16 blocks of fp32 accumulators in vector registers, fed by broadcast FMAs.
+
+* dW (:class:`CubeFilterGrad`, ``dw_cc``): a tile is ``R`` Cout rows of one ``(co1, c1, kh, kw)``
+  block x 16 Cin lanes (R = 16 on AVX-512), each step one fmap row (constant offset per tap) times
+  ``R`` broadcast dy values. Each core owns a group of Cout (or Cin) blocks and walks the
+  reduction ``(n, ho, wo)`` in chunks of whole images or row bands, running all its tiles on a
+  chunk before the next. With fewer tiles than cores, each core sums its own part of the
+  reduction (``rfactor``) and the parts are added in a fixed order, so results do not vary from
+  run to run.
+* dX (:class:`CubeInputGrad`, ``dx_cc_<rh>_<rw>``, one per stride phase): a tile is ``TH x TW``
+  output pixels of one 16-channel block (:func:`.tiles.dx_tile`), the reduction
+  ``(co1, taps, co0)`` inside, each step one w_col row times ``TH*TW`` broadcast dy values. The
+  channel blocks are taken in groups whose weights fit a core's cache, the pixels streaming past
+  once per group.
+"""
+
+from __future__ import annotations
+
+from ...dsl.compute.stages import GRADS_2_MATRIX, KERNEL_H, KERNEL_W, W_COL
+from ...layout import C0
+from ..common import buffer_bytes, loop_extent
+from .loops import CpuMad, sum_parts, whole_tiles_and_edge
+from .tiles import CHUNK_STEPS, MAX_TILE_PIXELS, chunk, dx_tile, largest_divisor
+
+__all__ = ["PACK_IN_CACHE", "PACK_PER_CHUNK", "WEIGHTS_IN_CACHE", "CubeFilterGrad", "CubeInputGrad"]
+
+WEIGHTS_IN_CACHE = 512 * 1024  # bytes of w_col kept in a core's L2 while dX walks the pixels
+PACK_PER_CHUNK = True  # dW: pack each chunk's dy inside the chunk loop when it fits PACK_IN_CACHE
+PACK_IN_CACHE = 768 * 1024
+
+
+class CubeFilterGrad(CpuMad):
+    """dW on the cube (``dw_cc``)."""
+
+    def schedule(self, block):
+        """dW: ``(co1, c1, kh, kw)`` tiles x ``[n, ho, wo]`` x (co0 unrolled, c0 vectorized).
+
+        Each core owns a group of Cout blocks (or of Cin blocks) and walks the reduction in
+        chunks of whole images (or row bands), running all its tiles on one chunk before the
+        next: the chunk's dy and fmap stay in cache while they are reused, and each core streams
+        fmap once. The tile's 16 accumulators stay in registers within a chunk.
+        """
+        sch = self.sch
+        kh, kw = (int(sch.get(block).annotations[key]) for key in (KERNEL_H, KERNEL_W))
+        g, fkk, co, c0, n, ho, wo = sch.get_loops(block)
+        c1, tap_h, tap_w = sch.split(fkk, [None, kh, kw])
+        co1, co0 = sch.split(co, [None, 16])
+        groups, blocks_out, blocks_in = loop_extent(sch, g), loop_extent(sch, co1), loop_extent(sch, c1)
+        batch, rows, cols = loop_extent(sch, n), loop_extent(sch, ho), loop_extent(sch, wo)
+        cores = self.cores
+        longest = max((n, ho, wo), key=lambda lp: loop_extent(sch, lp))
+        if groups * blocks_out * blocks_in < cores and loop_extent(sch, longest) >= 2 * cores:
+            self._split_reduction(block, [g, co1, c1, tap_h, tap_w], [n, ho, wo], longest, co0, c0)
+            return
+        cores_own_out = (groups * blocks_out) % cores == 0  # else Cin blocks, else whole tiles
+        owned_out = groups * blocks_out // (cores if cores_own_out else 1)
+        limit = CHUNK_STEPS
+        if PACK_PER_CHUNK:  # small enough that a chunk's fp32 dy stays in the core's cache
+            limit = min(limit, max(cols, PACK_IN_CACHE // (owned_out * C0 * 4)))
+        images, bands = chunk(batch, rows, cols, limit)
+        n_o, n_i = self.split(n, images, batch)
+        ho_o, ho_i = self.split(ho, bands, rows)
+        chunk_loops, steps = [n_o, ho_o], [n_i, ho_i, wo]
+        # Cout rows per tile: all 16 where the registers hold them (AVX-512); else the most that
+        # fit, the last tile predicated (AVX2: 6 + 6 + 4 rows, not 4 x 4). LLVM unswitches the
+        # predicate, so each tile's hot loop has only its own rows' FMAs; a loop_partition would
+        # do the same but put each tile in a scope that cannot zero its accumulators before
+        # chunks outside it.
+        most = self.plan.rows(C0)
+        rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0) if self.tunable else most, most)
+        chunk_first = cores_own_out or blocks_in % cores == 0
+        if cores_own_out:
+            sch.reorder(g, co1, c1)
+            core, owned = sch.split(sch.fuse(g, co1), [cores, None])
+            sch.reorder(core, *chunk_loops, owned, c1, tap_h, tap_w, rows_o, *steps, co0, c0)
+        elif blocks_in % cores == 0:
+            core, owned = sch.split(c1, [cores, None])
+            sch.reorder(core, *chunk_loops, g, co1, owned, tap_h, tap_w, rows_o, *steps, co0, c0)
+        else:  # no even split: every tile a task, its whole reduction inside
+            sch.reorder(g, co1, c1, tap_h, tap_w, rows_o, *chunk_loops, *steps, co0, c0)
+            core = sch.fuse(g, co1, c1)
+        sch.parallel(core)
+        chunk_bytes = images * bands * cols * owned_out * C0 * 4  # the fp32 dy one chunk of a core reads
+        if PACK_PER_CHUNK and chunk_first and chunk_bytes <= PACK_IN_CACHE:
+            self._pack_per_chunk(GRADS_2_MATRIX, chunk_loops[-1])
+        self.tile_body(block, n_o)
+
+    def _pack_per_chunk(self, stage: str, loop):
+        """Pack what one chunk of the reduction reads, inside the chunk loop: the fp32 copy is
+        written to and read from the core's cache instead of memory."""
+        sch = self.sch
+        try:
+            pack = sch.get_sblock(stage)
+        except Exception:  # read in place (inlined): nothing to move
+            return
+        sch.compute_at(pack, loop)
+        if not self.tunable:  # (tunable: the loops compute_at makes depend on the sampled chunk, and
+            *_, lanes = sch.get_loops(pack)  # a trace must give the same loops on every replay;
+            sch.vectorize(lanes)  # LLVM vectorizes the contiguous 16-lane conversion by itself)
+        self.placed.add(stage)
+
+    def _split_reduction(self, block, tiles, reduce, longest, co0, c0):
+        """Too few tiles for the cores: each core sums a part of the reduction (``rfactor``);
+        the parts are added in a fixed order afterwards, so results do not vary run to run."""
+        sch = self.sch
+        i = reduce.index(longest)
+        part, reduce[i] = sch.split(longest, [self.cores, None])
+        rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0), self.plan.rows(C0))
+        sch.reorder(part, *tiles, rows_o, *reduce, co0, c0)
+        rf = sch.rfactor(part, 0)
+        loops = sch.get_loops(rf)  # part, the tile loops, the row groups, the reduction loops, co0, c0
+        sch.parallel(loops[0])
+        self.tile_body(rf, loops[2 + len(tiles)])
+        sum_parts(sch, block)
+
+
+
+class CubeInputGrad(CpuMad):
+    """One stride phase of dX on the cube (``dx_cc_<rh>_<rw>``)."""
+
+    def schedule(self, block):
+        """dX phase: pixel tiles ``(j_i x i_i)`` x 16 lanes (or a part of them, :func:`dx_tile`),
+        reduction ``[co1, mh, mw, co0]`` inside.
+
+        The channel blocks ``c1`` are taken in groups whose w_col fits a core's cache
+        (WEIGHTS_IN_CACHE): a group's weights stay in cache while the pixels stream past, once
+        per group (all of them in one group when the weights fit, one block per group when a
+        single block's panel is that large).
+        """
+        sch = self.sch
+        weight_bytes = buffer_bytes(sch, W_COL)
+        n, c1, j, i, c0, co1, mh, mw, co0 = sch.get_loops(block)
+        blocks = loop_extent(sch, c1)
+        group = largest_divisor(blocks, WEIGHTS_IN_CACHE // max(1, weight_bytes // blocks))
+        c1_o, c1_i = self.split(c1, group, blocks)
+        cols = loop_extent(sch, i)
+        th, tw, v = dx_tile(loop_extent(sch, j), cols, self.plan)
+        most = min(MAX_TILE_PIXELS, self.plan.accumulators // v)
+        j_o, j_i = self.split(j, th, most)
+        lane_groups, c0 = sch.split(c0, [None, v * self.plan.lanes])
+        reduction = [co1, mh, mw, co0]
+        if cols % tw == 0 or self.tunable:
+            i_o, i_i = self.split(i, tw, most)
+            sch.reorder(c1_o, *self.batch(n), j_o, i_o, c1_i, lane_groups, *reduction, j_i, i_i, c0)
+            sch.parallel(sch.fuse(c1_o, *self.batch(n), j_o))
+            self.register_tile(block, [j_i, i_i], c0, co1)
+            return
+        # The columns in tiles of TW and one narrower tile at the end: two copies of the mad.
+        sch.reorder(c1_o, *self.batch(n), j_o, i, c1_i, lane_groups, *reduction, j_i, c0)
+        sch.parallel(sch.fuse(c1_o, *self.batch(n), j_o))
+        for copy, tiles, i_i, below in whole_tiles_and_edge(sch, i, cols, tw):
+            c1_i, lane_groups, co1, mh, mw, co0, j_i, c0 = below
+            sch.reorder(*tiles, c1_i, lane_groups, co1, mh, mw, co0, j_i, i_i, c0)
+            self.register_tile(copy, [j_i, i_i], c0, co1)

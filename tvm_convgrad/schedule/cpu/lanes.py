@@ -1,0 +1,78 @@
+"""Few input channels on the CPU: the lanes hold what is plentiful instead of 3 channels padded to 16.
+
+* dW (:class:`CoutLanesFilterGrad`, ``dw_cc_t``): Cout on the lanes; a tile is taps x Cout
+  vectors (:func:`.tiles.tap_tile`).
+* dX (:class:`PixelLanesInputGrad`, ``dx_px_<rh>_<rw>``): output columns on the lanes; a tile is
+  rows x every input channel.
+"""
+
+from __future__ import annotations
+
+from ..common import loop_extent
+from .loops import CpuMad, sum_parts
+from .tiles import largest_divisor, tap_tile
+
+__all__ = ["CoutLanesFilterGrad", "PixelLanesInputGrad"]
+
+
+class CoutLanesFilterGrad(CpuMad):
+    """dW with Cout on the lanes (``dw_cc_t``)."""
+
+    def schedule(self, block):
+        """dW with Cout on the lanes (``dw_cc_t[c, kh, kw, co]``): a tile is ``kw_i`` taps x
+        ``co1_i`` Cout vectors (:func:`.tiles.tap_tile`) of one ``(c, kh)``, fed by one broadcast x
+        value per tap and one dy vector per Cout block, summing ``(ho, wo)`` in registers.
+
+        With a batch, each image is a separate partial dW (``rfactor`` over ``n``): the images
+        run one after another with every tile reading that image's dy while it is in cache, and
+        the partials (``N`` small dWs: this layout is for few input channels) are summed after.
+        """
+        sch = self.sch
+        c, kh, kw, co, n, ho, wo = sch.get_loops(block)
+        co1, co0 = sch.split(co, [None, 16])
+        taps, vectors = tap_tile(loop_extent(sch, kw), loop_extent(sch, co1), self.plan)
+        kw_o, kw_i = self.split(kw, taps, taps)
+        co1_o, co1_i = self.split(co1, vectors, vectors)
+        batched = loop_extent(sch, n) > 1
+        if batched:
+            sch.reorder(n, c, kh, kw_o, co1_o, ho, wo, kw_i, co1_i, co0)
+            mad = sch.rfactor(n, 0)
+            n, c, kh, kw_o, co1_o, ho, wo, kw_i, co1_i, co0 = sch.get_loops(mad)
+        else:
+            sch.reorder(c, kh, kw_o, co1_o, n, ho, wo, kw_i, co1_i, co0)
+            mad = block
+        sch.parallel(sch.fuse(c, kh, kw_o, co1_o))
+        sch.unroll(kw_i)
+        sch.unroll(co1_i)
+        sch.vectorize(co0)
+        sch.decompose_reduction(mad, ho if batched else n)
+        if batched:
+            sum_parts(sch, block)
+
+
+class PixelLanesInputGrad(CpuMad):
+    """One stride phase of dX with output columns on the lanes (``dx_px_<rh>_<rw>``)."""
+
+    def schedule(self, block):
+        """dX with output columns on the lanes (``dx_px``): a tile is 16 columns (fewer where a
+        row of every channel would not fit the registers) x ``j_i`` rows x every input channel;
+        per ``(co, mh, mw)`` one dy vector per row, used at once by every channel's broadcast
+        weight (so one dy vector is live at a time, the channels' weights for the whole tile)."""
+        sch, plan = self.sch, self.plan
+        n, ci, j, i, co, mh, mw = sch.get_loops(block)
+        width, channels = loop_extent(sch, i), loop_extent(sch, ci)
+        room = max(1, plan.accumulators - channels + 1)  # each channel's weight stays live
+        vectors = largest_divisor(plan.registers_per_row, room // channels)
+        columns = vectors * plan.lanes
+        i_o, i_i = sch.split(i, [None, columns]) if width > columns else (None, i)
+        budget = max(1, room // (channels * vectors))
+        rows = largest_divisor(loop_extent(sch, j), budget)
+        j_o, j_i = self.split(j, rows, budget)
+        outer = [*self.batch(n), j_o] + ([i_o] if i_o is not None else [])
+        sch.reorder(*outer, co, mh, mw, j_i, ci, i_i)
+        sch.parallel(sch.fuse(*outer))
+        sch.unroll(ci)
+        sch.unroll(j_i)
+        if width <= columns or width % columns == 0:  # a ragged last vector stays scalar
+            sch.vectorize(i_i)
+        sch.decompose_reduction(block, co)

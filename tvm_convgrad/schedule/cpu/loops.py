@@ -1,0 +1,187 @@
+"""Loop structure the CPU formulations share: the base of every mad's schedule (:class:`CpuMad`:
+register tiles, tile splits that are MetaSchedule samples when tunable), the packs' elementwise
+and planar schedules, whole tiles and an edge, the write-back of an ``rfactor``, and a strided
+dX's phases image by image.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from tvm import s_tir
+
+from ...dsl.compute.stages import DX_PHASE_PREFIXES, DY_PACKS
+from ..common import elements, loop_extent, stage_blocks
+
+__all__ = [
+    "PER_IMAGE_ABOVE", "PHASES_PER_IMAGE", "CpuMad", "elementwise", "phases_image_by_image", "planar_pack", "restore_unit_loops",
+    "sum_parts", "whole_tiles_and_edge",
+]  # fmt: skip
+
+PHASES_PER_IMAGE = True  # strided dX of a batch: the phases image by image (:func:`phases_image_by_image`)
+PER_IMAGE_ABOVE = 2 * 1024 * 1024  # ... when the batch's fp32 dy is larger than this (bytes)
+
+
+@dataclass
+class CpuMad(ABC):
+    """The schedule of one mad on the CPU: the schedule it works in, the rule's config
+    (:class:`~.rule.CpuConfig`: the ISA plan, the cores), whether its tiles are samples, and what
+    the rule shares between mads: the packs a mad moved into its own loops (``placed``) and
+    whether dX's phases run under the result's batch loop (``per_image``)."""
+
+    sch: s_tir.Schedule
+    config: "CpuConfig"  # noqa: F821 - the rule's, defined with it
+    tunable: bool
+    placed: set = field(default_factory=set)
+    per_image: bool = False
+
+    @property
+    def plan(self):
+        return self.config.plan
+
+    @property
+    def cores(self) -> int:
+        return self.config.cores
+
+    @abstractmethod
+    def schedule(self, block) -> None:
+        """Schedule ``block`` (the mad) in place."""
+
+    def batch(self, n) -> list:
+        """``[n]``, or ``[]`` where the batch loop is the result's, shared by every phase."""
+        return [] if self.per_image else [n]
+
+    def split(self, loop, inner: int, max_inner: int):
+        """``(outer, inner)``: ``inner`` fixed, or a MetaSchedule sample (a divisor of the
+        extent, at most ``max_inner``) when tunable."""
+        if self.tunable:  # the design space's own decision is the default
+            extent = loop_extent(self.sch, loop)
+            decision = [extent // inner, inner] if extent % inner == 0 and inner <= max_inner else None
+            factors = self.sch.sample_perfect_tile(loop, n=2, max_innermost_factor=max_inner, decision=decision)
+            return self.sch.split(loop, factors)
+        return self.sch.split(loop, [None, inner])
+
+    def tile_body(self, block, first_reduce):
+        """The 16x16 register tile: C0 rows unrolled, C0 lanes vectorized; init before the reduction."""
+        *_, rows, lanes = self.sch.get_loops(block)
+        self.register_tile(block, [rows], lanes, first_reduce)
+
+    def register_tile(self, block, unrolled, lanes, first_reduce):
+        """A tile's accumulators in registers: its loops unrolled, the lanes vectorized, the
+        accumulators set to 0 before ``first_reduce``."""
+        for loop in unrolled:
+            self.sch.unroll(loop)
+        self.sch.vectorize(lanes)
+        self.sch.decompose_reduction(block, first_reduce)
+
+
+def elementwise(sch: s_tir.Schedule, block, shared: int = 0):
+    """Parallel over the outer loops, vectorized over the innermost (C0, or 16 of a longer row);
+    the first ``shared`` loops (that other stages run under too) are left as they are."""
+    *outer, lanes = sch.get_loops(block)[shared:]
+    if loop_extent(sch, lanes) > 16:
+        if loop_extent(sch, lanes) % 16:
+            outer.append(lanes)  # a ragged row: parallel only, LLVM vectorizes what it can
+            lanes = None
+        else:
+            row, lanes = sch.split(lanes, [None, 16])
+            outer.append(row)
+    if outer:
+        sch.parallel(sch.fuse(*outer))
+    if lanes is not None:
+        sch.vectorize(lanes)
+
+
+def planar_pack(sch: s_tir.Schedule, block, shared: int = 0):
+    """A 5HD -> channel-plane pack (``dy_rows``, the transposed dW's ``fmap_l1``): walked in the
+    source's order (channels innermost), so every read is contiguous; 16 planes are written.
+    With ``shared`` = 1 the batch loop is one that other stages run under too (one image)."""
+    *n, c, i, j = sch.get_loops(block)[shared:]
+    c1, c0 = sch.split(c, [None, 16])
+    sch.reorder(*n, c1, i, j, c0)
+    sch.parallel(sch.fuse(*n, c1, i))
+    sch.unroll(c0)
+
+
+
+def whole_tiles_and_edge(sch: s_tir.Schedule, loop, extent: int, tile: int):
+    """Partition ``loop`` (``extent`` iterations) into whole tiles of ``tile`` and one edge of
+    ``extent % tile`` (``loop_partition``: a copy of the block under each part, so no iteration
+    needs a predicate). Yields per copy ``(block, [the tile loop] or [] on the edge, the loop
+    inside a tile, the loops below it)``. Each copy is a scope block of its own, out of reach of
+    the loops outside the partition: the whole reduction must be below ``loop``."""
+    whole, edge = sch.loop_partition(loop, [extent - extent % tile, None])
+    for part in (whole, edge):
+        (copy,) = sch.get_child_blocks(part)
+        loops = sch.get_loops(copy)
+        at = [sch.get(lp).same_as(sch.get(part)) for lp in loops].index(True)
+        if part is whole:
+            tiles, inner = sch.split(part, [None, tile])
+            yield copy, [tiles], inner, loops[at + 1 :]
+        else:  # the edge: one tile
+            yield copy, [], part, loops[at + 1 :]
+
+
+
+def phases_image_by_image(sch: s_tir.Schedule) -> set[str]:
+    """A strided dX of a batch, image by image: every stride phase reads all of dy, so phases run
+    one after another over the whole batch read dy from memory once per phase, and a channel-
+    planar pack (``dy_rows``: a tile reads as many rows as there are channels) from memory at
+    the latency of one stream per plane. Under the batch loop of the result stage instead, each
+    image's dy is packed and read by every phase while it is in cache (and TVM allocates the
+    packed dy and the phases' outputs for one image). Returns the stages moved under that loop."""
+    blocks = stage_blocks(sch)
+    phases = [b for b in blocks if sch.get(b).name_hint.startswith(DX_PHASE_PREFIXES)]
+    if len(phases) < 2:
+        return set()
+    (result,) = {sch.get(c).name_hint for c in sch.get_consumers(phases[0])}
+    batch = sch.get_loops(sch.get_sblock(result))[0]
+    images = loop_extent(sch, batch)
+    dy_elements = max(elements(r.source) for r in sch.get(phases[0]).reads if int(r.source.shape[0]) == images)
+    if images < 2 or dy_elements * 4 <= PER_IMAGE_ABOVE:
+        return set()
+    moved = {result}
+    for phase in phases:
+        sch.compute_at(phase, batch)
+        restore_unit_loops(sch, phase)
+        moved.add(sch.get(phase).name_hint)
+    for pack in blocks:
+        if sch.get(pack).name_hint in DY_PACKS:
+            sch.compute_at(pack, batch)
+            moved.add(sch.get(pack).name_hint)
+    return moved
+
+
+
+def restore_unit_loops(sch: s_tir.Schedule, block):
+    """One loop per iter var again after a ``compute_at`` (which makes none for an extent of 1,
+    e.g. a stride phase with a single tap), so the block's loops unpack as before."""
+    iters = sch.get(block).iter_vars
+    loops = list(sch.get_loops(block))
+    if len(loops) == len(iters):
+        return
+    kept = iter(loops)
+    pending = next(kept, None)
+    missing = 0
+    for it in iters:
+        if pending is not None and int(sch.get(pending).extent) == int(it.dom.extent):
+            for _ in range(missing):
+                sch.add_unit_loop(pending)
+            missing, pending = 0, next(kept, None)
+        else:
+            missing += 1
+    for _ in range(missing):
+        sch.add_unit_loop(block)
+
+
+def sum_parts(sch: s_tir.Schedule, block):
+    """The write-back of an rfactor: ``dW = part_0 + part_1 + ...`` in a fixed order, vectorized."""
+    part, *spatial = sch.get_loops(block)
+    *outer, lanes = spatial
+    sch.reorder(*outer, part, lanes)
+    sch.parallel(sch.fuse(*outer))
+    sch.vectorize(lanes)
+    init = sch.decompose_reduction(block, part)
+    sch.vectorize(sch.get_loops(init)[-1])
+

@@ -1,0 +1,140 @@
+"""Register-tile sizes of the CPU formulations: pure functions of the block sizes and the ISA plan.
+
+Every tile holds its accumulators in registers for a whole reduction (chunk): the sizes here keep
+``accumulators + operands`` within the plan's register file (:mod:`tvm_convgrad.isa`), so no tile
+spills on any ISA; the dX cube's tile comes from a small cycle model (FMA throughput, the latency
+of a dependent FMA chain, loads) per ISA.
+"""
+
+from __future__ import annotations
+
+from ...isa import IsaPlan
+
+__all__ = [
+    "CHUNK_STEPS", "FMA_LATENCY", "MAX_TAP_TILE", "MAX_TILE_PIXELS", "MAX_WO_UNROLL", "chunk", "depthwise_dw_tile", "depthwise_dx_tile",
+    "divisors", "dx_tile", "largest_divisor", "step_cycles", "tap_tile",
+]  # fmt: skip
+
+MAX_TILE_PIXELS = 16  # dX pixels per tile: 16 rows of accumulators at most (AVX-512: 16 zmm of 32)
+MAX_TAP_TILE = 7  # transposed dW: taps per tile
+MAX_WO_UNROLL = 4  # depthwise dW: output columns per tile step
+CHUNK_STEPS = 1600  # reduction steps (n, ho, wo) per dW chunk: ~1.6 MB of fmap per 16 Cin blocks
+
+
+def divisors(n: int, most: int) -> list[int]:
+    """The divisors of ``n`` up to ``most``."""
+    return [d for d in range(1, min(n, most) + 1) if n % d == 0]
+
+
+def largest_divisor(n: int, limit: int) -> int:
+    """The largest divisor of ``n`` that is at most ``limit`` (1 at least)."""
+    return max(d for d in range(1, min(n, max(limit, 1)) + 1) if n % d == 0)
+
+
+FMA_LATENCY = 5  # cycles of a dependent FMA chain (4 on recent cores, 5 on Haswell / Zen 1)
+
+
+def step_cycles(pixels: int, vectors: int, plan: IsaPlan) -> float:
+    """Cycles of one reduction step of a dX tile of ``pixels x vectors`` accumulators, on a core
+    with two FMA pipes: the FMAs, or one chain's latency, or the loads (``pixels`` broadcasts and
+    ``vectors`` weight rows; two per cycle where the FMA takes the broadcast itself, 1.5 where a
+    ``vbroadcastss`` needs a shuffle too), whichever is longest, plus one for the loop."""
+    loads_per_cycle = 2 if plan.broadcast_operand else 1.5
+    return max(pixels * vectors / 2, FMA_LATENCY, (pixels + vectors) / loads_per_cycle) + 1
+
+
+def dx_tile(rows: int, cols: int, plan: IsaPlan) -> tuple[int, int, int]:
+    """dX register tile ``(TH, TW, V)`` for a phase of ``rows x cols`` pixels: ``TH x TW`` pixels
+    by ``V`` vector registers of each pixel's 16-lane row (``V`` divides the registers a row
+    takes; ``TH*TW*V`` accumulators within the plan's budget). ``TH`` divides the rows; where
+    ``TW`` does not divide the columns, the last ``cols % TW`` columns of each row band are a
+    tile of their own (the schedule partitions the loop: no predicated FMA).
+
+    The tile with the fewest estimated cycles per row (:func:`_step_cycles` over the row's
+    tiles: enough accumulators to hide the FMA latency, few loads per FMA, few tiles per row);
+    within 5% of the fewest, single-row tiles without an edge first. E.g. AVX-512 16 pixels
+    (2 x 8 at 56 columns, 1 x 14 at 14), AVX2 1 x 6 x 2 ymm (and a 1 x 2 edge at 56 columns),
+    1 x 5 x 2 on 7x7 phases."""
+    per_row = plan.registers_per_row
+
+    def cost(th: int, tw: int, v: int) -> float:
+        whole, edge = divmod(cols, tw)
+        cycles = whole * step_cycles(th * tw, v, plan) + (step_cycles(th * edge, v, plan) if edge else 0)
+        return cycles * (per_row // v) / th
+
+    options = [
+        (cost(th, tw, v), th, tw, v)
+        for v in plan.row_parts
+        for th in divisors(rows, MAX_TILE_PIXELS)
+        for tw in range(1, min(cols, MAX_TILE_PIXELS // th) + 1)
+        if th * tw * v <= plan.accumulators
+    ]  # fmt: skip
+    fewest = min(option[0] for option in options)
+    near = [o for o in options if o[0] <= 1.05 * fewest]
+    _, th, tw, v = max(near, key=lambda o: (cols % o[2] == 0, o[1] == 1, -o[0], o[1] * o[2] * o[3]))
+    return th, tw, v
+
+
+def depthwise_dw_tile(kernel_h: int, kernel_w: int, plan: IsaPlan) -> tuple[int, int, int]:
+    """Depthwise dW tile ``(kernel rows, V, U)``: every tap of the kernel (or of one kernel row)
+    x ``V`` vector registers of a channel row, ``wo`` unrolled by up to ``U``. The tile's
+    accumulators, the ``U`` dy vectors and the ``U + KW - 1`` x vectors its taps share fit the
+    registers with room to spare; the widest ``V`` that still unrolls ``wo`` by 2, else the
+    widest that fits at all."""
+    spare = 1 if plan.memory_operands else 4  # x86 FMAs read one operand from memory
+    options = []
+    for rows in (kernel_h, 1):
+        for v in plan.row_parts:
+            for u in range(1, MAX_WO_UNROLL + 1):
+                live = (rows * kernel_w + 2 * u + kernel_w - 1) * v
+                if rows * kernel_w * v <= plan.accumulators and live <= plan.registers - spare:
+                    options.append((rows == kernel_h, min(u, 2), v, u, rows))
+    if not options:
+        return 1, 1, 1
+    _, _, v, u, rows = max(options)
+    return rows, v, u
+
+
+def depthwise_dx_tile(rows: int, cols: int, taps_h: int, taps_w: int, plan: IsaPlan) -> tuple[int, int, int]:
+    """Depthwise dX tile ``(TH, TW, V)``: the most accumulators ``TH*TW*V`` whose registers fit
+    next to the phase's ``taps_h*taps_w`` weight vectors (``V`` registers each, held across the
+    pixel tiles) and the ``TH*(TW + taps_w - 1)`` dy vectors one kernel row of the tile reads;
+    whole tiles only."""
+    options = [(1, 1, 1, 1)]
+    for v in plan.row_parts:
+        for th in divisors(rows, MAX_TILE_PIXELS):
+            for tw in divisors(cols, MAX_TILE_PIXELS):
+                if (taps_h * taps_w + th * tw + th * (tw + taps_w - 1)) * v < plan.registers and th * tw <= MAX_TILE_PIXELS:
+                    options.append((th * tw * v, v, th, tw))
+    _, v, th, tw = max(options)
+    return th, tw, v
+
+
+
+def tap_tile(kernel_w: int, cout_blocks: int, plan: IsaPlan) -> tuple[int, int]:
+    """``(taps, vectors)`` of a Cout-on-lanes dW tile: the most accumulators whose registers
+    fit with their operands: ``taps * vectors`` accumulator rows, the ``vectors`` dy rows
+    (kept in registers when more than one tap reuses them) and the broadcast x value."""
+    per_row = plan.registers_per_row
+
+    def registers(taps: int, vectors: int) -> int:
+        reused = vectors * per_row if taps > 1 else 0
+        return taps * vectors * per_row + reused + (0 if plan.broadcast_operand else 1)
+
+    fits = [
+        (taps * vectors, taps, vectors)
+        for taps in range(1, min(kernel_w, MAX_TAP_TILE) + 1) if kernel_w % taps == 0
+        for vectors in range(1, cout_blocks + 1) if cout_blocks % vectors == 0
+        if taps * vectors * per_row <= plan.accumulators and registers(taps, vectors) < plan.registers
+    ]  # fmt: skip
+    _, taps, vectors = max(fits, default=(1, 1, 1))
+    return taps, vectors
+
+
+def chunk(batch: int, rows: int, cols: int, steps: int = CHUNK_STEPS) -> tuple[int, int]:
+    """``(images, rows)`` of a dW reduction chunk: whole images while they fit ``steps``,
+    else bands of rows of one image."""
+    if rows * cols <= steps:
+        return largest_divisor(batch, steps // (rows * cols)), rows
+    return 1, largest_divisor(rows, max(1, steps // cols))
+
