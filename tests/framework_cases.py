@@ -16,15 +16,21 @@ from tvm_convgrad.compile import numpy_dtype
 from tvm_convgrad.frontends import dsp, onednn
 from tvm_convgrad.tools.verify import error_bound
 
-__all__ = ["Case", "DspCase", "dsp_params", "arrays", "call", "check", "expected", "placeholders", "torch_weights"]
+__all__ = ["DATA_OPS", "Case", "DspCase", "dsp_params", "arrays", "call", "check", "expected", "placeholders", "torch_result"]
+
+DATA_OPS = ("data", "data_v1")
+"""The input-gradient operators: ``data`` (ConvolutionBackwardData), ``data_v1`` (ConvolutionBackpropData)."""
 
 
 @dataclass(frozen=True)
 class Case:
     """One call of a oneDNN operator. ``conv``: x = input_forward / src, dy = output_delta /
-    diff_dst; ``deconv``: x = src, dy = diff_dst. Shapes are NCX here; the call uses data_format."""
+    diff_dst; ``deconv``: x = src, dy = diff_dst; ``data`` / ``data_v1``: x = the result diff_src,
+    dy = diff_dst / output_delta, the weights an input. Shapes are NCX here; the call uses
+    data_format. ``shape_given`` (data ops): the diff_src shape as the ``input``, as the
+    ``attr``ibute, or ``none`` (inferred with ``output_padding``)."""
 
-    op: str  # "conv", "conv_v2" (ConvolutionBackwardWeights), "deconv"
+    op: str  # "conv", "conv_v2" (ConvolutionBackwardWeights), "deconv", "data", "data_v1"
     batch: int
     x_channels: int
     dy_channels: int
@@ -42,6 +48,7 @@ class Case:
     weights_format: str = "XIO"
     dtype: str = "float32"
     effective_pads: tuple = field(default=(), compare=False)  # pads_begin the sum uses
+    shape_given: str = "input"
 
     @property
     def rank(self) -> int:
@@ -51,6 +58,7 @@ class Case:
         return (
             f"{self.op}-r{self.rank}-g{self.groups}-{self.x_channels}x{self.dy_channels}-s{''.join(map(str, self.strides))}"
             f"-d{''.join(map(str, self.dilations))}-{self.auto_pad}-{self.data_format}-{self.weights_format}-{self.dtype}"
+            + (f"-shape_{self.shape_given}" if self.op in DATA_OPS else "")
         )
 
     def weights_shape(self) -> tuple:
@@ -65,9 +73,13 @@ class Case:
 
 
 
-def call(case: Case, x: te.Tensor, dy: te.Tensor):
+def call(case: Case, *inputs: te.Tensor):
+    """The operator's result tensor on ``inputs`` (:func:`placeholders`)."""
     attrs = dict(strides=list(case.strides), pads_begin=list(case.pads_begin), pads_end=list(case.pads_end),
                  dilations=list(case.dilations), auto_pad=case.auto_pad, groups=case.groups, data_format=case.data_format)  # fmt: skip
+    if case.op in DATA_OPS:
+        return _data_call(case, *inputs, attrs)
+    x, dy = inputs
     shape = list(case.weights_shape())
     if case.op == "conv":
         return onednn.convolution_backprop_filters(x, dy, shape, filter_format=case.weights_format, **attrs)
@@ -76,24 +88,50 @@ def call(case: Case, x: te.Tensor, dy: te.Tensor):
     return onednn.conv_transpose_backward_weights(x, dy, shape, weights_format=case.weights_format, output_padding=case.output_padding, **attrs)
 
 
+def _data_call(case: Case, dy: te.Tensor, w: te.Tensor, attrs: dict):
+    shape = list(case.layout_shape(case.x_channels, case.x_size))
+    given = {"input": (shape, None), "attr": (None, shape), "none": (None, None)}[case.shape_given]
+    padding = None if case.output_padding is None else list(case.output_padding)
+    if case.op == "data":
+        return onednn.convolution_backward_data(dy, w, given[0], dst_shape_attr=given[1], weights_format=case.weights_format,
+                                                output_padding=padding, **attrs)  # fmt: skip
+    return onednn.convolution_backprop_data(dy, w, given[0], output_shape_attr=given[1], filter_format=case.weights_format,
+                                            output_padding=padding, **attrs)  # fmt: skip
+
+
+def _input_shapes(case: Case) -> list[tuple[str, tuple]]:
+    """The operator's inputs in order: ``(name, shape in the call's layouts)``."""
+    x_shape = case.layout_shape(case.x_channels, case.x_size)
+    dy_shape = case.layout_shape(case.dy_channels, case.dy_size)
+    if case.op in DATA_OPS:
+        return [("diff_dst" if case.op == "data" else "output_delta", dy_shape), ("weights" if case.op == "data" else "filter", case.weights_shape())]
+    return [("src" if case.op != "conv" else "input_forward", x_shape), ("diff_dst" if case.op != "conv" else "output_delta", dy_shape)]
+
+
 def placeholders(case: Case):
-    x = te.placeholder(case.layout_shape(case.x_channels, case.x_size), case.dtype, name="src" if case.op != "conv" else "input_forward")
-    dy = te.placeholder(case.layout_shape(case.dy_channels, case.dy_size), case.dtype, name="diff_dst" if case.op != "conv" else "output_delta")
-    return x, dy
+    """The operator's input placeholders, in its argument order."""
+    return tuple(te.placeholder(shape, case.dtype, name=name) for name, shape in _input_shapes(case))
 
 
 def arrays(case: Case, seed: int = 0):
+    """Random arrays of the operator's inputs, in its argument order."""
     rng = np.random.default_rng(seed)
     dtype = numpy_dtype(case.dtype)
-    x = rng.uniform(-1, 1, case.layout_shape(case.x_channels, case.x_size)).astype(dtype)
-    dy = rng.uniform(-1, 1, case.layout_shape(case.dy_channels, case.dy_size)).astype(dtype)
-    return x, dy
+    return tuple(rng.uniform(-1, 1, shape).astype(dtype) for _, shape in _input_shapes(case))
 
 
-def expected(case: Case, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    """float64 reference in the case's weights format (from the rounded inputs)."""
-    xn = reference.from_data_format(x.astype(np.float64), case.data_format)
-    dyn = reference.from_data_format(dy.astype(np.float64), case.data_format)
+def _ncx(case: Case, a: np.ndarray) -> np.ndarray:
+    return reference.from_data_format(a.astype(np.float64), case.data_format)
+
+
+def expected(case: Case, *inputs: np.ndarray) -> np.ndarray:
+    """float64 reference of the operator's result in its own layout (from the rounded inputs)."""
+    if case.op in DATA_OPS:
+        dy, w = inputs
+        wn = reference.from_weights_format(w.astype(np.float64), case.weights_format)
+        dx = reference.conv_backward_data_nd(_ncx(case, dy), wn, case.x_size, case.strides, case.effective_pads, case.dilations, case.groups)
+        return reference.to_data_format(dx, case.data_format)
+    xn, dyn = (_ncx(case, a) for a in inputs)
     if case.op == "deconv":
         w = reference.conv_transpose_backward_weights(xn, dyn, case.kernel, case.strides, case.effective_pads, case.dilations, case.groups)
     else:
@@ -101,20 +139,32 @@ def expected(case: Case, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
     return reference.to_weights_format(w, case.weights_format)
 
 
-def torch_weights(case: Case, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    """PyTorch autograd, float64, in the case's weights format. conv: ``conv{n}d_weight`` on x
-    padded with (pads_begin, pads_end); deconv: ``conv_transpose{n}d`` (no padding) cropped to
-    diff_dst's window ``[pb, pb + S_dst)`` (zero-extended), loss ``sum(y * diff_dst)``."""
-    xt = torch.from_numpy(reference.from_data_format(x.astype(np.float64), case.data_format).copy())
-    dyt = torch.from_numpy(reference.from_data_format(dy.astype(np.float64), case.data_format).copy())
+def _forward_pads(case: Case) -> list[int]:
+    """F.pad's list for x: (pads_begin, an end that reaches every window), last axis first."""
+    ends = [max(0, (o - 1) * st + (k - 1) * d + 1 - b - size) for size, o, st, k, d, b in
+            zip(case.x_size, case.dy_size, case.strides, case.kernel, case.dilations, case.effective_pads)]  # fmt: skip
+    return [p for b, e in reversed(list(zip(case.effective_pads, ends))) for p in (b, e)]
+
+
+def torch_result(case: Case, *inputs: np.ndarray) -> np.ndarray:
+    """PyTorch autograd, float64, in the operator's layout. conv: ``conv{n}d_weight`` on x padded
+    with (pads_begin, pads_end); data: the gradient of ``sum(conv{n}d(pad(x), W) * diff_dst)``
+    with respect to x; deconv: ``conv_transpose{n}d`` (no padding) cropped to diff_dst's window
+    ``[pb, pb + S_dst)`` (zero-extended), loss ``sum(y * diff_dst)``."""
     nd, fn = case.rank, torch.nn.functional
+    if case.op in DATA_OPS:
+        dy, w = inputs
+        dyt = torch.from_numpy(_ncx(case, dy).copy())
+        wt = torch.from_numpy(reference.from_weights_format(w.astype(np.float64), case.weights_format).copy())
+        xt = torch.zeros((case.batch, case.x_channels, *case.x_size), dtype=torch.float64, requires_grad=True)
+        y = getattr(fn, f"conv{nd}d")(fn.pad(xt, _forward_pads(case)), wt, stride=case.strides, dilation=case.dilations, groups=case.groups)
+        (y * dyt).sum().backward()
+        return reference.to_data_format(xt.grad.numpy(), case.data_format)
+    xt, dyt = (torch.from_numpy(_ncx(case, a).copy()) for a in inputs)
     if case.op != "deconv":
-        ends = [max(0, (o - 1) * st + (k - 1) * d + 1 - b - size) for size, o, st, k, d, b in
-                zip(case.x_size, case.dy_size, case.strides, case.kernel, case.dilations, case.effective_pads)]  # fmt: skip
-        pad = [p for b, e in reversed(list(zip(case.effective_pads, ends))) for p in (b, e)]
         weight_fn = getattr(torch.nn.grad, f"conv{nd}d_weight")
         shape = (case.dy_channels, case.x_channels // case.groups, *case.kernel)
-        w = weight_fn(fn.pad(xt, pad), shape, dyt, stride=case.strides, padding=0, dilation=case.dilations, groups=case.groups)
+        w = weight_fn(fn.pad(xt, _forward_pads(case)), shape, dyt, stride=case.strides, padding=0, dilation=case.dilations, groups=case.groups)
         return reference.to_weights_format(w.numpy(), case.weights_format)
     weight = torch.zeros((case.x_channels, case.dy_channels // case.groups, *case.kernel), dtype=torch.float64, requires_grad=True)
     y = getattr(fn, f"conv_transpose{nd}d")(xt, weight, stride=case.strides, dilation=case.dilations, groups=case.groups)

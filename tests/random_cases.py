@@ -11,7 +11,7 @@ returns the call and the parameter its ``ConvGradError`` must name.
 
 Operators: ``tbe_filter`` / ``tbe_input`` (the TBE DSL), ``conv`` (ConvolutionBackpropFilters),
 ``conv_v2`` (ConvolutionBackwardWeights), ``deconv`` (ConvTransposeBackwardWeights), ``dsp``
-(DeconvGradFilter).
+(DeconvGradFilter), ``data`` (ConvolutionBackwardData), ``data_v1`` (ConvolutionBackpropData).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from typing import Callable
 import numpy as np
 from tvm import te
 
-from framework_cases import Case, DspCase
+import framework_cases
+from framework_cases import DATA_OPS, Case, DspCase
 from tbe_calls import geometry
 from tvm_convgrad import dsl, layout, reference
 from tvm_convgrad.dsl.compute import cube_util
@@ -31,7 +32,7 @@ from tvm_convgrad.tvm import placeholder
 
 __all__ = ["OPERATORS", "call_of", "invalid_call", "valid_case", "valid_result"]
 
-OPERATORS = ("tbe_filter", "tbe_input", "conv", "conv_v2", "deconv", "dsp")
+OPERATORS = ("tbe_filter", "tbe_input", "conv", "conv_v2", "deconv", "dsp", "data", "data_v1")
 _PER_GROUP = (1, 2, 3, 5, 8, 16, 17, 20, 33)  # channels per group: below, at and past one 16-lane block
 
 
@@ -206,6 +207,8 @@ _ONEDNN_NAMES = {
     "conv": {"x": "input_forward", "dy": "output_delta", "shape": "filter_shape", "format": "filter_format"},
     "conv_v2": {"x": "src", "dy": "diff_dst", "shape": "weights_shape", "format": "weights_format"},
     "deconv": {"x": "src", "dy": "diff_dst", "shape": "weights_shape", "format": "weights_format"},
+    "data": {"dy": "diff_dst", "w": "weights", "shape": "dst_shape", "format": "weights_format"},
+    "data_v1": {"dy": "output_delta", "w": "filter", "shape": "output_shape", "format": "filter_format"},
 }
 
 
@@ -248,6 +251,13 @@ def _onednn_case(rng: np.random.Generator, op: str) -> Case:
               "dtype": dtype, "effective_pads": tuple(a["pb"] for a in axes)}  # fmt: skip
     if op == "deconv":  # src (x of the Case) has the conv view's output size
         return Case(op, batch, per_dy * groups, per_x * groups, groups, out, spatial, output_padding=padding, **common)
+    if op in DATA_OPS:  # the diff_src shape: given (input or attribute) or inferred from output_padding
+        given = _pick(rng, ("input", "attr") if mode != "none" else ("input", "attr", "none", "none"))
+        implied = tuple((a["size"] + a["pb"] + a["pe"] - a["eff"]) % a["s"] for a in axes)
+        padding = None
+        if given == "none" and (any(implied) or rng.random() < 0.5) or given != "none" and mode == "none" and rng.random() < 0.3:
+            padding = implied
+        return Case(op, batch, per_x * groups, per_dy * groups, groups, spatial, out, output_padding=padding, shape_given=given, **common)
     return Case(op, batch, per_x * groups, per_dy * groups, groups, spatial, out, **common)
 
 
@@ -261,6 +271,8 @@ def _effective_pads_end(case: Case) -> list[int]:
 
 
 def _onednn_args(case: Case) -> dict:
+    if case.op in DATA_OPS:
+        return _data_args(case)
     attrs = {"strides": list(case.strides), "pads_begin": list(case.pads_begin), "pads_end": list(case.pads_end),
              "dilations": list(case.dilations), "auto_pad": case.auto_pad, "groups": case.groups, "data_format": case.data_format}  # fmt: skip
     if case.op == "deconv":
@@ -275,7 +287,38 @@ def _onednn_args(case: Case) -> dict:
     }
 
 
+def _data_args(case: Case) -> dict:
+    """The data operators' call: ``dy`` / ``w`` ``(shape, dtype)``, the diff_src ``shape`` (as
+    given or None) and ``shape_key`` (the input or the attribute), ``attrs``, ``case``."""
+    names = _ONEDNN_NAMES[case.op]
+    attrs = {"strides": list(case.strides), "pads_begin": list(case.pads_begin), "pads_end": list(case.pads_end),
+             "dilations": list(case.dilations), "auto_pad": case.auto_pad, "groups": case.groups, "data_format": case.data_format,
+             names["format"]: case.weights_format,
+             "output_padding": None if case.output_padding is None else list(case.output_padding)}  # fmt: skip
+    full = list(case.layout_shape(case.x_channels, case.x_size))
+    return {
+        "dy": (case.layout_shape(case.dy_channels, case.dy_size), case.dtype),
+        "w": (case.weights_shape(), case.dtype),
+        "shape": None if case.shape_given == "none" else full,
+        "shape_key": "attr" if case.shape_given == "attr" else "input",
+        "full_shape": full,
+        "attrs": attrs,
+        "pads": (list(case.effective_pads), _effective_pads_end(case)),
+    }
+
+
+def _data_call(op: str, args: dict):
+    names = _ONEDNN_NAMES[op]
+    dy = te.placeholder(args["dy"][0], args["dy"][1], name=names["dy"])
+    w = te.placeholder(args["w"][0], args["w"][1], name=names["w"])
+    shape_input, shape_attr = (args["shape"], None) if args["shape_key"] == "input" else (None, args["shape"])
+    fn = onednn.convolution_backward_data if op == "data" else onednn.convolution_backprop_data
+    return fn(dy, w, shape_input, **{f"{names['shape']}_attr": shape_attr}, **args["attrs"])
+
+
 def _onednn_call(op: str, args: dict):
+    if op in DATA_OPS:
+        return _data_call(op, args)
     names = _ONEDNN_NAMES[op]
     x = te.placeholder(args["x"][0], args["x"][1], name=names["x"])
     dy = te.placeholder(args["dy"][0], args["dy"][1], name=names["dy"])
@@ -338,7 +381,74 @@ def _weights_out_plus(op: str):
     return change
 
 
+def _with_shape(change: Callable) -> Callable:
+    """A data-operator break that needs the diff_src shape given (as the input)."""
+
+    def wrapped(args):
+        args["shape"], args["shape_key"] = list(args["full_shape"]), "input"
+        change(args)
+
+    return wrapped
+
+
+def _data_spatial_axis(args: dict) -> int:
+    rank = len(args["dy"][0])
+    return rank - 1 if args["attrs"]["data_format"] == "NCX" else rank - 2
+
+
+def _data_kernel_too_big(args):
+    """The last kernel axis larger than the padded diff_src (pads as given, no auto_pad)."""
+    args["attrs"].update(auto_pad="none", pads_begin=args["pads"][0], pads_end=args["pads"][1])
+    size = args["shape"][_data_spatial_axis(args)]
+    w_shape = list(args["w"][0])
+    w_shape[-1 if args["attrs"].get("weights_format", args["attrs"].get("filter_format")) == "OIX" else -3] = size + args["pads"][0][-1] + args["pads"][1][-1] + 1
+    args["w"] = (tuple(w_shape), args["w"][1])
+
+
+def _data_weights_dim_plus(index_of: dict):
+    def change(args):
+        fmt = args["attrs"].get("weights_format", args["attrs"].get("filter_format"))
+        w_shape = list(args["w"][0])
+        w_shape[index_of[fmt]] += 1
+        args["w"] = (tuple(w_shape), args["w"][1])
+
+    return change
+
+
+def _data_breaks(op: str) -> list[tuple[str, Callable]]:
+    n = _ONEDNN_NAMES[op]
+    dy, w, shape = n["dy"], n["w"], n["shape"]
+    return [
+        ("strides", _attr_item("strides", 0)),
+        ("strides", _attr_set("strides", [1] * 4)),
+        ("strides", _attr_item("strides", 1.5)),
+        ("dilations", _attr_item("dilations", 0)),
+        ("pads_begin", _attr_item("pads_begin", -1)),
+        ("pads_end", _attr_set("pads_end", [0] * 4)),
+        ("groups", _attr_set("groups", 0)),
+        ("data_format", _attr_set("data_format", "NHWC")),
+        (n["format"], _attr_set(n["format"], "HWIO")),
+        ("auto_pad", _attr_set("auto_pad", "same")),
+        ("output_padding", _attr_set("output_padding", [-1] * 4)),
+        ("output_padding", lambda a: a["attrs"].__setitem__("output_padding", list(a["attrs"]["strides"]))),
+        (shape, _with_shape(lambda a: a.__setitem__("shape", a["shape"][:-1]))),
+        (shape, _with_shape(lambda a: a["shape"].__setitem__(0, 0))),
+        (shape, _with_shape(lambda a: a["shape"].__setitem__(0, a["shape"][0] + 1))),  # batch
+        (shape, lambda a: (a.__setitem__("shape", None), a["attrs"].__setitem__("auto_pad", "same_upper"))),  # auto_pad needs it
+        (f"{w}.shape", _with_shape(_data_weights_dim_plus({"OIX": 1, "XIO": -2}))),  # I x groups != the diff_src channels
+        (f"{w}.shape", _data_weights_dim_plus({"OIX": 0, "XIO": -1})),  # O != the diff_dst channels
+        (f"{dy} spatial axis", _with_shape(lambda a: a.__setitem__("dy", (tuple(d + (i == _data_spatial_axis(a)) for i, d in enumerate(a["dy"][0])), a["dy"][1])))),
+        (f"{shape} spatial axis", _with_shape(_data_kernel_too_big)),
+        (f"{dy}.dtype", lambda a: (a.__setitem__("dy", (a["dy"][0], "int8")), a.__setitem__("w", (a["w"][0], "int8")))),
+        (f"{w}.dtype", lambda a: a.__setitem__("w", (a["w"][0], "float64"))),
+        (f"{dy}.shape", lambda a: a.__setitem__("dy", ((*a["dy"][0], 1, 1, 1), a["dy"][1]))),
+        (f"{w}.shape", lambda a: a.__setitem__("w", ((*a["w"][0], 1), a["w"][1]))),
+    ]
+
+
 def _onednn_breaks(op: str) -> list[tuple[str, Callable]]:
+    if op in DATA_OPS:
+        return _data_breaks(op)
     n = _ONEDNN_NAMES[op]
     x, dy = n["x"], n["dy"]
     conv_x, conv_dy = (dy, x) if op == "deconv" else (x, dy)  # the conv view's roles

@@ -17,7 +17,7 @@ import pytest
 from tvm import te
 
 from conftest import needs_torch, torch
-from framework_cases import Case, arrays, call, check, dsp_params, expected, placeholders, torch_weights
+from framework_cases import Case, arrays, call, check, dsp_params, expected, placeholders, torch_result
 from tvm_convgrad import ConvGradError, build, reference
 from tvm_convgrad.compile import numpy_dtype
 from tvm_convgrad.frontends import dsp, onednn
@@ -134,7 +134,7 @@ def test_operator_matches_torch(case):
     x, dy = placeholders(case)
     kernel = build(call(case, x, dy))
     xa, dya = arrays(case, seed=1)
-    check(kernel(xa, dya), torch_weights(case, xa, dya), kernel, "vs PyTorch")
+    check(kernel(xa, dya), torch_result(case, xa, dya), kernel, "vs PyTorch")
 
 
 def test_rank_3_runs_on_the_cube_with_a_depth_axis():

@@ -151,4 +151,4 @@ def test_framework_cases_match_pytorch_on_the_gpu():
         x, dy = framework_cases.placeholders(case)
         kernel = build(framework_cases.call(case, x, dy), target=CUDA)
         xa, dya = framework_cases.arrays(case, seed=1)
-        framework_cases.check(kernel(xa, dya), framework_cases.torch_weights(case, xa, dya), kernel, "GPU vs PyTorch")
+        framework_cases.check(kernel(xa, dya), framework_cases.torch_result(case, xa, dya), kernel, "GPU vs PyTorch")

@@ -24,9 +24,12 @@ __all__ = [
     "conv2d_backprop_filter_tbe",
     "conv2d_backprop_input",
     "conv_backprop_filter_nd",
+    "conv_backward_data_nd",
     "conv_transpose_backward_weights",
     "deconv_grad_filter",
     "from_data_format",
+    "from_weights_format",
+    "to_data_format",
     "to_weights_format",
 ]
 
@@ -173,6 +176,28 @@ def conv_transpose_backward_weights(src, diff_dst, kernel, strides, pads_begin, 
     return _weight_correlation(src, diff_dst, kernel, strides, pads_begin, dilations, groups)
 
 
+def conv_backward_data_nd(diff_dst, w, spatial_in, strides, pads_begin, dilations, groups: int = 1) -> np.ndarray:
+    """ConvolutionBackwardData: ``dX[n, g*ICg + i, p*s - pb + k*d] += dY[n, g*OCg + o, p] *
+    W[g*OCg + o, i, k]`` over every output position ``p`` and tap ``k`` (scatter form, positions
+    outside ``[0, S_in)`` dropped), float64 NCX ``(N, C_in, *spatial_in)`` from NCX ``diff_dst`` and
+    the OIX forward weight ``w``; any spatial rank."""
+    dy = np.asarray(diff_dst, dtype=np.float64)
+    w = np.asarray(w, dtype=np.float64)
+    n, cout, *grid = dy.shape
+    _, cin_g, *kernel = w.shape
+    reach = [(o - 1) * s + (k - 1) * d + 1 for o, k, s, d in zip(grid, kernel, strides, dilations)]
+    padded = [max(size + pb, r) for size, pb, r in zip(spatial_in, pads_begin, reach)]
+    dxpad = np.zeros((n, groups, cin_g, *padded))
+    dyg = dy.reshape(n, groups, cout // groups, -1)
+    wg = w.reshape(groups, cout // groups, cin_g, *kernel)
+    for taps in np.ndindex(*kernel):
+        contribution = np.einsum("ngop,goi->ngip", dyg, wg[(Ellipsis, *taps)], optimize=True).reshape(n, groups, cin_g, *grid)
+        window = tuple(_tap_window(k, d, s, o) for k, d, s, o in zip(taps, dilations, strides, grid))
+        dxpad[(Ellipsis, *window)] += contribution
+    crop = tuple(slice(pb, pb + size) for pb, size in zip(pads_begin, spatial_in))
+    return dxpad[(Ellipsis, *crop)].reshape(n, groups * cin_g, *spatial_in)
+
+
 def auto_pad(size: int, kernel: int, stride: int, dilation: int, mode: str) -> tuple[int, int]:
     """``(begin, end)`` pads of oneDNN's auto_pad on an input of ``size`` (spec §4, the ceil form):
     ``total = max(0, (ceil(size/s) - 1)*s + eff - size)``, the odd pad at the end (same_upper) or
@@ -187,6 +212,16 @@ def auto_pad(size: int, kernel: int, stride: int, dilation: int, mode: str) -> t
 def from_data_format(a: np.ndarray, data_format: str) -> np.ndarray:
     """NXC -> NCX (NCX unchanged)."""
     return a if data_format == "NCX" else np.moveaxis(a, -1, 1)
+
+
+def to_data_format(a: np.ndarray, data_format: str) -> np.ndarray:
+    """NCX -> NXC (NCX unchanged): the inverse of :func:`from_data_format`."""
+    return a if data_format == "NCX" else np.moveaxis(a, 1, -1)
+
+
+def from_weights_format(w: np.ndarray, weights_format: str) -> np.ndarray:
+    """XIO (XOI) -> OIX (IOX): the inverse of :func:`to_weights_format`."""
+    return w if weights_format in ("OIX", "IOX") else np.moveaxis(w, (-1, -2), (0, 1))
 
 
 def to_weights_format(w: np.ndarray, weights_format: str) -> np.ndarray:

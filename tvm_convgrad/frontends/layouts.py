@@ -1,4 +1,4 @@
-"""Layout stages between the framework operators' tensors and the dW compute.
+"""Layout stages between the framework operators' tensors and the dW / dX computes.
 
 A frontend wraps the compute between two kinds of TE stages, each tagged ``layout_adapter``:
 
@@ -21,7 +21,7 @@ from ..dsl.compute.stages import LAYOUT_ADAPTER, LAYOUT_IN_TAG, LAYOUT_OUT_TAG
 from ..layout import C0, ceil_div
 from ..params.framework import ConvView
 
-__all__ = ["as_5hd", "weight_stage"]
+__all__ = ["as_5hd", "as_fracz", "data_stage", "weight_stage"]
 
 
 def as_5hd(tensor: te.Tensor, data_format: str, name: str) -> te.Tensor:
@@ -73,5 +73,58 @@ def weight_stage(
         o, i, taps = to_oix(*index)
         kd, kh, kw = (0,) * (3 - len(taps)) + tuple(taps)
         return dw[layout.dw_result_index(o, i, kd, kh, kw, ext, kernel)].astype(dtype)
+
+    return te.compute(tuple(shape), value, name=name, tag=LAYOUT_OUT_TAG, attrs={LAYOUT_ADAPTER: "out", **attrs})
+
+
+def as_fracz(weights: te.Tensor, view: ConvView, weights_format: str, name: str) -> te.Tensor:
+    """The forward weight (``weights_format`` OIX ``(O, I, *K)`` or XIO ``(*K, I, O)``) as the dX
+    compute's FracZ_g ``(KD*g_extend*cin1_g*KH*KW, cout1_g, 16, 16)``: entry ``[row, co1, co0,
+    ci0]`` holds the weight of extended group ``e``'s column ``co1*16 + co0`` (slot ``j``, output
+    channel ``(e*multiple + j)*cout_g + col % cout_g``) and input lane ``c1*16 + ci0`` of that slot,
+    0 where column and lane are in different slots or past the channels. Indices are clamped
+    before the read (never outside the tensor)."""
+    geom = view.geometry()
+    ext = geom.group
+    kernel_h, kernel_w = geom.kh, geom.kw
+    rank = view.rank
+
+    def value(row, co1, co0, ci0):
+        block, kh, kw = layout.split_fracz_row(row, kernel_h, kernel_w)
+        kd, c1 = (block // geom.c1_x, block % geom.c1_x) if rank == 3 else (0, block)
+        e, lane = c1 // ext.cin1_g, (c1 % ext.cin1_g) * C0 + ci0  # lane: input channel inside the extended group
+        col = co1 * C0 + co0
+        conds = []
+        if ext.multiple == 1:
+            slot, co, ci = 0, e * ext.cout_g + col, lane
+            conds += [col < ext.cout_g] if ext.cout1_g * C0 > ext.cout_g else []
+            conds += [lane < ext.cin_g] if ext.cin1_g * C0 > ext.cin_g else []
+        else:
+            slot = col // ext.cout_g
+            co, ci = (e * ext.multiple + slot) * ext.cout_g + col % ext.cout_g, lane % ext.cin_g
+            conds += [slot == lane // ext.cin_g, slot < ext.multiple]
+            conds += [e * ext.multiple + slot < ext.groups] if ext.g_extend * ext.multiple > ext.groups else []
+        co = tirx.min(co, view.cout - 1) if conds else co
+        ci = tirx.min(ci, ext.cin_g - 1) if conds else ci
+        taps = ((kd, kh, kw), (kh, kw), (kw,))[3 - rank]
+        index = (co, ci, *taps) if weights_format == "OIX" else (*taps, ci, co)
+        read = weights[index]
+        return tirx.Select(tirx.all(*conds), read, tirx.const(0, weights.dtype)) if conds else read
+
+    shape = (geom.kd * geom.c1_x * kernel_h * kernel_w, ext.cout1_g, C0, C0)
+    return te.compute(shape, value, name=name, tag=LAYOUT_IN_TAG, attrs={LAYOUT_ADAPTER: "in"})
+
+
+def data_stage(dx: te.Tensor, view: ConvView, shape: Sequence[int], data_format: str, dtype: str, name: str, attrs: dict) -> te.Tensor:
+    """dX (the compute's ``(N*D, C1, H*W, 16)`` result) as an activation of ``shape`` in
+    ``data_format`` (NCX / NXC, spatial rank 1-3), in ``dtype``. ``attrs`` are the result's."""
+    geom = view.geometry()
+    rank = view.rank
+
+    def value(*index):
+        n, c, spatial = (index[0], index[1], index[2:]) if data_format == "NCX" else (index[0], index[-1], index[1:-1])
+        d, h, w = (0,) * (3 - rank) + tuple(spatial)
+        row = n * geom.depth.size + d if rank == 3 else n
+        return dx[row, c // C0, h * geom.w + w, c % C0].astype(dtype)
 
     return te.compute(tuple(shape), value, name=name, tag=LAYOUT_OUT_TAG, attrs={LAYOUT_ADAPTER: "out", **attrs})

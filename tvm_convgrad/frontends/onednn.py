@@ -1,8 +1,10 @@
-"""oneDNN Graph's weight-gradient operators on the package's dW compute.
+"""oneDNN Graph's gradient operators on the package's dW and dX computes.
 
 * :func:`convolution_backprop_filters` (``ConvolutionBackpropFilters-1``) and its later name
   :func:`convolution_backward_weights` (``ConvolutionBackwardWeights``);
-* :func:`conv_transpose_backward_weights` (``ConvTransposeBackwardWeights``).
+* :func:`conv_transpose_backward_weights` (``ConvTransposeBackwardWeights``);
+* :func:`convolution_backward_data` (``ConvolutionBackwardData``) and its older name
+  :func:`convolution_backprop_data` (``ConvolutionBackpropData``): the input gradient.
 
 Each takes ``te.placeholder`` tensors in the framework layout (``data_format`` NXC ``(N, *X, C)``
 or NCX ``(N, C, *X)``, X = 1-3 spatial axes) and returns the weight-gradient ``te.Tensor`` in
@@ -12,7 +14,8 @@ attribute defaults, auto_pad formulas and error rules: ``framework_ops/*.md``.
 
 How: layout stages (:mod:`.layouts`) around the TBE dW compute (:mod:`tvm_convgrad.dsl.compute`):
 x and dy become 5HD (rank 1: H = 1) or NDC1HWC0 (rank 3: the compute's depth axis), the compute's
-FracZ_g result becomes the framework layout. So every operator runs on the cube schedules of
+FracZ_g result becomes the framework layout. dX the same way around the dX compute: dy 5HD /
+NDC1HWC0, the weights FracZ_g (FracZ_3D), the ``(N*D, C1, H*W, 16)`` result NCX / NXC. So every operator runs on the cube schedules of
 both CPU ISAs and the CUDA rule. Types: f16 and bf16 inputs widen exactly to fp32, f32 inputs are
 used as they are (the products are fp32 products, not rounded to fp16 first); every sum runs in
 fp32 and the result is rounded once to the operator's type T.
@@ -25,13 +28,17 @@ from typing import Sequence
 from tvm import te
 
 from ..dsl import attach
-from ..dsl.compute import conv2d_backprop_filter_compute
-from ..dsl.compute.stages import DIFF_WEIGHTS, DY_5HD, FMAP_5HD
+from ..dsl.compute import conv2d_backprop_filter_compute, conv2d_backprop_input_compute
+from ..dsl.compute.stages import DIFF_SRC, DIFF_WEIGHTS, DY_5HD, FMAP_5HD, WEIGHTS_FRACZ
+from ..params import INPUT_OP
 from ..params.framework import ConvView, FrameworkCall
-from ..params.onednn import deconv_view, onednn_view
-from .layouts import as_5hd, weight_stage
+from ..params.onednn import backward_data_view, deconv_view, onednn_view
+from .layouts import as_5hd, as_fracz, data_stage, weight_stage
 
-__all__ = ["conv_transpose_backward_weights", "convolution_backprop_filters", "convolution_backward_weights"]
+__all__ = [
+    "conv_transpose_backward_weights", "convolution_backprop_data", "convolution_backprop_filters", "convolution_backward_data",
+    "convolution_backward_weights",
+]  # fmt: skip
 
 _CHANNELS_FIRST = ("OIX", "IOX")  # (O, I, *K) / (I, O, *K): the conv view's (o, i, k) in that order
 
@@ -165,3 +172,94 @@ def conv_transpose_backward_weights(
     )  # fmt: skip
     return _filter_grad("ConvTransposeBackwardWeights", diff_dst, src, view, data_format, weights_format, shape, kernel_name, (src, diff_dst))
 
+
+
+def _data_grad(op: str, dy: te.Tensor, weights: te.Tensor, view: ConvView, data_format: str, weights_format: str, shape, kernel_name: str) -> te.Tensor:
+    """The dX compute between layout stages: ``dy`` and ``weights`` in the framework layouts, the
+    result of ``shape`` in ``data_format``."""
+    params = view.params(kernel_name, INPUT_OP)
+    dx = conv2d_backprop_input_compute(as_fracz(weights, view, weights_format, WEIGHTS_FRACZ), as_5hd(dy, data_format, DY_5HD), params)
+    attrs = {"kernel_name": kernel_name, "flops": params.flops, "data_format": data_format}
+    result = data_stage(dx, view, shape, data_format, view.dtype, DIFF_SRC, attrs)
+    return attach(result, params, (dy, weights), FrameworkCall(op, view, data_format, weights_format))
+
+
+def convolution_backward_data(
+    diff_dst: te.Tensor,
+    weights: te.Tensor,
+    dst_shape: Sequence[int] | None = None,
+    *,
+    strides: Sequence[int],
+    pads_begin: Sequence[int],
+    pads_end: Sequence[int],
+    dilations: Sequence[int],
+    auto_pad: str = "none",
+    output_padding: Sequence[int] | None = None,
+    groups: int = 1,
+    data_format: str = "NXC",
+    weights_format: str = "XIO",
+    dst_shape_attr: Sequence[int] | None = None,
+    kernel_name: str = "convolution_backward_data",
+) -> te.Tensor:
+    """``ConvolutionBackwardData``: the input gradient ``diff_src`` of ``dst = conv(src, W)``.
+
+    ``dX[n, g*ICg + i, p*s - pb + k*d] += diff_dst[n, g*OCg + o, p] * W[g*OCg + o, i, k]`` over every
+    output position ``p`` and tap ``k`` (positions outside diff_src dropped).
+
+    Parameters
+    ----------
+    diff_dst : te.Tensor
+        ``[N, *S_out, C_out]`` (NXC; NCX: channels second), 1-3 spatial axes, float32, float16
+        or bfloat16.
+    weights : te.Tensor
+        The forward weight, XIO ``[*K, C_in/G, C_out]`` or OIX ``[C_out, C_in/G, *K]``, the same type.
+    dst_shape : list | 1-D int array, optional
+        The operator's optional input 2: the diff_src shape in ``data_format`` (oneDNN names it
+        ``dst_shape``: the op's output). It wins over ``dst_shape_attr`` (all zeros = unset);
+        without both, ``S_in = s*(S_out-1) + (K-1)*d+1 - pb - pe + output_padding`` (explicit pads).
+    strides, dilations, pads_begin, pads_end, auto_pad, groups : as :func:`convolution_backprop_filters`;
+        auto_pad derives the pads from the diff_src size (oneDNN's forward rule), so it needs the shape.
+    output_padding : one int per spatial axis, each ``< stride`` (default 0): the extra rows the
+        formula above adds; with a given shape, checked against it.
+
+    Returns
+    -------
+    te.Tensor
+        ``diff_src`` in ``data_format``, the inputs' type (sums in float32, rounded once).
+    """
+    view, data_format, weights_format, shape = backward_data_view(
+        "ConvolutionBackwardData",
+        {"dy": "diff_dst", "w": "weights", "shape": "dst_shape", "shape_attr": "dst_shape_attr", "format": "weights_format"},
+        diff_dst, weights, dst_shape, dst_shape_attr, strides, pads_begin, pads_end, dilations, auto_pad, output_padding,
+        groups, data_format, weights_format,
+    )  # fmt: skip
+    return _data_grad("ConvolutionBackwardData", diff_dst, weights, view, data_format, weights_format, shape, kernel_name)
+
+
+def convolution_backprop_data(
+    output_delta: te.Tensor,
+    filter: te.Tensor,  # noqa: A002 - the operator's own name
+    output_shape: Sequence[int] | None = None,
+    *,
+    strides: Sequence[int],
+    pads_begin: Sequence[int],
+    pads_end: Sequence[int],
+    dilations: Sequence[int],
+    auto_pad: str = "none",
+    output_padding: Sequence[int] | None = None,
+    groups: int = 1,
+    data_format: str = "NXC",
+    filter_format: str = "XIO",
+    output_shape_attr: Sequence[int] | None = None,
+    kernel_name: str = "convolution_backprop_data",
+) -> te.Tensor:
+    """``ConvolutionBackpropData``, the older name of :func:`convolution_backward_data`
+    (``output_delta`` = diff_dst, ``filter`` = weights, ``output_shape`` = dst_shape,
+    ``filter_format`` = weights_format); same semantics, returns ``input_delta``."""
+    view, data_format, filter_format, shape = backward_data_view(
+        "ConvolutionBackpropData",
+        {"dy": "output_delta", "w": "filter", "shape": "output_shape", "shape_attr": "output_shape_attr", "format": "filter_format"},
+        output_delta, filter, output_shape, output_shape_attr, strides, pads_begin, pads_end, dilations, auto_pad,
+        output_padding, groups, data_format, filter_format,
+    )  # fmt: skip
+    return _data_grad("ConvolutionBackpropData", output_delta, filter, view, data_format, filter_format, shape, kernel_name)

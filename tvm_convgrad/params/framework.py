@@ -2,8 +2,9 @@
 their calls, and the checks they share; each operator's own rules are in :mod:`.onednn` and :mod:`.dsp`.
 
 oneDNN Graph's ``ConvolutionBackpropFilters`` / ``ConvolutionBackwardWeights`` and
-``ConvTransposeBackwardWeights``, and the DSP library's ``DeconvGradFilter``, all compute the
-weight gradient of one forward convolution. Each is validated here and described by one
+``ConvTransposeBackwardWeights``, and the DSP library's ``DeconvGradFilter``, compute the
+weight gradient of one forward convolution, ``ConvolutionBackwardData`` (``ConvolutionBackpropData``)
+its input gradient. Each is validated here and described by one
 :class:`ConvView`: that convolution in NCX / OIX terms (x, dy, w), whichever tensor of the
 operator plays which role. :meth:`ConvView.params` gives the :class:`ConvGradParams` of the
 package's dW compute (spatial rank 1 as 2 with H = 1, rank 3 with a depth axis).
@@ -16,6 +17,7 @@ operator                       conv x (``fmap``)       conv dy                 c
 ConvolutionBackpropFilters     input_forward / src     output_delta / diff_dst filter (O, I/G, K)
 ConvTransposeBackwardWeights   diff_dst                src                     IOX (IC, OC/G, K)
 DeconvGradFilter               dy                      x                       ``[G, n, m]`` rows
+ConvolutionBackwardData        (diff_src: the result)  diff_dst / output_delta weights / filter
 =============================  ======================  ======================  ==================
 """
 
@@ -26,11 +28,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .geometry import FILTER_OP, ConvGeometry, ConvGradParams, DepthAxis
+from .geometry import FILTER_OP, INPUT_OP, ConvGeometry, ConvGradParams, DepthAxis
 from .rules import Rules, is_int
 
 __all__ = [
-    "AUTO_PADS", "CODES", "DATA_FORMATS", "DTYPES", "ConvView", "FrameworkCall", "activations", "auto_pad_mode", "auto_pads",
+    "AUTO_PADS", "CODES", "DATA_FORMATS", "DATA_GRADIENTS", "DTYPES", "ConvView", "FrameworkCall", "activations", "auto_pad_mode", "auto_pads",
     "check_channels_and_batch", "check_spatial", "format_choice", "groups_attr", "one_dtype", "per_axis", "split_format", "weights_shape",
     "window_attrs", "with_pads",
 ]  # fmt: skip
@@ -39,6 +41,8 @@ DTYPES = ("float32", "float16", "bfloat16")
 DATA_FORMATS = ("NXC", "NCX")
 AUTO_PADS = ("none", "same_upper", "same_lower", "valid")
 CODES = {"type": None, "length": None, "value": None}
+DATA_GRADIENTS = ("ConvolutionBackwardData", "ConvolutionBackpropData")
+"""The operators (:attr:`FrameworkCall.op`) whose result is the input gradient, not the weights'."""
 
 
 @dataclass(frozen=True)
@@ -83,10 +87,13 @@ class ConvView:
             dilations=tuple(dl), groups=self.groups, depth=depth,
         )  # fmt: skip
 
-    def params(self, kernel_name: str) -> ConvGradParams:
-        """The dW compute's parameters: inputs in ``dtype``, the result in float32 (the
-        frontend's layout stage rounds it once to ``dtype``)."""
-        return ConvGradParams(FILTER_OP, self.geometry(), self.dtype, "float32", kernel_name)
+    def params(self, kernel_name: str, op: str = FILTER_OP) -> ConvGradParams:
+        """The parameters of the dW (``op`` = ``FILTER_OP``) or dX (``INPUT_OP``) compute: inputs
+        in ``dtype``, the result in float32 (the frontend's layout stage rounds it once to
+        ``dtype``)."""
+        if op not in (FILTER_OP, INPUT_OP):
+            raise ValueError(f"op {op!r}: must be {FILTER_OP!r} or {INPUT_OP!r}")
+        return ConvGradParams(op, self.geometry(), self.dtype, "float32", kernel_name)
 
 
 @dataclass(frozen=True)
@@ -95,8 +102,9 @@ class FrameworkCall:
     describes the kernel (:func:`tvm_convgrad.verify.check_kernel`, the command line).
 
     ``op`` is the operator's name (``ConvolutionBackpropFilters``, ``ConvolutionBackwardWeights``,
-    ``ConvTransposeBackwardWeights``, ``DeconvGradFilter``); the kernel's inputs are in
-    ``data_format`` (DeconvGradFilter: NHWC, ``"NXC"``) and its result in ``weights_format``
+    ``ConvTransposeBackwardWeights``, ``DeconvGradFilter``, ``ConvolutionBackwardData``,
+    ``ConvolutionBackpropData``); the kernel's activations are in ``data_format`` (DeconvGradFilter:
+    NHWC, ``"NXC"``) and its weights (the dW result, the dX input) in ``weights_format``
     (DeconvGradFilter: ``"dsp"``, ``[G, OCg*kh*kw, m]``). ``view`` holds the attributes (kernel,
     strides, pads as used, dilations, groups) and ``dsp_params`` DeconvGradFilter's ``params``."""
 

@@ -1,5 +1,6 @@
-"""The rules of oneDNN Graph's weight-gradient operators (``framework_ops/ConvolutionBackpropFilters.md``,
-``ConvTransposeBackwardWeights.md``, their error sections): each call validated into its
+"""The rules of oneDNN Graph's gradient operators (``framework_ops/ConvolutionBackpropFilters.md``,
+``ConvTransposeBackwardWeights.md``, their error sections; ``ConvolutionBackwardData`` as oneDNN's
+``op_def.hpp`` / ``shape_infer.cpp`` define it): each call validated into its
 :class:`~.framework.ConvView`."""
 
 from __future__ import annotations
@@ -8,11 +9,11 @@ from typing import Any
 
 from .framework import (
     CODES, DATA_FORMATS, ConvView, activations, auto_pad_mode, auto_pads, check_channels_and_batch, check_spatial, format_choice, groups_attr, per_axis,
-    split_format, weights_shape, window_attrs, with_pads,
+    shape_given, split_format, weights_shape, window_attrs, with_pads,
 )  # fmt: skip
 from .rules import Rules
 
-__all__ = ["deconv_view", "onednn_view"]
+__all__ = ["backward_data_view", "deconv_view", "onednn_view"]
 
 
 def onednn_view(
@@ -118,3 +119,93 @@ def deconv_view(
                 r.fail(f"diff_dst spatial axis {axis}", s_dst[axis],
                        f"must be s*(S_src-1) + (K-1)*d+1 - pads + output_padding = {expect}")  # fmt: skip
     return view, data_format, weights_format, shape
+
+
+def backward_data_view(
+    op: str,
+    names: dict[str, str],
+    diff_dst: Any,
+    weights: Any,
+    shape_input: Any,
+    shape_attr: Any,
+    strides: Any,
+    pads_begin: Any,
+    pads_end: Any,
+    dilations: Any,
+    auto_pad: Any,
+    output_padding: Any,
+    groups: Any,
+    data_format: Any,
+    weights_format: Any,
+) -> tuple[ConvView, str, str, tuple[int, ...]]:
+    """ConvolutionBackwardData / ConvolutionBackpropData: ``(view, data_format, weights_format,
+    diff_src shape)``; ``names`` spells the operator's own names (``dy``, ``w``, ``shape``,
+    ``shape_attr``, ``format``).
+
+    The diff_src shape (in ``data_format``) is the shape input when given (it wins), else the
+    attribute (all zeros = unset), else the transposed convolution's ``S_in = s*(S_out - 1) +
+    (K-1)*d+1 - pb - pe + output_padding`` (explicit pads only: auto_pad derives the pads from
+    S_in, oneDNN's forward rule). ``output_padding`` (each ``< s``) checks a given shape against
+    that formula; the forward relation ``S_out = floor((S_in + pb + pe - eff)/s) + 1`` always
+    holds."""
+    r = Rules(op, CODES)
+    dy_shape, w_shape, dtype = activations(r, (names["dy"], diff_dst), (names["w"], weights))
+    rank, nd = len(dy_shape), len(dy_shape) - 2
+    data_format = format_choice(r, "data_format", data_format, DATA_FORMATS)
+    weights_format = format_choice(r, names["format"], weights_format, ("XIO", "OIX"))
+    mode = auto_pad_mode(r, auto_pad)
+    strides, dilations, pads_begin, pads_end = window_attrs(r, nd, strides, dilations, pads_begin, pads_end)
+    padding = None if output_padding is None else per_axis(r, "output_padding", output_padding, nd, 0)
+    if padding is not None:
+        for axis, (op_, s) in enumerate(zip(padding, strides)):
+            if op_ >= s:
+                r.fail("output_padding", padding, f"axis {axis}: must be < the stride {s}")
+    groups = groups_attr(r, groups)
+    batch, cout, s_out = split_format(dy_shape, data_format)
+    o, i, kernel = (w_shape[-1], w_shape[-2], w_shape[:-2]) if weights_format == "XIO" else (w_shape[0], w_shape[1], w_shape[2:])
+    if any(k < 1 for k in kernel):
+        r.fail(f"{names['w']}.shape", w_shape, "every kernel extent must be >= 1")
+    if o != cout:
+        r.fail(f"{names['w']}.shape", w_shape, f"its O ({weights_format}) must equal the {names['dy']} channels {cout}")
+    shape = _diff_src_shape(r, names, shape_input, shape_attr, rank)
+    if shape is None:
+        if mode != "none":
+            r.fail(names["shape"], None, f"is required with auto_pad {mode!r} (its pads follow from the diff_src size): give it "
+                   f"as the input or as the attribute {names['shape_attr']}")  # fmt: skip
+        extra = padding or (0,) * nd
+        s_in = tuple(s * (out - 1) + (k - 1) * d + 1 - pb - pe + op_
+                     for s, out, k, d, pb, pe, op_ in zip(strides, s_out, kernel, dilations, pads_begin, pads_end, extra))  # fmt: skip
+        if any(size < 1 for size in s_in):
+            r.fail("pads_begin", pads_begin, f"with pads_end {pads_end} they crop the whole diff_src (its spatial size would be "
+                   f"{list(s_in)}): give {names['shape']} or smaller pads")  # fmt: skip
+        shape = (batch, i * groups, *s_in) if data_format == "NCX" else (batch, *s_in, i * groups)
+    src_batch, cin, s_in = split_format(shape, data_format)
+    view = ConvView(batch, cin, cout, groups, tuple(s_in), tuple(s_out), tuple(kernel), strides, pads_begin, pads_end, dilations, dtype)
+    named = {"cin": f"{names['shape']} channels", "cout": f"{names['dy']} channels", "in": names["shape"], "out": names["dy"]}
+    check_channels_and_batch(r, view, named)
+    if i * groups != cin:
+        r.fail(f"{names['w']}.shape", w_shape, f"its I ({weights_format}) x groups must equal the diff_src channels {cin}")
+    if src_batch != batch:
+        r.fail(names["shape"], shape, f"batch must equal the {names['dy']} batch {batch}")
+    if mode != "none":
+        view = with_pads(view, [auto_pads(s_in[a], kernel[a], strides[a], dilations[a], mode) for a in range(nd)])
+    check_spatial(r, view, named)
+    if padding is not None:
+        for axis in range(nd):
+            eff = (kernel[axis] - 1) * dilations[axis] + 1
+            expect = strides[axis] * (s_out[axis] - 1) + eff - view.pads_begin[axis] - view.pads_end[axis] + padding[axis]
+            if s_in[axis] != expect:
+                r.fail(f"{names['shape']} spatial axis {axis}", s_in[axis],
+                       f"must be s*(S_out-1) + (K-1)*d+1 - pads + output_padding = {expect}")  # fmt: skip
+    return view, data_format, weights_format, tuple(shape)
+
+
+def _diff_src_shape(r: Rules, names: dict[str, str], given: Any, attribute: Any, rank: int) -> tuple[int, ...] | None:
+    """The diff_src shape when the call gives one: the input (it wins), else a non-zero attribute."""
+    shape = shape_given(r, names["shape"], given, rank)
+    if shape is None and attribute is not None:
+        shape = shape_given(r, names["shape_attr"], attribute, rank)
+        shape = None if shape is not None and not any(shape) else shape
+    if shape is not None and any(d < 1 for d in shape):
+        r.fail(names["shape"], shape, "every dimension must be >= 1")
+    return shape

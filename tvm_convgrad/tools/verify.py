@@ -21,7 +21,7 @@ from .. import layout, reference
 from ..compile import ArgSpec, Kernel, numpy_dtype
 from ..dsl.compute.depthwise import depthwise
 from ..params import FILTER_OP, ConvGradParams
-from ..params.framework import FrameworkCall
+from ..params.framework import DATA_GRADIENTS, FrameworkCall
 
 __all__ = ["Check", "Inputs", "check_kernel", "error_bound", "expected_result", "framework_expected", "kernel_arrays", "random_inputs"]
 
@@ -77,7 +77,7 @@ def reduction_length(params: ConvGradParams) -> int:
     g = params.geom
     if params.op == FILTER_OP:
         return g.batch * g.ho * g.wo * (g.depth.out if g.depth else 1)
-    return g.group.cout1_g * 16 * g.kh * g.kw + 1
+    return g.group.cout1_g * 16 * g.kd * g.kh * g.kw + 1
 
 
 def error_bound(params: ConvGradParams, expected: np.ndarray, res_dtype: str | None = None) -> np.ndarray:
@@ -119,6 +119,10 @@ def framework_expected(call: FrameworkCall, arrays: Sequence[np.ndarray]) -> np.
     if call.op == "DeconvGradFilter":
         return reference.deconv_grad_filter(first, second, call.dsp_params)
     v = call.view
+    if call.op in DATA_GRADIENTS:  # (diff_dst, weights) -> diff_src
+        dy, w = reference.from_data_format(first, call.data_format), reference.from_weights_format(second, call.weights_format)
+        dx = reference.conv_backward_data_nd(dy, w, v.spatial_in, v.strides, v.pads_begin, v.dilations, v.groups)
+        return reference.to_data_format(dx, call.data_format)
     first, second = reference.from_data_format(first, call.data_format), reference.from_data_format(second, call.data_format)
     gradient = reference.conv_transpose_backward_weights if call.op == "ConvTransposeBackwardWeights" else reference.conv_backprop_filter_nd
     return reference.to_weights_format(gradient(first, second, v.kernel, v.strides, v.pads_begin, v.dilations, v.groups), call.weights_format)

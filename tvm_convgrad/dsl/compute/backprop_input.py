@@ -31,6 +31,14 @@ lanes hold 16 output columns instead of 16 channels, so no lane computes a paddi
 ``dy_rows (N, Cout, Hy, Wy)`` and ``w_t (Cout, Cin, KH, KW)`` fp32 (NCHW / OIHW), one
 ``dx_px_{rh}_{rw} (N, Cin, H_rh, W_rw)`` per phase summing ``dy_rows[n, co, j + off_h(mh), i +
 off_w(mw)] * w_t[co, ci, kh(mh), kw(mw)]`` over ``(co, mh, mw)``, and ``c_ddr`` as above (0 past Cin).
+
+**3-D** (``geom.depth``, the framework operators' rank 3; dy NDC1HWC0 ``(N, Do, C1, Ho, Wo, 16)``,
+the weight FracZ_3D ``(KD*C1x*KH*KW, dy_c1_extend, 16, 16)``, depth tap outermost): the cube with
+the depth folded into the batch (:class:`.phases.DepthFold`). ``dy_pad`` is ``(N*Dy, ..)`` over
+dy's zero-padded planes, ``w_col`` ``(C1x, KD*dy_c1_extend, ..)``, one ``dx_cc_{rd}_{rh}_{rw}``
+per depth x row x column phase with ``N*D_rd`` rows whose Cout-block reduction runs over the
+phase's depth taps too (``co1 = md*dy_c1_extend + co1'``), and ``c_ddr`` ``(N*D, C1x, H*W, 16)``
+(image ``n``, plane ``d`` at row ``n*D + d``). The schedules see the 2-D loop nest.
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ from ...layout import C0
 from ...params import ConvGradParams
 from .common import ACC, guarded
 from .depthwise import depthwise, depthwise_input_phases
-from .phases import AxisPhase, DyWindow, axis_phases, dy_window, phase_stage_name
+from .phases import AxisPhase, DepthFold, DyWindow, axis_phases, depth_fold, dy_window, phase_stage_name
 from .stages import C_DDR, DX_PX, DX_TAG, DY_PAD, DY_ROWS, FORMULATION, MAD_TAG, W_COL, W_T, Formulation
 
 __all__ = ["AxisPhase", "axis_phases", "conv2d_backprop_input_compute", "phase_stage_name", "pixel_lanes_input_grad"]
@@ -51,34 +59,45 @@ PIXEL_LANES_MAX_CIN = 8  # at most half the lanes of a channel block would be re
 
 
 def pixel_lanes_input_grad(params: ConvGradParams) -> bool:
-    """Whether dX puts output columns on the lanes: one extended group of at most 8 channels."""
-    return params.geom.group.g_extend == 1 and params.geom.cin <= PIXEL_LANES_MAX_CIN
+    """Whether dX puts output columns on the lanes: one extended group of at most 8 channels (2-D)."""
+    return params.geom.group.g_extend == 1 and params.geom.cin <= PIXEL_LANES_MAX_CIN and params.geom.depth is None
 
 
 def conv2d_backprop_input_compute(
     filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, bias: te.Tensor | None = None
 ) -> te.Tensor:
-    """dX of TBE's shape ``(N, ceil(Cin,16), H*W, 16)`` from FracZ ``filters`` and 5HD ``dy``."""
+    """dX of TBE's shape ``(N, ceil(Cin,16), H*W, 16)`` from FracZ ``filters`` and 5HD ``dy``
+    (3-D: ``(N*D, ..)`` from FracZ_3D and NDC1HWC0 dy, see the module docstring)."""
     g = params.geom
     (sh, sw), (dil_h, dil_w), (pu, _, pl, _) = g.strides, g.dilations, g.pads
     rows = axis_phases(g.h, g.kh, sh, pu, dil_h)
     cols = axis_phases(g.w, g.kw, sw, pl, dil_w)
 
     window = dy_window(rows, cols, g.ho, g.wo)
-    if depthwise(params):
-        phase_mads = depthwise_input_phases
-    elif pixel_lanes_input_grad(params):
-        phase_mads = _pixel_lane_phases
+    if g.depth is not None:
+        d = g.depth
+        fold = depth_fold(d.size, d.kernel, d.stride, d.pad_before, d.dilation, d.out)
+        phases, read = _cube_phases(filters, dy, params, rows, cols, window, fold)
     else:
-        phase_mads = _cube_phases
-    phases, read = phase_mads(filters, dy, params, rows, cols, window)
+        if depthwise(params):
+            phase_mads = depthwise_input_phases
+        elif pixel_lanes_input_grad(params):
+            phase_mads = _pixel_lane_phases
+        else:
+            phase_mads = _cube_phases
+        fold = None
+        found, read = phase_mads(filters, dy, params, rows, cols, window)
+        phases = [(None, ph, pw, mad) for ph, pw, mad in found]
 
-    def result(n, c1, hw, c0):
+    def result(n, c1, hw, c0):  # 3-D: n is image x plane
         h, w = hw // g.w, hw % g.w
+        image, plane = (n // fold.size, n % fold.size) if fold else (n, None)
         value = tirx.const(0.0, ACC)
-        for ph, pw, mad in reversed(phases):  # each pixel reads its own phase
-            here = read(mad, n, c1, h // sh, w // sw, c0)
+        for pd, ph, pw, mad in reversed(phases):  # each pixel reads its own phase
+            row = n if pd is None else image * pd.count + plane // g.depth.stride
+            here = read(mad, row, c1, h // sh, w // sw, c0)
             conds = ([h % sh == ph.first] if sh > 1 else []) + ([w % sw == pw.first] if sw > 1 else [])
+            conds += [plane % g.depth.stride == pd.first] if pd is not None and g.depth.stride > 1 else []
             value = te.if_then_else(tirx.all(*conds), here, value) if conds else here
         if bias is not None:
             channel = c1 * C0 + c0
@@ -86,57 +105,83 @@ def conv2d_backprop_input_compute(
             value = value + guarded(conds, bias[channel].astype(ACC))
         return value.astype(params.res_dtype)
 
+    planes = g.depth.size if g.depth else 1
     return te.compute(
-        layout.shape_dx_result(g.input_sizes),
+        layout.shape_dx_result((g.batch * planes, g.cin, g.h, g.w)),
         result,
         name=C_DDR,
         tag=DX_TAG,
         attrs={
             "kernel_name": params.kernel_name,
-            "output_shape": list(layout.shape_5hd(*g.input_sizes)),
+            "output_shape": list(layout.shape_5hd(g.batch * planes, g.cin, g.h, g.w)),
             "output_dtype": params.res_dtype,
             "flops": params.flops,
         },
     )
 
 
-def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows, cols, window: DyWindow):
-    """One ``dx_cc`` mad per phase, 16 input channels on the lanes."""
+def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows, cols, window: DyWindow, fold: DepthFold | None = None):
+    """One ``dx_cc`` mad per phase, 16 input channels on the lanes (3-D: per depth phase too,
+    its taps folded into the Cout-block reduction, see :class:`.phases.DepthFold`)."""
     g = params.geom
     ext = g.group
     top, left = window.top, window.left
     c1_dy = ext.g_extend * ext.cout1_g
 
-    def pad_value(n, c1, y, x, c0):
-        conds = ([c1 < g.c1_y] if c1_dy > g.c1_y else []) + window.conds(y, x)
-        return guarded(conds, dy[n, c1, y - top, x - left, c0].astype(ACC))
+    if fold is None:
+        def pad_value(n, c1, y, x, c0):
+            conds = ([c1 < g.c1_y] if c1_dy > g.c1_y else []) + window.conds(y, x)
+            return guarded(conds, dy[n, c1, y - top, x - left, c0].astype(ACC))
 
-    dy_pad = te.compute((g.batch, c1_dy, *window.shape, C0), pad_value, name=DY_PAD, tag=DY_PAD)
-    w_col = te.compute(
-        (g.c1_x, ext.cout1_g, g.kh, g.kw, C0, C0),
-        lambda c1, co1, kh, kw, co0, ci0: filters[layout.fracz_row(c1, kh, kw, g.kh, g.kw), co1, co0, ci0].astype(ACC),
-        name=W_COL,
-        tag=W_COL,
-    )
+        dy_pad = te.compute((g.batch, c1_dy, *window.shape, C0), pad_value, name=DY_PAD, tag=DY_PAD)
+        w_col = te.compute(
+            (g.c1_x, ext.cout1_g, g.kh, g.kw, C0, C0),
+            lambda c1, co1, kh, kw, co0, ci0: filters[layout.fracz_row(c1, kh, kw, g.kh, g.kw), co1, co0, ci0].astype(ACC),
+            name=W_COL,
+            tag=W_COL,
+        )
+    else:
+        def pad_value(ny, c1, y, x, c0):
+            n, plane = ny // fold.planes, ny % fold.planes
+            conds = ([c1 < g.c1_y] if c1_dy > g.c1_y else []) + fold.conds(plane) + window.conds(y, x)
+            return guarded(conds, dy[n, plane - fold.top, c1, y - top, x - left, c0].astype(ACC))
 
-    def phase_mad(ph: AxisPhase, pw: AxisPhase) -> te.Tensor:
-        co1 = te.reduce_axis((0, ext.cout1_g), name="co1")
+        def col_value(c1, kco, kh, kw, co0, ci0):  # FracZ_3D: the depth tap outermost in the rows
+            kd, co1 = kco // ext.cout1_g, kco % ext.cout1_g
+            return filters[layout.fracz_row(kd * g.c1_x + c1, kh, kw, g.kh, g.kw), co1, co0, ci0].astype(ACC)
+
+        dy_pad = te.compute((g.batch * fold.planes, c1_dy, *window.shape, C0), pad_value, name=DY_PAD, tag=DY_PAD)
+        w_col = te.compute((g.c1_x, g.kd * ext.cout1_g, g.kh, g.kw, C0, C0), col_value, name=W_COL, tag=W_COL)
+
+    def phase_mad(ph: AxisPhase, pw: AxisPhase, pd: AxisPhase | None = None) -> te.Tensor:
+        co1 = te.reduce_axis((0, ext.cout1_g * (1 if pd is None else pd.taps)), name="co1")
         mh = te.reduce_axis((0, ph.taps), name="mh")
         mw = te.reduce_axis((0, pw.taps), name="mw")
         co0 = te.reduce_axis((0, C0), name="co0")
 
         def mad(n, c1, j, i, c0):
             e = c1 // ext.cin1_g
+            if pd is None:
+                row, block, w_block = n, e * ext.cout1_g + co1, co1
+            else:  # n: image x depth-phase plane; co1: depth tap x Cout block
+                md, block_g = co1 // ext.cout1_g, co1 % ext.cout1_g
+                image, plane = n // pd.count, n % pd.count
+                row, block = fold.dy_row(image, pd.dy_index(plane, md, fold.top)), e * ext.cout1_g + block_g
+                w_block = pd.tap(md) * ext.cout1_g + block_g
             return te.sum(
-                dy_pad[n, e * ext.cout1_g + co1, ph.dy_index(j, mh, top), pw.dy_index(i, mw, left), co0]
-                * w_col[c1, co1, ph.tap(mh), pw.tap(mw), co0, c0],
+                dy_pad[row, block, ph.dy_index(j, mh, top), pw.dy_index(i, mw, left), co0]
+                * w_col[c1, w_block, ph.tap(mh), pw.tap(mw), co0, c0],
                 axis=[co1, mh, mw, co0],
             )
 
-        return te.compute((g.batch, g.c1_x, ph.count, pw.count, C0), mad, name=phase_stage_name(ph, pw), tag=MAD_TAG,
+        batch = g.batch * (1 if pd is None else pd.count)
+        return te.compute((batch, g.c1_x, ph.count, pw.count, C0), mad, name=phase_stage_name(ph, pw, pd=pd), tag=MAD_TAG,
                           attrs={FORMULATION: Formulation.CUBE_DX.value})  # fmt: skip
 
-    phases = [(ph, pw, phase_mad(ph, pw)) for ph in rows for pw in cols]
+    if fold is None:
+        phases = [(ph, pw, phase_mad(ph, pw)) for ph in rows for pw in cols]
+    else:
+        phases = [(pd, ph, pw, phase_mad(ph, pw, pd)) for pd in fold.phases for ph in rows for pw in cols]
     return phases, lambda mad, n, c1, j, i, c0: mad[n, c1, j, i, c0]
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .common import inside
 from .stages import DX_CC, phase_name
 
-__all__ = ["AxisPhase", "DyWindow", "axis_phases", "dy_window", "phase_stage_name"]
+__all__ = ["AxisPhase", "DepthFold", "DyWindow", "axis_phases", "depth_fold", "dy_window", "phase_stage_name"]
 
 
 @dataclass(frozen=True)
@@ -61,20 +61,21 @@ def axis_phases(size: int, kernel: int, stride: int, pad_before: int, dilation: 
     return phases
 
 
-def phase_stage_name(ph: AxisPhase, pw: AxisPhase, prefix: str = DX_CC) -> str:
-    """The name of the mad of the stride phase ``(ph, pw)`` (:func:`.stages.phase_name`)."""
-    return phase_name(prefix, ph.first, pw.first)
+def phase_stage_name(ph: AxisPhase, pw: AxisPhase, prefix: str = DX_CC, pd: AxisPhase | None = None) -> str:
+    """The name of the mad of the stride phase ``(ph, pw)`` (3-D: ``(pd, ph, pw)``, :func:`.stages.phase_name`)."""
+    return phase_name(prefix, ph.first, pw.first, None if pd is None else pd.first)
+
+
+def _padding(phases: list[AxisPhase], extent: int) -> tuple[int, int]:
+    """Zeros before dy and the end of the padded axis: as far as any phase's taps reach."""
+    spans = [p.dy_span() for p in phases] or [(0, 0)]
+    return max(0, -min(lo for lo, _ in spans)), max(extent, max(hi for _, hi in spans) + 1)
 
 
 
 def dy_window(rows: list[AxisPhase], cols: list[AxisPhase], ho: int, wo: int) -> "DyWindow":
     """dy's zero padding: as far as any phase's taps reach."""
-
-    def padding(phases: list[AxisPhase], extent: int) -> tuple[int, int]:
-        spans = [p.dy_span() for p in phases] or [(0, 0)]
-        return max(0, -min(lo for lo, _ in spans)), max(extent, max(hi for _, hi in spans) + 1)
-
-    return DyWindow(*padding(rows, ho), *padding(cols, wo), ho, wo)
+    return DyWindow(*_padding(rows, ho), *_padding(cols, wo), ho, wo)
 
 
 @dataclass(frozen=True)
@@ -95,3 +96,34 @@ class DyWindow:
 
     def conds(self, y, x) -> list:
         return inside((y, x), (self.top, self.left), (self.ho, self.wo), self.shape)
+
+
+@dataclass(frozen=True)
+class DepthFold:
+    """A 3-D dX's depth axis folded into the batch: dy is packed as ``(N*planes, ..)`` planes
+    (``top`` zero planes before dy's ``out`` planes, as far as any depth phase's taps reach), and
+    each depth phase's mad has ``N*phase.count`` rows, image ``n`` and plane ``j`` at
+    ``n*count + j``; the result has ``N*size`` rows, image ``n`` and plane ``d`` at ``n*size + d``.
+    The depth phases are :func:`axis_phases` of the depth axis; each phase's taps are folded into
+    the mad's Cout-block reduction (``co1 = m*cout1_g + co1'``)."""
+
+    phases: tuple[AxisPhase, ...]
+    size: int
+    out: int
+    top: int
+    planes: int
+
+    def dy_row(self, n, y):
+        """Packed dy row of image ``n``, padded plane ``y``."""
+        return n * self.planes + y
+
+    def conds(self, y) -> list:
+        """Conditions for padded plane ``y`` to hold a dy plane."""
+        return inside((y,), (self.top,), (self.out,), (self.planes,))
+
+
+def depth_fold(size: int, kernel: int, stride: int, pad_before: int, dilation: int, out: int) -> DepthFold:
+    """The :class:`DepthFold` of a depth axis (dX of ``size`` planes from dy of ``out``)."""
+    phases = axis_phases(size, kernel, stride, pad_before, dilation)
+    top, end = _padding(phases, out)
+    return DepthFold(tuple(phases), size, out, top, top + end)

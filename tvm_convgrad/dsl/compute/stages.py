@@ -38,9 +38,9 @@ from enum import Enum
 from typing import Iterable
 
 __all__ = [
-    "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "DIFF_WEIGHTS", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
+    "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "DIFF_SRC", "DIFF_WEIGHTS", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
     "DX_PX", "DY_5HD", "DY_DW", "DY_PACKS", "DY_PAD", "DY_ROWS", "DW_TAG", "DX_TAG", "FMAP_5HD", "FMAP_DW", "FMAP_L1", "FORMULATION", "Formulation",
-    "GRADS_2_MATRIX", "GRADS_DW", "KERNEL_H", "KERNEL_W", "LAYOUT_ADAPTER", "LAYOUT_IN_TAG", "LAYOUT_OUT_TAG", "MAD_TAG", "PACK_STAGES", "W_COL", "W_DW", "W_T",
+    "GRADS_2_MATRIX", "GRADS_DW", "KERNEL_H", "KERNEL_W", "LAYOUT_ADAPTER", "LAYOUT_IN_TAG", "LAYOUT_OUT_TAG", "MAD_TAG", "PACK_STAGES", "WEIGHTS_FRACZ", "W_COL", "W_DW", "W_T",
     "formulation", "phase_name",
 ]  # fmt: skip
 
@@ -69,6 +69,8 @@ FMAP_5HD = "fmap"
 DY_5HD = "dy"
 DIFF_WEIGHTS = "diff_weights"
 DSP_DW = "dw"
+WEIGHTS_FRACZ = "weights_fracz"
+DIFF_SRC = "diff_src"
 LAYOUT_IN_TAG, LAYOUT_OUT_TAG = "layout_in", "layout_out"
 
 DW_TAG = "conv2d_backprop_filterdw_ddr"
@@ -119,9 +121,10 @@ class Formulation(str, Enum):
         return self.value.removesuffix("-dw").removesuffix("-dx")
 
 
-def phase_name(prefix: str, rh: int, rw: int) -> str:
-    """The stage name of a dX mad of stride phase ``(rh, rw)``: ``<prefix>_<rh>_<rw>``."""
-    return f"{prefix}_{rh}_{rw}"
+def phase_name(prefix: str, rh: int, rw: int, rd: int | None = None) -> str:
+    """The stage name of a dX mad of stride phase ``(rh, rw)``: ``<prefix>_<rh>_<rw>``; of a
+    3-D dX's phase ``(rd, rh, rw)``: ``<prefix>_<rd>_<rh>_<rw>``."""
+    return f"{prefix}_{rh}_{rw}" if rd is None else f"{prefix}_{rd}_{rh}_{rw}"
 
 
 def formulation(attrs: Iterable) -> str | None:

@@ -80,7 +80,10 @@ def elementwise(sch: s_tir.Schedule, block, shared: int = 0):
     """Parallel over the outer loops, vectorized over the innermost (C0, or 16 of a longer row);
     the first ``shared`` loops (that other stages run under too) are left as they are."""
     *outer, lanes = sch.get_loops(block)[shared:]
-    if loop_extent(sch, lanes) > 16:
+    if not sch.get(block).reads:  # a constant (a dX no tap reaches): LLVM fills it; a vectorized bf16 cast of it does not legalize
+        outer.append(lanes)
+        lanes = None
+    elif loop_extent(sch, lanes) > 16:
         if loop_extent(sch, lanes) % 16:
             outer.append(lanes)  # a ragged row: parallel only, LLVM vectorizes what it can
             lanes = None
@@ -138,7 +141,7 @@ def phases_image_by_image(sch: s_tir.Schedule) -> set[str]:
     (result,) = {sch.get(c).name_hint for c in sch.get_consumers(phases[0])}
     batch = sch.get_loops(sch.get_sblock(result))[0]
     images = loop_extent(sch, batch)
-    dy_elements = max(elements(r.source) for r in sch.get(phases[0]).reads if int(r.source.shape[0]) == images)
+    dy_elements = max((elements(r.source) for r in sch.get(phases[0]).reads if r.source.name in DY_PACKS), default=0)
     if images < 2 or dy_elements * 4 <= PER_IMAGE_ABOVE:
         return set()
     moved = {result}
