@@ -124,20 +124,27 @@ def test_bench_rejects_an_isa_the_machine_cannot_run(monkeypatch, tmp_path):
 @slow
 @needs_torch
 def test_bench_times_the_onednn_frontend(tmp_path):
-    """--api onednn: ours through ConvolutionBackwardWeights (float32 NXC), PyTorch channels-last."""
+    """--api onednn: ours through ConvolutionBackwardWeights and ConvolutionBackwardData (float32
+    NXC), PyTorch channels-last, both checked before they are timed."""
     exe = shutil.which("tvm-convgrad")
     command = [exe] if exe else [sys.executable, "-m", "tvm_convgrad.cli"]
-    args = ["bench", "--api", "onednn", "--filter", r"res5b_branch2a\.n1", "--op", "filter", "--rounds", "1", "--out", str(tmp_path), "--no-progress"]
+    args = ["bench", "--api", "onednn", "--filter", r"res5b_branch2a\.n1", "--op", "both", "--rounds", "1", "--out", str(tmp_path), "--no-progress"]
     run = subprocess.run([*command, *args], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     record = json.loads((tmp_path / "bench.json").read_text())
-    assert record["settings"]["api"] == "onednn" and [r["op"] for r in record["results"]] == ["wgrad"]
+    assert record["settings"]["api"] == "onednn" and [r["op"] for r in record["results"]] == ["wgrad", "dgrad"]
+    assert all(r["bound_ratio"] <= 1 for r in record["results"])
     assert "float32 NXC" in (tmp_path / "README.md").read_text()
 
 
-def test_bench_onednn_api_is_weight_gradients_only(tmp_path):
-    with pytest.raises(ValueError, match="--op filter"):
-        bench.main("resnet50", (1,), ("filter", "input"), r"conv1\.", 1, tmp_path, progress=False, api="onednn")
+def test_onednn_result_gives_both_gradients():
+    case = bench.load_cases("resnet50", (1,), r"res3a_branch2b")[0]
+    dx = bench.onednn_result(case, "input")
+    assert dx.convgrad_call.op == "ConvolutionBackwardData" and [int(d) for d in dx.shape] == [1, case.H, case.W, case.Cin]
+    assert bench.onednn_result(case).convgrad_call.op == "ConvolutionBackwardWeights"
+
+
+def test_bench_rejects_unknown_apis_and_tbe_in_3d(tmp_path):
     with pytest.raises(ValueError, match="--api"):
         bench.main("resnet50", (1,), ("filter",), r"conv1\.", 1, tmp_path, progress=False, api="mkl")
     with pytest.raises(ValueError, match="conv3d"):

@@ -51,6 +51,11 @@ FRAMEWORK_RUNS = {
                                         "--strides", "2", "--pads-begin", "1", "--pads-end", "1", "--data-format", "NCX",
                                         "--weights-format", "IOX", "--dtype", "bfloat16"],
     "deconv_grad_filter": ["--params", "2,4,4,4,2,6,6,6,3,3,1,1,0,0,1,1,2,0", "--dtype", "float16"],
+    "convolution_backward_data": ["--diff-dst", "2,5,9,12", "--weights", "3,3,8,12", "--dst-shape", "2,9,9,8", "--strides", "2,1",
+                                  "--pads-begin", "1", "--pads-end", "1"],
+    "convolution_backprop_data": ["--output-delta", "1,12,4,4,4", "--filter", "12,4,3,3,3", "--strides", "2", "--pads-begin", "1",
+                                  "--pads-end", "1", "--output-padding", "1", "--groups", "2", "--data-format", "NCX",
+                                  "--filter-format", "OIX", "--dtype", "bfloat16"],
 }  # fmt: skip
 
 
@@ -81,6 +86,10 @@ def test_run_a_framework_operator(op):
         (["run", "--op", "deconv_grad_filter", "--params", "1,2,3"], "params"),
         (["run", "--op", "deconv_grad_filter", "--params", "2,4,4,4,2,6,6,6,3,3,1,1,0,0,1,1,2,0", "--dtype", "bfloat16"], "dtype"),
         (["run", "--op", "filter", "--filter", "24,5,3,3"], "--input"),
+        (["run", "--op", "input", "--input", "1,16,8,8", "--filter", "16,16,3"], "Cout,Cin_g,KH,KW"),
+        (["run", "--op", "convolution_backward_data", "--diff-dst", "1,4,4,8", "--weights", "3,3,8,8", "--auto-pad", "same_upper"],
+         "dst_shape"),
+        (["run", "--op", "convolution_backward_data", "--weights", "3,3,8,8"], "--diff-dst"),
     ],
 )
 def test_bad_arguments_exit_2_with_the_message(args, message, capsys):

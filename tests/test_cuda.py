@@ -33,6 +33,7 @@ from tvm_convgrad.tools.verify import check_kernel
 
 import framework_cases
 from conftest import slow, tiered
+import test_backward_data as backward_data
 import test_frontends as frontends
 from runners import TimedByPosition
 from tbe_calls import case_id, dw_result, dx_result
@@ -107,6 +108,17 @@ def test_emulated_frontends_match_the_reference(case):
     assert kernel.units == ("tensor-core" if case.dtype == "float16" and kernel.formulation != "depthwise" else "simt")
     xa, dya = framework_cases.arrays(case)
     framework_cases.check(kernel(xa, dya), framework_cases.expected(case, xa, dya), kernel, "emulated CUDA")
+
+
+@pytest.mark.parametrize("case", tiered(backward_data.SWEEP, lambda i, c: i == 4, lambda c: c.name()))
+def test_emulated_backward_data_matches_the_reference(case):
+    """ConvolutionBackwardData's CUDA schedule (the dX phases on tensor cores for fp16 inputs,
+    SIMT otherwise; rank 3 with the depth folded into the batch), emulated, against the reference."""
+    inputs = framework_cases.placeholders(case)
+    kernel = emulate_cuda(framework_cases.call(case, *inputs), {"kind": "cuda", "arch": "sm_80"})
+    assert kernel.units == ("tensor-core" if case.dtype == "float16" and kernel.formulation != "depthwise" else "simt")
+    arrays = framework_cases.arrays(case)
+    framework_cases.check(kernel(*arrays), framework_cases.expected(case, *arrays), kernel, "emulated CUDA")
 
 
 def test_emulation_keeps_the_tensor_core_structure():

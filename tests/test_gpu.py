@@ -147,8 +147,10 @@ def test_framework_cases_match_pytorch_on_the_gpu():
         pytest.skip("PyTorch is not installed")
     from test_frontends import SWEEP
 
-    for case in SWEEP[::4]:
-        x, dy = framework_cases.placeholders(case)
-        kernel = build(framework_cases.call(case, x, dy), target=CUDA)
-        xa, dya = framework_cases.arrays(case, seed=1)
-        framework_cases.check(kernel(xa, dya), framework_cases.torch_result(case, xa, dya), kernel, "GPU vs PyTorch")
+    from test_backward_data import SWEEP as DATA_SWEEP
+
+    for case in SWEEP[::4] + DATA_SWEEP[::4]:
+        inputs = framework_cases.placeholders(case)
+        kernel = build(framework_cases.call(case, *inputs), target=CUDA)
+        arrays = framework_cases.arrays(case, seed=1)
+        framework_cases.check(kernel(*arrays), framework_cases.torch_result(case, *arrays), kernel, "GPU vs PyTorch")

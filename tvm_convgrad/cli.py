@@ -52,6 +52,8 @@ and time it. Examples:
   tvm-convgrad run --op conv_transpose_backward_weights --src 2,8,7,7 --diff-dst 2,4,14,14 --weights-shape 8,4,3,3 \\
       --strides 2 --pads-begin 1 --pads-end 0 --data-format NCX --weights-format IOX --dtype bfloat16
   tvm-convgrad run --op deconv_grad_filter --params 2,8,8,4,2,15,15,6,3,3,2,2,1,1,1,1,2,0
+  tvm-convgrad run --op convolution_backward_data --diff-dst 8,28,28,128 --weights 3,3,64,128 --dst-shape 8,56,56,64 \
+      --strides 2 --pads-begin 1 --pads-end 1
 """
 
 
@@ -117,7 +119,10 @@ def run(args: argparse.Namespace) -> int:
         result, described = _framework_result(args)
         kernel, seconds = _build(result, args.target)
         return 0 if _report(f"[{args.op}] {described}", kernel, seconds, args.repeat) else 1
-    (n, cin, h, w), (cout, cin_g, kh, kw) = _given(args, "input", "filter")
+    (n, cin, h, w), filter_sizes = _given(args, "input", "filter")
+    if len(filter_sizes) != 4:
+        raise ConvGradError(f"tvm-convgrad run --op {args.op}", "--filter", filter_sizes, "must be 4 comma-separated ints (Cout,Cin_g,KH,KW)")
+    cout, cin_g, kh, kw = filter_sizes
     sh, sw = _pair(args, "strides", 1)
     dh, dw = _pair(args, "dilations", 1)
     pads = resolve_pads(Rules("tvm-convgrad run", {}), args.pads, (h, w), (kh, kw), (sh, sw), (dh, dw))
@@ -154,8 +159,13 @@ FRAMEWORK_OPS = {
     "convolution_backward_weights": ("src", "diff_dst", "weights_shape", "weights_format", "XIO"),
     "conv_transpose_backward_weights": ("src", "diff_dst", "weights_shape", "weights_format", "XOI"),
     "deconv_grad_filter": ("dy", "x", "params", None, None),
+    # the input gradients: (dy, weights, the optional diff_src shape, weights format, its default)
+    "convolution_backward_data": ("diff_dst", "weights", "dst_shape", "weights_format", "XIO"),
+    "convolution_backprop_data": ("output_delta", "filter", "output_shape", "filter_format", "XIO"),
 }
 """The framework operators ``run`` takes, each with its own argument names as flags."""
+
+DATA_OPS = ("convolution_backward_data", "convolution_backprop_data")
 
 
 def _flag(name: str) -> str:
@@ -190,10 +200,14 @@ def _framework_result(args: argparse.Namespace):
         dy = te.placeholder(params[4:8], args.dtype, name="dy") if len(params) == 18 else None
         x = te.placeholder(params[0:4], args.dtype, name="x") if len(params) == 18 else None
         return dsp.deconv_grad_filter(dy, x, params, args.dtype), f"params {params}, {args.dtype}"
-    x_shape, dy_shape, weights = _given(args, x_name, dy_name, shape_name)
+    x_shape, dy_shape = _given(args, x_name, dy_name)
+    weights = list(getattr(args, shape_name)) if getattr(args, shape_name) is not None else None
+    if weights is None and args.op not in DATA_OPS:
+        _given(args, shape_name)
     nd = len(x_shape) - 2
     attrs = {name: _per_axis(args, name, nd) for name in ("strides", "pads_begin", "pads_end", "dilations", "output_padding")}
-    attrs = {k: v for k, v in attrs.items() if v is not None and (k != "output_padding" or args.op == "conv_transpose_backward_weights")}
+    with_padding = ("conv_transpose_backward_weights", *DATA_OPS)
+    attrs = {k: v for k, v in attrs.items() if v is not None and (k != "output_padding" or args.op in with_padding)}
     attrs = {"strides": [1] * nd, "dilations": [1] * nd, "pads_begin": [0] * nd, "pads_end": [0] * nd, **attrs, "auto_pad": args.auto_pad,
              "groups": args.groups, "data_format": args.data_format, format_name: getattr(args, format_name) or default_format}  # fmt: skip
     x = te.placeholder(x_shape, args.dtype, name=x_name)
@@ -292,7 +306,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="conv2d_backprop_filter (dW) or _input (dX) of TBE's DSL, or a framework operator")  # fmt: skip
     tbe = p_run.add_argument_group("TBE DSL (--op filter | input): the forward convolution, NCHW / OIHW")
     tbe.add_argument("--input", type=_ints(4, "N,C,H,W"), metavar="N,C,H,W", help="forward input x (= dX) shape")
-    tbe.add_argument("--filter", type=_ints(4, "Cout,Cin_g,KH,KW"), metavar="Cout,Cin_g,KH,KW", help="weight shape, Cin per group")
+    tbe.add_argument("--filter", type=_int_list, metavar="Cout,Cin_g,KH,KW",
+                     help="weight shape, Cin per group (convolution_backprop_data: its filter tensor's shape)")  # fmt: skip
     tbe.add_argument("--pads", type=_pads, default=(0, 0, 0, 0), metavar="T,B,L,R|SAME|VALID")
     tbe.add_argument("--res-dtype", choices=("float32", "float16"), help="result dtype (default: float32 for dW, float16 for dX)")
     both = p_run.add_argument_group("both (one int for every spatial axis, or one per axis)")
@@ -300,12 +315,12 @@ def _parser() -> argparse.ArgumentParser:
     both.add_argument("--dilations", type=_int_list, metavar="D[,D..]")
     both.add_argument("--groups", type=int, default=1)
     frame = p_run.add_argument_group("framework operators: their own tensors and attributes")
-    for name in sorted({n for names in FRAMEWORK_OPS.values() for n in names[:3] if n != "params"}):
+    for name in sorted({n for names in FRAMEWORK_OPS.values() for n in names[:3] if n not in ("params", "filter")}):
         frame.add_argument(_flag(name), dest=name, type=_int_list, metavar="SHAPE", help=f"{name} shape")
     frame.add_argument("--params", type=_int_list, metavar="P0,..,P17", help="deconv_grad_filter: its 18 params")
     frame.add_argument("--pads-begin", type=_int_list, metavar="P[,P..]")
     frame.add_argument("--pads-end", type=_int_list, metavar="P[,P..]")
-    frame.add_argument("--output-padding", type=_int_list, metavar="P[,P..]", help="conv_transpose_backward_weights")
+    frame.add_argument("--output-padding", type=_int_list, metavar="P[,P..]", help="conv_transpose_backward_weights, the *_data operators")
     frame.add_argument("--auto-pad", default="none", help="none | same_upper | same_lower | valid")
     frame.add_argument("--data-format", default="NXC", help="NXC | NCX")
     frame.add_argument("--filter-format", help="convolution_backprop_filters: XIO (default) | OIX")
@@ -331,7 +346,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p_bench = sub.add_parser("bench", help="time the benchmark shape set against PyTorch (oneDNN), interleaved")
     p_bench.add_argument("--suite", choices=("resnet50", "all", "conv3d"), default="resnet50",
-                         help="ResNet-50 layers, every 2-D case, or the 3-D layers (with --api onednn --op filter)")
+                         help="ResNet-50 layers, every 2-D case, or the 3-D layers (with --api onednn)")
     p_bench.add_argument("--batch", choices=("1", "8", "all"), default="all")
     p_bench.add_argument("--op", choices=("filter", "input", "both"), default="both", help="wgrad, dgrad or both")
     p_bench.add_argument("--filter", metavar="REGEX", help="only cases whose name matches")
@@ -339,7 +354,7 @@ def _parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--isa", choices=BENCH_ISAS, default="native",
                          help="vector ISA of both sides: ours built for it, PyTorch capped to it (default: this CPU's)")
     p_bench.add_argument("--api", choices=("tbe", "onednn"), default="tbe",
-                         help="ours through TBE's DSL (float16 5HD) or the oneDNN Graph frontend (float32 NXC; --op filter)")
+                         help="ours through TBE's DSL (float16 5HD) or the oneDNN Graph frontend (float32 NXC activations, XIO weights)")
     p_bench.add_argument("--schedule", choices=("default", "tuned"), default="default",
                          help="tuned: time ours twice, the rule's default and the kernel built from the tuning records")
     p_bench.add_argument("--schedules", metavar="DIR", help="with --schedule tuned: a database folder (default: the shipped records)")

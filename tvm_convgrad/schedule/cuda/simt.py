@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 
+import tvm
 from tvm import ir, s_tir, sym
 
 from ...dsl.compute.stages import PACK_STAGES
@@ -131,11 +132,12 @@ def _fuse_the_epilogue(sch: s_tir.Schedule, stage, thread) -> set[str]:
     if len(consumers) != 1 or len(sch.get_producers(consumers[0])) != 1:
         return set()
     probe = _probe(sch)
-    try:
+    at = [sch.get(loop).same_as(sch.get(thread)) for loop in sch.get_loops(stage)].index(True)
+    try:  # the same step on the probe, at the thread loop's position
         probe_stage = probe.get_sblock(sch.get(stage).name_hint)
-        probe.reverse_compute_at(probe.get_sblock(sch.get(consumers[0]).name_hint), probe.get_loops(probe_stage)[1])
-    except (s_tir.ScheduleError, ValueError):  # it reads several of stage's elements per output (a
-        return set()  # dW's FracZ diagonal), which TVM cannot place in one thread: a kernel of its own
+        probe.reverse_compute_at(probe.get_sblock(sch.get(consumers[0]).name_hint), probe.get_loops(probe_stage)[at])
+    except (s_tir.ScheduleError, ValueError, tvm.error.InternalError):  # it reads several of stage's elements per
+        return set()  # output (a dW's FracZ diagonal; a layout whose one thread's region TVM cannot prove a point): a kernel of its own
     sch.reverse_compute_at(consumers[0], thread)
     sch.set_scope(stage, 0, "local")
     return {sch.get(consumers[0]).name_hint}

@@ -62,14 +62,15 @@ def torch_call(case: BenchCase, op: str, rng: np.random.Generator, channels_last
         return torch.from_numpy(rng.uniform(-1, 1, shape).astype("float32")).to(device=device, dtype=dtype)
 
     x = tensor((case.N, case.Cin, *size)).to(memory_format=memory)
-    w = tensor(case.filter_sizes)
+    w = tensor(case.filter_sizes).to(memory_format=memory)  # a channels-last model's weights are channels-last too
     dy = tensor((case.N, case.Cout, *out)).to(memory_format=memory)
     kw = {"stride": case.stride, "padding": case.pad, "dilation": case.dilation, "groups": case.groups}
     grad = torch.nn.grad
     if op == "filter":
         weight = grad.conv2d_weight if case.rank == 2 else grad.conv3d_weight
         return lambda: weight(x, w.shape, dy, **kw)
-    return lambda: grad.conv2d_input(x.shape, w, dy, **kw)
+    data = grad.conv2d_input if case.rank == 2 else grad.conv3d_input
+    return lambda: data(x.shape, w, dy, **kw)
 
 
 def onednn_implementations(call: Callable[[], object]) -> str:

@@ -21,7 +21,7 @@ __all__ = ["APIS", "GOALS", "describe_isas", "environment", "format_table", "mar
 
 APIS = {
     "tbe": "float16 inputs in 5HD/FracZ (TBE's DSL), float32 accumulation",
-    "onednn": "oneDNN Graph ConvolutionBackwardWeights: float32 NXC inputs, XIO result, float32 accumulation",
+    "onednn": "oneDNN Graph ConvolutionBackwardWeights / ConvolutionBackwardData: float32 NXC activations, XIO weights, float32 accumulation",
 }
 """The operator API ours is called through (``--api``), as the report describes it."""
 

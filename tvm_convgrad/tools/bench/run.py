@@ -6,8 +6,9 @@ and each gradient:
 
 * ours: float16 inputs in TBE layouts (5HD / FracZ), float32 accumulation, compile excluded,
   built for the chosen vector ISA (``--isa native|avx2|avx512``: :func:`~tvm_convgrad.isa_target`);
-  with ``--api onednn`` the weight gradient through the oneDNN Graph frontend instead
-  (``ConvolutionBackwardWeights``: float32 NXC inputs, XIO result, PyTorch in channels-last);
+  with ``--api onednn`` the gradients through the oneDNN Graph frontend instead
+  (``ConvolutionBackwardWeights`` / ``ConvolutionBackwardData``: float32 NXC activations, XIO
+  weights, PyTorch in channels-last);
 * PyTorch: float32 NCHW ``torch.nn.grad.conv2d_weight`` / ``conv2d_input`` on all cores, capped
   to the same ISA before it loads (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``; the bench
   runs in a child process when this one has already loaded torch), the oneDNN implementation
@@ -57,7 +58,7 @@ def run_bench(
     every (case, op), ours and torch interleaved, each sample after ``gate`` says the machine is
     quiet; see the module docstring. A kernel that does not match the reference is not timed:
     it is returned as a :class:`BenchFailure`.
-    ``api="onednn"``: the weight gradient through the oneDNN frontend (``ops`` must be filter).
+    ``api="onednn"``: the gradients through the oneDNN frontend.
     ``schedules`` (a database folder, or ``build.SHIPPED``): also time the kernel built from its
     records, interleaved with the default one (``BenchResult.tuned_ms``)."""
     import torch
@@ -72,7 +73,7 @@ def run_bench(
     for case, op in bar:
         bar.set_description(f"{OPS[op]} {case.name}")
         start = time.perf_counter()
-        result_tensor = onednn_result(case) if api == "onednn" else tbe_result(case, op)
+        result_tensor = onednn_result(case, op) if api == "onednn" else tbe_result(case, op)
         kernel = build(result_tensor, target=target, schedules=None)
         compile_s = time.perf_counter() - start
         tuned = build(result_tensor, target=target, schedules=schedules) if schedules is not None else None
@@ -128,19 +129,17 @@ def main(
     ``isa`` (``native``, ``avx2``, ``avx512``) picks the vector ISA of both sides: ours is built
     for it and PyTorch capped to it before it loads (in a child process if torch is already
     loaded here with other settings). ``api`` (``tbe``, ``onednn``): the operator API ours is
-    called through; ``onednn`` times the weight gradient only."""
+    called through."""
     if isa not in BENCH_ISAS:
         raise ValueError(f"--isa {isa!r}: must be one of {', '.join(BENCH_ISAS)}")
     if api not in APIS:
         raise ValueError(f"--api {api!r}: must be one of {', '.join(APIS)}")
-    if api == "onednn" and list(ops) != ["filter"]:
-        raise ValueError("--api onednn: the oneDNN operators are weight gradients: use --op filter")
     if schedule not in ("default", "tuned"):
         raise ValueError(f"--schedule {schedule!r}: must be default or tuned")
     if suite not in SUITES:
         raise ValueError(f"--suite {suite!r}: must be one of {', '.join(SUITES)}")
     if suite == "conv3d" and api != "onednn":
-        raise ValueError("--suite conv3d: TBE's DSL is 2-D; the 3-D layers run through --api onednn --op filter")
+        raise ValueError("--suite conv3d: TBE's DSL is 2-D; the 3-D layers run through --api onednn")
     target = isa_target(isa)
     if not host_can_run(target):
         raise ValueError(f"--isa {isa}: this machine cannot run {isa_plan(target).name} code (its CPU lacks the instructions)")
