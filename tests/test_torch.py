@@ -1,0 +1,166 @@
+"""``tvm_convgrad.torch``: ``conv2d`` / ``Conv2d`` whose backward pass runs the package's kernels,
+against PyTorch autograd in float64 (the same rounded inputs), over strides, pads (asymmetric
+``"same"`` too), dilations, groups and depthwise, bias, NCHW and channels-last, f32 / bf16 / f16;
+``gradcheck``; ``torch.compile`` keeping the operators in its graph; the errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import torch
+
+pytestmark = pytest.mark.skipif(torch is None, reason="PyTorch is not installed (pip install torch==2.13.0)")
+
+if torch is not None:
+    from tvm_convgrad import ConvGradError
+    from tvm_convgrad.torch import Conv2d, ConvCall, conv2d, input_grad_kernel, pads_of, weight_grad_kernel
+    from tvm_convgrad.tools.verify import error_bound
+
+#        (N, C, H, W),    O,  kernel, stride, padding, dilation, groups, bias
+LAYERS = [
+    ((2, 16, 9, 9), 32, 3, 1, 1, 1, 1, True),
+    ((2, 16, 9, 11), 24, 3, 2, 1, 1, 1, False),
+    ((1, 20, 8, 8), 40, (3, 1), (2, 1), (0, 2), (1, 2), 4, True),
+    ((2, 24, 7, 7), 24, 3, 1, "same", 2, 24, False),  # depthwise, dilated
+    ((2, 8, 6, 6), 12, 4, 1, "same", 1, 2, True),  # even kernel: 'same' pads 1 before, 2 after
+    ((1, 3, 15, 15), 16, 7, 2, 3, 1, 1, False),  # a stem
+    ((2, 64, 5, 5), 32, 1, 1, "valid", 1, 1, True),
+]
+
+
+def _close(ours: "torch.Tensor", reference: "torch.Tensor", kernel, what: str):
+    ref = reference.detach().double().numpy()
+    error = np.abs(ours.detach().double().numpy() - ref)
+    ratio = error / error_bound(kernel.params, ref, kernel.output.dtype)
+    assert ratio.max() <= 1.0, f"{what}: max error {error.max():.3g} = {ratio.max():.3g} x the bound"
+
+
+def _call(x, layer, channels_last: bool) -> "ConvCall":
+    from tvm_convgrad.torch.kernels import dtype_name
+
+    return ConvCall(tuple(x.shape), tuple(layer.weight.shape), layer.stride,
+                    pads_of(layer.padding, layer.kernel_size, layer.stride, layer.dilation), layer.dilation, layer.groups,
+                    dtype_name(x.dtype), channels_last)  # fmt: skip
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("layer", LAYERS, ids=[f"layer{i}" for i in range(len(LAYERS))])
+def test_conv2d_gradients_match_pytorch_autograd(layer, dtype, channels_last):
+    shape, out, kernel, stride, padding, dilation, groups, bias = layer
+    torch.manual_seed(0)
+    dtype = getattr(torch, dtype)
+    ours = Conv2d(shape[1], out, kernel, stride, padding, dilation, groups, bias).to(dtype)
+    reference = torch.nn.Conv2d(shape[1], out, kernel, stride, padding, dilation, groups, bias).double()
+    reference.load_state_dict({k: v.double() for k, v in ours.state_dict().items()})
+    assert ours.state_dict().keys() == reference.state_dict().keys()
+    x = (torch.rand(shape) * 2 - 1).to(dtype)
+    memory = torch.channels_last if channels_last else torch.contiguous_format
+    x, ours = x.to(memory_format=memory), ours.to(memory_format=memory)
+    x64 = x.double().requires_grad_()
+    x.requires_grad_()
+    y = ours(x)
+    g = (torch.rand(y.shape) * 2 - 1).to(dtype).to(memory_format=memory)
+    y.backward(g)
+    reference(x64).backward(g.double())
+    call = _call(x, ours, channels_last)
+    _close(x.grad, x64.grad, input_grad_kernel(call), "grad_input")
+    _close(ours.weight.grad, reference.weight.grad, weight_grad_kernel(call), "grad_weight")
+    assert x.grad.dtype == dtype and x.grad.is_contiguous(memory_format=memory)
+    if bias:
+        torch.testing.assert_close(ours.bias.grad.double(), reference.bias.grad, rtol=2e-2, atol=1e-1)
+
+
+def test_gradcheck_in_float64():
+    """float64 tensors are computed in float32: the analytical gradients (the package's kernels)
+    against float64 finite differences of PyTorch's forward."""
+    torch.manual_seed(0)
+    x = torch.rand(2, 4, 7, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(6, 2, 3, 2, dtype=torch.float64, requires_grad=True)
+    b = torch.rand(6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, c, d: conv2d(a, c, d, (2, 1), (1, 0), (1, 2), 2), (x, w, b), eps=1e-6, atol=1e-4, rtol=1e-3)
+    assert torch.autograd.gradcheck(lambda a, c: conv2d(a, c, None, 1, "same", 1, 1), (x[:, :2].detach().requires_grad_(), w), eps=1e-6,
+                                    atol=1e-4, rtol=1e-3)  # fmt: skip
+
+
+def test_the_backward_pass_runs_the_package_kernels():
+    input_grad_kernel.cache_clear()
+    weight_grad_kernel.cache_clear()
+    layer = Conv2d(32, 32, 3, padding=1)
+    x = torch.rand(1, 32, 5, 5, requires_grad=True)
+    layer(x).sum().backward()
+    assert input_grad_kernel.cache_info().currsize == 1 and weight_grad_kernel.cache_info().currsize == 1
+    layer(x).sum().backward()
+    assert input_grad_kernel.cache_info().hits == 1  # built once per signature
+    (kernel,) = [input_grad_kernel(_call(x, layer, False))]
+    assert kernel.call.op == "ConvolutionBackwardData" and kernel.formulation == "cube"
+
+
+def test_only_the_gradients_asked_for_are_computed():
+    input_grad_kernel.cache_clear()
+    layer = Conv2d(8, 8, 3, padding=1)
+    layer(torch.rand(1, 8, 5, 5)).sum().backward()  # the input needs no gradient
+    assert input_grad_kernel.cache_info().currsize == 0 and layer.weight.grad is not None
+
+
+def test_torch_compile_keeps_the_operators_in_its_graph():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append({str(node.target) for node in gm.graph.nodes})
+        return gm.forward
+
+    model = torch.nn.Sequential(Conv2d(4, 8, 3, padding=1), torch.nn.ReLU(), Conv2d(8, 4, 3, stride=2))
+    x = torch.rand(2, 4, 9, 9, requires_grad=True)
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    compiled(x).sum().backward()
+    assert any("tvm_convgrad.conv2d" in target for graph in graphs for target in graph), graphs
+    eager = x.grad.clone()
+    x.grad = None
+    torch._dynamo.reset()
+    aot = torch.compile(model, backend="aot_eager", fullgraph=True)
+    aot(x).sum().backward()
+    torch.testing.assert_close(x.grad, eager)
+
+
+def test_padding_modes_and_same_pads_follow_pytorch():
+    assert pads_of("same", (4, 3), (1, 1), (1, 2)) == (1, 2, 2, 2)
+    assert pads_of("valid", (3, 3), (2, 2), (1, 1)) == (0, 0, 0, 0)
+    torch.manual_seed(0)
+    ours = Conv2d(4, 4, 3, padding=1, padding_mode="reflect").double()
+    reference = torch.nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect").double()
+    reference.load_state_dict(ours.state_dict())
+    x = torch.rand(1, 4, 6, 6, dtype=torch.float64, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    ours(x).sum().backward()
+    reference(x2).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "call, param",
+    [
+        (lambda x, w: conv2d(x, w, stride=0), "stride"),
+        (lambda x, w: conv2d(x, w, padding=(1, 2, 3)), "padding"),
+        (lambda x, w: conv2d(x, w, padding="full"), "padding"),
+        (lambda x, w: conv2d(x, w, stride=2, padding="same"), "padding"),
+        (lambda x, w: conv2d(x, w, groups=3), "groups"),
+        (lambda x, w: conv2d(x[0], w), "input.dim()"),
+    ],
+)
+def test_bad_arguments_are_conv_grad_errors(call, param):
+    x, w = torch.rand(1, 4, 6, 6), torch.rand(4, 4, 3, 3)
+    with pytest.raises(ConvGradError) as err:
+        call(x, w)
+    assert err.value.param == param
+
+
+def test_an_unsupported_type_fails_in_the_backward_with_a_clear_error():
+    x = torch.rand(1, 4, 6, 6, dtype=torch.complex64, requires_grad=True)
+    w = torch.rand(4, 4, 3, 3, dtype=torch.complex64)
+    with pytest.raises(ConvGradError, match="input.dtype"):
+        conv2d(x, w).abs().sum().backward()

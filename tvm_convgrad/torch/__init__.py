@@ -1,0 +1,91 @@
+"""PyTorch autograd with the package's gradients: ``conv2d`` and ``Conv2d``, drop-ins for
+``torch.nn.functional.conv2d`` and ``torch.nn.Conv2d``.
+
+The forward pass is PyTorch's; the backward pass runs the package's dX and dW kernels
+(``ConvolutionBackwardData`` / ``ConvolutionBackwardWeights`` on the cube schedules), on the tensors'
+memory through DLPack: NCHW tensors as NCX, channels-last tensors as NXC, no copies where the
+layout allows (a weight gradient is written OIHW). Registered with ``torch.library``
+(``tvm_convgrad::conv2d`` and its two gradient operators), so ``torch.compile`` keeps the calls
+in its graph. Types float32, bfloat16, float16 (and float64, computed in float32 for
+``gradcheck``); CPU tensors.
+
+    >>> from tvm_convgrad.torch import Conv2d
+    >>> layer = Conv2d(64, 64, 3, padding=1, bias=False)   # same constructor and state_dict as nn.Conv2d
+    >>> y = layer(x); y.sum().backward()                   # x.grad and layer.weight.grad by tvm_convgrad
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from ..errors import ConvGradError
+from .kernels import CACHED_CALLS, ConvCall, input_grad_kernel, weight_grad_kernel
+from .ops import OP, conv2d_input_grad, conv2d_op, conv2d_weight_grad
+
+__all__ = ["CACHED_CALLS", "Conv2d", "ConvCall", "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "input_grad_kernel", "pads_of",
+           "weight_grad_kernel"]  # fmt: skip
+
+_IntPair = Union[int, Sequence[int]]
+
+
+def _pair(name: str, value: _IntPair, low: int) -> tuple[int, int]:
+    values = (value, value) if isinstance(value, int) else tuple(value)
+    if len(values) != 2 or not all(isinstance(v, int) and v >= low for v in values):
+        raise ConvGradError(OP, name, value, f"must be an int >= {low} or two of them (H, W)")
+    return values
+
+
+def pads_of(padding: Union[str, _IntPair], kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> tuple[int, int, int, int]:
+    """``(top, bottom, left, right)`` of PyTorch's ``padding``: an int, ``(H, W)``, ``"valid"`` or
+    ``"same"`` (stride 1; ``d*(k-1)`` in all, the odd one at the end, as PyTorch pads)."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return (0, 0, 0, 0)
+        if padding != "same":
+            raise ConvGradError(OP, "padding", padding, "must be 'valid', 'same', an int or (H, W)")
+        if any(s != 1 for s in stride):
+            raise ConvGradError(OP, "padding", padding, f"'same' needs stride 1 (PyTorch's rule), got stride {tuple(stride)}")
+        totals = [d * (k - 1) for k, d in zip(kernel, dilation)]
+        return (totals[0] // 2, totals[0] - totals[0] // 2, totals[1] // 2, totals[1] - totals[1] // 2)
+    ph, pw = _pair("padding", padding, 0)
+    return (ph, ph, pw, pw)
+
+
+def conv2d(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    stride: _IntPair = 1,
+    padding: Union[str, _IntPair] = 0,
+    dilation: _IntPair = 1,
+    groups: int = 1,
+) -> torch.Tensor:
+    """``torch.nn.functional.conv2d`` whose gradients (input, weight) are the package's kernels.
+
+    ``input (N, C, H, W)`` (contiguous or channels-last), ``weight (O, C/groups, KH, KW)``,
+    ``bias (O,)``; ``stride``, ``dilation``: an int or ``(H, W)``; ``padding``: an int, ``(H, W)``,
+    ``"valid"`` or ``"same"``. Returns PyTorch's forward result."""
+    if input.dim() != 4 or weight.dim() != 4:
+        raise ConvGradError(OP, "input.dim()" if input.dim() != 4 else "weight.dim()", (input.dim(), weight.dim()),
+                            "input and weight must be 4-D: (N, C, H, W) and (O, C/groups, KH, KW)")  # fmt: skip
+    stride, dilation = _pair("stride", stride, 1), _pair("dilation", dilation, 1)
+    if not isinstance(groups, int) or groups < 1 or input.shape[1] != weight.shape[1] * groups or weight.shape[0] % groups:
+        raise ConvGradError(OP, "groups", groups, f"must divide the output channels {weight.shape[0]} and give input channels "
+                            f"weight.shape[1] x groups = {input.shape[1]}")  # fmt: skip
+    pads = pads_of(padding, weight.shape[2:], stride, dilation)
+    return conv2d_op(input, weight, bias, list(stride), list(pads), list(dilation), groups)
+
+
+class Conv2d(nn.Conv2d):
+    """``torch.nn.Conv2d`` (same constructor, parameters and ``state_dict``) whose backward pass runs
+    the package's dX and dW kernels. ``padding_mode`` other than ``"zeros"`` pads with PyTorch
+    first, as ``nn.Conv2d`` does."""
+
+    def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        if self.padding_mode != "zeros":
+            padded = torch.nn.functional.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
+            return conv2d(padded, weight, bias, self.stride, 0, self.dilation, self.groups)
+        return conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)

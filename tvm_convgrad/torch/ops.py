@@ -1,0 +1,138 @@
+"""``conv2d`` as PyTorch operators (``torch.library``): forward by PyTorch, backward by the package.
+
+Three custom operators, so that ``torch.compile`` keeps each as one node of its graph:
+
+* ``tvm_convgrad::conv2d(input, weight, bias, stride, pads, dilation, groups)``: PyTorch's own
+  forward (``F.conv2d``; asymmetric ``pads`` as ``(top, bottom, left, right)`` through ``F.pad``),
+  its autograd formula the two below (and ``grad_output.sum`` for the bias);
+* ``tvm_convgrad::conv2d_input_grad`` and ``tvm_convgrad::conv2d_weight_grad``: the package's dX
+  and dW kernels (:mod:`.kernels`), called on the tensors' memory through DLPack.
+
+Types: float32, bfloat16 and float16 run in their type (sums in float32, rounded once); float64
+tensors (``torch.autograd.gradcheck``) are rounded to float32, run there and widened back.
+CPU tensors only: the kernels are built for this CPU.
+"""
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConvGradError
+from .kernels import ConvCall, as_layout, dtype_name, input_grad_kernel, weight_grad_kernel
+
+__all__ = ["conv2d_input_grad", "conv2d_op", "conv2d_weight_grad", "forward"]
+
+OP = "tvm_convgrad.torch.conv2d"
+
+
+def _memory_format(channels_last: bool) -> torch.memory_format:
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+def forward(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, pads, dilation, groups: int) -> torch.Tensor:
+    """PyTorch's convolution with ``pads = (top, bottom, left, right)``."""
+    pt, pb, pl, pr = pads
+    if pt == pb and pl == pr:
+        return F.conv2d(input, weight, bias, tuple(stride), (pt, pl), tuple(dilation), groups)
+    return F.conv2d(F.pad(input, (pl, pr, pt, pb)), weight, bias, tuple(stride), 0, tuple(dilation), groups)
+
+
+def _call(input_shape, weight_shape, stride, pads, dilation, groups: int, dtype: torch.dtype, channels_last: bool) -> ConvCall:
+    return ConvCall(tuple(input_shape), tuple(weight_shape), tuple(stride), tuple(pads), tuple(dilation), int(groups),
+                    dtype_name(dtype, OP), bool(channels_last))  # fmt: skip
+
+
+def _on_cpu(*tensors: torch.Tensor):
+    for t in tensors:
+        if t.device.type != "cpu":
+            raise ConvGradError(OP, "tensor device", str(t.device), "must be cpu (the kernels are built for this CPU)")
+
+
+def _narrow(t: torch.Tensor) -> torch.Tensor:
+    return t.float() if t.dtype == torch.float64 else t
+
+
+def _run(kernel, out: torch.Tensor, *args: torch.Tensor):
+    kernel.executable[kernel.name](*args, out)
+
+
+@torch.library.custom_op("tvm_convgrad::conv2d_input_grad", mutates_args=())
+def conv2d_input_grad(grad_output: torch.Tensor, weight: torch.Tensor, input_shape: list[int], stride: list[int], pads: list[int],
+                      dilation: list[int], groups: int, channels_last: bool) -> torch.Tensor:  # fmt: skip
+    """dX ``(N, C, H, W)`` of ``grad_output`` through ``weight`` (the package's dX kernel)."""
+    _on_cpu(grad_output, weight)
+    call = _call(input_shape, weight.shape, stride, pads, dilation, groups, grad_output.dtype, channels_last)
+    dy, w = _narrow(grad_output), _narrow(weight)
+    out = torch.empty(tuple(input_shape), dtype=dy.dtype, memory_format=_memory_format(channels_last))
+    _run(input_grad_kernel(call), as_layout(out, call), as_layout(dy, call), w.contiguous())
+    return out.to(grad_output.dtype)
+
+
+@torch.library.custom_op("tvm_convgrad::conv2d_weight_grad", mutates_args=())
+def conv2d_weight_grad(grad_output: torch.Tensor, input: torch.Tensor, weight_shape: list[int], stride: list[int], pads: list[int],
+                       dilation: list[int], groups: int, channels_last: bool) -> torch.Tensor:  # fmt: skip
+    """dW ``(O, C/groups, KH, KW)`` of ``grad_output`` and ``input`` (the package's dW kernel)."""
+    _on_cpu(grad_output, input)
+    call = _call(input.shape, weight_shape, stride, pads, dilation, groups, input.dtype, channels_last)
+    x, dy = _narrow(input), _narrow(grad_output)
+    out = torch.empty(tuple(weight_shape), dtype=x.dtype)
+    _run(weight_grad_kernel(call), out, as_layout(x, call), as_layout(dy, call))
+    return out.to(input.dtype)
+
+
+@torch.library.custom_op("tvm_convgrad::conv2d", mutates_args=())
+def conv2d_op(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: list[int], pads: list[int],
+              dilation: list[int], groups: int) -> torch.Tensor:  # fmt: skip
+    """PyTorch's forward; the backward is the package's (see the module docstring)."""
+    return forward(input, weight, bias, stride, pads, dilation, groups)
+
+
+def _output_shape(input, weight, stride, pads, dilation) -> tuple[int, ...]:
+    n, _, h, w = input.shape
+    o, _, kh, kw = weight.shape
+    return (n, o, (h + pads[0] + pads[1] - (kh - 1) * dilation[0] - 1) // stride[0] + 1,
+            (w + pads[2] + pads[3] - (kw - 1) * dilation[1] - 1) // stride[1] + 1)  # fmt: skip
+
+
+def _channels_last(t: torch.Tensor) -> bool:
+    return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+
+
+@conv2d_op.register_fake
+def _(input, weight, bias, stride, pads, dilation, groups):
+    shape = _output_shape(input, weight, stride, pads, dilation)
+    return torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=_memory_format(_channels_last(input)))
+
+
+@conv2d_input_grad.register_fake
+def _(grad_output, weight, input_shape, stride, pads, dilation, groups, channels_last):
+    return torch.empty(tuple(input_shape), dtype=grad_output.dtype, device=grad_output.device, memory_format=_memory_format(channels_last))
+
+
+@conv2d_weight_grad.register_fake
+def _(grad_output, input, weight_shape, stride, pads, dilation, groups, channels_last):
+    return input.new_empty(tuple(weight_shape))
+
+
+def _setup_context(ctx, inputs, output):
+    input, weight, bias, stride, pads, dilation, groups = inputs
+    ctx.save_for_backward(input, weight)
+    ctx.attrs = (list(stride), list(pads), list(dilation), int(groups), _channels_last(input))
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx, grad_output):
+    input, weight = ctx.saved_tensors
+    stride, pads, dilation, groups, channels_last = ctx.attrs
+    grad_input = grad_weight = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        grad_input = conv2d_input_grad(grad_output, weight, list(input.shape), stride, pads, dilation, groups, channels_last)
+    if ctx.needs_input_grad[1]:
+        grad_weight = conv2d_weight_grad(grad_output, input, list(weight.shape), stride, pads, dilation, groups, channels_last)
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        grad_bias = grad_output.sum((0, 2, 3))
+    return grad_input, grad_weight, grad_bias, None, None, None, None
+
+
+conv2d_op.register_autograd(_backward, setup_context=_setup_context)
