@@ -20,7 +20,7 @@ LAYERS = [  # bottom first: a module may import from its own layer and the ones 
     {"compile"},
     {"tuning", "aliases"},
     {"frontends", "examples", "tools"},
-    {"torch"},
+    {"torch", "relax"},
     {"cli", "__init__"},
 ]
 

@@ -1,0 +1,178 @@
+"""The gradient of ``relax.nn.conv2d`` on the package's kernels, for Relax's ``Gradient`` pass.
+
+:func:`conv2d_gradient` is a Relax primal-gradient function (the ``FPrimalGradient`` attribute of
+``relax.nn.conv2d``): for a call ``y = conv2d(x, w)`` and its output's adjoint ``dy`` it returns
+``[dx, dw]`` as ``call_tir`` of two PrimFuncs added to the module being differentiated, each the
+package's operator scheduled for the target:
+
+* ``dx``: ``ConvolutionBackwardData(dy, w)`` (the dX cube: stride phases, no multiply by inserted
+  zeros; dilation, asymmetric pads, groups and depthwise as the forward has them);
+* ``dw``: ``ConvolutionBackwardWeights(x, dy)`` (the dW cube; only the taps the kernel has).
+
+Layouts: NCHW and NHWC activations and OIHW and HWIO weights are read and written in place (the
+layout stages of the operators, inlined into the kernels' packs); any other permutation of those
+letters is permuted to NCHW / OIHW with ``relax.op.permute_dims`` around them. Types: float32,
+float16, bfloat16 (a different ``out_dtype``: dy is cast to the inputs' type); for other types
+(float64) the call keeps Relax's own gradient. :func:`conv2d_gradients` installs the function for
+the duration of a ``with`` block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import tvm
+from tvm import relax, te
+from tvm.target import Target
+
+from ..compile import lower, resolve_target
+from ..errors import ConvGradError
+from ..frontends import onednn
+
+__all__ = ["SCHEDULED", "Conv2dCall", "conv2d_gradient", "conv2d_gradients", "gradient_funcs"]
+
+OP = "relax.nn.conv2d"
+SCHEDULED = "tirx.is_scheduled"
+DTYPES = ("float32", "float16", "bfloat16")
+_NATIVE_DATA = {"NCHW": "NCX", "NHWC": "NXC"}
+_NATIVE_KERNEL = {"OIHW": "OIX", "HWIO": "XIO"}
+
+
+@dataclass(frozen=True)
+class Conv2dCall:
+    """A ``relax.nn.conv2d`` call in the operators' terms: NCHW / OIHW shapes, the layouts its
+    tensors are in, ``pads (top, bottom, left, right)``, stride, dilation, groups, dtype."""
+
+    x_shape: tuple[int, int, int, int]
+    w_shape: tuple[int, int, int, int]
+    data_layout: str
+    kernel_layout: str
+    pads: tuple[int, int, int, int]
+    strides: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+    dtype: str
+
+    @classmethod
+    def of(cls, call: relax.Call) -> "Conv2dCall":
+        attrs = call.attrs
+        x, w = call.args
+        x_shape = _shape(x, "data")
+        w_shape = _shape(w, "weight")
+        data_layout, kernel_layout = str(attrs.data_layout), str(attrs.kernel_layout)
+        for name, layout, letters in (("data_layout", data_layout, "NCHW"), ("kernel_layout", kernel_layout, "OIHW")):
+            if sorted(layout) != sorted(letters):
+                raise ConvGradError(OP, name, layout, f"must be a permutation of {letters} (packed layouts have no gradient here)")
+        top, left, bottom, right = (int(p) for p in attrs.padding)
+        return cls(
+            tuple(x_shape[data_layout.index(c)] for c in "NCHW"), tuple(w_shape[kernel_layout.index(c)] for c in "OIHW"),
+            data_layout, kernel_layout, (top, bottom, left, right), tuple(int(s) for s in attrs.strides),
+            tuple(int(d) for d in attrs.dilation), int(attrs.groups), str(x.ty.dtype),
+        )  # fmt: skip
+
+    @property
+    def data_format(self) -> str:
+        return _NATIVE_DATA.get(self.data_layout, "NCX")
+
+    @property
+    def weights_format(self) -> str:
+        return _NATIVE_KERNEL.get(self.kernel_layout, "OIX")
+
+    @property
+    def y_shape(self) -> tuple[int, int, int, int]:
+        n, _, h, w = self.x_shape
+        o, _, kh, kw = self.w_shape
+        (sh, sw), (dh, dw), (pt, pb, pl, pr) = self.strides, self.dilation, self.pads
+        return (n, o, (h + pt + pb - (kh - 1) * dh - 1) // sh + 1, (w + pl + pr - (kw - 1) * dw - 1) // sw + 1)
+
+    def activation(self, shape) -> tuple[int, ...]:
+        n, c, h, w = shape
+        return (n, h, w, c) if self.data_format == "NXC" else (n, c, h, w)
+
+    def weights(self) -> tuple[int, ...]:
+        o, i, kh, kw = self.w_shape
+        return (kh, kw, i, o) if self.weights_format == "XIO" else (o, i, kh, kw)
+
+    def attrs(self) -> dict:
+        pt, pb, pl, pr = self.pads
+        return {"strides": list(self.strides), "pads_begin": [pt, pl], "pads_end": [pb, pr], "dilations": list(self.dilation),
+                "groups": self.groups, "data_format": self.data_format}  # fmt: skip
+
+
+def _shape(expr: relax.Expr, name: str) -> tuple[int, ...]:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None or ty.ndim != 4:
+        raise ConvGradError(OP, f"{name} shape", ty, "must be a 4-D tensor of known shape")
+    try:
+        return tuple(int(d) for d in ty.shape.values)
+    except TypeError:
+        raise ConvGradError(OP, f"{name} shape", ty.shape, "must be static (symbolic shapes are not supported)") from None
+
+
+def gradient_funcs(call: Conv2dCall, target: Target) -> tuple[tvm.tirx.PrimFunc, tvm.tirx.PrimFunc]:
+    """``(dx, dw)``: the two operators' PrimFuncs for ``call``, scheduled for ``target`` (dX takes
+    ``(dy, w)``, dW ``(x, dy)``, in the call's native layouts)."""
+    dy = te.placeholder(call.activation(call.y_shape), call.dtype, name="diff_dst")
+    w = te.placeholder(call.weights(), call.dtype, name="weights")
+    x = te.placeholder(call.activation(call.x_shape), call.dtype, name="src")
+    dx = onednn.convolution_backward_data(dy, w, list(call.activation(call.x_shape)), weights_format=call.weights_format,
+                                          kernel_name="conv2d_input_grad", **call.attrs())  # fmt: skip
+    dw = onednn.convolution_backward_weights(x, dy, list(call.weights()), weights_format=call.weights_format,
+                                             kernel_name="conv2d_weight_grad", **call.attrs())  # fmt: skip
+    return tuple(_scheduled(result, target) for result in (dx, dw))
+
+
+def _scheduled(result: te.Tensor, target: Target) -> tvm.tirx.PrimFunc:
+    mod = lower(result, target)
+    (func,) = mod.functions.values()
+    return func.without_attr("global_symbol").with_attr(SCHEDULED, True)
+
+
+def _permute(expr: relax.Expr, source: str, dest: str) -> relax.Expr:
+    return expr if source == dest else relax.op.permute_dims(expr, [source.index(c) for c in dest])
+
+
+def conv2d_gradient(target: str | dict | Target = "llvm", fallback=None):
+    """The primal-gradient function of ``relax.nn.conv2d`` on the package's kernels for ``target``;
+    ``fallback`` (Relax's own) takes the calls of other types."""
+    target = resolve_target(target)
+
+    def gradient(orig_var: relax.Var, orig_call: relax.Call, output_grad: relax.Var, ctx: relax.BlockBuilder) -> list[relax.Expr]:
+        x, w = orig_call.args
+        if str(x.ty.dtype) not in DTYPES and fallback is not None:
+            return fallback(orig_var, orig_call, output_grad, ctx)
+        call = Conv2dCall.of(orig_call)
+        if call.dtype not in DTYPES:
+            raise ConvGradError(OP, "data dtype", call.dtype, f"must be one of {list(DTYPES)}")
+        dx_func, dw_func = gradient_funcs(call, target)
+        native_data = "NHWC" if call.data_format == "NXC" else "NCHW"
+        native_kernel = "HWIO" if call.weights_format == "XIO" else "OIHW"
+        out_layout = str(orig_call.attrs.out_layout) or call.data_layout
+        dy = _permute(output_grad, out_layout, native_data)
+        if str(output_grad.ty.dtype) != call.dtype:
+            dy = relax.op.astype(dy, call.dtype)
+        x_native, w_native = _permute(x, call.data_layout, native_data), _permute(w, call.kernel_layout, native_kernel)
+        dx = relax.call_tir(ctx.add_func(dx_func, "conv2d_input_grad"), [dy, w_native],
+                            relax.TensorType(call.activation(call.x_shape), call.dtype))  # fmt: skip
+        dw = relax.call_tir(ctx.add_func(dw_func, "conv2d_weight_grad"), [x_native, dy],
+                            relax.TensorType(call.weights(), call.dtype))  # fmt: skip
+        return [_permute(dx, native_data, call.data_layout), _permute(dw, native_kernel, call.kernel_layout)]
+
+    return gradient
+
+
+@contextlib.contextmanager
+def conv2d_gradients(target: str | dict | Target = "llvm"):
+    """Within the block, Relax's ``Gradient`` pass differentiates ``relax.nn.conv2d`` with
+    :func:`conv2d_gradient` for ``target``; Relax's own gradient is restored on exit."""
+    op = tvm.ir.Op.get(OP)
+    own = op.get_attr("FPrimalGradient")
+    op.reset_attr("FPrimalGradient")
+    tvm.ir.register_op_attr(OP, "FPrimalGradient", conv2d_gradient(target, fallback=own))
+    try:
+        yield
+    finally:
+        op.reset_attr("FPrimalGradient")
+        if own is not None:
+            tvm.ir.register_op_attr(OP, "FPrimalGradient", own)
