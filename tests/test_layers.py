@@ -21,6 +21,7 @@ LAYERS = [  # bottom first: a module may import from its own layer and the ones 
     {"tuning", "aliases"},
     {"frontends", "examples", "tools"},
     {"torch", "relax"},
+    {"training"},
     {"cli", "__init__"},
 ]
 

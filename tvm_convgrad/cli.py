@@ -5,6 +5,8 @@
 * ``tvm-convgrad tune [--suite resnet50|all] [--trials N] [--rpc HOST:PORT --key K] [--target llvm|cuda]
   [--out DIR]``: the bench's cases tuned on MetaSchedule over the schedule rules' space
   (:func:`tvm_convgrad.tune`; CUDA: measured on a GPU machine's RPC server, or on this machine's GPU).
+* ``tvm-convgrad train [--clients relax,torch,torch-ours] [--steps N]``: a CNN trained on the digits
+  dataset with the package's gradients in Relax and PyTorch (:mod:`tvm_convgrad.training`).
 * ``tvm-convgrad bench [--suite resnet50|all|conv3d] [--batch 1|8] [--op filter|input|both] [--filter REGEX]
   [--isa native|avx2|avx512] [--api tbe|onednn] [--target llvm|cuda]``: the benchmark shape set against
   PyTorch's oneDNN kernels, both on one vector ISA, with the machine's measured FMA peak as the roofline
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Sequence
 
 from . import dsl, layout
+from .training import command as training
 from .compile import Kernel, build
 from .dsl.compute import cube_util
 from .errors import ConvGradError
@@ -363,6 +366,8 @@ def _parser() -> argparse.ArgumentParser:
                          help="cuda: ours on this machine's GPU against PyTorch's cuDNN (float16), instead of the CPU")
     p_bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     p_bench.set_defaults(func=bench)
+
+    training.add_parser(sub)
     return parser
 
 

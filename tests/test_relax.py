@@ -1,0 +1,188 @@
+"""``tvm_convgrad.relax``: Relax's training with the package's conv2d gradients, every gradient
+compared with PyTorch autograd in float64 on networks that mix strides, asymmetric pads, dilation,
+groups, depthwise and layouts; what Relax's own gradient cannot do (a dilated conv); the
+``ConvGradients`` rewrite of a module Relax differentiated; the compiled module exported."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.relax.training.loss import CrossEntropyLoss
+from tvm.relax.training.optimizer import SGD
+
+from conftest import torch
+from tvm_convgrad.relax import ConvGradients, SetupTrainer, conv2d_gradients
+
+needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch is not installed (pip install torch==2.13.0)")
+
+# (weight shape in its layout, conv2d attributes): a stem with asymmetric pads, an NHWC/HWIO strided
+# conv, a dilated depthwise conv, an NHWC/OHWI grouped conv (a permuted weight layout), a 1x1
+_LAYERS = [
+    ((8, 3, 3, 3), dict(padding=(1, 0, 2, 1))),
+    ((3, 3, 8, 16), dict(strides=2, padding=1, data_layout="NHWC", kernel_layout="HWIO")),
+    ((16, 1, 3, 3), dict(padding=2, dilation=2, groups=16)),
+    ((16, 3, 2, 8), dict(strides=(1, 2), padding=(0, 1, 1, 0), groups=2, data_layout="NHWC", kernel_layout="OHWI", out_layout="NHWC")),
+    ((10, 16, 1, 1), dict()),
+]
+_BATCH, _CLASSES = 2, 10
+
+
+def _backbone(dtype: str = "float32") -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((_BATCH, 3, 12, 12), dtype))
+    weights = [relax.Var(f"w{i}", relax.TensorType(shape, dtype)) for i, (shape, _) in enumerate(_LAYERS)]
+    with bb.function("backbone", [x, *weights]):
+        with bb.dataflow():
+            h = x
+            layout = "NCHW"
+            for w, (_, attrs) in zip(weights, _LAYERS):
+                want = attrs.get("data_layout", "NCHW")
+                if want != layout:
+                    h = bb.emit(relax.op.permute_dims(h, [layout.index(c) for c in want]))
+                h = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(h, w, **attrs)))
+                layout = attrs.get("out_layout", want)
+            out = bb.emit_output(relax.op.mean(h, axis=[2, 3] if layout == "NCHW" else [1, 2]))
+        bb.emit_func_output(out)
+    return bb.get().with_attrs({"param_num": len(_LAYERS), "state_num": 0})
+
+
+def _torch_grads(args: list[np.ndarray], target: np.ndarray):
+    """The same network in PyTorch, float64: loss and the weights' gradients (in their layouts)."""
+    F = torch.nn.functional
+    tensors = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in args]
+    h = tensors[0]
+    for w, (_, attrs) in zip(tensors[1:], _LAYERS):
+        oihw = {"OIHW": w, "HWIO": w.permute(3, 2, 0, 1), "OHWI": w.permute(0, 3, 1, 2)}[attrs.get("kernel_layout", "OIHW")]
+        pad = attrs.get("padding", 0)
+        top, left, bottom, right = (pad,) * 4 if isinstance(pad, int) else pad
+        h = F.conv2d(F.pad(h, (left, right, top, bottom)), oihw, stride=attrs.get("strides", 1), dilation=attrs.get("dilation", 1),
+                     groups=attrs.get("groups", 1))  # fmt: skip
+        h = F.relu(h)
+    loss = F.cross_entropy(h.mean((2, 3)), torch.tensor(target))
+    loss.backward()
+    return loss.item(), [t.grad.numpy() for t in tensors[1:]]
+
+
+def _inputs(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    args = [rng.uniform(-1, 1, (_BATCH, 3, 12, 12)).astype("float32")] + [rng.uniform(-1, 1, s).astype("float32") for s, _ in _LAYERS]
+    return args, np.array([1, 7], dtype="int64")
+
+
+def _loss_args():
+    return [relax.TensorType((_BATCH, _CLASSES), "float32"), relax.TensorType((_BATCH,), "int64")]
+
+
+@needs_torch
+def test_setup_trainer_gradients_match_pytorch():
+    mod = SetupTrainer(CrossEntropyLoss(), SGD(0.1), _loss_args(), target="llvm")(_backbone())
+    names = {gv.name_hint for gv in mod.get_global_vars()}
+    assert {"backbone", "backbone_loss", "backbone_loss_adjoint", "optimizer"} <= names
+    assert "conv2d_transpose" not in names and sum(n.startswith("conv2d_weight_grad") for n in names) == len(_LAYERS)
+    assert sum(n.startswith("conv2d_input_grad") for n in names) == len(_LAYERS) - 1  # the data needs no gradient
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    args, target = _inputs()
+    loss, grads = vm["backbone_loss_adjoint"](*[tvm.runtime.tensor(a) for a in args], tvm.runtime.tensor(target))
+    expected_loss, expected = _torch_grads(args, target)
+    assert abs(float(loss.numpy()) - expected_loss) <= 1e-5 * abs(expected_loss)
+    for got, want, (shape, _) in zip(grads, expected, _LAYERS):
+        assert got.numpy().shape == shape
+        assert np.abs(got.numpy() - want).max() <= 1e-5 * np.abs(want).max() + 1e-7
+
+
+def _dilated_backbone() -> tvm.IRModule:
+    """NCHW / OIHW (the only layouts Relax's own gradient takes), one dilated 3x3 conv."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((_BATCH, 4, 12, 12), "float32"))
+    w = relax.Var("w", relax.TensorType((_CLASSES, 4, 3, 3), "float32"))
+    with bb.function("backbone", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w, padding=2, dilation=2))
+            out = bb.emit_output(relax.op.mean(y, axis=[2, 3]))
+        bb.emit_func_output(out)
+    return bb.get().with_attrs({"param_num": 1, "state_num": 0})
+
+
+def test_relax_alone_cannot_train_a_dilated_conv():
+    """Relax's own conv2d gradient fails on dilation (its conv2d_transpose's output padding) and on
+    any layout but NCHW / OIHW; the package's trains both. Relax's own gradient is back after the
+    ``with`` block."""
+    with pytest.raises(Exception, match="output padding"):
+        relax.training.SetupTrainer(CrossEntropyLoss(), SGD(0.1), _loss_args())(_dilated_backbone())
+    with pytest.raises(Exception, match="only support NCHW"):
+        relax.training.SetupTrainer(CrossEntropyLoss(), SGD(0.1), _loss_args())(_backbone())
+    with conv2d_gradients("llvm"):
+        relax.training.SetupTrainer(CrossEntropyLoss(), SGD(0.1), _loss_args())(_dilated_backbone())
+    with pytest.raises(Exception, match="output padding"):
+        relax.training.SetupTrainer(CrossEntropyLoss(), SGD(0.1), _loss_args())(_dilated_backbone())
+
+
+def _plain_conv_module(dtype: str = "float32"):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 16, 9, 9), dtype))
+    w = relax.Var("w", relax.TensorType((32, 16, 3, 3), dtype))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w, strides=2, padding=(1, 0, 1, 2)))
+            if dtype != "float32":  # Relax differentiates a float32 loss only (not bf16)
+                y = bb.emit(relax.op.astype(y, "float32"))
+            out = bb.emit_output(relax.op.sum(relax.op.multiply(y, y)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _run_adjoint(mod, *arrays):
+    vm = relax.VirtualMachine(tvm.compile(relax.transform.LegalizeOps()(mod), "llvm"), tvm.cpu())
+    _, grads = vm["main_adjoint"](*[tvm.runtime.tensor(a) for a in arrays])
+    return [g.numpy() for g in grads]
+
+
+def test_conv_gradients_rewrites_a_module_relax_differentiated():
+    differentiated = relax.transform.Gradient("main")(_plain_conv_module())
+    rewrite = ConvGradients("llvm")
+    ours = rewrite(differentiated)
+    assert rewrite.last_count == 2
+    text = ours["main_adjoint"].script()
+    assert "R.nn.conv2d_transpose" not in text and "conv2d_input_grad" in text and "conv2d_weight_grad" in text
+    rng = np.random.default_rng(0)
+    x, w = rng.uniform(-1, 1, (2, 16, 9, 9)).astype("float32"), rng.uniform(-1, 1, (32, 16, 3, 3)).astype("float32")
+    for got, want in zip(_run_adjoint(ours, x, w), _run_adjoint(differentiated, x, w)):
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_gradients(dtype):
+    """f16 / bf16 models: the kernels take the type (fp32 sums, rounded once)."""
+    import ml_dtypes
+
+    from tvm_convgrad import reference
+
+    with conv2d_gradients("llvm"):
+        mod = relax.transform.Gradient("main")(_plain_conv_module(dtype))
+    numpy_type = np.float16 if dtype == "float16" else ml_dtypes.bfloat16
+    rng = np.random.default_rng(0)
+    x, w = rng.uniform(-1, 1, (2, 16, 9, 9)).astype(numpy_type), rng.uniform(-1, 1, (32, 16, 3, 3)).astype(numpy_type)
+    dx, dw = _run_adjoint(mod, x, w)
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    xp = np.pad(x64, ((0, 0), (0, 0), (1, 1), (0, 2)))
+    y = sum(np.einsum("nchw,oc->nohw", xp[:, :, i : i + 9 : 2, j : j + 9 : 2][:, :, :5, :5], w64[:, :, i, j]) for i in range(3) for j in range(3))
+    dy = 2 * y.astype(numpy_type).astype(np.float64)  # dy = 2 y, y rounded to the model's type
+    want_dx = reference.conv2d_backprop_input(w64, dy, (9, 9), (2, 2), (1, 1, 0, 2))
+    want_dw = reference.conv2d_backprop_filter(x64, dy, (3, 3), (2, 2), (1, 1, 0, 2))
+    eps = 2.0**-10 if dtype == "float16" else 2.0**-7
+    for got, want in ((dx, want_dx), (dw, want_dw)):
+        assert np.abs(got.astype(np.float64) - want).max() <= 4 * eps * np.abs(want).max()
+
+
+def test_the_trainer_module_compiles_exports_and_runs(tmp_path):
+    mod = SetupTrainer(CrossEntropyLoss(), SGD(0.1), _loss_args(), target="llvm")(_backbone())
+    path = str(tmp_path / "trainer.so")
+    tvm.compile(mod, "llvm").export_library(path)
+    vm = relax.VirtualMachine(tvm.runtime.load_module(path), tvm.cpu())
+    trainer = relax.training.Trainer(mod, vm, tvm.cpu())
+    args, target = _inputs()
+    trainer.load_params(args[1:])
+    losses = [float(trainer.update(args[0], target).numpy()) for _ in range(5)]
+    assert losses[-1] < losses[0]
