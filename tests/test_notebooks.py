@@ -10,7 +10,8 @@ import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
-TIMEOUT_S = 180  # each notebook runs in under 3 minutes on a 2-core machine
+TIMEOUT_S = 180  # each cell runs in under 3 minutes on a 2-core machine ...
+LONG_CELLS = {"05_train_with_relax.ipynb": 600}  # ... but a training run: 460 Relax steps take ~2 minutes
 
 pytestmark = pytest.mark.slow  # the fast tier (-m "not slow") leaves these to the full suite
 
@@ -32,7 +33,7 @@ def _kernel_name() -> str:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path):
     notebook = nbformat.read(path, as_version=4)
-    client = NotebookClient(notebook, timeout=TIMEOUT_S, kernel_name=_kernel_name(), resources={"metadata": {"path": str(tmp_path)}})
+    client = NotebookClient(notebook, timeout=LONG_CELLS.get(path.name, TIMEOUT_S), kernel_name=_kernel_name(), resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
     out = "".join(o.get("text", "") for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])
                   if o.get("output_type") == "stream")  # fmt: skip

@@ -13,7 +13,7 @@ digits (1797 images, no download), the same initial weights and batches three wa
 package's conv2d gradients (relax), PyTorch with nn.Conv2d (torch), PyTorch with
 tvm_convgrad.torch.Conv2d (torch-ours). Writes train.json and loss_curve.png under --out.
 
-  tvm-convgrad train                       # 460 steps of 32, SGD lr 0.05, momentum 0.9
+  tvm-convgrad train                       # 460 steps of 64 images, SGD lr 0.05, momentum 0.9
   tvm-convgrad train --clients relax --steps 100
 """
 
@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--clients", default="relax,torch,torch-ours", help="comma-separated: relax, torch, torch-ours")
     p.add_argument("--steps", type=int, default=460)
-    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0)

@@ -67,12 +67,16 @@ DIGITS_CNN = Net(
 
 
 def init_params(net: Net, seed: int = 0) -> list[np.ndarray]:
-    """He-uniform weights, zero biases (float32), in :meth:`Net.param_shapes` order."""
+    """He-uniform weights and small random biases (float32), in :meth:`Net.param_shapes` order.
+
+    Not zero biases: a depthwise window of zeros (ReLU outputs) plus a zero bias is a
+    pre-activation of exactly 0, where PyTorch's ReLU gradient is 0 and Relax's is 1 (``where(x <
+    0, 0, dy)``); the clients would then differ by that convention, not by their conv gradients."""
     rng = np.random.default_rng(seed)
     params = []
     for shape in net.param_shapes():
         if len(shape) == 1:
-            params.append(np.zeros(shape, dtype="float32"))
+            params.append(rng.uniform(-0.05, 0.05, shape).astype("float32"))
             continue
         fan_in = int(np.prod(shape[1:])) if len(shape) == 4 else shape[0]
         bound = np.sqrt(6.0 / fan_in)

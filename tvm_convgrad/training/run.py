@@ -121,7 +121,7 @@ def _torch_client(net: Net, params: list[np.ndarray], lr: float, momentum: float
     return step, predict
 
 
-def train(clients=CLIENTS, steps: int = 460, batch: int = 32, lr: float = 0.05, momentum: float = 0.9, seed: int = 0, target="llvm",
+def train(clients=CLIENTS, steps: int = 460, batch: int = 64, lr: float = 0.05, momentum: float = 0.9, seed: int = 0, target="llvm",
           data: Digits | None = None, net: Net = DIGITS_CNN, progress: bool = True, log=print) -> dict[str, Run]:  # fmt: skip
     """Train ``net`` with each client for ``steps`` SGD steps of ``batch`` images, the same initial
     weights (``seed``) and batches; evaluate the held-out accuracy after each epoch and at the end."""
