@@ -11,11 +11,16 @@ the package's) it reports:
   ``conv2d_weight_grad*``; Relax's: the ``conv2d_transpose*`` calls, and the ``conv2d*`` /
   ``strided_slice*`` calls the forward function does not make);
 * ours alone: the same kernels built by :func:`tvm_convgrad.build` and timed by ``Kernel.time``.
+
+Both modules are compiled for this CPU (``resolve_target("llvm")``: its ``mcpu``, so its vector
+ISA); Relax's as a Relax user compiles it, the package's inside :func:`tvm_convgrad.pass_context`,
+as the README says to compile a trainer (TVM's ``NarrowDataType`` otherwise costs its kernels ~13%).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from collections import defaultdict
@@ -93,42 +98,53 @@ def instrumented_profile(vm, args, repeat: int = 5) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def profile_adjoint(net: Net = RELAX_CNN, batch: int = 8, target="llvm", repeat: int = 10) -> dict:
-    """The numbers of the module docstring, for Relax's trainer and the package's."""
+def profile_adjoint(net: Net = RELAX_CNN, batch: int = 8, target="llvm", rounds: int = 5) -> dict:
+    """The numbers of the module docstring, for Relax's trainer and the package's: each round
+    times every quantity once, interleaved (this machine is shared: one side must not get the
+    quiet minutes), and each reported number is the median over ``rounds``."""
     import tvm
     from tvm import relax
 
-    from ..compile import resolve_target
+    from ..compile import pass_context, resolve_target
 
-    target = resolve_target(target)  # both sides compiled for this CPU (its mcpu: the vector ISA)
+    target = resolve_target(target)
     params = init_params(net, seed=0)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, net.convs[0].cin, net.size, net.size)).astype("float32")
     y = rng.integers(0, net.classes, batch).astype("int64")
     device = tvm.cpu()
     args = [tvm.runtime.tensor(a, device) for a in (x, *params, y)]
-    report = {}
+    sides = {}
     for side, ours in (("relax", False), ("ours", True)):
         mod = _trainer(net, batch, ours, target)
-        vm = relax.VirtualMachine(tvm.compile(mod, target), device)
-        timer = vm.time_evaluator(ADJOINT, device, number=1, repeat=repeat, min_repeat_ms=200)
-        adjoint = statistics.median(timer(*args).results)
-        calls = instrumented_profile(vm, args)
-        grads = conv_gradient_calls(mod)
-        report[side] = {"adjoint_s": adjoint, "conv_gradients_s": sum(calls.get(n, 0.0) for n in grads), "calls": calls,
-                        "conv_gradient_funcs": sorted(grads)}  # fmt: skip
-    report["ours"]["kernels_alone_s"] = _kernels_alone(net, batch, target)
+        with pass_context(target) if ours else contextlib.nullcontext():
+            vm = relax.VirtualMachine(tvm.compile(mod, target), device)
+        sides[side] = (vm, vm.time_evaluator(ADJOINT, device, number=1, repeat=3, min_repeat_ms=100), conv_gradient_calls(mod))
+    alone = _kernels_alone(net, batch, target)
+    samples: dict[str, list[float]] = defaultdict(list)
+    calls_seen: dict[str, dict[str, float]] = {}
+    for _ in range(rounds):
+        for side, (vm, timer, grads) in sides.items():
+            samples[f"{side}.adjoint"].append(statistics.median(timer(*args).results))
+            calls = instrumented_profile(vm, args, repeat=3)
+            calls_seen[side] = calls
+            samples[f"{side}.conv_gradients"].append(sum(calls.get(n, 0.0) for n in grads))
+        samples["ours.alone"].append(sum(kernel.time(repeat=3, min_repeat_ms=50).median for kernel in alone))
+    report = {side: {"adjoint_s": statistics.median(samples[f"{side}.adjoint"]),
+                     "conv_gradients_s": statistics.median(samples[f"{side}.conv_gradients"]),
+                     "calls": calls_seen[side], "conv_gradient_funcs": sorted(sides[side][2])} for side in sides}  # fmt: skip
+    report["ours"]["kernels_alone_s"] = statistics.median(samples["ours.alone"])
     return report
 
 
-def _kernels_alone(net: Net, batch: int, target) -> float:
-    """The package's dX (all but the first conv's) and dW kernels of ``net``, each timed alone."""
+def _kernels_alone(net: Net, batch: int, target) -> list:
+    """The package's dX (all but the first conv's) and dW kernels of ``net``, built alone."""
     from tvm import te
 
     from ..compile import build
     from ..frontends import onednn
 
-    total, size = 0.0, net.size
+    kernels, size = [], net.size
     for index, conv in enumerate(net.convs):
         out = (size + 2 * conv.padding - (conv.kernel - 1) * conv.dilation - 1) // conv.stride + 1
         attrs = dict(strides=[conv.stride] * 2, pads_begin=[conv.padding] * 2, pads_end=[conv.padding] * 2, dilations=[conv.dilation] * 2,
@@ -139,16 +155,17 @@ def _kernels_alone(net: Net, batch: int, target) -> float:
         results = [onednn.convolution_backward_weights(x, dy, list(conv.weight_shape), **attrs)]
         if index > 0:  # the network's input needs no gradient
             results.append(onednn.convolution_backward_data(dy, w, [batch, conv.cin, size, size], **attrs))
-        total += sum(build(r, target=target).time(repeat=10).median for r in results)
+        kernels += [build(r, target=target) for r in results]
         size = out
-    return total
+    return kernels
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
-    r = profile_adjoint(batch=args.batch)
+    r = profile_adjoint(batch=args.batch, rounds=args.rounds)
     relax_own, ours = r["relax"], r["ours"]
     print(f"loss adjoint, N={args.batch}: Relax's own {relax_own['adjoint_s'] * 1e3:.1f} ms, ours {ours['adjoint_s'] * 1e3:.1f} ms "
           f"({relax_own['adjoint_s'] / ours['adjoint_s']:.1f}x)")  # fmt: skip

@@ -84,12 +84,16 @@ def _relax_client(net: Net, params: list[np.ndarray], batch: int, lr: float, mom
     from tvm.relax.training.loss import CrossEntropyLoss
     from tvm.relax.training.optimizer import MomentumSGD
 
+    from ..compile import pass_context, resolve_target
     from ..relax import SetupTrainer
 
     loss_args = [relax.TensorType((batch, net.classes), "float32"), relax.TensorType((batch,), "int64")]
     mod = SetupTrainer(CrossEntropyLoss(), MomentumSGD(lr, momentum), loss_args, target=target)(relax_backbone(net, batch))
     device = tvm.cpu()
-    trainer = Trainer(mod, relax.VirtualMachine(tvm.compile(mod, target), device), device)
+    target = resolve_target(target)
+    with pass_context(target):  # the package's kernels compile as tvm_convgrad.build compiles them
+        executable = tvm.compile(mod, target)
+    trainer = Trainer(mod, relax.VirtualMachine(executable, device), device)
     trainer.load_params([p.copy() for p in params])
 
     def step(x, y) -> float:
