@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from tvm import te
 
-from conftest import needs_torch
+from conftest import needs_torch, slow, tiered
 from framework_cases import Case, arrays, call, check, expected, placeholders, torch_result
 from tvm_convgrad import ConvGradError, build, reference
 from tvm_convgrad.frontends import onednn
@@ -78,7 +78,7 @@ def test_sweep_covers_the_parameter_space():
     assert any(c.pads_begin != c.pads_end and c.auto_pad == "none" for c in SWEEP)
 
 
-@pytest.mark.parametrize("case", SWEEP, ids=[c.name() for c in SWEEP])
+@pytest.mark.parametrize("case", tiered(SWEEP, lambda i, c: i % 3 == 0, lambda c: c.name()))
 def test_backward_data_matches_the_reference(case):
     inputs = placeholders(case)
     kernel = build(call(case, *inputs))
@@ -89,7 +89,7 @@ def test_backward_data_matches_the_reference(case):
 
 
 @needs_torch
-@pytest.mark.parametrize("case", SWEEP[::2], ids=[c.name() for c in SWEEP[::2]])
+@pytest.mark.parametrize("case", tiered(SWEEP[::2], lambda i, c: i % 4 == 1, lambda c: c.name()))
 def test_backward_data_matches_torch(case):
     kernel = build(call(case, *placeholders(case)))
     arrays_ = arrays(case, seed=1)
@@ -156,6 +156,7 @@ def test_a_dx_no_tap_reaches_is_zero_in_every_type():
         assert out.shape == (1, 13, 1, 6) and not out.astype(np.float32).any()
 
 
+@slow
 def test_backward_data_builds_for_cuda_and_emulates_exactly():
     from tvm_convgrad.compile import emulate_cuda
 

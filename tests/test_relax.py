@@ -12,7 +12,7 @@ from tvm import relax
 from tvm.relax.training.loss import CrossEntropyLoss
 from tvm.relax.training.optimizer import SGD
 
-from conftest import torch
+from conftest import slow, torch
 from tvm_convgrad.relax import ConvGradients, SetupTrainer, conv2d_gradients
 
 needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch is not installed (pip install torch==2.13.0)")
@@ -139,6 +139,7 @@ def _run_adjoint(mod, *arrays):
     return [g.numpy() for g in grads]
 
 
+@slow
 def test_conv_gradients_rewrites_a_module_relax_differentiated():
     differentiated = relax.transform.Gradient("main")(_plain_conv_module())
     rewrite = ConvGradients("llvm")
@@ -152,7 +153,7 @@ def test_conv_gradients_rewrites_a_module_relax_differentiated():
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", [pytest.param("float16", marks=slow), "bfloat16"])
 def test_half_precision_gradients(dtype):
     """f16 / bf16 models: the kernels take the type (fp32 sums, rounded once)."""
     import ml_dtypes
@@ -176,6 +177,7 @@ def test_half_precision_gradients(dtype):
         assert np.abs(got.astype(np.float64) - want).max() <= 4 * eps * np.abs(want).max()
 
 
+@slow
 def test_the_trainer_module_compiles_exports_and_runs(tmp_path):
     mod = SetupTrainer(CrossEntropyLoss(), SGD(0.1), _loss_args(), target="llvm")(_backbone())
     path = str(tmp_path / "trainer.so")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import torch
+from conftest import slow, tiered, torch
 
 pytestmark = pytest.mark.skipif(torch is None, reason="PyTorch is not installed (pip install torch==2.13.0)")
 
@@ -44,9 +44,11 @@ def _call(x, layer, channels_last: bool) -> "ConvCall":
                     dtype_name(x.dtype), channels_last)  # fmt: skip
 
 
-@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("layer", LAYERS, ids=[f"layer{i}" for i in range(len(LAYERS))])
+_GRID = [(layer, dtype, cl) for layer in LAYERS for dtype in ("float32", "bfloat16", "float16") for cl in (False, True)]
+
+
+@pytest.mark.parametrize("layer, dtype, channels_last", tiered(_GRID, lambda i, c: i % 7 == 0, unpack=True,
+                         ids=lambda c: f"layer{LAYERS.index(c[0])}-{c[1]}-{'channels_last' if c[2] else 'nchw'}"))  # fmt: skip
 def test_conv2d_gradients_match_pytorch_autograd(layer, dtype, channels_last):
     shape, out, kernel, stride, padding, dilation, groups, bias = layer
     torch.manual_seed(0)
@@ -127,6 +129,7 @@ def test_torch_compile_keeps_the_operators_in_its_graph():
     torch.testing.assert_close(x.grad, eager)
 
 
+@slow
 def test_padding_modes_and_same_pads_follow_pytorch():
     assert pads_of("same", (4, 3), (1, 1), (1, 2)) == (1, 2, 2, 2)
     assert pads_of("valid", (3, 3), (2, 2), (1, 1)) == (0, 0, 0, 0)

@@ -61,6 +61,7 @@ def test_train_command_writes_the_curves_and_agrees(tmp_path):
     assert "held-out accuracy" in run.stdout and "ms/step" in run.stdout
 
 
+@slow
 def test_train_command_rejects_an_unknown_client():
     run = subprocess.run([sys.executable, "-m", "tvm_convgrad.cli", "train", "--clients", "jax"], capture_output=True, text=True, timeout=300)
     assert run.returncode != 0 and "--clients" in run.stderr
