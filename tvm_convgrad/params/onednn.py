@@ -88,7 +88,7 @@ def deconv_view(
     weights_format = format_choice(r, "weights_format", weights_format, ("XOI", "IOX"))
     mode = auto_pad_mode(r, auto_pad)
     strides, dilations, pads_begin, pads_end = window_attrs(r, nd, strides, dilations, pads_begin, pads_end)
-    padding = None if output_padding is None else per_axis(r, "output_padding", output_padding, nd, 0)
+    padding = _output_padding(r, output_padding, strides, nd)
     shape = weights_shape(r, ("weights_shape", "weights_shape_attr"), shape_input, shape_attr, rank)
     groups = groups_attr(r, groups)
     batch, ic, s_src = split_format(src_shape, data_format)
@@ -104,20 +104,10 @@ def deconv_view(
                "(O holds out_channels / groups)")  # fmt: skip
     if dst_batch != batch:
         r.fail("diff_dst.shape", dst_shape, f"batch must equal the src batch {batch}")
-    if padding is not None:
-        for axis, (op_, s) in enumerate(zip(padding, strides)):
-            if op_ >= s:
-                r.fail("output_padding", padding, f"axis {axis}: must be < the stride {s}")
     if mode != "none":  # the regular-conv rule on the diff_dst size (spec §5)
         view = with_pads(view, [auto_pads(s_dst[a], kernel[a], strides[a], dilations[a], mode) for a in range(nd)])
     check_spatial(r, view, named)
-    if padding is not None:
-        for axis in range(nd):
-            eff = (kernel[axis] - 1) * dilations[axis] + 1
-            expect = strides[axis] * (s_src[axis] - 1) + eff - view.pads_begin[axis] - view.pads_end[axis] + padding[axis]
-            if s_dst[axis] != expect:
-                r.fail(f"diff_dst spatial axis {axis}", s_dst[axis],
-                       f"must be s*(S_src-1) + (K-1)*d+1 - pads + output_padding = {expect}")  # fmt: skip
+    _check_transposed_size(r, "diff_dst", view, padding, "S_src")
     return view, data_format, weights_format, shape
 
 
@@ -155,11 +145,7 @@ def backward_data_view(
     weights_format = format_choice(r, names["format"], weights_format, ("XIO", "OIX"))
     mode = auto_pad_mode(r, auto_pad)
     strides, dilations, pads_begin, pads_end = window_attrs(r, nd, strides, dilations, pads_begin, pads_end)
-    padding = None if output_padding is None else per_axis(r, "output_padding", output_padding, nd, 0)
-    if padding is not None:
-        for axis, (op_, s) in enumerate(zip(padding, strides)):
-            if op_ >= s:
-                r.fail("output_padding", padding, f"axis {axis}: must be < the stride {s}")
+    padding = _output_padding(r, output_padding, strides, nd)
     groups = groups_attr(r, groups)
     batch, cout, s_out = split_format(dy_shape, data_format)
     o, i, kernel = (w_shape[-1], w_shape[-2], w_shape[:-2]) if weights_format == "XIO" else (w_shape[0], w_shape[1], w_shape[2:])
@@ -190,13 +176,7 @@ def backward_data_view(
     if mode != "none":
         view = with_pads(view, [auto_pads(s_in[a], kernel[a], strides[a], dilations[a], mode) for a in range(nd)])
     check_spatial(r, view, named)
-    if padding is not None:
-        for axis in range(nd):
-            eff = (kernel[axis] - 1) * dilations[axis] + 1
-            expect = strides[axis] * (s_out[axis] - 1) + eff - view.pads_begin[axis] - view.pads_end[axis] + padding[axis]
-            if s_in[axis] != expect:
-                r.fail(f"{names['shape']} spatial axis {axis}", s_in[axis],
-                       f"must be s*(S_out-1) + (K-1)*d+1 - pads + output_padding = {expect}")  # fmt: skip
+    _check_transposed_size(r, names["shape"], view, padding, "S_out")
     return view, data_format, weights_format, tuple(shape)
 
 
@@ -209,3 +189,28 @@ def _diff_src_shape(r: Rules, names: dict[str, str], given: Any, attribute: Any,
     if shape is not None and any(d < 1 for d in shape):
         r.fail(names["shape"], shape, "every dimension must be >= 1")
     return shape
+
+
+def _output_padding(r: Rules, output_padding: Any, strides: tuple[int, ...], nd: int) -> tuple[int, ...] | None:
+    """``output_padding`` (optional): one int per spatial axis, each in ``[0, stride)``."""
+    if output_padding is None:
+        return None
+    padding = per_axis(r, "output_padding", output_padding, nd, 0)
+    for axis, (op_, s) in enumerate(zip(padding, strides)):
+        if op_ >= s:
+            r.fail("output_padding", padding, f"axis {axis}: must be < the stride {s}")
+    return padding
+
+
+def _check_transposed_size(r: Rules, name: str, view: ConvView, padding: tuple[int, ...] | None, small: str):
+    """With ``output_padding`` given, the transposed convolution's size relation: the conv view's
+    input (named ``name``) is ``s*(S-1) + (K-1)*d+1 - pads + output_padding``, S the conv view's
+    output (the operator calls it ``small``)."""
+    if padding is None:
+        return
+    for axis in range(view.rank):
+        eff = (view.kernel[axis] - 1) * view.dilations[axis] + 1
+        expect = view.strides[axis] * (view.spatial_out[axis] - 1) + eff - view.pads_begin[axis] - view.pads_end[axis] + padding[axis]
+        if view.spatial_in[axis] != expect:
+            r.fail(f"{name} spatial axis {axis}", view.spatial_in[axis],
+                   f"must be s*({small}-1) + (K-1)*d+1 - pads + output_padding = {expect}")  # fmt: skip
