@@ -34,7 +34,7 @@ from tvm.target import Target
 from .layout import C0
 
 __all__ = [
-    "BENCH_ISAS", "ISA_MCPU", "IsaPlan", "PLANS", "TORCH_ISA_CAPS", "X86_TRIPLE", "host_can_run", "host_features", "isa_plan",
+    "BENCH_ISAS", "ISA_MCPU", "IsaPlan", "PLANS", "TORCH_ISA_CAPS", "X86_TRIPLE", "has_bf16_dot", "host_can_run", "host_features", "isa_plan",
     "x86_triple",
 ]  # fmt: skip
 
@@ -151,11 +151,16 @@ def isa_plan(target: Target) -> IsaPlan:
     return replace(plan, converts_fp16=False, memory_operands=False)
 
 
+def has_bf16_dot(target: Target) -> bool:
+    """Whether an LLVM target has AVX512-BF16's ``vdpbf16ps`` (Zen 4/5, Cooper Lake, Sapphire Rapids and later)."""
+    return _triple(target).startswith("x86_64") and "avx512bf16" in _features(target)
+
+
 # LLVM feature name -> the flag Linux shows in /proc/cpuinfo, where they differ.
-_CPUINFO_NAMES = {"sse4.1": "sse4_1", "sse4.2": "sse4_2", "lzcnt": "abm", "bmi": "bmi1"}
+_CPUINFO_NAMES = {"sse4.1": "sse4_1", "sse4.2": "sse4_2", "lzcnt": "abm", "bmi": "bmi1", "avx512bf16": "avx512_bf16"}
 # Features whose absence on the host would make a target's code fault (illegal instruction).
 _CHECKED_FEATURES = (
-    "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512fp16", "avx2", "avx", "fma", "f16c",
+    "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512fp16", "avx512bf16", "avx2", "avx", "fma", "f16c",
     "bmi", "bmi2", "lzcnt", "movbe", "popcnt", "sse4.2", "sse4.1", "ssse3",
 )  # fmt: skip
 
