@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(torch is None, reason="PyTorch is not installed 
 
 if torch is not None:
     from tvm_convgrad import ConvGradError
-    from tvm_convgrad.torch import Conv2d, ConvCall, conv2d, input_grad_kernel, pads_of, weight_grad_kernel
+    from tvm_convgrad.torch import Conv2d, conv2d, conv_call, input_grad_kernel, pads_of, weight_grad_kernel
     from tvm_convgrad.tools.verify import error_bound
 
 #        (N, C, H, W),    O,  kernel, stride, padding, dilation, groups, bias
@@ -36,12 +36,9 @@ def _close(ours: "torch.Tensor", reference: "torch.Tensor", kernel, what: str):
     assert ratio.max() <= 1.0, f"{what}: max error {error.max():.3g} = {ratio.max():.3g} x the bound"
 
 
-def _call(x, layer, channels_last: bool) -> "ConvCall":
-    from tvm_convgrad.torch.kernels import dtype_name
-
-    return ConvCall(tuple(x.shape), tuple(layer.weight.shape), layer.stride,
-                    pads_of(layer.padding, layer.kernel_size, layer.stride, layer.dilation), layer.dilation, layer.groups,
-                    dtype_name(x.dtype), channels_last)  # fmt: skip
+def _call(x, layer, channels_last: bool):
+    return conv_call(x.shape, layer.weight.shape, layer.stride, pads_of(layer.padding, layer.kernel_size, layer.stride, layer.dilation),
+                     layer.dilation, layer.groups, x.dtype, channels_last)  # fmt: skip
 
 
 _GRID = [(layer, dtype, cl) for layer in LAYERS for dtype in ("float32", "bfloat16", "float16") for cl in (False, True)]

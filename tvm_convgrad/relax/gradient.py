@@ -28,9 +28,9 @@ from tvm.target import Target
 
 from ..compile import lower, resolve_target
 from ..errors import ConvGradError
-from ..frontends import onednn
+from ..frontends.conv2d import Conv2dGradients
 
-__all__ = ["SCHEDULED", "Conv2dCall", "conv2d_gradient", "conv2d_gradients", "gradient_funcs"]
+__all__ = ["SCHEDULED", "Conv2dCall", "conv2d_gradient", "conv2d_gradients", "gradient_funcs", "scheduled_func"]
 
 OP = "relax.nn.conv2d"
 SCHEDULED = "tirx.is_scheduled"
@@ -41,18 +41,12 @@ _NATIVE_KERNEL = {"OIHW": "OIX", "HWIO": "XIO"}
 
 @dataclass(frozen=True)
 class Conv2dCall:
-    """A ``relax.nn.conv2d`` call in the operators' terms: NCHW / OIHW shapes, the layouts its
-    tensors are in, ``pads (top, bottom, left, right)``, stride, dilation, groups, dtype."""
+    """A ``relax.nn.conv2d`` call: its gradients in the operators' terms (the nearest native layouts:
+    NCHW / NHWC activations, OIHW / HWIO weights) and the layouts its own tensors are in."""
 
-    x_shape: tuple[int, int, int, int]
-    w_shape: tuple[int, int, int, int]
+    gradients: Conv2dGradients
     data_layout: str
     kernel_layout: str
-    pads: tuple[int, int, int, int]
-    strides: tuple[int, int]
-    dilation: tuple[int, int]
-    groups: int
-    dtype: str
 
     @classmethod
     def of(cls, call: relax.Call) -> "Conv2dCall":
@@ -65,39 +59,18 @@ class Conv2dCall:
             if sorted(layout) != sorted(letters):
                 raise ConvGradError(OP, name, layout, f"must be a permutation of {letters} (packed layouts have no gradient here)")
         top, left, bottom, right = (int(p) for p in attrs.padding)
-        return cls(
+        gradients = Conv2dGradients(
             tuple(x_shape[data_layout.index(c)] for c in "NCHW"), tuple(w_shape[kernel_layout.index(c)] for c in "OIHW"),
-            data_layout, kernel_layout, (top, bottom, left, right), tuple(int(s) for s in attrs.strides),
-            tuple(int(d) for d in attrs.dilation), int(attrs.groups), str(x.ty.dtype),
+            tuple(int(s) for s in attrs.strides), (top, bottom, left, right), tuple(int(d) for d in attrs.dilation), int(attrs.groups),
+            str(x.ty.dtype), _NATIVE_DATA.get(data_layout, "NCX"), _NATIVE_KERNEL.get(kernel_layout, "OIX"),
         )  # fmt: skip
+        return cls(gradients, data_layout, kernel_layout)
 
     @property
-    def data_format(self) -> str:
-        return _NATIVE_DATA.get(self.data_layout, "NCX")
-
-    @property
-    def weights_format(self) -> str:
-        return _NATIVE_KERNEL.get(self.kernel_layout, "OIX")
-
-    @property
-    def y_shape(self) -> tuple[int, int, int, int]:
-        n, _, h, w = self.x_shape
-        o, _, kh, kw = self.w_shape
-        (sh, sw), (dh, dw), (pt, pb, pl, pr) = self.strides, self.dilation, self.pads
-        return (n, o, (h + pt + pb - (kh - 1) * dh - 1) // sh + 1, (w + pl + pr - (kw - 1) * dw - 1) // sw + 1)
-
-    def activation(self, shape) -> tuple[int, ...]:
-        n, c, h, w = shape
-        return (n, h, w, c) if self.data_format == "NXC" else (n, c, h, w)
-
-    def weights(self) -> tuple[int, ...]:
-        o, i, kh, kw = self.w_shape
-        return (kh, kw, i, o) if self.weights_format == "XIO" else (o, i, kh, kw)
-
-    def attrs(self) -> dict:
-        pt, pb, pl, pr = self.pads
-        return {"strides": list(self.strides), "pads_begin": [pt, pl], "pads_end": [pb, pr], "dilations": list(self.dilation),
-                "groups": self.groups, "data_format": self.data_format}  # fmt: skip
+    def native_layouts(self) -> tuple[str, str]:
+        """The Relax spelling of the layouts the kernels read: ``(NCHW | NHWC, OIHW | HWIO)``."""
+        g = self.gradients
+        return ("NHWC" if g.data_format == "NXC" else "NCHW"), ("HWIO" if g.weights_format == "XIO" else "OIHW")
 
 
 def _shape(expr: relax.Expr, name: str) -> tuple[int, ...]:
@@ -110,20 +83,15 @@ def _shape(expr: relax.Expr, name: str) -> tuple[int, ...]:
         raise ConvGradError(OP, f"{name} shape", ty.shape, "must be static (symbolic shapes are not supported)") from None
 
 
-def gradient_funcs(call: Conv2dCall, target: Target) -> tuple[tvm.tirx.PrimFunc, tvm.tirx.PrimFunc]:
-    """``(dx, dw)``: the two operators' PrimFuncs for ``call``, scheduled for ``target`` (dX takes
-    ``(dy, w)``, dW ``(x, dy)``, in the call's native layouts)."""
-    dy = te.placeholder(call.activation(call.y_shape), call.dtype, name="diff_dst")
-    w = te.placeholder(call.weights(), call.dtype, name="weights")
-    x = te.placeholder(call.activation(call.x_shape), call.dtype, name="src")
-    dx = onednn.convolution_backward_data(dy, w, list(call.activation(call.x_shape)), weights_format=call.weights_format,
-                                          kernel_name="conv2d_input_grad", **call.attrs())  # fmt: skip
-    dw = onednn.convolution_backward_weights(x, dy, list(call.weights()), weights_format=call.weights_format,
-                                             kernel_name="conv2d_weight_grad", **call.attrs())  # fmt: skip
-    return tuple(_scheduled(result, target) for result in (dx, dw))
+def gradient_funcs(gradients: Conv2dGradients, target: Target) -> tuple[tvm.tirx.PrimFunc, tvm.tirx.PrimFunc]:
+    """``(dx, dw)``: the two operators' PrimFuncs, scheduled for ``target`` (dX takes ``(dy, w)``,
+    dW ``(x, dy)``, in the gradients' layouts)."""
+    return scheduled_func(gradients.input_grad(), target), scheduled_func(gradients.weight_grad(), target)
 
 
-def _scheduled(result: te.Tensor, target: Target) -> tvm.tirx.PrimFunc:
+def scheduled_func(result: te.Tensor, target: Target) -> tvm.tirx.PrimFunc:
+    """The operator's PrimFunc scheduled for ``target``, ready for a Relax module (``call_tir``):
+    no global symbol of its own, marked scheduled (no later pass reschedules it)."""
     mod = lower(result, target)
     (func,) = mod.functions.values()
     return func.without_attr("global_symbol").with_attr(SCHEDULED, True)
@@ -143,20 +111,18 @@ def conv2d_gradient(target: str | dict | Target = "llvm", fallback=None):
         if str(x.ty.dtype) not in DTYPES and fallback is not None:
             return fallback(orig_var, orig_call, output_grad, ctx)
         call = Conv2dCall.of(orig_call)
-        if call.dtype not in DTYPES:
-            raise ConvGradError(OP, "data dtype", call.dtype, f"must be one of {list(DTYPES)}")
-        dx_func, dw_func = gradient_funcs(call, target)
-        native_data = "NHWC" if call.data_format == "NXC" else "NCHW"
-        native_kernel = "HWIO" if call.weights_format == "XIO" else "OIHW"
+        g = call.gradients
+        if g.dtype not in DTYPES:
+            raise ConvGradError(OP, "data dtype", g.dtype, f"must be one of {list(DTYPES)}")
+        dx_func, dw_func = gradient_funcs(g, target)
+        native_data, native_kernel = call.native_layouts
         out_layout = str(orig_call.attrs.out_layout) or call.data_layout
         dy = _permute(output_grad, out_layout, native_data)
-        if str(output_grad.ty.dtype) != call.dtype:
-            dy = relax.op.astype(dy, call.dtype)
+        if str(output_grad.ty.dtype) != g.dtype:
+            dy = relax.op.astype(dy, g.dtype)
         x_native, w_native = _permute(x, call.data_layout, native_data), _permute(w, call.kernel_layout, native_kernel)
-        dx = relax.call_tir(ctx.add_func(dx_func, "conv2d_input_grad"), [dy, w_native],
-                            relax.TensorType(call.activation(call.x_shape), call.dtype))  # fmt: skip
-        dw = relax.call_tir(ctx.add_func(dw_func, "conv2d_weight_grad"), [x_native, dy],
-                            relax.TensorType(call.weights(), call.dtype))  # fmt: skip
+        dx = relax.call_tir(ctx.add_func(dx_func, "conv2d_input_grad"), [dy, w_native], relax.TensorType(g.activation(g.x_shape), g.dtype))
+        dw = relax.call_tir(ctx.add_func(dw_func, "conv2d_weight_grad"), [x_native, dy], relax.TensorType(g.weights(), g.dtype))
         return [_permute(dx, native_data, call.data_layout), _permute(dw, native_kernel, call.kernel_layout)]
 
     return gradient

@@ -23,10 +23,10 @@ from tvm import relax, te
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.target import Target
 
-from ..compile import lower, resolve_target
+from ..compile import resolve_target
 from ..errors import ConvGradError
 from ..frontends import onednn
-from .gradient import SCHEDULED
+from .gradient import scheduled_func
 
 __all__ = ["ConvGradients"]
 
@@ -39,11 +39,6 @@ def _static(expr: relax.Expr) -> tuple[int, ...] | None:
         return tuple(int(d) for d in ty.shape.values)
     except TypeError:
         return None
-
-
-def _func(result: te.Tensor, target: Target) -> tvm.tirx.PrimFunc:
-    (func,) = lower(result, target).functions.values()
-    return func.without_attr("global_symbol").with_attr(SCHEDULED, True)
 
 
 def _pads(attrs) -> tuple[list[int], list[int]]:
@@ -68,7 +63,7 @@ def input_grad(call: relax.Call, target: Target) -> tuple[tvm.tirx.PrimFunc, rel
         dilations=[int(d) for d in attrs.dilation], groups=int(attrs.groups), data_format="NCX", weights_format="OIX",
         kernel_name="conv2d_input_grad",
     )  # fmt: skip
-    return _func(result, target), relax.TensorType(out, dtype)
+    return scheduled_func(result, target), relax.TensorType(out, dtype)
 
 
 def weight_grad(call: relax.Call, target: Target) -> tuple[tvm.tirx.PrimFunc, relax.TensorType] | None:
@@ -87,7 +82,7 @@ def weight_grad(call: relax.Call, target: Target) -> tuple[tvm.tirx.PrimFunc, re
         x, dy, list(out), strides=[int(d) for d in attrs.dilation], pads_begin=begin, pads_end=end,
         dilations=[int(s) for s in attrs.strides], data_format="NCX", weights_format="OIX", kernel_name="conv2d_weight_grad",
     )  # fmt: skip
-    return _func(result, target), relax.TensorType(out, dtype)
+    return scheduled_func(result, target), relax.TensorType(out, dtype)
 
 
 @mutator

@@ -22,10 +22,10 @@ import torch
 from torch import nn
 
 from ..errors import ConvGradError
-from .kernels import CACHED_CALLS, ConvCall, input_grad_kernel, weight_grad_kernel
-from .ops import OP, conv2d_input_grad, conv2d_op, conv2d_weight_grad
+from .kernels import CACHED_CALLS, input_grad_kernel, weight_grad_kernel
+from .ops import OP, conv2d_input_grad, conv2d_op, conv2d_weight_grad, conv_call
 
-__all__ = ["CACHED_CALLS", "Conv2d", "ConvCall", "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "input_grad_kernel", "pads_of",
+__all__ = ["CACHED_CALLS", "Conv2d", "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "conv_call", "input_grad_kernel", "pads_of",
            "weight_grad_kernel"]  # fmt: skip
 
 _IntPair = Union[int, Sequence[int]]

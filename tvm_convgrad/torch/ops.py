@@ -19,9 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConvGradError
-from .kernels import ConvCall, as_layout, dtype_name, input_grad_kernel, weight_grad_kernel
+from ..frontends.conv2d import Conv2dGradients
+from .kernels import as_layout, dtype_name, input_grad_kernel, weight_grad_kernel
 
-__all__ = ["conv2d_input_grad", "conv2d_op", "conv2d_weight_grad", "forward"]
+__all__ = ["conv2d_input_grad", "conv2d_op", "conv2d_weight_grad", "conv_call", "forward"]
 
 OP = "tvm_convgrad.torch.conv2d"
 
@@ -38,9 +39,10 @@ def forward(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     return F.conv2d(F.pad(input, (pl, pr, pt, pb)), weight, bias, tuple(stride), 0, tuple(dilation), groups)
 
 
-def _call(input_shape, weight_shape, stride, pads, dilation, groups: int, dtype: torch.dtype, channels_last: bool) -> ConvCall:
-    return ConvCall(tuple(input_shape), tuple(weight_shape), tuple(stride), tuple(pads), tuple(dilation), int(groups),
-                    dtype_name(dtype, OP), bool(channels_last))  # fmt: skip
+def conv_call(input_shape, weight_shape, stride, pads, dilation, groups: int, dtype: torch.dtype, channels_last: bool) -> Conv2dGradients:
+    """The kernels' signature of one call (float64: float32; channels-last activations as NXC, the weight OIHW)."""
+    return Conv2dGradients(tuple(input_shape), tuple(weight_shape), tuple(stride), tuple(pads), tuple(dilation), int(groups),
+                           dtype_name(dtype, OP), "NXC" if channels_last else "NCX")  # fmt: skip
 
 
 def _on_cpu(*tensors: torch.Tensor):
@@ -62,7 +64,7 @@ def conv2d_input_grad(grad_output: torch.Tensor, weight: torch.Tensor, input_sha
                       dilation: list[int], groups: int, channels_last: bool) -> torch.Tensor:  # fmt: skip
     """dX ``(N, C, H, W)`` of ``grad_output`` through ``weight`` (the package's dX kernel)."""
     _on_cpu(grad_output, weight)
-    call = _call(input_shape, weight.shape, stride, pads, dilation, groups, grad_output.dtype, channels_last)
+    call = conv_call(input_shape, weight.shape, stride, pads, dilation, groups, grad_output.dtype, channels_last)
     dy, w = _narrow(grad_output), _narrow(weight)
     out = torch.empty(tuple(input_shape), dtype=dy.dtype, memory_format=_memory_format(channels_last))
     _run(input_grad_kernel(call), as_layout(out, call), as_layout(dy, call), w.contiguous())
@@ -74,7 +76,7 @@ def conv2d_weight_grad(grad_output: torch.Tensor, input: torch.Tensor, weight_sh
                        dilation: list[int], groups: int, channels_last: bool) -> torch.Tensor:  # fmt: skip
     """dW ``(O, C/groups, KH, KW)`` of ``grad_output`` and ``input`` (the package's dW kernel)."""
     _on_cpu(grad_output, input)
-    call = _call(input.shape, weight_shape, stride, pads, dilation, groups, input.dtype, channels_last)
+    call = conv_call(input.shape, weight_shape, stride, pads, dilation, groups, input.dtype, channels_last)
     x, dy = _narrow(input), _narrow(grad_output)
     out = torch.empty(tuple(weight_shape), dtype=x.dtype)
     _run(weight_grad_kernel(call), out, as_layout(x, call), as_layout(dy, call))
@@ -88,20 +90,13 @@ def conv2d_op(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     return forward(input, weight, bias, stride, pads, dilation, groups)
 
 
-def _output_shape(input, weight, stride, pads, dilation) -> tuple[int, ...]:
-    n, _, h, w = input.shape
-    o, _, kh, kw = weight.shape
-    return (n, o, (h + pads[0] + pads[1] - (kh - 1) * dilation[0] - 1) // stride[0] + 1,
-            (w + pads[2] + pads[3] - (kw - 1) * dilation[1] - 1) // stride[1] + 1)  # fmt: skip
-
-
 def _channels_last(t: torch.Tensor) -> bool:
     return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
 
 
 @conv2d_op.register_fake
 def _(input, weight, bias, stride, pads, dilation, groups):
-    shape = _output_shape(input, weight, stride, pads, dilation)
+    shape = Conv2dGradients(tuple(input.shape), tuple(weight.shape), tuple(stride), tuple(pads), tuple(dilation), groups, "float32").y_shape
     return torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=_memory_format(_channels_last(input)))
 
 

@@ -139,24 +139,17 @@ def profile_adjoint(net: Net = RELAX_CNN, batch: int = 8, target="llvm", rounds:
 
 def _kernels_alone(net: Net, batch: int, target) -> list:
     """The package's dX (all but the first conv's) and dW kernels of ``net``, built alone."""
-    from tvm import te
-
     from ..compile import build
-    from ..frontends import onednn
+    from ..frontends.conv2d import Conv2dGradients
 
     kernels, size = [], net.size
     for index, conv in enumerate(net.convs):
-        out = (size + 2 * conv.padding - (conv.kernel - 1) * conv.dilation - 1) // conv.stride + 1
-        attrs = dict(strides=[conv.stride] * 2, pads_begin=[conv.padding] * 2, pads_end=[conv.padding] * 2, dilations=[conv.dilation] * 2,
-                     groups=conv.groups, data_format="NCX", weights_format="OIX")  # fmt: skip
-        x = te.placeholder((batch, conv.cin, size, size), "float32", name="src")
-        dy = te.placeholder((batch, conv.cout, out, out), "float32", name="diff_dst")
-        w = te.placeholder(conv.weight_shape, "float32", name="weights")
-        results = [onednn.convolution_backward_weights(x, dy, list(conv.weight_shape), **attrs)]
+        gradients = Conv2dGradients((batch, conv.cin, size, size), conv.weight_shape, (conv.stride,) * 2, (conv.padding,) * 4,
+                                    (conv.dilation,) * 2, conv.groups, "float32")  # fmt: skip
+        kernels.append(build(gradients.weight_grad(), target=target))
         if index > 0:  # the network's input needs no gradient
-            results.append(onednn.convolution_backward_data(dy, w, [batch, conv.cin, size, size], **attrs))
-        kernels += [build(r, target=target) for r in results]
-        size = out
+            kernels.append(build(gradients.input_grad(), target=target))
+        size = gradients.y_shape[2]
     return kernels
 
 

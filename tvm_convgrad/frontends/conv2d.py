@@ -1,0 +1,68 @@
+"""A framework's 2-D convolution call and its two gradients as the oneDNN operators, written once for
+the training clients (``tvm_convgrad.torch``, ``tvm_convgrad.relax``) and the measurements.
+
+A :class:`Conv2dGradients` is what the kernels depend on: the NCHW / OIHW shapes, strides, the four
+pads ``(top, bottom, left, right)``, dilation, groups, type, and the layouts the tensors are in
+(NCX or NXC activations, OIX or XIO weights). :meth:`~Conv2dGradients.input_grad` is
+``ConvolutionBackwardData(dy, w) -> dx``, :meth:`~Conv2dGradients.weight_grad`
+``ConvolutionBackwardWeights(x, dy) -> dw``, both in those layouts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import te
+
+from ..params.geometry import out_size
+from . import onednn
+
+__all__ = ["Conv2dGradients"]
+
+
+@dataclass(frozen=True)
+class Conv2dGradients:
+    x_shape: tuple[int, int, int, int]  # (N, C, H, W)
+    w_shape: tuple[int, int, int, int]  # (O, C/groups, KH, KW)
+    strides: tuple[int, int]
+    pads: tuple[int, int, int, int]  # (top, bottom, left, right)
+    dilation: tuple[int, int]
+    groups: int
+    dtype: str
+    data_format: str = "NCX"
+    weights_format: str = "OIX"
+
+    @property
+    def y_shape(self) -> tuple[int, int, int, int]:
+        """The forward output, NCHW."""
+        n, _, h, w = self.x_shape
+        o, _, kh, kw = self.w_shape
+        (sh, sw), (dh, dw), (pt, pb, pl, pr) = self.strides, self.dilation, self.pads
+        return (n, o, out_size(h, kh, sh, pt, pb, dh), out_size(w, kw, sw, pl, pr, dw))
+
+    def activation(self, shape) -> tuple[int, int, int, int]:
+        """An NCHW shape in the activations' layout."""
+        n, c, h, w = shape
+        return (n, h, w, c) if self.data_format == "NXC" else (n, c, h, w)
+
+    def weights(self) -> tuple[int, int, int, int]:
+        """The weight shape in its layout."""
+        o, i, kh, kw = self.w_shape
+        return (kh, kw, i, o) if self.weights_format == "XIO" else (o, i, kh, kw)
+
+    def attrs(self) -> dict:
+        pt, pb, pl, pr = self.pads
+        return {"strides": list(self.strides), "pads_begin": [pt, pl], "pads_end": [pb, pr], "dilations": list(self.dilation),
+                "groups": self.groups, "data_format": self.data_format, "weights_format": self.weights_format}  # fmt: skip
+
+    def input_grad(self, kernel_name: str = "conv2d_input_grad") -> te.Tensor:
+        """dX: ``(dy, w) -> dx``."""
+        dy = te.placeholder(self.activation(self.y_shape), self.dtype, name="diff_dst")
+        w = te.placeholder(self.weights(), self.dtype, name="weights")
+        return onednn.convolution_backward_data(dy, w, list(self.activation(self.x_shape)), kernel_name=kernel_name, **self.attrs())
+
+    def weight_grad(self, kernel_name: str = "conv2d_weight_grad") -> te.Tensor:
+        """dW: ``(x, dy) -> dw``."""
+        x = te.placeholder(self.activation(self.x_shape), self.dtype, name="src")
+        dy = te.placeholder(self.activation(self.y_shape), self.dtype, name="diff_dst")
+        return onednn.convolution_backward_weights(x, dy, list(self.weights()), kernel_name=kernel_name, **self.attrs())
