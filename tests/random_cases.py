@@ -381,6 +381,17 @@ def _weights_out_plus(op: str):
     return change
 
 
+_ATTRIBUTE_BREAKS = [  # every oneDNN operator's window attributes and groups, each broken once
+    ("strides", _attr_item("strides", 0)),
+    ("strides", _attr_set("strides", [1] * 4)),
+    ("strides", _attr_item("strides", 1.5)),
+    ("dilations", _attr_item("dilations", 0)),
+    ("pads_begin", _attr_item("pads_begin", -1)),
+    ("pads_end", _attr_set("pads_end", [0] * 4)),
+    ("groups", _attr_set("groups", 0)),
+]
+
+
 def _with_shape(change: Callable) -> Callable:
     """A data-operator break that needs the diff_src shape given (as the input)."""
 
@@ -419,13 +430,7 @@ def _data_breaks(op: str) -> list[tuple[str, Callable]]:
     n = _ONEDNN_NAMES[op]
     dy, w, shape = n["dy"], n["w"], n["shape"]
     return [
-        ("strides", _attr_item("strides", 0)),
-        ("strides", _attr_set("strides", [1] * 4)),
-        ("strides", _attr_item("strides", 1.5)),
-        ("dilations", _attr_item("dilations", 0)),
-        ("pads_begin", _attr_item("pads_begin", -1)),
-        ("pads_end", _attr_set("pads_end", [0] * 4)),
-        ("groups", _attr_set("groups", 0)),
+        *_ATTRIBUTE_BREAKS,
         ("data_format", _attr_set("data_format", "NHWC")),
         (n["format"], _attr_set(n["format"], "HWIO")),
         ("auto_pad", _attr_set("auto_pad", "same")),
@@ -453,13 +458,7 @@ def _onednn_breaks(op: str) -> list[tuple[str, Callable]]:
     x, dy = n["x"], n["dy"]
     conv_x, conv_dy = (dy, x) if op == "deconv" else (x, dy)  # the conv view's roles
     breaks = [
-        ("strides", _attr_item("strides", 0)),
-        ("strides", _attr_set("strides", [1] * 4)),
-        ("strides", _attr_item("strides", 1.5)),
-        ("dilations", _attr_item("dilations", 0)),
-        ("pads_begin", _attr_item("pads_begin", -1)),
-        ("pads_end", _attr_set("pads_end", [0] * 4)),
-        ("groups", _attr_set("groups", 0)),
+        *_ATTRIBUTE_BREAKS,
         (f"{conv_x} channels", lambda a: a["attrs"].__setitem__("groups", max(a["x"][0][1], a["x"][0][-1], a["dy"][0][1], a["dy"][0][-1]) + 1)),
         ("data_format", _attr_set("data_format", "NHWC")),
         (n["format"], _attr_set(n["format"], "HWIO")),
