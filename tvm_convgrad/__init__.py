@@ -17,7 +17,7 @@ use_every_core()  # TVM's thread pool reads it when it starts: before any kernel
 from . import dsl, frontends, layout, reference, tvm  # noqa: E402
 from .aliases import install as _install_old_paths  # noqa: E402
 from .compile import (  # noqa: E402
-    ArgSpec, Kernel, Timing, Workload, build, emulate_cuda, isa_target, lower, pass_context, resolve_target,
+    ArgSpec, Kernel, Timing, Workload, build, emulate_bf16_dot, emulate_cuda, isa_target, lower, pass_context, resolve_target,
 )  # fmt: skip
 from .errors import ConvGradError  # noqa: E402
 from .params import ConvGeometry, ConvGradParams  # noqa: E402
@@ -38,6 +38,7 @@ __all__ = [
     "Workload",
     "build",
     "dsl",
+    "emulate_bf16_dot",
     "emulate_cuda",
     "frontends",
     "isa_target",

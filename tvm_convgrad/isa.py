@@ -16,6 +16,8 @@ sse        16 xmm      4          4 registers   8                no FMA: ``mulps
 neon       32 v        4          4 registers   24               ``fmla`` by element
 =========  ==========  =========  ============  ===============  ====================================
 
+An ``avx512`` target with AVX512-BF16 (``+avx512bf16``: Zen 4/5, Cooper Lake, Sapphire Rapids and
+later) also has ``bf16_dot``: its bf16 gradients run on ``vdpbf16ps`` (:mod:`.schedule.cpu.bf16`).
 Any other LLVM target gets the ``generic`` plan (as ``sse``: 16 registers of 128 bits), which
 is correct everywhere and small enough not to spill on a 16-register machine.
 
@@ -52,6 +54,7 @@ class IsaPlan:
     converts_fp16: bool = True  # fp16 -> fp32 in one instruction as a vector loads (F16C, NEON)
     memory_operands: bool = True  # an FMA can read one operand from memory (x86; not AArch64)
     register_kind: str = "xmm"  # how the assembly names its vector registers: zmm, ymm, xmm, v
+    bf16_dot: bool = False  # AVX512-BF16's ``vdpbf16ps``: bf16 mads run on bf16 pairs (:mod:`.schedule.cpu.bf16`)
 
     @property
     def lanes(self) -> int:
@@ -147,13 +150,13 @@ def isa_plan(target: Target) -> IsaPlan:
             plan = PLANS["avx2"]
         elif "sse2" in features:
             plan = PLANS["sse"]
-        return replace(plan, converts_fp16="f16c" in features)
+        return replace(plan, converts_fp16="f16c" in features, bf16_dot=plan.name == "avx512" and "avx512bf16" in features)
     return replace(plan, converts_fp16=False, memory_operands=False)
 
 
 def has_bf16_dot(target: Target) -> bool:
     """Whether an LLVM target has AVX512-BF16's ``vdpbf16ps`` (Zen 4/5, Cooper Lake, Sapphire Rapids and later)."""
-    return _triple(target).startswith("x86_64") and "avx512bf16" in _features(target)
+    return target.kind.name == "llvm" and isa_plan(target).bf16_dot
 
 
 # LLVM feature name -> the flag Linux shows in /proc/cpuinfo, where they differ.

@@ -37,7 +37,7 @@ def lower(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target 
     Its one function is named by the ``kernel_name``.
     """
     target = resolve_target(target)
-    workload = Workload.of(tensors)
+    workload = Workload.of(tensors).for_target(target)
     sch = schedule.apply(workload.prim_func(target), target)
     return tvm.IRModule({workload.name: sch.mod["main"]})
 
@@ -86,7 +86,7 @@ def build(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target 
     and schedules: building the same thing twice returns the same :class:`Kernel`.
     """
     target = resolve_target(target)
-    workload = Workload.of(tensors)
+    workload = Workload.of(tensors).for_target(target)
     name = workload.name
     func = workload.prim_func(target)
     key = (tvm_ffi.structural_hash(func), str(target), str(schedules))

@@ -1,5 +1,7 @@
-"""The CUDA schedule of a gradient, run on this CPU (:func:`emulate_cuda`): its index math checked
-against the reference without a GPU."""
+"""Kernels for hardware this machine lacks, run on this CPU: the CUDA schedule of a gradient
+(:func:`emulate_cuda`: its index math checked against the reference without a GPU) and a bf16
+gradient's ``vdpbf16ps`` kernel (:func:`emulate_bf16_dot`: the instruction's arithmetic without
+AVX512-BF16)."""
 
 from __future__ import annotations
 
@@ -10,14 +12,16 @@ import tvm
 from tvm import s_tir, te, tirx
 from tvm.target import Target
 
+from .. import schedule
 from ..errors import ConvGradError
+from ..isa import has_bf16_dot, host_can_run
 from ..schedule.cuda import CudaRule
 from .kernel import Kernel
 from .records import schedule_key, tuned_schedule
-from .target import resolve_target
+from .target import pass_context, resolve_target
 from .workload import Workload
 
-__all__ = ["EMULATION_TARGET", "emulate_cuda"]
+__all__ = ["EMULATION_TARGET", "emulate_bf16_dot", "emulate_cuda"]
 
 
 EMULATION_TARGET = Target({"kind": "llvm", "num-cores": 1})
@@ -78,3 +82,24 @@ def _replay(trace: s_tir.Trace, func: tirx.PrimFunc, decisions: list | None, see
     sch = s_tir.Schedule(func, seed=seed, error_render_level="none")
     s_tir.Trace(trace.insts, dict(zip(samples, decisions)) if decisions is not None else {}).apply_to_schedule(sch, remove_postproc=False)
     return sch
+
+
+def emulate_bf16_dot(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target = "llvm") -> Kernel:
+    """The kernel a ``vdpbf16ps`` target builds for a bf16 gradient (its bf16-pair form, the same
+    tiles), compiled for ``target`` (default: this machine), which must be an LLVM target this
+    machine runs. Where ``target`` has AVX512-BF16 it is :func:`~tvm_convgrad.build`'s kernel;
+    elsewhere each ``vdpbf16ps`` is its arithmetic in portable code
+    (:data:`~tvm_convgrad.schedule.cpu.bf16.DPBF16_EMULATED_LLVM`: DAZ inputs, two FTZ FMAs per
+    pair, odd before even), so the results are the instruction's, on any CPU. ``Kernel.schedule``
+    says ``emulated:bf16-dot`` then."""
+    host = resolve_target(target)
+    if host.kind.name != "llvm" or not host_can_run(host):
+        raise ConvGradError("emulate_bf16_dot", "target", str(host), "must be an llvm target this machine runs")
+    workload = Workload.of(tensors)
+    if workload.bf16_pairs is None:
+        raise ConvGradError("emulate_bf16_dot", "tensors", workload.name, "must be a bf16 result of a tvm_convgrad.frontends operator")
+    paired = workload.paired()
+    mod = tvm.IRModule({paired.name: schedule.apply(paired.prim_func(host), host).mod["main"]})
+    with pass_context(host):
+        executable = tvm.compile(mod, target=host)
+    return Kernel(executable, mod, paired, host, "default" if has_bf16_dot(host) else "emulated:bf16-dot")

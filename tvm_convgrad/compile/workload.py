@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from tvm import te, tirx
 from tvm.target import Target
 
-from ..dsl import framework_call, result_info
+from ..dsl import bf16_pairs_form, framework_call, result_info
 from ..dsl.compute import ARGUMENT_STAGES, formulation
 from ..errors import ConvGradError
-from ..params import ConvGradParams
+from ..isa import has_bf16_dot
+from ..params import FILTER_OP, ConvGradParams
 from ..params.framework import FrameworkCall
 
 __all__ = ["Workload"]
@@ -30,18 +31,33 @@ _INT32_LIMIT = 2**31
 @dataclass(frozen=True, eq=False)
 class Workload:
     """The argument tensors of a gradient (``args``: inputs, then the result), its parameters
-    (None for a graph the package did not make) and its framework call (None for TBE's DSL)."""
+    (None for a graph the package did not make), its framework call (None for TBE's DSL) and,
+    for a bf16 gradient, the builder of its bf16-pair form (:func:`tvm_convgrad.dsl.attach`)."""
 
     args: tuple[te.Tensor, ...]
     params: ConvGradParams | None
     call: FrameworkCall | None
+    bf16_pairs: Callable[[], te.Tensor] | None = None
 
     @classmethod
     def of(cls, tensors: te.Tensor | Sequence[te.Tensor]) -> Workload:
         """The workload of a result tensor (of :mod:`tvm_convgrad.dsl` or a frontend: its inputs
         are known) or of an explicit argument list ``[inputs..., result]``."""
         args, params = _arguments(tensors)
-        return cls(tuple(args), params, framework_call(args[-1]))
+        return cls(tuple(args), params, framework_call(args[-1]), bf16_pairs_form(args[-1]))
+
+    def for_target(self, target: Target) -> Workload:
+        """The form ``target`` compiles: a bf16 gradient in bf16 pairs where the target has
+        ``vdpbf16ps`` (:func:`tvm_convgrad.isa.has_bf16_dot`), else this one as it is."""
+        return self.paired() if self.bf16_pairs is not None and has_bf16_dot(target) else self
+
+    def paired(self) -> Workload:
+        """This gradient in its bf16-pair form (the same arguments, a result computed by the
+        pair mads); a workload without one (not bf16, or not a framework operator) is returned
+        as it is."""
+        if self.bf16_pairs is None:
+            return self
+        return Workload((*self.inputs, self.bf16_pairs()), self.params, self.call)
 
     @property
     def output(self) -> te.Tensor:
@@ -69,9 +85,20 @@ class Workload:
         """The unscheduled PrimFunc, its symbol ``name`` (default: the kernel name): 64-bit indices on
         CPUs (address arithmetic without sign extensions), 32-bit on GPUs where every tensor allows it."""
         largest = max(math.prod(int(d) for d in t.shape) for t in _graph_tensors(self.output))
-        wide = target.kind.name == "llvm" or largest >= _INT32_LIMIT
+        wide = target.kind.name == "llvm" and not self._grouped_pairs or largest >= _INT32_LIMIT
         func = te.create_prim_func(list(self.args), index_dtype_override="int64" if wide else None)
         return func.with_attr("global_symbol", name or self.name)
+
+
+    @property
+    def _grouped_pairs(self) -> bool:
+        """A grouped dW in bf16 pairs, which takes 32-bit indices on CPUs too: with 64-bit ones,
+        TVM 0.27's ``blockize`` (under the ``dpbf16`` tensorize) fails on the fused (group,
+        Cout-block) core loop ("The dtype of the extent of an IterVar (int32) must match its
+        associated Var's dtype (int64)"); with 32-bit ones the hot loop is the same but for one
+        sign extension per step."""
+        p = self.params
+        return p is not None and p.op == FILTER_OP and p.geom.group.g_extend > 1 and self.formulation == "cube-bf16"
 
 
 def _placeholders(output: te.Tensor) -> list[te.Tensor]:

@@ -13,7 +13,7 @@ order: inputs, then the result) or put it in your own ``te.create_prim_func`` li
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from tvm import te
 
@@ -22,16 +22,25 @@ from ..params.framework import FrameworkCall
 from . import compute
 from .compute import conv2d_backprop_filter_compute, conv2d_backprop_input_compute
 
-__all__ = ["attach", "conv2d_backprop_filter", "conv2d_backprop_input", "compute", "framework_call", "result_info"]
+__all__ = ["attach", "bf16_pairs_form", "conv2d_backprop_filter", "conv2d_backprop_input", "compute", "framework_call", "result_info"]
 
 
-def attach(result: te.Tensor, params: ConvGradParams, inputs: Sequence[te.Tensor], call: FrameworkCall | None = None) -> te.Tensor:
-    """Remember on the returned tensor what :func:`tvm_convgrad.build` needs (params, arg order)
-    and, for a framework operator, its call (:class:`~tvm_convgrad.params.framework.FrameworkCall`)."""
+def attach(result: te.Tensor, params: ConvGradParams, inputs: Sequence[te.Tensor], call: FrameworkCall | None = None,
+           bf16_pairs: Callable[[], te.Tensor] | None = None) -> te.Tensor:  # fmt: skip
+    """Remember on the returned tensor what :func:`tvm_convgrad.build` needs (params, arg order),
+    for a framework operator its call (:class:`~tvm_convgrad.params.framework.FrameworkCall`),
+    and for a bf16 gradient the builder of its bf16-pair form (the same result from the same
+    inputs, the mads on :mod:`.compute.pairs`: what a ``vdpbf16ps`` target compiles)."""
     result.convgrad_params = params
     result.convgrad_inputs = tuple(inputs)
     result.convgrad_call = call
+    result.convgrad_bf16_pairs = bf16_pairs
     return result
+
+
+def bf16_pairs_form(result: te.Tensor) -> Callable[[], te.Tensor] | None:
+    """The builder of a result's bf16-pair form (see :func:`attach`), None where it has none."""
+    return getattr(result, "convgrad_bf16_pairs", None)
 
 
 def framework_call(result: te.Tensor) -> FrameworkCall | None:

@@ -23,6 +23,7 @@ fp32 and the result is rounded once to the operator's type T.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Sequence
 
 from tvm import te
@@ -44,19 +45,21 @@ _CHANNELS_FIRST = ("OIX", "IOX")  # (O, I, *K) / (I, O, *K): the conv view's (o,
 
 
 def _filter_grad(op: str, x: te.Tensor, dy: te.Tensor, view: ConvView, data_format: str, weights_format: str, shape, kernel_name: str,
-                 inputs) -> te.Tensor:  # fmt: skip
+                 inputs, bf16_pairs: bool = False) -> te.Tensor:  # fmt: skip
     """The dW compute between layout stages: ``x`` / ``dy`` are the conv view's tensors, the
     result has ``shape`` in ``weights_format`` (channels first: ``(o, i, *k)``, else ``(*k, i, o)``
-    of the conv view)."""
+    of the conv view). A bf16 result carries its bf16-pair form (``bf16_pairs``), which a
+    ``vdpbf16ps`` target builds instead."""
     params = view.params(kernel_name)
-    dw = conv2d_backprop_filter_compute(as_5hd(x, data_format, FMAP_5HD), as_5hd(dy, data_format, DY_5HD), params)
+    dw = conv2d_backprop_filter_compute(as_5hd(x, data_format, FMAP_5HD), as_5hd(dy, data_format, DY_5HD), params, bf16_pairs)
     if weights_format in _CHANNELS_FIRST:
         to_oix = lambda o, i, *k: (o, i, k)  # noqa: E731
     else:
         to_oix = lambda *index: (index[-1], index[-2], index[:-2])  # noqa: E731
     attrs = {"kernel_name": kernel_name, "flops": params.flops, "weights_format": weights_format}
     result = weight_stage(dw, view, shape, to_oix, view.dtype, DIFF_WEIGHTS, attrs)
-    return attach(result, params, inputs, FrameworkCall(op, view, data_format, weights_format))
+    paired = partial(_filter_grad, op, x, dy, view, data_format, weights_format, shape, kernel_name, inputs, True) if _pairs_apply(view, bf16_pairs) else None
+    return attach(result, params, inputs, FrameworkCall(op, view, data_format, weights_format), paired)
 
 
 def convolution_backprop_filters(
@@ -174,14 +177,22 @@ def conv_transpose_backward_weights(
 
 
 
-def _data_grad(op: str, dy: te.Tensor, weights: te.Tensor, view: ConvView, data_format: str, weights_format: str, shape, kernel_name: str) -> te.Tensor:
+def _data_grad(op: str, dy: te.Tensor, weights: te.Tensor, view: ConvView, data_format: str, weights_format: str, shape, kernel_name: str,
+               bf16_pairs: bool = False) -> te.Tensor:  # fmt: skip
     """The dX compute between layout stages: ``dy`` and ``weights`` in the framework layouts, the
-    result of ``shape`` in ``data_format``."""
+    result of ``shape`` in ``data_format``; a bf16 result carries its bf16-pair form."""
     params = view.params(kernel_name, INPUT_OP)
-    dx = conv2d_backprop_input_compute(as_fracz(weights, view, weights_format, WEIGHTS_FRACZ), as_5hd(dy, data_format, DY_5HD), params)
+    fracz = as_fracz(weights, view, weights_format, WEIGHTS_FRACZ)
+    dx = conv2d_backprop_input_compute(fracz, as_5hd(dy, data_format, DY_5HD), params, bf16_pairs=bf16_pairs)
     attrs = {"kernel_name": kernel_name, "flops": params.flops, "data_format": data_format}
     result = data_stage(dx, view, shape, data_format, view.dtype, DIFF_SRC, attrs)
-    return attach(result, params, (dy, weights), FrameworkCall(op, view, data_format, weights_format))
+    paired = partial(_data_grad, op, dy, weights, view, data_format, weights_format, shape, kernel_name, True) if _pairs_apply(view, bf16_pairs) else None
+    return attach(result, params, (dy, weights), FrameworkCall(op, view, data_format, weights_format), paired)
+
+
+def _pairs_apply(view: ConvView, built_in_pairs: bool) -> bool:
+    """Whether a result built as fp32 sums has a bf16-pair form to offer (bf16 operators only)."""
+    return view.dtype == "bfloat16" and not built_in_pairs
 
 
 def convolution_backward_data(

@@ -21,6 +21,7 @@ _BRANCH = re.compile(r"^\s+(j[a-z]+|b\.[a-z]+|b|cbn?z|tbn?z)\s+(?:[^,]+,\s*)*(\.
 # x86: vfmadd231ps and friends (packed single), AArch64: fmla on .4s vectors (by element or vector)
 _FMA = re.compile(r"^\s+(v?f(?:n?madd|n?msub)\d*ps|fmla)\b(.*)$")
 _MULPS = re.compile(r"^\s+v?mulps\b")  # SSE has no FMA: its mads are mulps + addps
+_DOT = re.compile(r"^\s+vdpbf16ps\b")  # AVX512-BF16: 16 lanes x 2 bf16 pairs per instruction
 _X86_STACK = re.compile(r"\(%rsp\)")  # rbp is a general register (LLVM omits the frame pointer)
 _ARM_STACK = re.compile(r"\[sp\b")
 _X86_VECTOR = re.compile(r"%[xyz]mm\d+")
@@ -43,9 +44,14 @@ class Loop:
         return len(self.fma_lines)
 
     @property
+    def dot_lines(self) -> list[str]:
+        """The bf16 dot products (``vdpbf16ps``) of the loop."""
+        return [line for line in self.lines if _DOT.match(line)]
+
+    @property
     def mads(self) -> int:
-        """Vector multiply-adds: FMAs, or ``mulps`` on targets without FMA (SSE)."""
-        return self.fmas or sum(bool(_MULPS.match(line)) for line in self.lines)
+        """Vector multiply-adds: FMAs, ``vdpbf16ps`` (bf16 pairs), or ``mulps`` on targets without FMA (SSE)."""
+        return self.fmas + len(self.dot_lines) or sum(bool(_MULPS.match(line)) for line in self.lines)
 
     @property
     def broadcast_fmas(self) -> int:

@@ -7,9 +7,9 @@ accumulators that never leave the registers (28 of the 32 zmm registers, as the 
 time is the bf16 roofline (on a Zen 4 about 1.7x the fp32 FMA peak).
 
 TVM 0.27 cannot type the intrinsic's ``<32 x bfloat>`` operands (its bf16 legalization rewrites
-bf16 vectors): the call goes through a small LLVM IR helper imported into the module
-(``pragma_import_llvm``) that bitcasts ``<16 x i32>`` (bf16 pairs) and calls
-``llvm.x86.avx512bf16.dpbf16ps.512``; marked ``alwaysinline``, it is one ``vdpbf16ps`` in place.
+bf16 vectors): the call goes through the LLVM IR helper the bf16 kernels use
+(:data:`tvm_convgrad.schedule.cpu.bf16.DPBF16_LLVM`, imported with ``pragma_import_llvm``);
+marked ``alwaysinline``, it is one ``vdpbf16ps`` in place.
 """
 
 from __future__ import annotations
@@ -23,28 +23,15 @@ from tvm.target import Target
 
 from ..errors import ConvGradError
 from ..isa import has_bf16_dot
+from ..schedule.cpu.bf16 import DPBF16, DPBF16_LLVM
 from ..schedule.common import target_cores
 
-__all__ = ["DPBF16", "DPBF16_LLVM", "Bf16Peak", "bf16_peak_func", "build_bf16_peak", "measure_bf16_peak"]
+__all__ = ["Bf16Peak", "bf16_peak_func", "build_bf16_peak", "measure_bf16_peak"]
 
 _ITERATIONS = 100_000
 ACCUMULATORS = 28
 LANES = 16
 FLOPS_PER_DOT = 2 * 2 * LANES  # 16 lanes x 2 bf16 pairs x (multiply + add)
-
-DPBF16 = "tvm_convgrad_dpbf16"
-DPBF16_LLVM = r"""
-declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloat>, <32 x bfloat>)
-define internal <16 x float> @tvm_convgrad_dpbf16(<16 x float> %c, <16 x i32> %a, <16 x i32> %b) alwaysinline {
-  %av = bitcast <16 x i32> %a to <32 x bfloat>
-  %bv = bitcast <16 x i32> %b to <32 x bfloat>
-  %r = call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float> %c, <32 x bfloat> %av, <32 x bfloat> %bv)
-  ret <16 x float> %r
-}
-"""
-"""``tvm_convgrad_dpbf16(acc: float32x16, a: int32x16, b: int32x16) -> float32x16``: one ``vdpbf16ps``
-(lane ``i`` adds ``a[2i]*b[2i] + a[2i+1]*b[2i+1]``, the int32 lanes holding bf16 pairs)."""
-
 
 def bf16_peak_func(accumulators: int, cores: int, iterations: int = _ITERATIONS) -> tvm.tirx.PrimFunc:
     """``bf16_peak(acc, a, b)``: per core, ``acc = dpbf16(acc, a, b)`` on ``accumulators`` zmm

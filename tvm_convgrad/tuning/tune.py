@@ -125,7 +125,7 @@ def tune(
     elif runner == "local" and not host_can_run(target):
         raise ConvGradError("tune", "runner", runner, f"cannot time {schedule_key(target)} code on this machine (its CPU lacks the "
                             "instructions): use runner='rpc://HOST:PORT/KEY' with the RPC server of a machine that has them")  # fmt: skip
-    workload = Workload.of(outputs)
+    workload = Workload.of(outputs).for_target(target)
     name = workload.name
     named = workload.prim_func(target)
     func = named.with_attr("global_symbol", WORKLOAD)

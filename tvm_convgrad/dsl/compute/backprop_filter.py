@@ -64,6 +64,7 @@ from ...layout import C0
 from ...params import ConvGeometry, ConvGradParams
 from .common import ACC, guarded, in_place, inside
 from .depthwise import depthwise, depthwise_filter_grad
+from .pairs import pair, pair_dot
 from .stages import DW_CC, DW_CC_T, DW_DDR, DW_TAG, FMAP_L1, FORMULATION, GRADS_2_MATRIX, KERNEL_H, KERNEL_W, MAD_TAG, Formulation
 
 __all__ = ["conv2d_backprop_filter_compute", "transposed_filter_grad"]
@@ -159,8 +160,12 @@ class _StridePhases:
         return (shift % self.stride if self.phases > 1 else 0), shift // self.stride
 
 
-def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams) -> te.Tensor:
-    """dW of TBE's shape ``(real_g, cin1_g*KH*KW, cout_g, 16)`` from 5HD ``fmap`` and ``dy``."""
+def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, bf16_pairs: bool = False) -> te.Tensor:
+    """dW of TBE's shape ``(real_g, cin1_g*KH*KW, cout_g, 16)`` from 5HD ``fmap`` and ``dy``.
+
+    ``bf16_pairs`` (bf16 inputs on the cube): the packs hold bf16 pairs along ``wo`` and the mad
+    sums :func:`.pairs.pair_dot` (``Formulation.CUBE_DW_BF16``), the form a ``vdpbf16ps`` target
+    runs; the depthwise and transposed formulations have no such form and ignore it."""
     g = params.geom
     shape = layout.shape_dw_result(g.filter_sizes, g.groups, g.kd)
     if depthwise(params):
@@ -169,7 +174,7 @@ def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvG
         dw = _transposed_mad(fmap, dy, params)
         value = lambda grp, fkk, co, ci0: _from_transposed(dw, fkk, co, ci0, params)  # noqa: E731
     else:
-        dw = _cube_mad(fmap, dy, params, shape)
+        dw = _cube_mad(fmap, dy, params, shape, bf16_pairs and dy.dtype == "bfloat16")
         value = lambda *i: dw(*i)  # noqa: E731
     mode = "f162f32" if params.res_dtype == "float32" else "f162f16"
     return te.compute(
@@ -181,17 +186,17 @@ def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvG
     )
 
 
-def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape) -> te.Tensor:
+def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape, pairs: bool = False) -> te.Tensor:
     g = params.geom
     ext = g.group
     fold = _DepthFold(g)
     c1_grads = ext.g_extend * ext.cout1_g
+    dtype = dy.dtype if pairs else ACC  # the packs' values: fp32, or the bf16 inputs as they are
 
     def grads_value(nd, c1, ho, wo, c0):
         conds = [c1 < g.c1_y] if c1_grads > g.c1_y else []
-        return guarded(conds, dy[(*fold.dy_read(nd), c1, ho, wo, c0)].astype(ACC))
+        return guarded(conds, dy[(*fold.dy_read(nd), c1, ho, wo, c0)].astype(dtype))
 
-    grads = te.compute((fold.dy_extent, c1_grads, g.ho, g.wo, C0), grads_value, name=GRADS_2_MATRIX, tag=GRADS_2_MATRIX)
     (sh, sw), (dil_h, dil_w) = g.strides, g.dilations
     rows = _StridePhases(g.ho, g.kh, sh, dil_h)
     cols = _StridePhases(g.wo, g.kw, sw, dil_w)
@@ -202,29 +207,63 @@ def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape) -> 
         lead, conds = fold.fmap_read(npad)
         conds += [c1 < g.c1_x] if c1_fmap > g.c1_x else []
         conds += inside((i, j), g.pads[::2], (g.h, g.w), (rows.packed_extent, cols.packed_extent))
-        return guarded(conds, fmap[(*lead, c1, i - g.pads[0], j - g.pads[2], c0)].astype(ACC))
-
-    # With no padding and one phase, fmap_l1 is a plain fp32 copy of (a stride-subsample of) x: a
-    # target that converts fp16 as it loads reads x in place instead (the schedule inlines it).
-    direct = rows.phases == cols.phases == 1 and not any(g.pads) and c1_fmap == g.c1_x and g.depth is None
-    packed = (fold.fmap_extent, c1_fmap, rows.phases, cols.phases, rows.per_phase, cols.per_phase, C0)
-    fmap_l1 = te.compute(packed, fmap_value, name=FMAP_L1, tag=FMAP_L1, attrs=in_place(fmap, direct))
+        return guarded(conds, fmap[(*lead, c1, i - g.pads[0], j - g.pads[2], c0)].astype(dtype))
 
     n = te.reduce_axis((0, fold.dy_extent), name="n")
     ho = te.reduce_axis((0, g.ho), name="ho")
-    wo = te.reduce_axis((0, g.wo), name="wo")
+    if pairs:
+        grads, fmap_l1, wo = _pair_packs(grads_value, fmap_value, fold, c1_grads, c1_fmap, rows, cols, g)
+        formulation = Formulation.CUBE_DW_BF16
+    else:
+        grads = te.compute((fold.dy_extent, c1_grads, g.ho, g.wo, C0), grads_value, name=GRADS_2_MATRIX, tag=GRADS_2_MATRIX)
+        # With no padding and one phase, fmap_l1 is a plain fp32 copy of (a stride-subsample of) x: a
+        # target that converts fp16 as it loads reads x in place instead (the schedule inlines it).
+        direct = rows.phases == cols.phases == 1 and not any(g.pads) and c1_fmap == g.c1_x and g.depth is None
+        packed = (fold.fmap_extent, c1_fmap, rows.phases, cols.phases, rows.per_phase, cols.per_phase, C0)
+        fmap_l1 = te.compute(packed, fmap_value, name=FMAP_L1, tag=FMAP_L1, attrs=in_place(fmap, direct))
+        wo = te.reduce_axis((0, g.wo), name="wo")
+        formulation = Formulation.CUBE_DW
 
     def mad(grp, fkk, co, c0):
         c1, kh, kw = layout.split_fracz_row(fkk, g.kh, g.kw)
         kd, c1 = (c1 // ext.cin1_g, c1 % ext.cin1_g) if g.depth else (0, c1)
         (rh, qh), (rw, qw) = rows.of_tap(kh), cols.of_tap(kw)
-        return te.sum(
-            grads[n, grp * ext.cout1_g + co // C0, ho, wo, co % C0]
-            * fmap_l1[fold.fmap_plane(n, kd), grp * ext.cin1_g + c1, rh, rw, ho + qh, wo + qw, c0],
-            axis=[n, ho, wo],
-        )
+        dy_at = grads[n, grp * ext.cout1_g + co // C0, ho, wo, co % C0]
+        if pairs:  # wo is the pair p: columns (2p, 2p+1), x from packed column 2p + qw on
+            x_at = fmap_l1[fold.fmap_plane(n, kd), grp * ext.cin1_g + c1, rh, rw, ho + qh, 2 * wo + qw, c0]
+            return te.sum(pair_dot(x_at, dy_at), axis=[n, ho, wo])
+        x_at = fmap_l1[fold.fmap_plane(n, kd), grp * ext.cin1_g + c1, rh, rw, ho + qh, wo + qw, c0]
+        return te.sum(dy_at * x_at, axis=[n, ho, wo])
 
-    return te.compute(shape, mad, name=DW_CC, tag=MAD_TAG, attrs={FORMULATION: Formulation.CUBE_DW.value, KERNEL_H: g.kh, KERNEL_W: g.kw})
+    return te.compute(shape, mad, name=DW_CC, tag=MAD_TAG, attrs={FORMULATION: formulation.value, KERNEL_H: g.kh, KERNEL_W: g.kw})
+
+
+def _pair_packs(grads_value, fmap_value, fold, c1_grads: int, c1_fmap: int, rows: _StridePhases, cols: _StridePhases, g):
+    """The bf16-pair packs of the cube (:mod:`.pairs`) and the reduction axis over the pairs:
+    dy's columns ``(2p, 2p+1)`` (0 past ``Wo``) and x's packed columns ``(s, s+1)`` for every
+    start ``s`` a tap reads (``2p + qw``; the odd half past the packed row is 0)."""
+    pairs_out = -(-g.wo // 2)
+    grads = te.compute(
+        (fold.dy_extent, c1_grads, g.ho, pairs_out, C0),
+        lambda nd, c1, ho, p, c0: pair(
+            grads_value(nd, c1, ho, 2 * p, c0),
+            guarded([2 * p + 1 < g.wo] if g.wo % 2 else [], grads_value(nd, c1, ho, tirx.min(2 * p + 1, g.wo - 1), c0)),
+        ),
+        name=GRADS_2_MATRIX,
+        tag=GRADS_2_MATRIX,
+    )
+    starts = 2 * pairs_out - 1 + cols.of_tap(g.kw - 1)[1]
+    last = cols.per_phase - 1
+    fmap_l1 = te.compute(
+        (fold.fmap_extent, c1_fmap, rows.phases, cols.phases, rows.per_phase, starts, C0),
+        lambda npad, c1, rh, rw, hq, s, c0: pair(
+            fmap_value(npad, c1, rh, rw, hq, s, c0),
+            guarded([s + 1 <= last] if starts > last else [], fmap_value(npad, c1, rh, rw, hq, tirx.min(s + 1, last), c0)),
+        ),
+        name=FMAP_L1,
+        tag=FMAP_L1,
+    )
+    return grads, fmap_l1, te.reduce_axis((0, pairs_out), name="wo")
 
 
 def _transposed_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams) -> te.Tensor:

@@ -43,6 +43,8 @@ phase's depth taps too (``co1 = md*dy_c1_extend + co1'``), and ``c_ddr`` ``(N*D,
 
 from __future__ import annotations
 
+from functools import partial
+
 from tvm import te, tirx
 
 from ... import layout
@@ -50,6 +52,7 @@ from ...layout import C0
 from ...params import ConvGradParams
 from .common import ACC, guarded
 from .depthwise import depthwise, depthwise_input_phases
+from .pairs import pair, pair_dot
 from .phases import AxisPhase, DepthFold, DyWindow, axis_phases, depth_fold, dy_window, phase_stage_name
 from .stages import C_DDR, DX_PX, DX_TAG, DY_PAD, DY_ROWS, FORMULATION, MAD_TAG, W_COL, W_T, Formulation
 
@@ -64,27 +67,32 @@ def pixel_lanes_input_grad(params: ConvGradParams) -> bool:
 
 
 def conv2d_backprop_input_compute(
-    filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, bias: te.Tensor | None = None
+    filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, bias: te.Tensor | None = None, bf16_pairs: bool = False
 ) -> te.Tensor:
     """dX of TBE's shape ``(N, ceil(Cin,16), H*W, 16)`` from FracZ ``filters`` and 5HD ``dy``
-    (3-D: ``(N*D, ..)`` from FracZ_3D and NDC1HWC0 dy, see the module docstring)."""
+    (3-D: ``(N*D, ..)`` from FracZ_3D and NDC1HWC0 dy, see the module docstring).
+
+    ``bf16_pairs`` (bf16 inputs on the cube): the packs hold bf16 pairs of Cout lanes and the mads
+    sum :func:`.pairs.pair_dot` (``Formulation.CUBE_DX_BF16``), the form a ``vdpbf16ps`` target
+    runs; the depthwise and pixel-lane formulations ignore it."""
     g = params.geom
     (sh, sw), (dil_h, dil_w), (pu, _, pl, _) = g.strides, g.dilations, g.pads
     rows = axis_phases(g.h, g.kh, sh, pu, dil_h)
     cols = axis_phases(g.w, g.kw, sw, pl, dil_w)
 
     window = dy_window(rows, cols, g.ho, g.wo)
+    pairs = bf16_pairs and dy.dtype == "bfloat16" and filters.dtype == "bfloat16"
     if g.depth is not None:
         d = g.depth
         fold = depth_fold(d.size, d.kernel, d.stride, d.pad_before, d.dilation, d.out)
-        phases, read = _cube_phases(filters, dy, params, rows, cols, window, fold)
+        phases, read = _cube_phases(filters, dy, params, rows, cols, window, fold, pairs)
     else:
         if depthwise(params):
             phase_mads = depthwise_input_phases
         elif pixel_lanes_input_grad(params):
             phase_mads = _pixel_lane_phases
         else:
-            phase_mads = _cube_phases
+            phase_mads = partial(_cube_phases, pairs=pairs)
         fold = None
         found, read = phase_mads(filters, dy, params, rows, cols, window)
         phases = [(None, ph, pw, mad) for ph, pw, mad in found]
@@ -120,44 +128,53 @@ def conv2d_backprop_input_compute(
     )
 
 
-def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows, cols, window: DyWindow, fold: DepthFold | None = None):
+def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows, cols, window: DyWindow, fold: DepthFold | None = None,
+                 pairs: bool = False):  # fmt: skip
     """One ``dx_cc`` mad per phase, 16 input channels on the lanes (3-D: per depth phase too,
-    its taps folded into the Cout-block reduction, see :class:`.phases.DepthFold`)."""
+    its taps folded into the Cout-block reduction, see :class:`.phases.DepthFold`). With
+    ``pairs``, ``dy_pad`` and ``w_col`` hold bf16 pairs of Cout ``(2q, 2q+1)`` (:mod:`.pairs`)."""
     g = params.geom
     ext = g.group
     top, left = window.top, window.left
     c1_dy = ext.g_extend * ext.cout1_g
+    dtype = dy.dtype if pairs else ACC
 
     if fold is None:
         def pad_value(n, c1, y, x, c0):
             conds = ([c1 < g.c1_y] if c1_dy > g.c1_y else []) + window.conds(y, x)
-            return guarded(conds, dy[n, c1, y - top, x - left, c0].astype(ACC))
+            return guarded(conds, dy[n, c1, y - top, x - left, c0].astype(dtype))
 
-        dy_pad = te.compute((g.batch, c1_dy, *window.shape, C0), pad_value, name=DY_PAD, tag=DY_PAD)
-        w_col = te.compute(
-            (g.c1_x, ext.cout1_g, g.kh, g.kw, C0, C0),
-            lambda c1, co1, kh, kw, co0, ci0: filters[layout.fracz_row(c1, kh, kw, g.kh, g.kw), co1, co0, ci0].astype(ACC),
-            name=W_COL,
-            tag=W_COL,
-        )
+        def col_value(c1, co1, kh, kw, co0, ci0):
+            return filters[layout.fracz_row(c1, kh, kw, g.kh, g.kw), co1, co0, ci0].astype(dtype)
+
+        dy_rows, col_blocks = g.batch, ext.cout1_g
     else:
         def pad_value(ny, c1, y, x, c0):
             n, plane = ny // fold.planes, ny % fold.planes
             conds = ([c1 < g.c1_y] if c1_dy > g.c1_y else []) + fold.conds(plane) + window.conds(y, x)
-            return guarded(conds, dy[n, plane - fold.top, c1, y - top, x - left, c0].astype(ACC))
+            return guarded(conds, dy[n, plane - fold.top, c1, y - top, x - left, c0].astype(dtype))
 
         def col_value(c1, kco, kh, kw, co0, ci0):  # FracZ_3D: the depth tap outermost in the rows
             kd, co1 = kco // ext.cout1_g, kco % ext.cout1_g
-            return filters[layout.fracz_row(kd * g.c1_x + c1, kh, kw, g.kh, g.kw), co1, co0, ci0].astype(ACC)
+            return filters[layout.fracz_row(kd * g.c1_x + c1, kh, kw, g.kh, g.kw), co1, co0, ci0].astype(dtype)
 
-        dy_pad = te.compute((g.batch * fold.planes, c1_dy, *window.shape, C0), pad_value, name=DY_PAD, tag=DY_PAD)
-        w_col = te.compute((g.c1_x, g.kd * ext.cout1_g, g.kh, g.kw, C0, C0), col_value, name=W_COL, tag=W_COL)
+        dy_rows, col_blocks = g.batch * fold.planes, g.kd * ext.cout1_g
+
+    if pairs:  # the Cout lanes in pairs: 8 words per block
+        dy_pad = te.compute((dy_rows, c1_dy, *window.shape, C0 // 2), lambda n, c1, y, x, q: pair(pad_value(n, c1, y, x, 2 * q), pad_value(n, c1, y, x, 2 * q + 1)),
+                            name=DY_PAD, tag=DY_PAD)  # fmt: skip
+        w_col = te.compute((g.c1_x, col_blocks, g.kh, g.kw, C0 // 2, C0),
+                           lambda c1, co1, kh, kw, q, ci0: pair(col_value(c1, co1, kh, kw, 2 * q, ci0), col_value(c1, co1, kh, kw, 2 * q + 1, ci0)),
+                           name=W_COL, tag=W_COL)  # fmt: skip
+    else:
+        dy_pad = te.compute((dy_rows, c1_dy, *window.shape, C0), pad_value, name=DY_PAD, tag=DY_PAD)
+        w_col = te.compute((g.c1_x, col_blocks, g.kh, g.kw, C0, C0), col_value, name=W_COL, tag=W_COL)
 
     def phase_mad(ph: AxisPhase, pw: AxisPhase, pd: AxisPhase | None = None) -> te.Tensor:
         co1 = te.reduce_axis((0, ext.cout1_g * (1 if pd is None else pd.taps)), name="co1")
         mh = te.reduce_axis((0, ph.taps), name="mh")
         mw = te.reduce_axis((0, pw.taps), name="mw")
-        co0 = te.reduce_axis((0, C0), name="co0")
+        co0 = te.reduce_axis((0, C0 // 2 if pairs else C0), name="co0")  # pairs: the pair q
 
         def mad(n, c1, j, i, c0):
             e = c1 // ext.cin1_g
@@ -168,15 +185,14 @@ def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows
                 image, plane = n // pd.count, n % pd.count
                 row, block = fold.dy_row(image, pd.dy_index(plane, md, fold.top)), e * ext.cout1_g + block_g
                 w_block = pd.tap(md) * ext.cout1_g + block_g
-            return te.sum(
-                dy_pad[row, block, ph.dy_index(j, mh, top), pw.dy_index(i, mw, left), co0]
-                * w_col[c1, w_block, ph.tap(mh), pw.tap(mw), co0, c0],
-                axis=[co1, mh, mw, co0],
-            )
+            dy_at = dy_pad[row, block, ph.dy_index(j, mh, top), pw.dy_index(i, mw, left), co0]
+            w_at = w_col[c1, w_block, ph.tap(mh), pw.tap(mw), co0, c0]
+            return te.sum(pair_dot(w_at, dy_at) if pairs else dy_at * w_at, axis=[co1, mh, mw, co0])
 
         batch = g.batch * (1 if pd is None else pd.count)
+        kind = Formulation.CUBE_DX_BF16 if pairs else Formulation.CUBE_DX
         return te.compute((batch, g.c1_x, ph.count, pw.count, C0), mad, name=phase_stage_name(ph, pw, pd=pd), tag=MAD_TAG,
-                          attrs={FORMULATION: Formulation.CUBE_DX.value})  # fmt: skip
+                          attrs={FORMULATION: kind.value})  # fmt: skip
 
     if fold is None:
         phases = [(ph, pw, phase_mad(ph, pw)) for ph in rows for pw in cols]

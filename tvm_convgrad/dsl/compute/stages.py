@@ -19,6 +19,8 @@ stage                  what it holds
 ``w_t``                dX with output columns on the lanes: the weights per channel
 ``dy_dw`` / ``w_dw``   depthwise dX: dy and the weights, 16 channels on the lanes
 ``dx_cc_<rh>_<rw>``    dX mad of one stride phase, the cube
+                       (the cube's packs hold bf16 pairs instead of fp32 on a ``vdpbf16ps``
+                       target: :mod:`.pairs`)
 ``dx_px_<rh>_<rw>``    dX mad of one stride phase, output columns on the lanes
 ``dx_dw_<rh>_<rw>``    dX mad of one stride phase, depthwise
 ``c_ddr``              the dX result (5HD memory ``(N, C1, H*W, 16)``, ``res_dtype``, + bias)
@@ -110,6 +112,8 @@ class Formulation(str, Enum):
 
     CUBE_DW = "cube-dw"  # dW: 16x16 blocks, Cin on the lanes
     CUBE_DX = "cube-dx"  # dX: one 16x16-block mad per stride phase
+    CUBE_DW_BF16 = "cube-bf16-dw"  # dW on the cube, bf16 pairs along wo (a vdpbf16ps target's)
+    CUBE_DX_BF16 = "cube-bf16-dx"  # dX on the cube, bf16 pairs along Cout (a vdpbf16ps target's)
     COUT_LANES = "cout-lanes"  # dW, few input channels: Cout on the lanes
     PIXEL_LANES = "pixel-lanes"  # dX, few input channels: output columns on the lanes
     DEPTHWISE_DW = "depthwise-dw"  # dW, one input channel per group: channels on the lanes
@@ -117,7 +121,7 @@ class Formulation(str, Enum):
 
     @property
     def family(self) -> str:
-        """``cube``, ``cout-lanes``, ``pixel-lanes`` or ``depthwise``: what ``Kernel.formulation`` says."""
+        """``cube``, ``cube-bf16``, ``cout-lanes``, ``pixel-lanes`` or ``depthwise``: what ``Kernel.formulation`` says."""
         return self.value.removesuffix("-dw").removesuffix("-dx")
 
 

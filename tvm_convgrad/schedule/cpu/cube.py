@@ -118,6 +118,8 @@ class CubeFilterGrad(CpuMad):
 class CubeInputGrad(CpuMad):
     """One stride phase of dX on the cube (``dx_cc_<rh>_<rw>``)."""
 
+    edge_tiles = True  # columns in tiles of TW and a narrower edge tile (else TW divides them)
+
     def schedule(self, block):
         """dX phase: pixel tiles ``(j_i x i_i)`` x 16 lanes (or a part of them, :func:`dx_tile`),
         reduction ``[co1, mh, mw, co0]`` inside.
@@ -134,7 +136,7 @@ class CubeInputGrad(CpuMad):
         group = largest_divisor(blocks, WEIGHTS_IN_CACHE // max(1, weight_bytes // blocks))
         c1_o, c1_i = self.split(c1, group, blocks)
         cols = loop_extent(sch, i)
-        th, tw, v = dx_tile(loop_extent(sch, j), cols, self.plan)
+        th, tw, v = dx_tile(loop_extent(sch, j), cols, self.plan, whole=not self.edge_tiles)
         most = min(MAX_TILE_PIXELS, self.plan.accumulators // v)
         j_o, j_i = self.split(j, th, most)
         lane_groups, c0 = sch.split(c0, [None, v * self.plan.lanes])

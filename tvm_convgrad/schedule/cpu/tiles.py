@@ -43,7 +43,7 @@ def step_cycles(pixels: int, vectors: int, plan: IsaPlan) -> float:
     return max(pixels * vectors / 2, FMA_LATENCY, (pixels + vectors) / loads_per_cycle) + 1
 
 
-def dx_tile(rows: int, cols: int, plan: IsaPlan) -> tuple[int, int, int]:
+def dx_tile(rows: int, cols: int, plan: IsaPlan, whole: bool = False) -> tuple[int, int, int]:
     """dX register tile ``(TH, TW, V)`` for a phase of ``rows x cols`` pixels: ``TH x TW`` pixels
     by ``V`` vector registers of each pixel's 16-lane row (``V`` divides the registers a row
     takes; ``TH*TW*V`` accumulators within the plan's budget). ``TH`` divides the rows; where
@@ -54,7 +54,7 @@ def dx_tile(rows: int, cols: int, plan: IsaPlan) -> tuple[int, int, int]:
     tiles: enough accumulators to hide the FMA latency, few loads per FMA, few tiles per row);
     within 5% of the fewest, single-row tiles without an edge first. E.g. AVX-512 16 pixels
     (2 x 8 at 56 columns, 1 x 14 at 14), AVX2 1 x 6 x 2 ymm (and a 1 x 2 edge at 56 columns),
-    1 x 5 x 2 on 7x7 phases."""
+    1 x 5 x 2 on 7x7 phases. ``whole``: only tiles whose ``TW`` divides the columns (no edge)."""
     per_row = plan.registers_per_row
 
     def cost(th: int, tw: int, v: int) -> float:
@@ -67,7 +67,7 @@ def dx_tile(rows: int, cols: int, plan: IsaPlan) -> tuple[int, int, int]:
         for v in plan.row_parts
         for th in divisors(rows, MAX_TILE_PIXELS)
         for tw in range(1, min(cols, MAX_TILE_PIXELS // th) + 1)
-        if th * tw * v <= plan.accumulators
+        if th * tw * v <= plan.accumulators and (cols % tw == 0 or not whole)
     ]  # fmt: skip
     fewest = min(option[0] for option in options)
     near = [o for o in options if o[0] <= 1.05 * fewest]

@@ -1,0 +1,140 @@
+"""bf16 gradients on ``vdpbf16ps`` (issue 21): the bf16-pair form a target with AVX512-BF16 builds,
+checked in its assembly cross-compiled on any host; its arithmetic (the instruction's, emulated
+exactly where the host lacks it: ``emulate_bf16_dot``) against the float64 reference, denormals
+included; the exact path everywhere else."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_dtypes
+import numpy as np
+import pytest
+from random_cases import valid_case, valid_result
+from tvm import te
+from tvm.target import Target
+
+from tvm_convgrad import ConvGradError, build, emulate_bf16_dot
+from tvm_convgrad.frontends import onednn
+from tvm_convgrad.isa import X86_TRIPLE, has_bf16_dot, isa_plan
+from tvm_convgrad.tools.asm import fma_instructions, hot_loops
+from tvm_convgrad.tools.verify import check_kernel, framework_expected
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+BF16_MIN_NORMAL = 2.0**-126
+
+
+def _target(mcpu: str) -> Target:
+    return Target({"kind": "llvm", "mcpu": mcpu, "mtriple": X86_TRIPLE, "num-cores": 2})
+
+
+def _call(op: str, rank: int = 2, dtype: str = "bfloat16", batch: int = 2, size: int = 9, cin: int = 32, cout: int = 48, kernel: int = 3,
+          stride: int = 1, groups: int = 1):  # fmt: skip
+    """A call of ``op`` (``filters`` / ``transpose`` / ``data``), NXC, XIO weights."""
+    spatial = (size,) * rank
+    out = tuple((s + 2 - kernel) // stride + 1 for s in spatial)
+    attrs = {"strides": [stride] * rank, "pads_begin": [1] * rank, "pads_end": [1] * rank, "dilations": [1] * rank, "groups": groups}
+    x = te.placeholder((batch, *spatial, cin), dtype, name="x")
+    dy = te.placeholder((batch, *out, cout), dtype, name="dy")
+    if op == "filters":
+        return onednn.convolution_backprop_filters(x, dy, [*([kernel] * rank), cin // groups, cout], **attrs)
+    if op == "transpose":  # ConvTranspose's src is the conv's dy: its output is x
+        return onednn.conv_transpose_backward_weights(dy, x, [*([kernel] * rank), cin // groups, cout], **attrs)
+    w = te.placeholder((*([kernel] * rank), cin // groups, cout), dtype, name="w")
+    return onednn.convolution_backward_data(dy, w, [batch, *spatial, cin], **attrs)
+
+
+@pytest.mark.parametrize("mcpu", ["znver4", "sapphirerapids"])
+@pytest.mark.parametrize("op", ["filters", "transpose", "data"])
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_bf16_mads_run_on_vdpbf16ps_and_no_fp32_fma(mcpu, op, rank):
+    kernel = build(_call(op, rank, size=7 if rank == 3 else 9), _target(mcpu))
+    assert kernel.formulation == "cube-bf16" and kernel.isa.bf16_dot
+    loops = [loop for loop in hot_loops(kernel.source) if loop.dot_lines]
+    assert loops, "no loop of vdpbf16ps"
+    for loop in loops:  # the register tile: every dot reads its broadcast pair from memory, nothing spills
+        assert loop.fmas == 0 and not loop.stack_accesses
+        assert all("{1to16}" in line and "%zmm" in line for line in loop.dot_lines)
+        assert len(loop.dot_lines) >= 14  # 14-16 accumulator rows per tile
+    assert fma_instructions(kernel.source) == []  # no fp32 FMA anywhere on this path
+
+
+@pytest.mark.parametrize("mcpu", ["znver3", "haswell", "skylake-avx512", "icelake-server"])
+def test_a_target_without_avx512_bf16_keeps_the_exact_path(mcpu):
+    target = _target(mcpu)
+    assert not has_bf16_dot(target) and not isa_plan(target).bf16_dot
+    for op in ("filters", "data"):
+        kernel = build(_call(op), target)
+        assert kernel.formulation == "cube" and "vdpbf16ps" not in kernel.source
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_f32_and_f16_keep_the_exact_path_on_a_bf16_target(dtype):
+    for op in ("filters", "data"):
+        kernel = build(_call(op, dtype=dtype), _target("znver4"))
+        assert kernel.formulation == "cube" and "vdpbf16ps" not in kernel.source
+    with pytest.raises(ConvGradError, match="bf16 result"):
+        emulate_bf16_dot(_call("filters", dtype=dtype))
+
+
+@pytest.mark.parametrize("op", ["conv", "conv_v2", "deconv", "data", "data_v1"])
+@pytest.mark.parametrize("seed", range(6))
+def test_random_bf16_calls_on_pairs_match_the_reference(op, seed):
+    """Ranks 1-3, both layouts, groups and depthwise, odd sizes (a last pair half empty), strides,
+    dilations, auto_pad: the pair kernel (the instruction's arithmetic) within the fp32 bound."""
+    case = dataclasses.replace(valid_case(op, np.random.default_rng(2000 + seed)), dtype="bfloat16")
+    kernel = emulate_bf16_dot(valid_result(op, case))
+    check = check_kernel(kernel, seed=seed)
+    assert check.ok, f"{case!r}: {check}"
+
+
+def _pair_kernel_and_exact(op: str, **shape):
+    result = _call(op, **shape)
+    return emulate_bf16_dot(result), build(result)
+
+
+def _arrays(kernel, values: dict) -> list[np.ndarray]:
+    return [np.full(spec.shape, values[spec.name], dtype=BF16) for spec in kernel.inputs]
+
+
+def test_bf16_denormal_inputs_are_read_as_zero():
+    """vdpbf16ps reads bf16 denormals (|v| < 2**-126) as 0 (DAZ): a gradient of denormal x is 0,
+    where the exact path gives the (representable) sum."""
+    paired, exact = _pair_kernel_and_exact("filters", batch=1, size=8, cin=16, cout=16, kernel=1)
+    tiny = 2.0**-130  # a bf16 denormal
+    arrays = _arrays(paired, {"x": tiny, "dy": 1.0})
+    assert np.all(paired(*arrays).astype(np.float64) == 0.0)
+    # 1x1 kernel, pad 1: each weight sums the 8x8 real pixels of the 10x10 output
+    assert np.allclose(exact(*arrays).astype(np.float64), 64 * tiny, rtol=2**-7)
+
+
+def test_denormal_products_and_sums_are_flushed_to_zero():
+    """Normal inputs whose products fall below 2**-126 are flushed (FTZ): the sum stays 0."""
+    paired, exact = _pair_kernel_and_exact("filters", batch=1, size=8, cin=16, cout=16, kernel=1)
+    arrays = _arrays(paired, {"x": 2.0**-70, "dy": 2.0**-70})  # normal bf16; products 2**-140
+    assert np.all(paired(*arrays).astype(np.float64) == 0.0)
+    assert np.allclose(exact(*arrays).astype(np.float64), 64 * 2.0**-140, rtol=2**-7)
+
+
+def test_a_few_denormals_cost_only_their_own_products():
+    """Mixed data: the pair kernel equals the float64 reference of the inputs with their bf16
+    denormals set to 0, within the fp32 bound; the flushed products are the whole difference."""
+    result = _call("data", batch=2, size=7, cin=32, cout=32)
+    kernel = emulate_bf16_dot(result)
+    rng = np.random.default_rng(7)
+    arrays = [rng.uniform(-1, 1, spec.shape).astype(BF16) for spec in kernel.inputs]
+    dy = arrays[0].astype(np.float64)
+    mask = rng.random(dy.shape) < 0.2
+    dy[mask] *= 2.0**-128  # a fifth of dy becomes bf16 denormals
+    arrays[0] = dy.astype(BF16)
+    assert 0 < np.count_nonzero(np.abs(arrays[0].astype(np.float64)) < BF16_MIN_NORMAL) < dy.size
+    flushed = [np.where(np.abs(a.astype(np.float64)) < BF16_MIN_NORMAL, 0.0, a.astype(np.float64)) for a in arrays]
+    expected = framework_expected(kernel.call, flushed)
+    got = kernel(*arrays).astype(np.float64)
+    reduction = 32 * 9  # Cout x taps
+    assert np.all(np.abs(got - expected) <= 4 * reduction * 2.0**-24 + 2.0**-8 * np.abs(expected))
+
+
+def test_emulation_needs_an_llvm_target_this_machine_runs():
+    with pytest.raises(ConvGradError, match="llvm target"):
+        emulate_bf16_dot(_call("filters"), "cuda")
