@@ -237,3 +237,33 @@ def test_cuda_bench_checks_times_and_reports_each_kernel(tmp_path, monkeypatch):
         assert r["ours_ms"] > 0 and r["torch_ms"] > 0 and len(r["ours_samples_ms"]) == len(r["torch_samples_ms"]) == 2
         assert 0 <= r["max_rel_err"] < 1e-2 and r["bound_ratio"] <= 1
         assert r["torch_impl"].endswith("tensor-core" if r["kind"] == "resnet50" else "simt")
+
+
+def test_a_bf16_bench_runs_through_the_onednn_api_only(tmp_path):
+    with pytest.raises(ValueError, match="--dtype bfloat16: TBE's DSL takes float16"):
+        bench.main("resnet50", (1,), ("filter",), r"conv1\.", 1, tmp_path, progress=False, dtype="bfloat16")
+    with pytest.raises(ValueError, match="--dtype"):
+        bench.main("resnet50", (1,), ("filter",), r"conv1\.", 1, tmp_path, progress=False, api="onednn", dtype="float16")
+    case = bench.load_cases("resnet50", (1,), r"res3a_branch2b")[0]
+    for op in ("filter", "input"):
+        result = bench.onednn_result(case, op, "bfloat16")
+        assert result.dtype == "bfloat16" and result.convgrad_bf16_pairs is not None
+
+
+@slow
+@needs_torch
+def test_a_bf16_bench_checks_times_and_reports_against_the_right_roofline(tmp_path):
+    """Both sides in bf16; where the CPU has AVX512-BF16 the record holds the measured bf16 peak and
+    each case's share of it, elsewhere it says that ours ran on the fp32 FMAs."""
+    from tvm_convgrad.isa import has_bf16_dot
+
+    bench.main("resnet50", (1,), ("filter", "input"), r"res5b_branch2a\.", 1, tmp_path, progress=False, api="onednn", dtype="bfloat16")
+    record = json.loads((tmp_path / "bench.json").read_text())
+    assert record["settings"]["dtype"] == "bfloat16" and record["failed"] == [] and len(record["results"]) == 2
+    report = (tmp_path / "README.md").read_text()
+    assert "bfloat16 channels-last `torch.nn.grad`" in report
+    if has_bf16_dot(isa_target("native")):
+        assert record["bf16_peak"]["gflops"] > 0 and all(r["ours_bf16_peak_fraction"] > 0 for r in record["results"])
+        assert "vdpbf16ps` dot-product peak" in report
+    else:
+        assert record["bf16_peak"] is None and "no AVX512-BF16" in report

@@ -274,14 +274,14 @@ def bench(args: argparse.Namespace) -> int:
     batches, ops = _selection(args)
     try:
         if args.target == "cuda":
-            if (args.isa, args.api, args.schedule) != ("native", "tbe", "default"):
+            if (args.isa, args.api, args.schedule, args.dtype) != ("native", "tbe", "default", "float32"):
                 raise ValueError("--target cuda times the DSL's default kernels: --isa, --api and --schedule are for the CPU")
             from .tools.bench import cuda
 
             cuda.main(args.suite, batches, ops, args.filter, args.rounds, Path(args.out), not args.no_progress)
             return 0
         bench_module.main(args.suite, batches, ops, args.filter, args.rounds, Path(args.out), not args.no_progress, args.isa, args.api,
-                          args.schedule, args.schedules)  # fmt: skip
+                          args.schedule, args.schedules, args.dtype)  # fmt: skip
     except ValueError as err:
         print(f"tvm-convgrad bench: {err}", file=sys.stderr)
         return 2
@@ -358,6 +358,8 @@ def _parser() -> argparse.ArgumentParser:
                          help="vector ISA of both sides: ours built for it, PyTorch capped to it (default: this CPU's)")
     p_bench.add_argument("--api", choices=("tbe", "onednn"), default="tbe",
                          help="ours through TBE's DSL (float16 5HD) or the oneDNN Graph frontend (float32 NXC activations, XIO weights)")
+    p_bench.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                         help="with --api onednn: both sides in this type (bfloat16: PyTorch bf16; the bf16 dot-product peak where the CPU has it)")
     p_bench.add_argument("--schedule", choices=("default", "tuned"), default="default",
                          help="tuned: time ours twice, the rule's default and the kernel built from the tuning records")
     p_bench.add_argument("--schedules", metavar="DIR", help="with --schedule tuned: a database folder (default: the shipped records)")

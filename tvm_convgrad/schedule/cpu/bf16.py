@@ -146,7 +146,11 @@ class _Pairs(CpuMad):
 
 
 class PairedFilterGrad(_Pairs, CubeFilterGrad):
-    """dW on the cube in bf16 pairs (``dw_cc``, ``Formulation.CUBE_DW_BF16``)."""
+    """dW on the cube in bf16 pairs (``dw_cc``, ``Formulation.CUBE_DW_BF16``): with too few tiles
+    for the cores, the reduction splits into parts that divide it (a ragged split predicates the
+    mad, which a tensor intrinsic cannot match)."""
+
+    ragged_parts = False
 
 
 class PairedInputGrad(_Pairs, CubeInputGrad):

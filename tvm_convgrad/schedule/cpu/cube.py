@@ -32,6 +32,8 @@ PACK_IN_CACHE = 768 * 1024
 class CubeFilterGrad(CpuMad):
     """dW on the cube (``dw_cc``)."""
 
+    ragged_parts = True  # too few tiles: the reduction in one part per core, the last one shorter (else parts that divide it)
+
     def schedule(self, block):
         """dW: ``(co1, c1, kh, kw)`` tiles x ``[n, ho, wo]`` x (co0 unrolled, c0 vectorized).
 
@@ -104,7 +106,8 @@ class CubeFilterGrad(CpuMad):
         the parts are added in a fixed order afterwards, so results do not vary run to run."""
         sch = self.sch
         i = reduce.index(longest)
-        part, reduce[i] = sch.split(longest, [self.cores, None])
+        parts = self.cores if self.ragged_parts else largest_divisor(loop_extent(sch, longest), self.cores)
+        part, reduce[i] = sch.split(longest, [parts, None])
         rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0), self.plan.rows(C0))
         sch.reorder(part, *tiles, rows_o, *reduce, co0, c0)
         rf = sch.rfactor(part, 0)

@@ -112,16 +112,16 @@ def tbe_result(case: BenchCase, op: str):
     )
 
 
-def onednn_result(case: BenchCase, op: str = "filter"):
-    """One gradient of ``case`` through the oneDNN Graph frontend (float32 NXC, XIO):
-    ``ConvolutionBackwardWeights`` (``op`` filter) or ``ConvolutionBackwardData`` (input)."""
+def onednn_result(case: BenchCase, op: str = "filter", dtype: str = "float32"):
+    """One gradient of ``case`` through the oneDNN Graph frontend (NXC, XIO, ``dtype`` float32 or
+    bfloat16): ``ConvolutionBackwardWeights`` (``op`` filter) or ``ConvolutionBackwardData`` (input)."""
     size, out, kernel = case.spatial
-    dy = te.placeholder((case.N, *out, case.Cout), "float32", name="diff_dst")
+    dy = te.placeholder((case.N, *out, case.Cout), dtype, name="diff_dst")
     weights_shape = [*kernel, case.Cin // case.groups, case.Cout]
     attrs = {"strides": list(case.stride), "pads_begin": list(case.pad), "pads_end": list(case.pad), "dilations": list(case.dilation),
              "groups": case.groups, "kernel_name": re.sub(r"\W", "_", f"bench_onednn_{OPS[op]}_{case.name}")}  # fmt: skip
     if op == "input":
-        w = te.placeholder(weights_shape, "float32", name="weights")
+        w = te.placeholder(weights_shape, dtype, name="weights")
         return onednn.convolution_backward_data(dy, w, [case.N, *size, case.Cin], **attrs)
-    x = te.placeholder((case.N, *size, case.Cin), "float32", name="src")
+    x = te.placeholder((case.N, *size, case.Cin), dtype, name="src")
     return onednn.convolution_backward_weights(x, dy, weights_shape, **attrs)

@@ -127,17 +127,29 @@ def markdown_report(record: dict) -> str:
     """The run as Markdown: where and how it ran, one row per case, the summary against the goals."""
     env, isa = record["environment"], record["isa"]
     peak = max(p["gflops"] for p in record["fma_peak"])
+    dtype = record["settings"].get("dtype", "float32")
+    bf16 = record.get("bf16_peak")
+    if dtype != "bfloat16":
+        bf16_line = []
+    elif bf16:
+        bf16_line = [f"* bf16 roofline: the measured `vdpbf16ps` dot-product peak, {bf16['gflops']:.0f} GFLOP/s (`bench.json`: each case's "
+                     "`ours_bf16_peak_fraction`); ours runs bf16 on `vdpbf16ps`"]  # fmt: skip
+    else:
+        bf16_line = ["* bf16: this target has no AVX512-BF16, so no bf16 peak was measured; ours runs bf16 widened to fp32 FMAs "
+                     "(the fp32 peak is its roofline)"]  # fmt: skip
+    torch_type = "float32" if dtype == "float32" else dtype
     lines = [
         f"# tvm_convgrad vs PyTorch, {isa['name']} ({env['time']})",
         "",
         f"`tvm-convgrad bench --isa {isa['name']}` on {env['cpu']} ({env['cores']} cores, host LLVM CPU "
         f"`{env['host_llvm_mcpu']}`), TVM {env['tvm']}, PyTorch {env['torch']}.",
         "",
-        f"* ours: {isa['ours']}; {APIS[record['settings'].get('api', 'tbe')]}",
-        f"* PyTorch: {isa['torch']} (ATen capability {env['torch_cpu_capability']}); float32 "
+        f"* ours: {isa['ours']}; {APIS[record['settings'].get('api', 'tbe')]}" + (f", {dtype}" if dtype != "float32" else ""),
+        f"* PyTorch: {isa['torch']} (ATen capability {env['torch_cpu_capability']}); {torch_type} "
         f"{'channels-last' if record['settings'].get('api') == 'onednn' else 'NCHW'} `torch.nn.grad`",
         f"* roofline: the measured fp32 FMA peak, {peak:.0f} GFLOP/s "
         f"({record['fma_peak'][0]['accumulators']} x {record['fma_peak'][0]['lanes']}-lane accumulators per core, all cores, best sample before / after the run)",
+        *bf16_line,
         f"* medians of {record['settings']['rounds']} interleaved samples, each taken once an FMA probe showed the cores free "
         f"(>= {record['quiet_gate']['threshold']:.0%} of the peak; {record['quiet_gate']['waited_s']:.0f} s of waiting in all); raw numbers: `bench.json`; chart: `bench.png`",
         "* every kernel checked against the float64 reference before it was timed (`max rel err`: max |ours - reference| / "

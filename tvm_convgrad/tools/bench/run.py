@@ -39,26 +39,32 @@ import numpy as np
 from tvm.target import Target
 
 from ...compile import SHIPPED, build, isa_target
-from ...isa import BENCH_ISAS, TORCH_ISA_CAPS, host_can_run, isa_plan
+from ...isa import BENCH_ISAS, TORCH_ISA_CAPS, has_bf16_dot, host_can_run, isa_plan
 from ...machine import usable_cores
+from ..bf16_peak import measure_bf16_peak
 from ..peak import FmaProbe
 from .cases import OPS, SUITES, BenchCase, load_cases, onednn_result, tbe_result
 from .measure import PAUSE_SECONDS, QUIET, QuietGate, onednn_implementations, sample, timed_ours, torch_call
 from .report import APIS, describe_isas, environment, format_table, markdown_report, plot
 from .results import BenchFailure, BenchResult, CheckFailed, checked, peak_fractions, peak_gflops, summarize
 
-__all__ = ["main", "run_bench"]
+__all__ = ["BENCH_DTYPES", "main", "run_bench"]
+
+BENCH_DTYPES = ("float32", "bfloat16")
+"""The types ``--api onednn`` benches: both sides in float32, or both in bfloat16 (PyTorch's bf16
+``conv2d_weight`` / ``conv2d_input``, oneDNN's ``avx512_core_bf16`` kernels where the CPU has them)."""
 
 
 def run_bench(
     cases: Sequence[BenchCase], ops: Sequence[str], rounds: int = 5, progress: bool = True, target: Target | None = None,
-    gate: QuietGate | None = None, api: str = "tbe", schedules: str | Path | None = None,
+    gate: QuietGate | None = None, api: str = "tbe", schedules: str | Path | None = None, dtype: str = "float32",
 ) -> tuple[list[BenchResult], list[BenchFailure]]:
     """Build (for ``target``, default this CPU), check against the float64 reference, and time
     every (case, op), ours and torch interleaved, each sample after ``gate`` says the machine is
     quiet; see the module docstring. A kernel that does not match the reference is not timed:
     it is returned as a :class:`BenchFailure`.
-    ``api="onednn"``: the gradients through the oneDNN frontend.
+    ``api="onednn"``: the gradients through the oneDNN frontend, in ``dtype`` (float32 or
+    bfloat16: then PyTorch's side is bf16 too).
     ``schedules`` (a database folder, or ``build.SHIPPED``): also time the kernel built from its
     records, interleaved with the default one (``BenchResult.tuned_ms``)."""
     import torch
@@ -73,7 +79,7 @@ def run_bench(
     for case, op in bar:
         bar.set_description(f"{OPS[op]} {case.name}")
         start = time.perf_counter()
-        result_tensor = onednn_result(case, op) if api == "onednn" else tbe_result(case, op)
+        result_tensor = onednn_result(case, op, dtype) if api == "onednn" else tbe_result(case, op)
         kernel = build(result_tensor, target=target, schedules=None)
         compile_s = time.perf_counter() - start
         tuned = build(result_tensor, target=target, schedules=schedules) if schedules is not None else None
@@ -82,7 +88,7 @@ def run_bench(
             continue
         tuned_t: list[float] = []
         timed_tuned = timed_ours(tuned, rng) if tuned is not None else None
-        call = torch_call(case, op, rng, channels_last=api == "onednn")
+        call = torch_call(case, op, rng, channels_last=api == "onednn", dtype=getattr(torch, dtype) if dtype != "float32" else None)
         impl = onednn_implementations(call)
         ours, theirs = timed_ours(kernel, rng), lambda: sample(call)
         ours_t, torch_t = [], []
@@ -112,9 +118,10 @@ def run_bench(
 
 
 
-def cli_args(suite, batches, ops, pattern, rounds, out_dir, progress, isa, api, schedule, schedules) -> list[str]:
+def cli_args(suite, batches, ops, pattern, rounds, out_dir, progress, isa, api, schedule, schedules, dtype="float32") -> list[str]:
     args = ["bench", "--suite", suite, "--batch", "all" if len(batches) > 1 else str(batches[0])]
     args += ["--op", "both" if len(ops) > 1 else ops[0], "--rounds", str(rounds), "--out", str(out_dir), "--isa", isa, "--api", api]
+    args += ["--dtype", dtype]
     args += ["--schedule", schedule] + (["--schedules", str(schedules)] if schedules else [])
     return args + (["--filter", pattern] if pattern else []) + ([] if progress else ["--no-progress"])
 
@@ -122,6 +129,7 @@ def cli_args(suite, batches, ops, pattern, rounds, out_dir, progress, isa, api, 
 def main(
     suite: str, batches: Sequence[int], ops: Sequence[str], pattern: str | None, rounds: int, out_dir: Path,
     progress: bool = True, isa: str = "native", api: str = "tbe", schedule: str = "default", schedules: str | None = None,
+    dtype: str = "float32",
 ) -> dict:  # fmt: skip
     """Run, print the table, write ``bench.json``, ``README.md`` (the report) and ``bench.png``
     under ``out_dir``; returns the summary.
@@ -129,7 +137,9 @@ def main(
     ``isa`` (``native``, ``avx2``, ``avx512``) picks the vector ISA of both sides: ours is built
     for it and PyTorch capped to it before it loads (in a child process if torch is already
     loaded here with other settings). ``api`` (``tbe``, ``onednn``): the operator API ours is
-    called through."""
+    called through; ``dtype`` (``float32``, ``bfloat16``; onednn only) its type. A bf16 run also
+    measures the bf16 dot-product peak where the target has AVX512-BF16 (``vdpbf16ps``, the
+    roofline of its bf16 kernels: ``bf16_peak`` and each case's ``ours_bf16_peak_fraction``)."""
     if isa not in BENCH_ISAS:
         raise ValueError(f"--isa {isa!r}: must be one of {', '.join(BENCH_ISAS)}")
     if api not in APIS:
@@ -138,6 +148,10 @@ def main(
         raise ValueError(f"--schedule {schedule!r}: must be default or tuned")
     if suite not in SUITES:
         raise ValueError(f"--suite {suite!r}: must be one of {', '.join(SUITES)}")
+    if dtype not in BENCH_DTYPES:
+        raise ValueError(f"--dtype {dtype!r}: must be one of {', '.join(BENCH_DTYPES)}")
+    if dtype != "float32" and api != "onednn":
+        raise ValueError(f"--dtype {dtype}: TBE's DSL takes float16; a {dtype} bench runs through --api onednn")
     if suite == "conv3d" and api != "onednn":
         raise ValueError("--suite conv3d: TBE's DSL is 2-D; the 3-D layers run through --api onednn")
     target = isa_target(isa)
@@ -149,20 +163,24 @@ def main(
     caps = TORCH_ISA_CAPS[isa]
     if any(os.environ.get(k) != v for k, v in caps.items()):
         if "torch" in sys.modules:  # too late to cap it here: run the bench where torch has not loaded
-            command = [sys.executable, "-m", "tvm_convgrad.cli", *cli_args(suite, batches, ops, pattern, rounds, out_dir, progress, isa, api, schedule, schedules)]
+            command = [sys.executable, "-m", "tvm_convgrad.cli", *cli_args(suite, batches, ops, pattern, rounds, out_dir, progress, isa, api, schedule, schedules, dtype)]
             if subprocess.run(command, env={**os.environ, **caps}).returncode != 0:
                 raise RuntimeError(f"the benchmark child process failed: {' '.join(command)}")
             return json.loads((out_dir / "bench.json").read_text())["summary"]
         os.environ.update(caps)
+    bf16_peak = measure_bf16_peak(target) if dtype == "bfloat16" and has_bf16_dot(target) else None
     probe = FmaProbe(target)
     peaks = [probe.measure()]
     gate = QuietGate(probe, peaks[0].gflops)
     records = (schedules or SHIPPED) if schedule == "tuned" else None
-    results, failures = run_bench(cases, ops, rounds, progress, target, gate, api, records)
+    results, failures = run_bench(cases, ops, rounds, progress, target, gate, api, records, dtype)
     peaks.append(probe.measure())
     summary = summarize(results)
     isas = describe_isas(target, results)
     print(format_table(results, summary, peaks, isas))
+    if dtype == "bfloat16":
+        print(bf16_peak if bf16_peak else f"bf16 dot-product peak: not measured ({isa_plan(target).name} target without AVX512-BF16: "
+              "ours runs bf16 on fp32 FMAs, the fp32 peak is its roofline)")  # fmt: skip
     print(f"quiet gate: waited {gate.waited_s:.0f} s in all for the machine to be quiet; gave up {gate.gave_up} times")
     out_dir.mkdir(parents=True, exist_ok=True)
     peak = peak_gflops(peaks)
@@ -170,15 +188,18 @@ def main(
         "environment": environment(target),
         "isa": {"name": isa, **isas},
         "settings": {"suite": suite, "batches": list(batches), "ops": list(ops), "filter": pattern, "rounds": rounds, "api": api,
-                     "schedule": schedule, "schedules": str(records) if records else None},
+                     "schedule": schedule, "schedules": str(records) if records else None, "dtype": dtype},
         "quiet_gate": {"threshold": QUIET, "waited_s": round(gate.waited_s, 1), "gave_up": gate.gave_up},
         "fma_peak": [asdict(p) | {"gflops": p.gflops} for p in peaks],
+        "bf16_peak": asdict(bf16_peak) | {"gflops": bf16_peak.gflops} if bf16_peak else None,
         "summary": summary,
         "resnet50_3x3_s1_n8_peak_fraction": peak_fractions(results, peak),
         "failed": [asdict(f) for f in failures],
         "results": [
             asdict(r) | {"ratio": r.ratio, "ours_gflops": r.ours_gflops, "torch_gflops": r.torch_gflops,
                          "ours_peak_fraction": r.ours_gflops / peak, "torch_peak_fraction": r.torch_gflops / peak}
+            | ({"ours_bf16_peak_fraction": r.ours_gflops / bf16_peak.gflops, "torch_bf16_peak_fraction": r.torch_gflops / bf16_peak.gflops}
+               if bf16_peak else {})
             for r in results
         ],
     }  # fmt: skip
