@@ -47,3 +47,13 @@ def test_the_peak_runs_where_the_host_has_avx512_bf16():
     acc = tvm.runtime.tensor(np.zeros((cores, ACCUMULATORS * 16), "float32"))
     executable["bf16_peak"](acc, tvm.runtime.tensor(packed), tvm.runtime.tensor(packed))
     assert np.all(acc.numpy() == 0.5 * 100_000)  # each round adds 0.5*0.5 + 0.5*0.5, exactly
+
+
+def test_the_peak_command_measures_or_says_why_not(capsys):
+    from tvm_convgrad.compile import isa_target
+    from tvm_convgrad.tools import bf16_peak
+
+    has_it = has_bf16_dot(isa_target("native")) and host_can_run(isa_target("native"))
+    assert bf16_peak.main() == (0 if has_it else 2)
+    out = capsys.readouterr()
+    assert ("vdpbf16ps" in out.out) if has_it else ("has no AVX512-BF16" in out.err)

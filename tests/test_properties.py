@@ -18,6 +18,7 @@ operator is drawn from ``(seed, operator, i)`` alone, so a failure names the one
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -27,7 +28,7 @@ import pytest
 import framework_cases
 from conftest import RUNNABLE_ISAS
 from random_cases import OPERATORS, invalid_call, valid_case, valid_result
-from tvm_convgrad import ConvGradError, build, isa_target
+from tvm_convgrad import ConvGradError, build, emulate_bf16_dot, isa_target
 from tvm_convgrad.tools.verify import check_kernel, error_bound
 
 SEED = int(os.environ.get("CONVGRAD_SWEEP_SEED", "20261124"))
@@ -60,6 +61,26 @@ def _report(what: str, failures: list[str], total: int, seconds: float) -> str:
     head = (f"{len(failures)} of {total} {what} failed in {seconds:.0f} s (CONVGRAD_SWEEP_SEED={SEED}; "
             f"call i is drawn from (seed, operator, i))")  # fmt: skip
     return "\n".join([head, *failures[:SHOWN]] + ([f"... and {len(failures) - SHOWN} more"] if len(failures) > SHOWN else []))
+
+
+BF16_OPERATORS = ("conv", "conv_v2", "deconv", "data", "data_v1")  # the operators that take bf16
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op", BF16_OPERATORS)
+def test_every_valid_bf16_call_in_pairs_matches_the_reference(op):
+    """The same calls in bf16, built in the bf16-pair form a ``vdpbf16ps`` target compiles (the
+    instruction itself where this host has it, its arithmetic emulated elsewhere)."""
+    failures, start = [], time.perf_counter()
+    for i in range(VALID):
+        case = dataclasses.replace(valid_case(op, _rng(op, i)), dtype="bfloat16")
+        try:
+            ratio = _worst_ratio(op, case, emulate_bf16_dot(valid_result(op, case)), seed=i)
+            if not ratio <= 1.0:
+                failures.append(f"call {i}: error {ratio:.3g} x the bound: {case!r}")
+        except Exception as err:  # noqa: BLE001 - every exception of a valid call is a failure
+            failures.append(f"call {i}: {type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}: {case!r}")
+    assert not failures, _report(f"valid bf16 {op} calls in pairs", failures, VALID, time.perf_counter() - start)
 
 
 @pytest.mark.slow

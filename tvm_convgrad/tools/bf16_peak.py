@@ -92,3 +92,23 @@ def measure_bf16_peak(target: Target, repeat: int = 5, min_repeat_ms: int = 100)
     evaluator = executable.mod.time_evaluator("bf16_peak", dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
     flops = FLOPS_PER_DOT * ACCUMULATORS * _ITERATIONS * cores
     return Bf16Peak(str(target.attrs.get("mcpu", "")), cores, tuple(flops / t / 1e9 for t in evaluator(*args).results))
+
+
+def main() -> int:
+    """``python -m tvm_convgrad.tools.bf16_peak``: this machine's bf16 dot-product peak (exit 2 where
+    its CPU has no AVX512-BF16)."""
+    import sys
+
+    from ..compile import isa_target
+    from ..isa import host_can_run
+
+    target = isa_target("native")
+    if not (has_bf16_dot(target) and host_can_run(target)):
+        print(f"bf16 peak: this CPU ({target.attrs.get('mcpu', '')}) has no AVX512-BF16; nothing to measure", file=sys.stderr)
+        return 2
+    print(measure_bf16_peak(target))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
