@@ -59,6 +59,41 @@ def test_bf16_mads_run_on_vdpbf16ps_and_no_fp32_fma(mcpu, op, rank):
     assert fma_instructions(kernel.source) == []  # no fp32 FMA anywhere on this path
 
 
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_few_input_channels_run_cout_lanes_on_vdpbf16ps(rank):
+    """A first layer (Cin = 3, 7x7 stride 2 in 2-D): Cout on the lanes, dy pairs x broadcast x pairs."""
+    kernel = build(_call("filters", rank, size=7 if rank == 3 else 15, cin=3, cout=64, kernel=3 if rank == 3 else 7, stride=2), _target("znver4"))
+    assert kernel.formulation == "cout-lanes-bf16"
+    loops = [loop for loop in hot_loops(kernel.source) if loop.dot_lines]
+    assert loops and all(loop.fmas == 0 and not loop.stack_accesses for loop in loops)
+    assert all("%zmm" in line for loop in loops for line in loop.dot_lines)  # (a broadcast x pair feeds each Cout vector)
+    assert max(len(loop.dot_lines) for loop in loops) >= 8  # taps x Cout vectors per tile
+    assert fma_instructions(kernel.source) == []
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [dict(rank=2, batch=1, size=15, cin=3, cout=64, kernel=7, stride=2), dict(rank=2, batch=3, size=10, cin=5, cout=20, kernel=3, stride=1),
+     dict(rank=1, batch=2, size=13, cin=1, cout=16, kernel=5, stride=3), dict(rank=3, batch=2, size=6, cin=3, cout=8, kernel=3, stride=2)],
+)  # fmt: skip
+def test_cout_lanes_pairs_match_the_reference(shape):
+    """Odd output widths (a last pair half empty), strides, Cout not a multiple of 16, a batch."""
+    kernel = emulate_bf16_dot(_call("filters", **shape))
+    assert kernel.formulation == "cout-lanes-bf16"
+    check = check_kernel(kernel, seed=1)
+    assert check.ok, f"{shape}: {check}"
+
+
+def test_lower_keeps_the_exact_path_unless_asked():
+    """lower()'s module is compiled by the user for a target of their own (plain "llvm" is LLVM's
+    baseline x86-64, where a vdpbf16ps kernel aborts LLVM): pairs only when asked."""
+    from tvm_convgrad import lower
+
+    result = _call("filters")
+    assert "tvm_convgrad_dpbf16" not in lower(result, _target("znver4")).script()
+    assert "tvm_convgrad_dpbf16" in lower(result, _target("znver4"), bf16_dot=True).script()
+
+
 @pytest.mark.parametrize("mcpu", ["znver3", "haswell", "skylake-avx512", "icelake-server"])
 def test_a_target_without_avx512_bf16_keeps_the_exact_path(mcpu):
     target = _target(mcpu)

@@ -30,14 +30,18 @@ from .workload import Workload
 __all__ = ["CACHED_KERNELS", "build", "lower"]
 
 
-def lower(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target = "llvm") -> tvm.IRModule:
+def lower(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target = "llvm", bf16_dot: bool = False) -> tvm.IRModule:
     """The scheduled ``IRModule`` of a gradient, ready for your own ``tvm.compile(mod, target)``
     (compile it inside :func:`~tvm_convgrad.pass_context` to get the package's code).
 
-    Its one function is named by the ``kernel_name``.
+    Its one function is named by the ``kernel_name``. A bf16 gradient keeps the exact fp32 path
+    unless ``bf16_dot`` asks for its ``vdpbf16ps`` form (where ``target`` has AVX512-BF16, as
+    :func:`build` does): that module must then be compiled for a target with the extension too
+    (``tvm.compile(mod, "llvm")`` means LLVM's baseline x86-64, on which LLVM aborts).
     """
     target = resolve_target(target)
-    workload = Workload.of(tensors).for_target(target)
+    workload = Workload.of(tensors)
+    workload = workload.for_target(target) if bf16_dot else workload
     sch = schedule.apply(workload.prim_func(target), target)
     return tvm.IRModule({workload.name: sch.mod["main"]})
 

@@ -163,15 +163,16 @@ class _StridePhases:
 def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, bf16_pairs: bool = False) -> te.Tensor:
     """dW of TBE's shape ``(real_g, cin1_g*KH*KW, cout_g, 16)`` from 5HD ``fmap`` and ``dy``.
 
-    ``bf16_pairs`` (bf16 inputs on the cube): the packs hold bf16 pairs along ``wo`` and the mad
-    sums :func:`.pairs.pair_dot` (``Formulation.CUBE_DW_BF16``), the form a ``vdpbf16ps`` target
-    runs; the depthwise and transposed formulations have no such form and ignore it."""
+    ``bf16_pairs`` (bf16 inputs): the packs hold bf16 pairs along ``wo`` and the mad sums
+    :func:`.pairs.pair_dot` (``Formulation.CUBE_DW_BF16``, or ``COUT_LANES_BF16`` with Cout on
+    the lanes), the form a ``vdpbf16ps`` target runs; the depthwise formulation has no such form
+    and ignores it."""
     g = params.geom
     shape = layout.shape_dw_result(g.filter_sizes, g.groups, g.kd)
     if depthwise(params):
         _, value = depthwise_filter_grad(fmap, dy, params)
     elif transposed_filter_grad(params):
-        dw = _transposed_mad(fmap, dy, params)
+        dw = _transposed_mad(fmap, dy, params, bf16_pairs and dy.dtype == "bfloat16")
         value = lambda grp, fkk, co, ci0: _from_transposed(dw, fkk, co, ci0, params)  # noqa: E731
     else:
         dw = _cube_mad(fmap, dy, params, shape, bf16_pairs and dy.dtype == "bfloat16")
@@ -212,7 +213,7 @@ def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape, pai
     n = te.reduce_axis((0, fold.dy_extent), name="n")
     ho = te.reduce_axis((0, g.ho), name="ho")
     if pairs:
-        grads, fmap_l1, wo = _pair_packs(grads_value, fmap_value, fold, c1_grads, c1_fmap, rows, cols, g)
+        grads, fmap_l1, wo, x_column = _pair_packs(grads_value, fmap_value, fold, c1_grads, c1_fmap, rows, cols, g)
         formulation = Formulation.CUBE_DW_BF16
     else:
         grads = te.compute((fold.dy_extent, c1_grads, g.ho, g.wo, C0), grads_value, name=GRADS_2_MATRIX, tag=GRADS_2_MATRIX)
@@ -230,7 +231,7 @@ def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape, pai
         (rh, qh), (rw, qw) = rows.of_tap(kh), cols.of_tap(kw)
         dy_at = grads[n, grp * ext.cout1_g + co // C0, ho, wo, co % C0]
         if pairs:  # wo is the pair p: columns (2p, 2p+1), x from packed column 2p + qw on
-            x_at = fmap_l1[fold.fmap_plane(n, kd), grp * ext.cin1_g + c1, rh, rw, ho + qh, 2 * wo + qw, c0]
+            x_at = fmap_l1[fold.fmap_plane(n, kd), grp * ext.cin1_g + c1, rh, rw, ho + qh, x_column(wo, qw), c0]
             return te.sum(pair_dot(x_at, dy_at), axis=[n, ho, wo])
         x_at = fmap_l1[fold.fmap_plane(n, kd), grp * ext.cin1_g + c1, rh, rw, ho + qh, wo + qw, c0]
         return te.sum(dy_at * x_at, axis=[n, ho, wo])
@@ -239,9 +240,11 @@ def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape, pai
 
 
 def _pair_packs(grads_value, fmap_value, fold, c1_grads: int, c1_fmap: int, rows: _StridePhases, cols: _StridePhases, g):
-    """The bf16-pair packs of the cube (:mod:`.pairs`) and the reduction axis over the pairs:
-    dy's columns ``(2p, 2p+1)`` (0 past ``Wo``) and x's packed columns ``(s, s+1)`` for every
-    start ``s`` a tap reads (``2p + qw``; the odd half past the packed row is 0)."""
+    """The bf16-pair packs of the cube (:mod:`.pairs`), the reduction axis over the pairs, and
+    where pair ``p`` at column offset ``qw`` reads x's pack: dy's columns ``(2p, 2p+1)`` (0 past
+    ``Wo``) and x's packed columns ``(s, s+1)`` for every start ``s = 2p + qw`` a tap reads (the
+    odd half past the packed row is 0). Where every offset is even (1x1 kernels, strided ones
+    too) only the even starts are read, and only those are stored (``s = 2 * index``)."""
     pairs_out = -(-g.wo // 2)
     grads = te.compute(
         (fold.dy_extent, c1_grads, g.ho, pairs_out, C0),
@@ -252,54 +255,77 @@ def _pair_packs(grads_value, fmap_value, fold, c1_grads: int, c1_fmap: int, rows
         name=GRADS_2_MATRIX,
         tag=GRADS_2_MATRIX,
     )
-    starts = 2 * pairs_out - 1 + cols.of_tap(g.kw - 1)[1]
+    offsets = [cols.of_tap(k)[1] for k in range(g.kw)]
+    even = all(q % 2 == 0 for q in offsets)
+    starts = pairs_out + max(offsets) // 2 if even else 2 * pairs_out - 1 + max(offsets)
     last = cols.per_phase - 1
-    fmap_l1 = te.compute(
-        (fold.fmap_extent, c1_fmap, rows.phases, cols.phases, rows.per_phase, starts, C0),
-        lambda npad, c1, rh, rw, hq, s, c0: pair(
-            fmap_value(npad, c1, rh, rw, hq, s, c0),
-            guarded([s + 1 <= last] if starts > last else [], fmap_value(npad, c1, rh, rw, hq, tirx.min(s + 1, last), c0)),
-        ),
-        name=FMAP_L1,
-        tag=FMAP_L1,
-    )
-    return grads, fmap_l1, te.reduce_axis((0, pairs_out), name="wo")
+    beyond = (2 * starts - 1 if even else starts) > last  # the last pair's odd half is past the packed row
+
+    def x_pair(npad, c1, rh, rw, hq, index, c0):
+        s = 2 * index if even else index
+        odd = fmap_value(npad, c1, rh, rw, hq, tirx.min(s + 1, last), c0)
+        return pair(fmap_value(npad, c1, rh, rw, hq, s, c0), guarded([s + 1 <= last] if beyond else [], odd))
+
+    fmap_l1 = te.compute((fold.fmap_extent, c1_fmap, rows.phases, cols.phases, rows.per_phase, starts, C0), x_pair, name=FMAP_L1, tag=FMAP_L1)
+
+    def x_column(p, qw):
+        return p + qw // 2 if even else 2 * p + qw
+
+    return grads, fmap_l1, te.reduce_axis((0, pairs_out), name="wo"), x_column
 
 
-def _transposed_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams) -> te.Tensor:
+def _transposed_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, pairs: bool = False) -> te.Tensor:
     g = params.geom
     fold = _DepthFold(g)
     (sh, sw), (dil_h, dil_w) = g.strides, g.dilations
     reach = ((g.ho - 1) * sh + g.kh_dilated, (g.wo - 1) * sw + g.kw_dilated)
+    dtype = dy.dtype if pairs else ACC
 
     def fmap_value(npad, c, i, j):
         lead, conds = fold.fmap_read(npad)
-        conds += inside((i, j), g.pads[::2], (g.h, g.w), reach)
-        return guarded(conds, fmap[(*lead, c // C0, i - g.pads[0], j - g.pads[2], c % C0)].astype(ACC))
+        conds += inside((i, j), g.pads[::2], (g.h, g.w), (reach[0], reach[1] + sw if pairs else reach[1]))  # (a pair's odd half reads on)
+        return guarded(conds, fmap[(*lead, c // C0, i - g.pads[0], j - g.pads[2], c % C0)].astype(dtype))
 
-    fmap_l1 = te.compute((fold.fmap_extent, g.cin, *reach), fmap_value, name=FMAP_L1, tag=FMAP_L1)
     cout = g.group.cout_g_padded
-    grads = te.compute(
-        (fold.dy_extent, cout // C0, g.ho, g.wo, C0),
-        lambda nd, c1, ho, wo, c0: guarded(
-            [c1 * C0 + c0 < g.cout] if cout > g.cout else [], dy[(*fold.dy_read(nd), c1, ho, wo, c0)].astype(ACC)
-        ),
-        name=GRADS_2_MATRIX,
-        tag=GRADS_2_MATRIX,
-        attrs=in_place(dy),
-    )
+
+    def grads_value(nd, c1, ho, wo, c0):
+        return guarded([c1 * C0 + c0 < g.cout] if cout > g.cout else [], dy[(*fold.dy_read(nd), c1, ho, wo, c0)].astype(dtype))
+
     n = te.reduce_axis((0, fold.dy_extent), name="n")
     ho = te.reduce_axis((0, g.ho), name="ho")
-    wo = te.reduce_axis((0, g.wo), name="wo")
+    if pairs:  # wo is the pair p: dy's columns (2p, 2p+1) on the lanes, x's (j, j + sw) broadcast
+        pairs_out = -(-g.wo // 2)
+        fmap_l1 = te.compute(
+            (fold.fmap_extent, g.cin, reach[0], (2 * pairs_out - 2) * sw + g.kw_dilated),
+            lambda npad, c, i, j: pair(fmap_value(npad, c, i, j), fmap_value(npad, c, i, j + sw)),
+            name=FMAP_L1,
+            tag=FMAP_L1,
+        )
+        grads = te.compute(
+            (fold.dy_extent, cout // C0, g.ho, pairs_out, C0),
+            lambda nd, c1, ho, p, c0: pair(
+                grads_value(nd, c1, ho, 2 * p, c0),
+                guarded([2 * p + 1 < g.wo] if g.wo % 2 else [], grads_value(nd, c1, ho, tirx.min(2 * p + 1, g.wo - 1), c0)),
+            ),
+            name=GRADS_2_MATRIX,
+            tag=GRADS_2_MATRIX,
+        )
+        wo = te.reduce_axis((0, pairs_out), name="wo")
+        formulation = Formulation.COUT_LANES_BF16
+    else:
+        fmap_l1 = te.compute((fold.fmap_extent, g.cin, *reach), fmap_value, name=FMAP_L1, tag=FMAP_L1)
+        grads = te.compute((fold.dy_extent, cout // C0, g.ho, g.wo, C0), grads_value, name=GRADS_2_MATRIX, tag=GRADS_2_MATRIX, attrs=in_place(dy))
+        wo = te.reduce_axis((0, g.wo), name="wo")
+        formulation = Formulation.COUT_LANES
 
     def mad(kc, kh, kw, co):  # kc: the channel, or (kd, channel) in 3-D
         kd, c = (kc // g.cin, kc % g.cin) if g.depth else (0, kc)
-        return te.sum(
-            fmap_l1[fold.fmap_plane(n, kd), c, ho * sh + kh * dil_h, wo * sw + kw * dil_w] * grads[n, co // C0, ho, wo, co % C0],
-            axis=[n, ho, wo],
-        )
+        dy_at = grads[n, co // C0, ho, wo, co % C0]
+        if pairs:
+            return te.sum(pair_dot(dy_at, fmap_l1[fold.fmap_plane(n, kd), c, ho * sh + kh * dil_h, 2 * wo * sw + kw * dil_w]), axis=[n, ho, wo])
+        return te.sum(fmap_l1[fold.fmap_plane(n, kd), c, ho * sh + kh * dil_h, wo * sw + kw * dil_w] * dy_at, axis=[n, ho, wo])
 
-    return te.compute((g.kd * g.cin, g.kh, g.kw, cout), mad, name=DW_CC_T, tag=MAD_TAG, attrs={FORMULATION: Formulation.COUT_LANES.value})
+    return te.compute((g.kd * g.cin, g.kh, g.kw, cout), mad, name=DW_CC_T, tag=MAD_TAG, attrs={FORMULATION: formulation.value})
 
 
 def _from_transposed(dw_t: te.Tensor, fkk, co, ci0, params: ConvGradParams):

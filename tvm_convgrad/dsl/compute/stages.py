@@ -115,6 +115,7 @@ class Formulation(str, Enum):
     CUBE_DW_BF16 = "cube-bf16-dw"  # dW on the cube, bf16 pairs along wo (a vdpbf16ps target's)
     CUBE_DX_BF16 = "cube-bf16-dx"  # dX on the cube, bf16 pairs along Cout (a vdpbf16ps target's)
     COUT_LANES = "cout-lanes"  # dW, few input channels: Cout on the lanes
+    COUT_LANES_BF16 = "cout-lanes-bf16"  # dW, few input channels, bf16 pairs along wo (a vdpbf16ps target's)
     PIXEL_LANES = "pixel-lanes"  # dX, few input channels: output columns on the lanes
     DEPTHWISE_DW = "depthwise-dw"  # dW, one input channel per group: channels on the lanes
     DEPTHWISE_DX = "depthwise-dx"  # dX, one input channel per group: one mad per stride phase

@@ -36,9 +36,13 @@ from ...dsl.compute.pairs import PAIR_DTYPE, pair_dot
 from ...isa import PLANS
 from ...layout import C0
 from .cube import CubeFilterGrad, CubeInputGrad
+from .lanes import CoutLanesFilterGrad
 from .loops import CpuMad
 
-__all__ = ["DPBF16", "DPBF16_EMULATED_LLVM", "DPBF16_INTRIN", "DPBF16_LLVM", "PairedFilterGrad", "PairedInputGrad", "dpbf16_llvm"]
+__all__ = [
+    "DPBF16", "DPBF16_EMULATED_LLVM", "DPBF16_INTRIN", "DPBF16_LLVM", "PairedCoutLanesFilterGrad", "PairedFilterGrad", "PairedInputGrad",
+    "dpbf16_llvm",
+]  # fmt: skip
 
 DPBF16 = "tvm_convgrad_dpbf16"
 """The helper's symbol: ``(acc: float32x16, a: int32x16, b: int32x16) -> float32x16``."""
@@ -159,3 +163,9 @@ class PairedInputGrad(_Pairs, CubeInputGrad):
     whole buffers as far as the schedule can tell, which a tensor intrinsic cannot match)."""
 
     edge_tiles = False
+
+
+class PairedCoutLanesFilterGrad(_Pairs, CoutLanesFilterGrad):
+    """dW with Cout on the lanes in bf16 pairs (``dw_cc_t``, ``Formulation.COUT_LANES_BF16``: few
+    input channels, e.g. a network's first layer): each tile row a Cout vector of dy pairs times
+    one broadcast x pair."""

@@ -62,7 +62,11 @@ class CubeFilterGrad(CpuMad):
         images, bands = chunk(batch, rows, cols, limit)
         n_o, n_i = self.split(n, images, batch)
         ho_o, ho_i = self.split(ho, bands, rows)
-        chunk_loops, steps = [n_o, ho_o], [n_i, ho_i, wo]
+        # One chunk (the whole reduction): its loops go inside the tiles, so that each tile's
+        # accumulators start at 0 in registers right before its steps (else all of them are
+        # zeroed in memory first and loaded per tile), and the packs are made once per core.
+        one_chunk = not self.tunable and images == batch and bands == rows
+        chunk_loops, steps = ([], [n_o, ho_o, n_i, ho_i, wo]) if one_chunk else ([n_o, ho_o], [n_i, ho_i, wo])
         # Cout rows per tile: all 16 where the registers hold them (AVX-512); else the most that
         # fit, the last tile predicated (AVX2: 6 + 6 + 4 rows, not 4 x 4). LLVM unswitches the
         # predicate, so each tile's hot loop has only its own rows' FMAs; a loop_partition would
@@ -84,8 +88,8 @@ class CubeFilterGrad(CpuMad):
         sch.parallel(core)
         chunk_bytes = images * bands * cols * owned_out * C0 * 4  # the fp32 dy one chunk of a core reads
         if PACK_PER_CHUNK and chunk_first and chunk_bytes <= PACK_IN_CACHE:
-            self._pack_per_chunk(GRADS_2_MATRIX, chunk_loops[-1])
-        self.tile_body(block, n_o)
+            self._pack_per_chunk(GRADS_2_MATRIX, (chunk_loops or [core])[-1])
+        self.tile_body(block, (chunk_loops or steps)[0])
 
     def _pack_per_chunk(self, stage: str, loop):
         """Pack what one chunk of the reduction reads, inside the chunk loop: the fp32 copy is

@@ -42,10 +42,7 @@ class CoutLanesFilterGrad(CpuMad):
             sch.reorder(c, kh, kw_o, co1_o, n, ho, wo, kw_i, co1_i, co0)
             mad = block
         sch.parallel(sch.fuse(c, kh, kw_o, co1_o))
-        sch.unroll(kw_i)
-        sch.unroll(co1_i)
-        sch.vectorize(co0)
-        sch.decompose_reduction(mad, ho if batched else n)
+        self.register_tile(mad, [kw_i, co1_i], co0, ho if batched else n)
         if batched:
             sum_parts(sch, block)
 

@@ -18,6 +18,8 @@ cube dX                ``dx_cc_<rh>_<rw>``            :class:`.cube.CubeInputGra
 cube dW, bf16 pairs    ``dw_cc``                      :class:`.bf16.PairedFilterGrad` (``vdpbf16ps``)
 cube dX, bf16 pairs    ``dx_cc_<rh>_<rw>``            :class:`.bf16.PairedInputGrad` (``vdpbf16ps``)
 Cout on the lanes      ``dw_cc_t``                    :class:`.lanes.CoutLanesFilterGrad`
+Cout on the lanes,     ``dw_cc_t``                    :class:`.bf16.PairedCoutLanesFilterGrad` (``vdpbf16ps``)
+bf16 pairs
 pixels on the lanes    ``dx_px_<rh>_<rw>``            :class:`.lanes.PixelLanesInputGrad`
 depthwise dW / dX      ``dw_dw`` / ``dx_dw_<..>``     :class:`.depthwise.DepthwiseFilterGrad` /
                                                       :class:`.depthwise.DepthwiseInputGrad`
@@ -46,7 +48,7 @@ from ...dsl.compute.stages import CONVERT_IN_PLACE, DY_ROWS, FMAP_L1, Formulatio
 from ...isa import IsaPlan, isa_plan
 from ..base import Config, Rule, mads
 from ..common import inline_layout_stages, stage_blocks, target_cores
-from .bf16 import PairedFilterGrad, PairedInputGrad
+from .bf16 import PairedCoutLanesFilterGrad, PairedFilterGrad, PairedInputGrad
 from .cube import CubeFilterGrad, CubeInputGrad
 from .depthwise import DepthwiseFilterGrad, DepthwiseInputGrad
 from .lanes import CoutLanesFilterGrad, PixelLanesInputGrad
@@ -60,6 +62,7 @@ FORMULATIONS: dict[Formulation, type[CpuMad]] = {
     Formulation.CUBE_DW_BF16: PairedFilterGrad,
     Formulation.CUBE_DX_BF16: PairedInputGrad,
     Formulation.COUT_LANES: CoutLanesFilterGrad,
+    Formulation.COUT_LANES_BF16: PairedCoutLanesFilterGrad,
     Formulation.PIXEL_LANES: PixelLanesInputGrad,
     Formulation.DEPTHWISE_DW: DepthwiseFilterGrad,
     Formulation.DEPTHWISE_DX: DepthwiseInputGrad,
