@@ -179,4 +179,7 @@ def markdown_report(record: dict) -> str:
     fractions = record["resnet50_3x3_s1_n8_peak_fraction"]
     if fractions:
         lines += ["", f"ResNet-50 3x3 stride-1 layers at N=8: **{min(fractions.values()):.0%}-{max(fractions.values()):.0%}** of the measured FMA peak (goal >= 75%)."]
+    bf16_fractions = record.get("resnet50_3x3_s1_n8_bf16_peak_fraction")
+    if bf16_fractions:
+        lines += ["", f"The same layers: **{min(bf16_fractions.values()):.0%}-{max(bf16_fractions.values()):.0%}** of the measured bf16 dot-product peak (goal >= 80%)."]
     return "\n".join(lines) + "\n"

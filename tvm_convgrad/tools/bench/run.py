@@ -181,6 +181,9 @@ def main(
     if dtype == "bfloat16":
         print(bf16_peak if bf16_peak else f"bf16 dot-product peak: not measured ({isa_plan(target).name} target without AVX512-BF16: "
               "ours runs bf16 on fp32 FMAs, the fp32 peak is its roofline)")  # fmt: skip
+    bf16_fractions = peak_fractions(results, bf16_peak.gflops) if bf16_peak else {}
+    if bf16_fractions:
+        print(f"ResNet-50 3x3 stride-1 layers at N=8: {min(bf16_fractions.values()):.0%}-{max(bf16_fractions.values()):.0%} of the bf16 dot-product peak")
     print(f"quiet gate: waited {gate.waited_s:.0f} s in all for the machine to be quiet; gave up {gate.gave_up} times")
     out_dir.mkdir(parents=True, exist_ok=True)
     peak = peak_gflops(peaks)
@@ -194,6 +197,7 @@ def main(
         "bf16_peak": asdict(bf16_peak) | {"gflops": bf16_peak.gflops} if bf16_peak else None,
         "summary": summary,
         "resnet50_3x3_s1_n8_peak_fraction": peak_fractions(results, peak),
+        "resnet50_3x3_s1_n8_bf16_peak_fraction": bf16_fractions,
         "failed": [asdict(f) for f in failures],
         "results": [
             asdict(r) | {"ratio": r.ratio, "ours_gflops": r.ours_gflops, "torch_gflops": r.torch_gflops,
