@@ -51,8 +51,9 @@ def _filter_grad(op: str, x: te.Tensor, dy: te.Tensor, view: ConvView, data_form
     of the conv view). A bf16 result carries its bf16-pair form (``bf16_pairs``), which a
     ``vdpbf16ps`` target builds instead."""
     params = view.params(kernel_name)
-    dw = conv2d_backprop_filter_compute(as_5hd(x, data_format, FMAP_5HD), as_5hd(dy, data_format, DY_5HD), params, bf16_pairs)
-    if weights_format in _CHANNELS_FIRST:
+    channels_first = weights_format in _CHANNELS_FIRST  # else Cout innermost: the pair tile turned to write rows of it
+    dw = conv2d_backprop_filter_compute(as_5hd(x, data_format, FMAP_5HD), as_5hd(dy, data_format, DY_5HD), params, bf16_pairs, not channels_first)
+    if channels_first:
         to_oix = lambda o, i, *k: (o, i, k)  # noqa: E731
     else:
         to_oix = lambda *index: (index[-1], index[-2], index[:-2])  # noqa: E731

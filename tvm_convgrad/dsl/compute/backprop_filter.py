@@ -160,13 +160,16 @@ class _StridePhases:
         return (shift % self.stride if self.phases > 1 else 0), shift // self.stride
 
 
-def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, bf16_pairs: bool = False) -> te.Tensor:
+def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, bf16_pairs: bool = False,
+                                   cout_lanes: bool = False) -> te.Tensor:  # fmt: skip
     """dW of TBE's shape ``(real_g, cin1_g*KH*KW, cout_g, 16)`` from 5HD ``fmap`` and ``dy``.
 
     ``bf16_pairs`` (bf16 inputs): the packs hold bf16 pairs along ``wo`` and the mad sums
     :func:`.pairs.pair_dot` (``Formulation.CUBE_DW_BF16``, or ``COUT_LANES_BF16`` with Cout on
     the lanes), the form a ``vdpbf16ps`` target runs; the depthwise formulation has no such form
-    and ignores it."""
+    and ignores it. ``cout_lanes`` (with ``bf16_pairs``, for a consumer that reads Cout innermost,
+    e.g. XIO weights): the cube's register tile is turned, 16 Cin rows x 16 Cout lanes, so that
+    each of its rows is 16 consecutive Cout of the result."""
     g = params.geom
     shape = layout.shape_dw_result(g.filter_sizes, g.groups, g.kd)
     if depthwise(params):
@@ -175,8 +178,9 @@ def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvG
         dw = _transposed_mad(fmap, dy, params, bf16_pairs and dy.dtype == "bfloat16")
         value = lambda grp, fkk, co, ci0: _from_transposed(dw, fkk, co, ci0, params)  # noqa: E731
     else:
-        dw = _cube_mad(fmap, dy, params, shape, bf16_pairs and dy.dtype == "bfloat16")
-        value = lambda *i: dw(*i)  # noqa: E731
+        pairs = bf16_pairs and dy.dtype == "bfloat16"
+        dw = _cube_mad(fmap, dy, params, shape, pairs, turned := pairs and cout_lanes)
+        value = (lambda grp, fkk, co, ci0: dw[grp, fkk, co // C0 * C0 + ci0, co % C0]) if turned else (lambda *i: dw(*i))  # noqa: E731
     mode = "f162f32" if params.res_dtype == "float32" else "f162f16"
     return te.compute(
         shape,
@@ -187,7 +191,9 @@ def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvG
     )
 
 
-def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape, pairs: bool = False) -> te.Tensor:
+def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape, pairs: bool = False, turned: bool = False) -> te.Tensor:
+    """The cube's mad ``dw_cc[g, (c1,kh,kw), co, ci0]``; ``turned``: ``[g, (c1,kh,kw), co1*16 + ci0,
+    co0]`` (Cout on the lanes: the tile's vector operand is dy's row, x is broadcast)."""
     g = params.geom
     ext = g.group
     fold = _DepthFold(g)
@@ -210,12 +216,12 @@ def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape, pai
         conds += inside((i, j), g.pads[::2], (g.h, g.w), (rows.packed_extent, cols.packed_extent))
         return guarded(conds, fmap[(*lead, c1, i - g.pads[0], j - g.pads[2], c0)].astype(dtype))
 
-    n = te.reduce_axis((0, fold.dy_extent), name="n")
     ho = te.reduce_axis((0, g.ho), name="ho")
     if pairs:
-        grads, fmap_l1, wo, x_column = _pair_packs(grads_value, fmap_value, fold, c1_grads, c1_fmap, rows, cols, g)
+        grads, fmap_l1, n, wo, x_column = _pair_packs(grads_value, fmap_value, fold, c1_grads, c1_fmap, rows, cols, g)
         formulation = Formulation.CUBE_DW_BF16
     else:
+        n = te.reduce_axis((0, fold.dy_extent), name="n")
         grads = te.compute((fold.dy_extent, c1_grads, g.ho, g.wo, C0), grads_value, name=GRADS_2_MATRIX, tag=GRADS_2_MATRIX)
         # With no padding and one phase, fmap_l1 is a plain fp32 copy of (a stride-subsample of) x: a
         # target that converts fp16 as it loads reads x in place instead (the schedule inlines it).
@@ -226,25 +232,50 @@ def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape, pai
         formulation = Formulation.CUBE_DW
 
     def mad(grp, fkk, co, c0):
+        if turned:  # row (co1, ci0), lane co0
+            co, c0 = co // C0 * C0 + c0, co % C0
         c1, kh, kw = layout.split_fracz_row(fkk, g.kh, g.kw)
         kd, c1 = (c1 // ext.cin1_g, c1 % ext.cin1_g) if g.depth else (0, c1)
         (rh, qh), (rw, qw) = rows.of_tap(kh), cols.of_tap(kw)
         dy_at = grads[n, grp * ext.cout1_g + co // C0, ho, wo, co % C0]
-        if pairs:  # wo is the pair p: columns (2p, 2p+1), x from packed column 2p + qw on
+        if pairs:  # n or wo is the pair (see _pair_packs)
             x_at = fmap_l1[fold.fmap_plane(n, kd), grp * ext.cin1_g + c1, rh, rw, ho + qh, x_column(wo, qw), c0]
-            return te.sum(pair_dot(x_at, dy_at), axis=[n, ho, wo])
+            return te.sum(pair_dot(dy_at, x_at) if turned else pair_dot(x_at, dy_at), axis=[n, ho, wo])  # (the lanes' operand first)
         x_at = fmap_l1[fold.fmap_plane(n, kd), grp * ext.cin1_g + c1, rh, rw, ho + qh, wo + qw, c0]
         return te.sum(dy_at * x_at, axis=[n, ho, wo])
 
     return te.compute(shape, mad, name=DW_CC, tag=MAD_TAG, attrs={FORMULATION: formulation.value, KERNEL_H: g.kh, KERNEL_W: g.kw})
 
 
+PAIR_IMAGES = True
+
+
 def _pair_packs(grads_value, fmap_value, fold, c1_grads: int, c1_fmap: int, rows: _StridePhases, cols: _StridePhases, g):
-    """The bf16-pair packs of the cube (:mod:`.pairs`), the reduction axis over the pairs, and
-    where pair ``p`` at column offset ``qw`` reads x's pack: dy's columns ``(2p, 2p+1)`` (0 past
-    ``Wo``) and x's packed columns ``(s, s+1)`` for every start ``s = 2p + qw`` a tap reads (the
-    odd half past the packed row is 0). Where every offset is even (1x1 kernels, strided ones
-    too) only the even starts are read, and only those are stored (``s = 2 * index``)."""
+    """The bf16-pair packs of the cube (:mod:`.pairs`), the reduction axes ``n`` and ``wo``, and
+    where a step at column offset ``qw`` reads x's pack, with the pairs along one of two axes.
+
+    * ``wo``: dy's columns ``(2p, 2p+1)`` (0 past ``Wo``) and x's packed columns ``(s, s+1)`` for
+      every start ``s = 2p + qw`` a tap reads (the odd half past the packed row is 0). Where every
+      offset is even (1x1 kernels, strided ones too) only the even starts are read, and only
+      those are stored (``s = 2 * index``).
+    * An odd ``Wo`` of an even batch (2-D), where a pair along ``wo`` would waste a column in
+      ``Wo + 1``: images ``(2m, 2m+1)``, both packs the fp32 cube's shapes with half the images."""
+    if PAIR_IMAGES and g.depth is None and fold.dy_extent % 2 == 0 and g.wo % 2:
+        half = fold.dy_extent // 2
+        grads = te.compute(
+            (half, c1_grads, g.ho, g.wo, C0),
+            lambda m, c1, ho, wo, c0: pair(grads_value(2 * m, c1, ho, wo, c0), grads_value(2 * m + 1, c1, ho, wo, c0)),
+            name=GRADS_2_MATRIX,
+            tag=GRADS_2_MATRIX,
+        )
+        fmap_l1 = te.compute(
+            (half, c1_fmap, rows.phases, cols.phases, rows.per_phase, cols.per_phase, C0),
+            lambda m, *i: pair(fmap_value(2 * m, *i), fmap_value(2 * m + 1, *i)),
+            name=FMAP_L1,
+            tag=FMAP_L1,
+        )
+        n, wo = te.reduce_axis((0, half), name="n"), te.reduce_axis((0, g.wo), name="wo")
+        return grads, fmap_l1, n, wo, lambda wo, qw: wo + qw
     pairs_out = -(-g.wo // 2)
     grads = te.compute(
         (fold.dy_extent, c1_grads, g.ho, pairs_out, C0),
@@ -271,7 +302,8 @@ def _pair_packs(grads_value, fmap_value, fold, c1_grads: int, c1_fmap: int, rows
     def x_column(p, qw):
         return p + qw // 2 if even else 2 * p + qw
 
-    return grads, fmap_l1, te.reduce_axis((0, pairs_out), name="wo"), x_column
+    n, wo = te.reduce_axis((0, fold.dy_extent), name="n"), te.reduce_axis((0, pairs_out), name="wo")
+    return grads, fmap_l1, n, wo, x_column
 
 
 def _transposed_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, pairs: bool = False) -> te.Tensor:
