@@ -16,7 +16,8 @@ from tvm.target import Target
 
 from tvm_convgrad import ConvGradError, build, emulate_bf16_dot
 from tvm_convgrad.frontends import onednn
-from tvm_convgrad.isa import X86_TRIPLE, has_bf16_dot, isa_plan
+from tvm_convgrad.isa import X86_TRIPLE, has_amx_bf16, has_bf16_dot, host_features, isa_plan
+from tvm_convgrad.schedule.cpu.amx import request_amx
 from tvm_convgrad.tools.asm import fma_instructions, hot_loops
 from tvm_convgrad.tools.verify import check_kernel, framework_expected
 
@@ -44,10 +45,13 @@ def _call(op: str, rank: int = 2, dtype: str = "bfloat16", batch: int = 2, size:
     return onednn.convolution_backward_data(dy, w, [batch, *spatial, cin], **attrs)
 
 
-@pytest.mark.parametrize("mcpu", ["znver4", "sapphirerapids"])
-@pytest.mark.parametrize("op", ["filters", "transpose", "data"])
-@pytest.mark.parametrize("rank", [1, 2, 3])
+@pytest.mark.parametrize(
+    "mcpu, op, rank",
+    [("znver4", op, rank) for op in ("filters", "transpose", "data") for rank in (1, 2, 3)]
+    + [("sapphirerapids", "data", rank) for rank in (1, 2, 3)] + [("sapphirerapids", op, 3) for op in ("filters", "transpose")],
+)  # fmt: skip
 def test_bf16_mads_run_on_vdpbf16ps_and_no_fp32_fma(mcpu, op, rank):
+    """Every bf16 gradient on a vdpbf16ps target; on an AMX one, dX and the 3-D dW (2-D dW: AMX tiles)."""
     kernel = build(_call(op, rank, size=7 if rank == 3 else 9), _target(mcpu))
     assert kernel.formulation == "cube-bf16" and kernel.isa.bf16_dot
     loops = [loop for loop in hot_loops(kernel.source) if loop.dot_lines]
@@ -187,3 +191,54 @@ def test_a_few_denormals_cost_only_their_own_products():
 def test_emulation_needs_an_llvm_target_this_machine_runs():
     with pytest.raises(ConvGradError, match="llvm target"):
         emulate_bf16_dot(_call("filters"), "cuda")
+
+
+AMX_SHAPES = [
+    dict(batch=2, size=9, cin=32, cout=48), dict(batch=3, size=13, cin=20, cout=40, stride=2), dict(batch=1, size=8, cin=16, cout=16, kernel=1),
+    dict(batch=2, size=40, cin=16, cout=16), dict(batch=2, size=9, cin=32, cout=32, groups=2), dict(rank=1, batch=2, size=37, cin=16, cout=24),
+]  # fmt: skip
+"""2-D dW (and 1-D, as 2-D with one row): odd widths, strides, a 1x1 kernel (x's even starts only), rows of
+20 pairs (two 10-pair tiles), groups, Cout not a multiple of 16."""
+
+
+@pytest.mark.parametrize("op", ["filters", "transpose"])
+@pytest.mark.parametrize("rank", [1, 2])
+def test_amx_dw_runs_on_tiles(op, rank):
+    """A 2-D bf16 dW for sapphirerapids (any host): every block one tile accumulator over its
+    whole reduction: tileloadd x2 + tdpbf16ps per step, one tilestored, no FMA, no vdpbf16ps."""
+    target = _target("sapphirerapids")
+    assert has_amx_bf16(target) and not has_amx_bf16(_target("znver4"))
+    kernel = build(_call(op, rank, batch=2, size=30, cin=32, cout=32), target)
+    source = kernel.source
+    assert kernel.formulation == "cube-amx"
+    assert source.count("ldtilecfg") >= 1 and source.count("tilestored") >= 1 and source.count("tilerelease") >= 1
+    assert source.count("tdpbf16ps") >= 1 and source.count("tileloadd") == 2 * source.count("tdpbf16ps")
+    assert "vdpbf16ps" not in source and fma_instructions(source) == []
+
+
+@pytest.mark.parametrize("op", ["filters", "transpose"])
+@pytest.mark.parametrize("shape", AMX_SHAPES)
+def test_amx_tiles_match_the_reference(op, shape):
+    """The AMX tile plan's kernel (tdpbf16ps's arithmetic, emulated where the host lacks AMX)
+    within the fp32 bound."""
+    kernel = emulate_bf16_dot(_call(op, **shape), amx=True)
+    assert kernel.formulation == "cube-amx"
+    check = check_kernel(kernel, seed=5)
+    assert check.ok, f"{shape}: {check}"
+
+
+@pytest.mark.skipif(not {"amx-tile", "amx-bf16"} <= host_features(), reason="this CPU has no AMX-BF16 (Sapphire Rapids and later)")
+def test_amx_tiles_on_this_cpu_match_the_reference():
+    assert request_amx(), "Linux refused the AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM)"
+    for op in ("filters", "transpose"):
+        kernel = build(_call(op, batch=2, size=30, cin=32, cout=48))
+        assert kernel.formulation == "cube-amx" and kernel.schedule == "default"
+        check = check_kernel(kernel, seed=6)
+        assert check.ok, check
+
+
+def test_request_amx_says_whether_linux_granted_the_tiles():
+    granted = request_amx()
+    assert isinstance(granted, bool)
+    if not {"amx-tile", "amx-bf16"} <= host_features():
+        assert not granted  # the kernel refuses a feature the CPU lacks

@@ -17,7 +17,9 @@ neon       32 v        4          4 registers   24               ``fmla`` by ele
 =========  ==========  =========  ============  ===============  ====================================
 
 An ``avx512`` target with AVX512-BF16 (``+avx512bf16``: Zen 4/5, Cooper Lake, Sapphire Rapids and
-later) also has ``bf16_dot``: its bf16 gradients run on ``vdpbf16ps`` (:mod:`.schedule.cpu.bf16`).
+later) also has ``bf16_dot``: its bf16 gradients run on ``vdpbf16ps`` (:mod:`.schedule.cpu.bf16`);
+with AMX-BF16 as well (``+amx-tile,+amx-bf16``: Sapphire Rapids and later) ``amx_bf16``: its bf16
+weight gradients run on AMX tiles (:mod:`.schedule.cpu.amx`).
 Any other LLVM target gets the ``generic`` plan (as ``sse``: 16 registers of 128 bits), which
 is correct everywhere and small enough not to spill on a 16-register machine.
 
@@ -36,7 +38,7 @@ from tvm.target import Target
 from .layout import C0
 
 __all__ = [
-    "BENCH_ISAS", "ISA_MCPU", "IsaPlan", "PLANS", "TORCH_ISA_CAPS", "X86_TRIPLE", "has_bf16_dot", "host_can_run", "host_features", "isa_plan",
+    "BENCH_ISAS", "ISA_MCPU", "IsaPlan", "PLANS", "TORCH_ISA_CAPS", "X86_TRIPLE", "has_amx_bf16", "has_bf16_dot", "host_can_run", "host_features", "isa_plan",
     "x86_triple",
 ]  # fmt: skip
 
@@ -55,6 +57,7 @@ class IsaPlan:
     memory_operands: bool = True  # an FMA can read one operand from memory (x86; not AArch64)
     register_kind: str = "xmm"  # how the assembly names its vector registers: zmm, ymm, xmm, v
     bf16_dot: bool = False  # AVX512-BF16's ``vdpbf16ps``: bf16 mads run on bf16 pairs (:mod:`.schedule.cpu.bf16`)
+    amx_bf16: bool = False  # AMX-BF16's ``tdpbf16ps`` on 16x32 bf16 tiles: bf16 dW runs on tiles (:mod:`.schedule.cpu.amx`)
 
     @property
     def lanes(self) -> int:
@@ -150,8 +153,15 @@ def isa_plan(target: Target) -> IsaPlan:
             plan = PLANS["avx2"]
         elif "sse2" in features:
             plan = PLANS["sse"]
-        return replace(plan, converts_fp16="f16c" in features, bf16_dot=plan.name == "avx512" and "avx512bf16" in features)
+        bf16_dot = plan.name == "avx512" and "avx512bf16" in features
+        amx = bf16_dot and {"amx-tile", "amx-bf16"} <= features
+        return replace(plan, converts_fp16="f16c" in features, bf16_dot=bf16_dot, amx_bf16=amx)
     return replace(plan, converts_fp16=False, memory_operands=False)
+
+
+def has_amx_bf16(target: Target) -> bool:
+    """Whether an LLVM target has AMX-BF16 tiles (``tdpbf16ps``: Sapphire Rapids and later)."""
+    return target.kind.name == "llvm" and isa_plan(target).amx_bf16
 
 
 def has_bf16_dot(target: Target) -> bool:
@@ -160,10 +170,11 @@ def has_bf16_dot(target: Target) -> bool:
 
 
 # LLVM feature name -> the flag Linux shows in /proc/cpuinfo, where they differ.
-_CPUINFO_NAMES = {"sse4.1": "sse4_1", "sse4.2": "sse4_2", "lzcnt": "abm", "bmi": "bmi1", "avx512bf16": "avx512_bf16"}
+_CPUINFO_NAMES = {"sse4.1": "sse4_1", "sse4.2": "sse4_2", "lzcnt": "abm", "bmi": "bmi1", "avx512bf16": "avx512_bf16", "amx-tile": "amx_tile",
+                  "amx-bf16": "amx_bf16"}  # fmt: skip
 # Features whose absence on the host would make a target's code fault (illegal instruction).
 _CHECKED_FEATURES = (
-    "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512fp16", "avx512bf16", "avx2", "avx", "fma", "f16c",
+    "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512fp16", "avx512bf16", "amx-tile", "amx-bf16", "avx2", "avx", "fma", "f16c",
     "bmi", "bmi2", "lzcnt", "movbe", "popcnt", "sse4.2", "sse4.1", "ssse3",
 )  # fmt: skip
 

@@ -22,6 +22,8 @@ from tvm import te, tirx
 from tvm.target import Target
 
 from .. import schedule
+from ..isa import host_can_run
+from ..schedule.cpu.amx import request_amx
 from .kernel import Kernel
 from .records import SHIPPED, shipped_schedules, tuned_schedule
 from .target import pass_context, resolve_target
@@ -102,6 +104,8 @@ def build(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target 
     with pass_context(target):
         executable = tvm.compile(mod, target=target)
     kernel = Kernel(executable, mod, workload, target, how)
+    if workload.formulation == "cube-amx" and host_can_run(target):
+        request_amx()  # Linux hands out the tile registers on request only
     if target.kind.name == "cuda" and not tvm.runtime.enabled("cuda") and shutil.which("nvcc"):
         kernel.ptx  # no CUDA runtime to JIT it: produce the PTX now, with nvcc
     _cache(key, func, kernel)

@@ -14,7 +14,8 @@ from tvm.target import Target
 
 from .. import schedule
 from ..errors import ConvGradError
-from ..isa import has_bf16_dot, host_can_run
+from ..isa import has_amx_bf16, has_bf16_dot, host_can_run
+from ..schedule.cpu.amx import request_amx
 from ..schedule.cuda import CudaRule
 from .kernel import Kernel
 from .records import schedule_key, tuned_schedule
@@ -84,22 +85,30 @@ def _replay(trace: s_tir.Trace, func: tirx.PrimFunc, decisions: list | None, see
     return sch
 
 
-def emulate_bf16_dot(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target = "llvm") -> Kernel:
+def emulate_bf16_dot(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target = "llvm", amx: bool = False) -> Kernel:
     """The kernel a ``vdpbf16ps`` target builds for a bf16 gradient (its bf16-pair form, the same
     tiles), compiled for ``target`` (default: this machine), which must be an LLVM target this
     machine runs. Where ``target`` has AVX512-BF16 it is :func:`~tvm_convgrad.build`'s kernel;
     elsewhere each ``vdpbf16ps`` is its arithmetic in portable code
     (:data:`~tvm_convgrad.schedule.cpu.bf16.DPBF16_EMULATED_LLVM`: DAZ inputs, two FTZ FMAs per
     pair, odd before even), so the results are the instruction's, on any CPU. ``Kernel.schedule``
-    says ``emulated:bf16-dot`` then."""
+    says ``emulated:bf16-dot`` then.
+
+    ``amx``: the kernel an AMX-BF16 target builds (a 2-D dW in AMX tiles,
+    :mod:`tvm_convgrad.schedule.cpu.amx`), its ``tdpbf16ps`` tiles emulated where ``target`` lacks
+    them (:data:`~tvm_convgrad.schedule.cpu.amx_llvm.AMX_EMULATED_LLVM`: even before odd, DAZ,
+    FTZ); ``Kernel.schedule`` says ``emulated:amx-bf16`` then."""
     host = resolve_target(target)
     if host.kind.name != "llvm" or not host_can_run(host):
         raise ConvGradError("emulate_bf16_dot", "target", str(host), "must be an llvm target this machine runs")
     workload = Workload.of(tensors)
     if workload.bf16_pairs is None:
         raise ConvGradError("emulate_bf16_dot", "tensors", workload.name, "must be a bf16 result of a tvm_convgrad.frontends operator")
-    paired = workload.paired()
+    paired = workload.paired(amx)
     mod = tvm.IRModule({paired.name: schedule.apply(paired.prim_func(host), host).mod["main"]})
     with pass_context(host):
         executable = tvm.compile(mod, target=host)
+    if amx:
+        native = has_amx_bf16(host) and request_amx()
+        return Kernel(executable, mod, paired, host, "default" if native else "emulated:amx-bf16")
     return Kernel(executable, mod, paired, host, "default" if has_bf16_dot(host) else "emulated:bf16-dot")

@@ -19,7 +19,7 @@ from tvm.target import Target
 from ..dsl import bf16_pairs_form, framework_call, result_info
 from ..dsl.compute import ARGUMENT_STAGES, formulation
 from ..errors import ConvGradError
-from ..isa import has_bf16_dot
+from ..isa import has_amx_bf16, has_bf16_dot
 from ..params import FILTER_OP, ConvGradParams
 from ..params.framework import FrameworkCall
 
@@ -37,7 +37,7 @@ class Workload:
     args: tuple[te.Tensor, ...]
     params: ConvGradParams | None
     call: FrameworkCall | None
-    bf16_pairs: Callable[[], te.Tensor] | None = None
+    bf16_pairs: Callable[..., te.Tensor] | None = None
 
     @classmethod
     def of(cls, tensors: te.Tensor | Sequence[te.Tensor]) -> Workload:
@@ -48,16 +48,17 @@ class Workload:
 
     def for_target(self, target: Target) -> Workload:
         """The form ``target`` compiles: a bf16 gradient in bf16 pairs where the target has
-        ``vdpbf16ps`` (:func:`tvm_convgrad.isa.has_bf16_dot`), else this one as it is."""
-        return self.paired() if self.bf16_pairs is not None and has_bf16_dot(target) else self
+        ``vdpbf16ps`` (:func:`tvm_convgrad.isa.has_bf16_dot`), its 2-D dW in AMX tiles where it
+        has AMX-BF16 too (:func:`tvm_convgrad.isa.has_amx_bf16`), else this one as it is."""
+        return self.paired(has_amx_bf16(target)) if self.bf16_pairs is not None and has_bf16_dot(target) else self
 
-    def paired(self) -> Workload:
+    def paired(self, amx: bool = False) -> Workload:
         """This gradient in its bf16-pair form (the same arguments, a result computed by the
-        pair mads); a workload without one (not bf16, or not a framework operator) is returned
-        as it is."""
+        pair mads; ``amx``: a dW's in the AMX tile plan's layout); a workload without one (not
+        bf16, or not a framework operator) is returned as it is."""
         if self.bf16_pairs is None:
             return self
-        return Workload((*self.inputs, self.bf16_pairs()), self.params, self.call)
+        return Workload((*self.inputs, self.bf16_pairs(amx=amx)), self.params, self.call)
 
     @property
     def output(self) -> te.Tensor:
@@ -98,7 +99,7 @@ class Workload:
         associated Var's dtype (int64)"); with 32-bit ones the hot loop is the same but for one
         sign extension per step."""
         p = self.params
-        return p is not None and p.op == FILTER_OP and p.geom.group.g_extend > 1 and self.formulation == "cube-bf16"
+        return p is not None and p.op == FILTER_OP and p.geom.group.g_extend > 1 and self.formulation in ("cube-bf16", "cube-amx")
 
 
 def _placeholders(output: te.Tensor) -> list[te.Tensor]:

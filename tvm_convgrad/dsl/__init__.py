@@ -26,7 +26,7 @@ __all__ = ["attach", "bf16_pairs_form", "conv2d_backprop_filter", "conv2d_backpr
 
 
 def attach(result: te.Tensor, params: ConvGradParams, inputs: Sequence[te.Tensor], call: FrameworkCall | None = None,
-           bf16_pairs: Callable[[], te.Tensor] | None = None) -> te.Tensor:  # fmt: skip
+           bf16_pairs: Callable[..., te.Tensor] | None = None) -> te.Tensor:  # fmt: skip
     """Remember on the returned tensor what :func:`tvm_convgrad.build` needs (params, arg order),
     for a framework operator its call (:class:`~tvm_convgrad.params.framework.FrameworkCall`),
     and for a bf16 gradient the builder of its bf16-pair form (the same result from the same
@@ -38,7 +38,7 @@ def attach(result: te.Tensor, params: ConvGradParams, inputs: Sequence[te.Tensor
     return result
 
 
-def bf16_pairs_form(result: te.Tensor) -> Callable[[], te.Tensor] | None:
+def bf16_pairs_form(result: te.Tensor) -> Callable[..., te.Tensor] | None:
     """The builder of a result's bf16-pair form (see :func:`attach`), None where it has none."""
     return getattr(result, "convgrad_bf16_pairs", None)
 

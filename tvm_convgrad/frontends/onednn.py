@@ -45,14 +45,14 @@ _CHANNELS_FIRST = ("OIX", "IOX")  # (O, I, *K) / (I, O, *K): the conv view's (o,
 
 
 def _filter_grad(op: str, x: te.Tensor, dy: te.Tensor, view: ConvView, data_format: str, weights_format: str, shape, kernel_name: str,
-                 inputs, bf16_pairs: bool = False) -> te.Tensor:  # fmt: skip
+                 inputs, bf16_pairs: bool = False, amx: bool = False) -> te.Tensor:  # fmt: skip
     """The dW compute between layout stages: ``x`` / ``dy`` are the conv view's tensors, the
     result has ``shape`` in ``weights_format`` (channels first: ``(o, i, *k)``, else ``(*k, i, o)``
-    of the conv view). A bf16 result carries its bf16-pair form (``bf16_pairs``), which a
-    ``vdpbf16ps`` target builds instead."""
+    of the conv view). A bf16 result carries the builder of its bf16-pair form (``bf16_pairs``;
+    ``amx``: in the AMX tile plan's layout), which a ``vdpbf16ps`` (AMX) target builds instead."""
     params = view.params(kernel_name)
     channels_first = weights_format in _CHANNELS_FIRST  # else Cout innermost: the pair tile turned to write rows of it
-    dw = conv2d_backprop_filter_compute(as_5hd(x, data_format, FMAP_5HD), as_5hd(dy, data_format, DY_5HD), params, bf16_pairs, not channels_first)
+    dw = conv2d_backprop_filter_compute(as_5hd(x, data_format, FMAP_5HD), as_5hd(dy, data_format, DY_5HD), params, bf16_pairs, not channels_first, amx)
     if channels_first:
         to_oix = lambda o, i, *k: (o, i, k)  # noqa: E731
     else:
@@ -179,9 +179,10 @@ def conv_transpose_backward_weights(
 
 
 def _data_grad(op: str, dy: te.Tensor, weights: te.Tensor, view: ConvView, data_format: str, weights_format: str, shape, kernel_name: str,
-               bf16_pairs: bool = False) -> te.Tensor:  # fmt: skip
+               bf16_pairs: bool = False, amx: bool = False) -> te.Tensor:  # fmt: skip
     """The dX compute between layout stages: ``dy`` and ``weights`` in the framework layouts, the
-    result of ``shape`` in ``data_format``; a bf16 result carries its bf16-pair form."""
+    result of ``shape`` in ``data_format``; a bf16 result carries its bf16-pair form (dX has no
+    tile plan: ``amx`` is ignored, an AMX target runs its dX on ``vdpbf16ps``)."""
     params = view.params(kernel_name, INPUT_OP)
     fracz = as_fracz(weights, view, weights_format, WEIGHTS_FRACZ)
     dx = conv2d_backprop_input_compute(fracz, as_5hd(dy, data_format, DY_5HD), params, bf16_pairs=bf16_pairs)

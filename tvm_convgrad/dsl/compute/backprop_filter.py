@@ -64,8 +64,9 @@ from ...layout import C0
 from ...params import ConvGeometry, ConvGradParams
 from .common import ACC, guarded, in_place, inside
 from .depthwise import depthwise, depthwise_filter_grad
+from .dw_pairs import pair_packs
 from .pairs import pair, pair_dot
-from .stages import DW_CC, DW_CC_T, DW_DDR, DW_TAG, FMAP_L1, FORMULATION, GRADS_2_MATRIX, KERNEL_H, KERNEL_W, MAD_TAG, Formulation
+from .stages import DW_CC, DW_CC_T, DW_DDR, DW_TAG, FMAP_L1, FORMULATION, GRADS_2_MATRIX, KERNEL_H, KERNEL_W, MAD_TAG, X_STEP, Formulation
 
 __all__ = ["conv2d_backprop_filter_compute", "transposed_filter_grad"]
 
@@ -161,7 +162,7 @@ class _StridePhases:
 
 
 def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, bf16_pairs: bool = False,
-                                   cout_lanes: bool = False) -> te.Tensor:  # fmt: skip
+                                   cout_lanes: bool = False, amx: bool = False) -> te.Tensor:  # fmt: skip
     """dW of TBE's shape ``(real_g, cin1_g*KH*KW, cout_g, 16)`` from 5HD ``fmap`` and ``dy``.
 
     ``bf16_pairs`` (bf16 inputs): the packs hold bf16 pairs along ``wo`` and the mad sums
@@ -169,7 +170,9 @@ def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvG
     the lanes), the form a ``vdpbf16ps`` target runs; the depthwise formulation has no such form
     and ignores it. ``cout_lanes`` (with ``bf16_pairs``, for a consumer that reads Cout innermost,
     e.g. XIO weights): the cube's register tile is turned, 16 Cin rows x 16 Cout lanes, so that
-    each of its rows is 16 consecutive Cout of the result."""
+    each of its rows is 16 consecutive Cout of the result. ``amx`` (with ``bf16_pairs``, 2-D): the
+    cube in the AMX tile plan's layout (``Formulation.CUBE_DW_AMX``, see :mod:`.dw_pairs`); 3-D
+    keeps the ``vdpbf16ps`` form."""
     g = params.geom
     shape = layout.shape_dw_result(g.filter_sizes, g.groups, g.kd)
     if depthwise(params):
@@ -179,7 +182,8 @@ def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvG
         value = lambda grp, fkk, co, ci0: _from_transposed(dw, fkk, co, ci0, params)  # noqa: E731
     else:
         pairs = bf16_pairs and dy.dtype == "bfloat16"
-        dw = _cube_mad(fmap, dy, params, shape, pairs, turned := pairs and cout_lanes)
+        tiles = pairs and amx and g.depth is None
+        dw = _cube_mad(fmap, dy, params, shape, pairs, turned := pairs and cout_lanes and not tiles, tiles)
         value = (lambda grp, fkk, co, ci0: dw[grp, fkk, co // C0 * C0 + ci0, co % C0]) if turned else (lambda *i: dw(*i))  # noqa: E731
     mode = "f162f32" if params.res_dtype == "float32" else "f162f16"
     return te.compute(
@@ -191,7 +195,8 @@ def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvG
     )
 
 
-def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape, pairs: bool = False, turned: bool = False) -> te.Tensor:
+def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape, pairs: bool = False, turned: bool = False,
+              amx: bool = False) -> te.Tensor:  # fmt: skip
     """The cube's mad ``dw_cc[g, (c1,kh,kw), co, ci0]``; ``turned``: ``[g, (c1,kh,kw), co1*16 + ci0,
     co0]`` (Cout on the lanes: the tile's vector operand is dy's row, x is broadcast)."""
     g = params.geom
@@ -217,9 +222,12 @@ def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape, pai
         return guarded(conds, fmap[(*lead, c1, i - g.pads[0], j - g.pads[2], c0)].astype(dtype))
 
     ho = te.reduce_axis((0, g.ho), name="ho")
+    attrs = {KERNEL_H: g.kh, KERNEL_W: g.kw}
     if pairs:
-        grads, fmap_l1, n, wo, x_column = _pair_packs(grads_value, fmap_value, fold, c1_grads, c1_fmap, rows, cols, g)
-        formulation = Formulation.CUBE_DW_BF16
+        packs = pair_packs(grads_value, fmap_value, fold, c1_grads, c1_fmap, rows, cols, g, amx)
+        fmap_l1, n, wo = packs.fmap_l1, packs.n, packs.wo
+        formulation = Formulation.CUBE_DW_AMX if amx else Formulation.CUBE_DW_BF16
+        attrs[X_STEP] = packs.x_step
     else:
         n = te.reduce_axis((0, fold.dy_extent), name="n")
         grads = te.compute((fold.dy_extent, c1_grads, g.ho, g.wo, C0), grads_value, name=GRADS_2_MATRIX, tag=GRADS_2_MATRIX)
@@ -237,73 +245,15 @@ def _cube_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape, pai
         c1, kh, kw = layout.split_fracz_row(fkk, g.kh, g.kw)
         kd, c1 = (c1 // ext.cin1_g, c1 % ext.cin1_g) if g.depth else (0, c1)
         (rh, qh), (rw, qw) = rows.of_tap(kh), cols.of_tap(kw)
-        dy_at = grads[n, grp * ext.cout1_g + co // C0, ho, wo, co % C0]
-        if pairs:  # n or wo is the pair (see _pair_packs)
-            x_at = fmap_l1[fold.fmap_plane(n, kd), grp * ext.cin1_g + c1, rh, rw, ho + qh, x_column(wo, qw), c0]
+        if pairs:  # n or wo is the pair (see .dw_pairs)
+            dy_at = packs.dy_at(n, grp * ext.cout1_g + co // C0, ho, wo, co % C0)
+            x_at = fmap_l1[fold.fmap_plane(n, kd), grp * ext.cin1_g + c1, rh, rw, ho + qh, packs.x_column(wo, qw), c0]
             return te.sum(pair_dot(dy_at, x_at) if turned else pair_dot(x_at, dy_at), axis=[n, ho, wo])  # (the lanes' operand first)
+        dy_at = grads[n, grp * ext.cout1_g + co // C0, ho, wo, co % C0]
         x_at = fmap_l1[fold.fmap_plane(n, kd), grp * ext.cin1_g + c1, rh, rw, ho + qh, wo + qw, c0]
         return te.sum(dy_at * x_at, axis=[n, ho, wo])
 
-    return te.compute(shape, mad, name=DW_CC, tag=MAD_TAG, attrs={FORMULATION: formulation.value, KERNEL_H: g.kh, KERNEL_W: g.kw})
-
-
-PAIR_IMAGES = True
-
-
-def _pair_packs(grads_value, fmap_value, fold, c1_grads: int, c1_fmap: int, rows: _StridePhases, cols: _StridePhases, g):
-    """The bf16-pair packs of the cube (:mod:`.pairs`), the reduction axes ``n`` and ``wo``, and
-    where a step at column offset ``qw`` reads x's pack, with the pairs along one of two axes.
-
-    * ``wo``: dy's columns ``(2p, 2p+1)`` (0 past ``Wo``) and x's packed columns ``(s, s+1)`` for
-      every start ``s = 2p + qw`` a tap reads (the odd half past the packed row is 0). Where every
-      offset is even (1x1 kernels, strided ones too) only the even starts are read, and only
-      those are stored (``s = 2 * index``).
-    * An odd ``Wo`` of an even batch (2-D), where a pair along ``wo`` would waste a column in
-      ``Wo + 1``: images ``(2m, 2m+1)``, both packs the fp32 cube's shapes with half the images."""
-    if PAIR_IMAGES and g.depth is None and fold.dy_extent % 2 == 0 and g.wo % 2:
-        half = fold.dy_extent // 2
-        grads = te.compute(
-            (half, c1_grads, g.ho, g.wo, C0),
-            lambda m, c1, ho, wo, c0: pair(grads_value(2 * m, c1, ho, wo, c0), grads_value(2 * m + 1, c1, ho, wo, c0)),
-            name=GRADS_2_MATRIX,
-            tag=GRADS_2_MATRIX,
-        )
-        fmap_l1 = te.compute(
-            (half, c1_fmap, rows.phases, cols.phases, rows.per_phase, cols.per_phase, C0),
-            lambda m, *i: pair(fmap_value(2 * m, *i), fmap_value(2 * m + 1, *i)),
-            name=FMAP_L1,
-            tag=FMAP_L1,
-        )
-        n, wo = te.reduce_axis((0, half), name="n"), te.reduce_axis((0, g.wo), name="wo")
-        return grads, fmap_l1, n, wo, lambda wo, qw: wo + qw
-    pairs_out = -(-g.wo // 2)
-    grads = te.compute(
-        (fold.dy_extent, c1_grads, g.ho, pairs_out, C0),
-        lambda nd, c1, ho, p, c0: pair(
-            grads_value(nd, c1, ho, 2 * p, c0),
-            guarded([2 * p + 1 < g.wo] if g.wo % 2 else [], grads_value(nd, c1, ho, tirx.min(2 * p + 1, g.wo - 1), c0)),
-        ),
-        name=GRADS_2_MATRIX,
-        tag=GRADS_2_MATRIX,
-    )
-    offsets = [cols.of_tap(k)[1] for k in range(g.kw)]
-    even = all(q % 2 == 0 for q in offsets)
-    starts = pairs_out + max(offsets) // 2 if even else 2 * pairs_out - 1 + max(offsets)
-    last = cols.per_phase - 1
-    beyond = (2 * starts - 1 if even else starts) > last  # the last pair's odd half is past the packed row
-
-    def x_pair(npad, c1, rh, rw, hq, index, c0):
-        s = 2 * index if even else index
-        odd = fmap_value(npad, c1, rh, rw, hq, tirx.min(s + 1, last), c0)
-        return pair(fmap_value(npad, c1, rh, rw, hq, s, c0), guarded([s + 1 <= last] if beyond else [], odd))
-
-    fmap_l1 = te.compute((fold.fmap_extent, c1_fmap, rows.phases, cols.phases, rows.per_phase, starts, C0), x_pair, name=FMAP_L1, tag=FMAP_L1)
-
-    def x_column(p, qw):
-        return p + qw // 2 if even else 2 * p + qw
-
-    n, wo = te.reduce_axis((0, fold.dy_extent), name="n"), te.reduce_axis((0, pairs_out), name="wo")
-    return grads, fmap_l1, n, wo, x_column
+    return te.compute(shape, mad, name=DW_CC, tag=MAD_TAG, attrs={FORMULATION: formulation.value, **attrs})
 
 
 def _transposed_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, pairs: bool = False) -> te.Tensor:

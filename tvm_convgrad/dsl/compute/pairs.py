@@ -15,7 +15,8 @@ stage (bf16 pairs)         shape, ``uint32``
 dW ``grads_2_matrix``      ``(N, C1y, Ho, ceil(Wo/2), 16)``: dy at ``(wo, wo+1) = (2p, 2p+1)``
                            (0 past ``Wo``), one word per Cout lane (the broadcast operand)
 dW ``fmap_l1``             ``(N, C1x, PH, PW, Hq, S, 16)``: x at packed columns ``(s, s+1)``
-                           for every start ``s`` (a tap's odd column offset starts odd)
+                           for every start ``s`` (a tap's odd column offset starts odd); the
+                           pairs of images, and the AMX tile plan's layout: :mod:`.dw_pairs`
 dX ``dy_pad``              ``(N, C1y, Hy, Wy, 8)``: dy channels ``(2q, 2q+1)`` of a block
 dX ``w_col``               ``(C1x, C1y, KH, KW, 8, 16)``: the weights of Cout ``(2q, 2q+1)``
 =========================  ==========================================================

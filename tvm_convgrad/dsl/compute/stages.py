@@ -43,7 +43,7 @@ __all__ = [
     "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "DIFF_SRC", "DIFF_WEIGHTS", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
     "DX_PX", "DY_5HD", "DY_DW", "DY_PACKS", "DY_PAD", "DY_ROWS", "DW_TAG", "DX_TAG", "FMAP_5HD", "FMAP_DW", "FMAP_L1", "FORMULATION", "Formulation",
     "GRADS_2_MATRIX", "GRADS_DW", "KERNEL_H", "KERNEL_W", "LAYOUT_ADAPTER", "LAYOUT_IN_TAG", "LAYOUT_OUT_TAG", "MAD_TAG", "PACK_STAGES", "WEIGHTS_FRACZ", "W_COL", "W_DW", "W_T",
-    "formulation", "phase_name",
+    "X_STEP", "formulation", "phase_name",
 ]  # fmt: skip
 
 # dW
@@ -98,6 +98,8 @@ FORMULATION = "convgrad.formulation"
 """Attribute of every mad: its :class:`Formulation`."""
 KERNEL_H, KERNEL_W = "kernel_h", "kernel_w"
 """Attributes of the dW cube's mad: the kernel's extents (its ``(c1, kh, kw)`` row axis is fused)."""
+X_STEP = "x_step"
+"""Attribute of a bf16-pair dW cube mad: the packed x columns between consecutive pair steps (:mod:`.dw_pairs`)."""
 CONVERT_IN_PLACE = "convert_in_place"
 """Attribute of a stage that only converts its input to fp32 (no padding, no reordering that a
 load could not do), so a schedule may inline it where the target converts fp16 as it loads."""
@@ -114,6 +116,7 @@ class Formulation(str, Enum):
     CUBE_DX = "cube-dx"  # dX: one 16x16-block mad per stride phase
     CUBE_DW_BF16 = "cube-bf16-dw"  # dW on the cube, bf16 pairs along wo (a vdpbf16ps target's)
     CUBE_DX_BF16 = "cube-bf16-dx"  # dX on the cube, bf16 pairs along Cout (a vdpbf16ps target's)
+    CUBE_DW_AMX = "cube-amx-dw"  # dW on the cube, bf16 pairs in AMX tiles (an AMX-BF16 target's)
     COUT_LANES = "cout-lanes"  # dW, few input channels: Cout on the lanes
     COUT_LANES_BF16 = "cout-lanes-bf16"  # dW, few input channels, bf16 pairs along wo (a vdpbf16ps target's)
     PIXEL_LANES = "pixel-lanes"  # dX, few input channels: output columns on the lanes

@@ -17,6 +17,7 @@ cube dW                ``dw_cc``                      :class:`.cube.CubeFilterGr
 cube dX                ``dx_cc_<rh>_<rw>``            :class:`.cube.CubeInputGrad`
 cube dW, bf16 pairs    ``dw_cc``                      :class:`.bf16.PairedFilterGrad` (``vdpbf16ps``)
 cube dX, bf16 pairs    ``dx_cc_<rh>_<rw>``            :class:`.bf16.PairedInputGrad` (``vdpbf16ps``)
+cube dW, AMX tiles     ``dw_cc``                      :class:`.amx.AmxFilterGrad` (``tdpbf16ps``)
 Cout on the lanes      ``dw_cc_t``                    :class:`.lanes.CoutLanesFilterGrad`
 Cout on the lanes,     ``dw_cc_t``                    :class:`.bf16.PairedCoutLanesFilterGrad` (``vdpbf16ps``)
 bf16 pairs
@@ -48,6 +49,7 @@ from ...dsl.compute.stages import CONVERT_IN_PLACE, DY_ROWS, FMAP_L1, Formulatio
 from ...isa import IsaPlan, isa_plan
 from ..base import Config, Rule, mads
 from ..common import inline_layout_stages, stage_blocks, target_cores
+from .amx import AmxFilterGrad
 from .bf16 import PairedCoutLanesFilterGrad, PairedFilterGrad, PairedInputGrad
 from .cube import CubeFilterGrad, CubeInputGrad
 from .depthwise import DepthwiseFilterGrad, DepthwiseInputGrad
@@ -61,6 +63,7 @@ FORMULATIONS: dict[Formulation, type[CpuMad]] = {
     Formulation.CUBE_DX: CubeInputGrad,
     Formulation.CUBE_DW_BF16: PairedFilterGrad,
     Formulation.CUBE_DX_BF16: PairedInputGrad,
+    Formulation.CUBE_DW_AMX: AmxFilterGrad,
     Formulation.COUT_LANES: CoutLanesFilterGrad,
     Formulation.COUT_LANES_BF16: PairedCoutLanesFilterGrad,
     Formulation.PIXEL_LANES: PixelLanesInputGrad,

@@ -1,0 +1,110 @@
+"""dW's bf16-pair packs (:mod:`.pairs`): how the cube's reduction ``(n, ho, wo)`` is taken in pairs.
+
+=================  =====================================================  ===============================
+pairs along        ``grads_2_matrix``, ``fmap_l1`` (``uint32``)            when
+=================  =====================================================  ===============================
+images             ``(N/2, C1y, Ho, Wo, 16)``, ``(N/2, C1x, PH, PW, Hq,     2-D, even batch, odd ``Wo`` (a
+                   Wq, 16)``: images ``(2m, 2m+1)``                        pair of columns would waste one)
+columns            ``(N, C1y, Ho, ceil(Wo/2), 16)``: dy at ``(2p, 2p+1)``   otherwise
+                   (0 past ``Wo``); ``(N, C1x, PH, PW, Hq, S, 16)``: x at
+                   ``(s, s+1)`` for every start ``s = 2p + qw`` a tap
+                   reads (the even ones only where every offset is even)
+columns, AMX       dy ``(N, C1y, Ho, 16, ceil(Wo/2))``: a Cout lane's       an AMX-BF16 target's 2-D dW
+                   pairs in a row (the ``A`` tile); x as above (``B``)
+=================  =====================================================  ===============================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from tvm import te, tirx
+
+from ...layout import C0
+from .common import guarded
+from .pairs import pair
+from .stages import FMAP_L1, GRADS_2_MATRIX
+
+__all__ = ["PAIR_IMAGES", "PairPacks", "pair_packs"]
+
+
+@dataclass(frozen=True)
+class PairPacks:
+    """The packs, the reduction axes, and where a step reads them: ``dy_at(n, c1, ho, wo, co0)``
+    and x's packed column ``x_column(wo, qw)`` at column offset ``qw`` (``x_step``: the column
+    step between consecutive ``wo``)."""
+
+    grads: te.Tensor
+    fmap_l1: te.Tensor
+    n: tirx.IterVar
+    wo: tirx.IterVar
+    x_column: Callable
+    x_step: int
+    amx: bool
+
+    def dy_at(self, n, c1, ho, wo, co0):
+        return self.grads[n, c1, ho, co0, wo] if self.amx else self.grads[n, c1, ho, wo, co0]
+
+
+PAIR_IMAGES = True
+"""bf16 dW: an even batch with an odd output width pairs images (else columns)."""
+
+
+def pair_packs(grads_value, fmap_value, fold, c1_grads: int, c1_fmap: int, rows, cols, g, amx: bool = False) -> PairPacks:
+    """The bf16-pair packs of the cube (:mod:`.pairs`), the reduction axes ``n`` and ``wo``, and
+    where a step at column offset ``qw`` reads x's pack, with the pairs along one of two axes.
+
+    * ``wo``: dy's columns ``(2p, 2p+1)`` (0 past ``Wo``) and x's packed columns ``(s, s+1)`` for
+      every start ``s = 2p + qw`` a tap reads (the odd half past the packed row is 0). Where every
+      offset is even (1x1 kernels, strided ones too) only the even starts are read, and only
+      those are stored (``s = 2 * index``).
+    * An odd ``Wo`` of an even batch (2-D), where a pair along ``wo`` would waste a column in
+      ``Wo + 1``: images ``(2m, 2m+1)``, both packs the fp32 cube's shapes with half the images.
+
+    ``amx``: columns, dy's pairs in rows (the AMX tile plan's layout)."""
+    if PAIR_IMAGES and not amx and g.depth is None and fold.dy_extent % 2 == 0 and g.wo % 2:
+        half = fold.dy_extent // 2
+        grads = te.compute(
+            (half, c1_grads, g.ho, g.wo, C0),
+            lambda m, c1, ho, wo, c0: pair(grads_value(2 * m, c1, ho, wo, c0), grads_value(2 * m + 1, c1, ho, wo, c0)),
+            name=GRADS_2_MATRIX,
+            tag=GRADS_2_MATRIX,
+        )
+        fmap_l1 = te.compute(
+            (half, c1_fmap, rows.phases, cols.phases, rows.per_phase, cols.per_phase, C0),
+            lambda m, *i: pair(fmap_value(2 * m, *i), fmap_value(2 * m + 1, *i)),
+            name=FMAP_L1,
+            tag=FMAP_L1,
+        )
+        n, wo = te.reduce_axis((0, half), name="n"), te.reduce_axis((0, g.wo), name="wo")
+        return PairPacks(grads, fmap_l1, n, wo, lambda wo, qw: wo + qw, 1, False)
+    pairs_out = -(-g.wo // 2)
+
+    def dy_pair(nd, c1, ho, p, c0):
+        odd = guarded([2 * p + 1 < g.wo] if g.wo % 2 else [], grads_value(nd, c1, ho, tirx.min(2 * p + 1, g.wo - 1), c0))
+        return pair(grads_value(nd, c1, ho, 2 * p, c0), odd)
+
+    if amx:
+        grads = te.compute((fold.dy_extent, c1_grads, g.ho, C0, pairs_out), lambda nd, c1, ho, c0, p: dy_pair(nd, c1, ho, p, c0),
+                           name=GRADS_2_MATRIX, tag=GRADS_2_MATRIX)  # fmt: skip
+    else:
+        grads = te.compute((fold.dy_extent, c1_grads, g.ho, pairs_out, C0), dy_pair, name=GRADS_2_MATRIX, tag=GRADS_2_MATRIX)
+    offsets = [cols.of_tap(k)[1] for k in range(g.kw)]
+    even = all(q % 2 == 0 for q in offsets)
+    starts = pairs_out + max(offsets) // 2 if even else 2 * pairs_out - 1 + max(offsets)
+    last = cols.per_phase - 1
+    beyond = (2 * starts - 1 if even else starts) > last  # the last pair's odd half is past the packed row
+
+    def x_pair(npad, c1, rh, rw, hq, index, c0):
+        s = 2 * index if even else index
+        odd = fmap_value(npad, c1, rh, rw, hq, tirx.min(s + 1, last), c0)
+        return pair(fmap_value(npad, c1, rh, rw, hq, s, c0), guarded([s + 1 <= last] if beyond else [], odd))
+
+    fmap_l1 = te.compute((fold.fmap_extent, c1_fmap, rows.phases, cols.phases, rows.per_phase, starts, C0), x_pair, name=FMAP_L1, tag=FMAP_L1)
+
+    def x_column(p, qw):
+        return p + qw // 2 if even else 2 * p + qw
+
+    n, wo = te.reduce_axis((0, fold.dy_extent), name="n"), te.reduce_axis((0, pairs_out), name="wo")
+    return PairPacks(grads, fmap_l1, n, wo, x_column, 1 if even else 2, amx)

@@ -1,0 +1,150 @@
+"""bf16 dW on AMX-BF16 tiles: each 16 Cout x 16 Cin block of ``dw_cc`` one ``tdpbf16ps`` accumulator.
+
+On a target whose plan has ``amx_bf16`` (:func:`tvm_convgrad.isa.isa_plan`: ``+amx-tile,+amx-bf16``,
+Sapphire Rapids and later) a 2-D bf16 dW on the cube is built in the AMX layout of its bf16 pairs
+(``Formulation.CUBE_DW_AMX``, :mod:`tvm_convgrad.dsl.compute.dw_pairs`: dy's pairs in rows along
+``wo``, the ``A`` tile; x's pairs a row of 16 Cin words per step, the ``B`` tile). Every block
+``(g, co1, c1, kh, kw)`` is a task of its own; its whole reduction ``(n, ho, wo)`` is tensorized
+into one call of the helper of :mod:`.amx_llvm`, which keeps the fp32 accumulator in a tile
+register and runs ``tdpbf16ps`` on ``16 x k`` pair tiles (``k`` the largest divisor of the row's
+pairs up to 16: a tile row holds 16 pairs, 32 bf16 values). The tensor intrinsic is made for
+each workload's reduction extents (:func:`amx_intrin`); its description is the mad's own sum of
+``pair_dot``, so the two cannot disagree.
+
+Linux gives a process the tile registers only once it asked for them
+(``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``): :func:`request_amx` does that, and
+:func:`tvm_convgrad.build` calls it before an AMX kernel runs on this machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+import sys
+
+import tvm
+from tvm.s_tir import TensorIntrin
+from tvm.script import tirx as T
+
+from ...dsl.compute.pairs import PAIR_DTYPE, pair_dot
+from ...dsl.compute.stages import X_STEP
+from ...layout import C0
+from ..common import loop_extent
+from .amx_llvm import AMX_DW, amx_llvm
+from .loops import CpuMad
+from .tiles import largest_divisor
+
+__all__ = ["AMX_PAIRS_PER_ROW", "AmxFilterGrad", "amx_intrin", "request_amx"]
+
+AMX_PAIRS_PER_ROW = 16  # a tile row is 64 bytes: 16 bf16 pairs
+
+
+def amx_intrin(images: int, rows: int, pairs: int, x_step: int) -> str:
+    """The name of the tensor intrinsic (registered on first use) of one block's reduction:
+    ``images x rows x pairs`` steps, x's pair ``p`` at packed column ``p * x_step``."""
+    name = f"tvm_convgrad.amx_dw_{images}x{rows}x{pairs}x{x_step}"
+    if name in _REGISTERED:
+        return name
+    span = (pairs - 1) * x_step + 1
+    k = largest_divisor(pairs, AMX_PAIRS_PER_ROW)
+    a_shape, b_shape = (images, 1, rows, C0, pairs), (images, 1, 1, 1, rows, span, C0)  # as the mad's regions (a match drops leading dims only)
+    desc = tvm.script.from_source(_desc_source(images, rows, pairs, x_step, span))
+
+    @T.prim_func(s_tir=True)
+    def impl(a_h: T.handle, b_h: T.handle, c_h: T.handle):
+        sa0, sa1, sa2, sa3 = T.int64(), T.int64(), T.int64(), T.int64()
+        sb0, sb1, sb2, sb3, sb4, sb5 = T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
+        sc0 = T.int64()
+        a = T.match_buffer(a_h, a_shape, PAIR_DTYPE, offset_factor=1, strides=[sa0, sa1, sa2, sa3, 1])
+        b = T.match_buffer(b_h, b_shape, PAIR_DTYPE, offset_factor=1, strides=[sb0, sb1, sb2, sb3, sb4, sb5, 1])
+        c = T.match_buffer(c_h, (C0, C0), "float32", offset_factor=1, strides=[sc0, 1])
+        with T.sblock("root"):
+            T.reads(b[0:images, 0, 0, 0, 0:rows, 0:span, 0:C0], a[0:images, 0, 0:rows, 0:C0, 0:pairs])
+            T.writes(c[0:C0, 0:C0])
+            T.evaluate(
+                T.call_extern(
+                    "int32", AMX_DW, c.access_ptr("w"), a.access_ptr("r"), b.access_ptr("r"),
+                    T.int64(images), T.int64(rows), T.int64(pairs // k), T.int64(k),
+                    sa0 * 4, sa2 * 4, sa3 * 4, sb0 * 4, sb4 * 4, sb5 * 4 * x_step, sc0 * 4,
+                )  # fmt: skip
+            )
+
+    TensorIntrin.register(name, desc, impl, override=True)
+    _REGISTERED.add(name)
+    return name
+
+
+_REGISTERED: set[str] = set()
+
+
+def _desc_source(images: int, rows: int, pairs: int, x_step: int, span: int) -> str:
+    """The intrinsic's description: the mad's sum of ``pair_dot`` over one 16 x 16 block, with the
+    reduction axes of extent 1 left out as the mad's block leaves them out."""
+    reduction = (("n", images), ("h", rows), ("p", pairs))
+    axes = [name for name, extent in reduction if extent > 1]  # (the mad's loops keep them all)
+    at = {name: (f"v{name}" if extent > 1 else "0") for name, extent in reduction}
+    loops = ", ".join(["i", "j", *(name for name, _ in reduction)])
+    extents = ", ".join(["16", "16", *(str(extent) for _, extent in reduction)])
+    kinds = "SS" + "R" * len(axes)
+    values = ", ".join(["vi", "vj", *(f"v{name}" for name in axes)])
+    bound = ", ".join(["i", "j", *axes])
+    b_at = f"b[{at['n']}, 0, 0, 0, {at['h']}, {at['p']} * {x_step}, vj]"
+    a_at = f"a[{at['n']}, 0, {at['h']}, vi, {at['p']}]"
+    x, y = b_at, a_at
+    product = (f'T.reinterpret("float32", {x} << T.uint32(16)) * T.reinterpret("float32", {y} << T.uint32(16)) + '
+               f'T.reinterpret("float32", {x} & T.uint32(4294901760)) * T.reinterpret("float32", {y} & T.uint32(4294901760))')  # fmt: skip
+    return f"""
+# from tvm.script import tirx as T
+@T.prim_func(s_tir=True)
+def desc(a: T.Buffer(({images}, 1, {rows}, 16, {pairs}), "uint32", offset_factor=1), b: T.Buffer(({images}, 1, 1, 1, {rows}, {span}, 16), "uint32", offset_factor=1),
+         c: T.Buffer((16, 16), "float32", offset_factor=1)):
+    with T.sblock("root"):
+        T.reads(b[0:{images}, 0, 0, 0, 0:{rows}, 0:{span}, 0:16], a[0:{images}, 0, 0:{rows}, 0:16, 0:{pairs}])
+        T.writes(c[0:16, 0:16])
+        for {loops} in T.grid({extents}):
+            with T.sblock("update"):
+                {values} = T.axis.remap("{kinds}", [{bound}])
+                T.reads(c[vi, vj], {b_at}, {a_at})
+                T.writes(c[vi, vj])
+                with T.init():
+                    c[vi, vj] = T.float32(0)
+                c[vi, vj] = c[vi, vj] + ({product})
+"""
+
+
+class AmxFilterGrad(CpuMad):
+    """dW on AMX tiles (``dw_cc``, ``Formulation.CUBE_DW_AMX``)."""
+
+    def schedule(self, block):
+        """Every ``(g, co1, c1, kh, kw)`` block a parallel task; inside it the 16 x 16 tile and
+        its whole reduction, one call of the AMX helper."""
+        sch = self.sch
+        attrs = sch.get(block).annotations
+        kh, kw, x_step = (int(attrs[key]) for key in ("kernel_h", "kernel_w", X_STEP))
+        g, fkk, co, c0, n, ho, wo = sch.get_loops(block)
+        c1, tap_h, tap_w = sch.split(fkk, [None, kh, kw])
+        co1, co0 = sch.split(co, [None, C0])
+        sch.reorder(g, co1, c1, tap_h, tap_w, co0, c0, n, ho, wo)
+        task = sch.fuse(g, co1, c1, tap_h, tap_w)
+        sch.parallel(task)
+        sch.annotate(task, "pragma_import_llvm", amx_llvm(self.config.plan.amx_bf16))
+        intrin = amx_intrin(loop_extent(sch, n), loop_extent(sch, ho), loop_extent(sch, wo), x_step)
+        sch.tensorize(co0, intrin)
+
+
+_ARCH_REQ_XCOMP_PERM = 0x1023
+_XFEATURE_XTILEDATA = 18
+_SYS_ARCH_PRCTL = 158  # x86-64
+
+
+def request_amx() -> bool:
+    """Ask Linux for this process's AMX tile data (``arch_prctl(ARCH_REQ_XCOMP_PERM,
+    XFEATURE_XTILEDATA)``); True once granted (asking again is harmless), False where it is not
+    (not Linux on x86-64, or a kernel or CPU without AMX)."""
+    if not sys.platform.startswith("linux") or platform.machine() != "x86_64":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False
