@@ -67,15 +67,16 @@ BF16_OPERATORS = ("conv", "conv_v2", "deconv", "data", "data_v1")  # the operato
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("op", BF16_OPERATORS)
-def test_every_valid_bf16_call_in_pairs_matches_the_reference(op):
+@pytest.mark.parametrize("op, amx", [(op, False) for op in BF16_OPERATORS] + [(op, True) for op in ("conv", "conv_v2", "deconv")])
+def test_every_valid_bf16_call_in_pairs_matches_the_reference(op, amx):
     """The same calls in bf16, built in the bf16-pair form a ``vdpbf16ps`` target compiles (the
-    instruction itself where this host has it, its arithmetic emulated elsewhere)."""
+    instruction itself where this host has it, its arithmetic emulated elsewhere); ``amx``: the
+    dWs in an AMX target's tiles (emulated where this host has none)."""
     failures, start = [], time.perf_counter()
     for i in range(VALID):
         case = dataclasses.replace(valid_case(op, _rng(op, i)), dtype="bfloat16")
         try:
-            ratio = _worst_ratio(op, case, emulate_bf16_dot(valid_result(op, case)), seed=i)
+            ratio = _worst_ratio(op, case, emulate_bf16_dot(valid_result(op, case), amx=amx), seed=i)
             if not ratio <= 1.0:
                 failures.append(f"call {i}: error {ratio:.3g} x the bound: {case!r}")
         except Exception as err:  # noqa: BLE001 - every exception of a valid call is a failure
