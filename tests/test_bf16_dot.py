@@ -92,11 +92,12 @@ def test_cout_lanes_pairs_match_the_reference(shape):
 @pytest.mark.parametrize(
     "shape",
     [dict(batch=2, size=9, cin=32, cout=48), dict(batch=4, size=13, cin=20, cout=40, stride=2), dict(batch=6, size=7, cin=48, cout=32, groups=2),
-     dict(batch=2, size=8, cin=16, cout=16, kernel=1), dict(batch=3, size=9, cin=16, cout=32)],
+     dict(batch=2, size=8, cin=16, cout=16, kernel=1), dict(batch=3, size=9, cin=16, cout=32), dict(batch=2, size=10, cin=16, cout=16)],
 )  # fmt: skip
 def test_pairs_of_images_or_of_columns_match_the_reference(op, shape):
-    """An even batch with an odd output width pairs images (2m, 2m+1); an even width or an odd
-    batch pairs columns: both within the fp32 bound, grouped and strided too."""
+    """An even batch pairs images (2m, 2m+1) where column pairs would cost (an odd output width,
+    or a 3x3 kernel's odd tap offsets); a 1x1 kernel of even width, or an odd batch, pairs
+    columns: both within the fp32 bound, grouped and strided too."""
     kernel = emulate_bf16_dot(_call(op, **shape))
     check = check_kernel(kernel, seed=3)
     assert check.ok, f"{shape}: {check}"
