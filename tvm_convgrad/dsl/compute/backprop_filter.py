@@ -64,7 +64,7 @@ from ...layout import C0
 from ...params import ConvGeometry, ConvGradParams
 from .common import ACC, guarded, in_place, inside
 from .depthwise import depthwise, depthwise_filter_grad
-from .dw_pairs import pair_packs
+from .dw_pairs import column_pairs, pair_packs
 from .pairs import pair, pair_dot
 from .stages import DW_CC, DW_CC_T, DW_DDR, DW_TAG, FMAP_L1, FORMULATION, GRADS_2_MATRIX, KERNEL_H, KERNEL_W, MAD_TAG, X_STEP, Formulation
 
@@ -283,15 +283,7 @@ def _transposed_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, pair
             name=FMAP_L1,
             tag=FMAP_L1,
         )
-        grads = te.compute(
-            (fold.dy_extent, cout // C0, g.ho, pairs_out, C0),
-            lambda nd, c1, ho, p, c0: pair(
-                grads_value(nd, c1, ho, 2 * p, c0),
-                guarded([2 * p + 1 < g.wo] if g.wo % 2 else [], grads_value(nd, c1, ho, tirx.min(2 * p + 1, g.wo - 1), c0)),
-            ),
-            name=GRADS_2_MATRIX,
-            tag=GRADS_2_MATRIX,
-        )
+        grads = te.compute((fold.dy_extent, cout // C0, g.ho, pairs_out, C0), column_pairs(grads_value, g.wo), name=GRADS_2_MATRIX, tag=GRADS_2_MATRIX)
         wo = te.reduce_axis((0, pairs_out), name="wo")
         formulation = Formulation.COUT_LANES_BF16
     else:

@@ -29,7 +29,7 @@ from .common import guarded
 from .pairs import pair
 from .stages import FMAP_L1, GRADS_2_MATRIX
 
-__all__ = ["PAIR_IMAGES", "PairPacks", "pair_packs"]
+__all__ = ["PAIR_IMAGES", "PairPacks", "column_pairs", "pair_packs"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,17 @@ class PairPacks:
 
     def dy_at(self, n, c1, ho, wo, co0):
         return self.grads[n, c1, ho, co0, wo] if self.amx else self.grads[n, c1, ho, wo, co0]
+
+
+def column_pairs(value: Callable, wo: int) -> Callable:
+    """dy's pair of output columns ``(2p, 2p+1)`` (the odd one 0 past ``wo``) as
+    ``dy_pair(nd, c1, ho, p, c0)``, from ``value(nd, c1, ho, wo, c0)``."""
+
+    def dy_pair(nd, c1, ho, p, c0):
+        odd = guarded([2 * p + 1 < wo] if wo % 2 else [], value(nd, c1, ho, tirx.min(2 * p + 1, wo - 1), c0))
+        return pair(value(nd, c1, ho, 2 * p, c0), odd)
+
+    return dy_pair
 
 
 PAIR_IMAGES = True
@@ -87,11 +98,7 @@ def pair_packs(grads_value, fmap_value, fold, c1_grads: int, c1_fmap: int, rows,
         n, wo = te.reduce_axis((0, half), name="n"), te.reduce_axis((0, g.wo), name="wo")
         return PairPacks(grads, fmap_l1, n, wo, lambda wo, qw: wo + qw, 1, False)
     pairs_out = -(-g.wo // 2)
-
-    def dy_pair(nd, c1, ho, p, c0):
-        odd = guarded([2 * p + 1 < g.wo] if g.wo % 2 else [], grads_value(nd, c1, ho, tirx.min(2 * p + 1, g.wo - 1), c0))
-        return pair(grads_value(nd, c1, ho, 2 * p, c0), odd)
-
+    dy_pair = column_pairs(grads_value, g.wo)
     if amx:
         grads = te.compute((fold.dy_extent, c1_grads, g.ho, C0, pairs_out), lambda nd, c1, ho, c0, p: dy_pair(nd, c1, ho, p, c0),
                            name=GRADS_2_MATRIX, tag=GRADS_2_MATRIX)  # fmt: skip

@@ -18,6 +18,8 @@ checked on any machine.
 
 from __future__ import annotations
 
+from .bf16 import emulated_pairs_llvm
+
 __all__ = ["AMX_DW", "AMX_EMULATED_LLVM", "AMX_LLVM", "amx_llvm"]
 
 AMX_DW = "tvm_convgrad_amx_dw"
@@ -99,40 +101,7 @@ declare void @llvm.x86.tilestored64.internal(i16, i16, ptr, i64, x86_amx)""",
 """The tile plan on AMX-BF16 (``tdpbf16ps``)."""
 
 
-def _splat(value: int) -> str:
-    return "<" + ", ".join([f"i32 {value}"] * 16) + ">"
-
-
-_EMULATED_TILE = f"""
-declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)
-define internal <16 x float> @tvm_convgrad_amx_flush(<16 x i32> %x) alwaysinline {{
-  %exp = and <16 x i32> %x, {_splat(0x7F800000)}
-  %tiny = icmp eq <16 x i32> %exp, zeroinitializer
-  %sign = and <16 x i32> %x, {_splat(-0x80000000)}
-  %kept = select <16 x i1> %tiny, <16 x i32> %sign, <16 x i32> %x
-  %f = bitcast <16 x i32> %kept to <16 x float>
-  ret <16 x float> %f
-}}
-define internal <16 x float> @tvm_convgrad_amx_pair(<16 x float> %c, <16 x i32> %a, <16 x i32> %b) alwaysinline {{
-  %a_even = shl <16 x i32> %a, {_splat(16)}
-  %b_even = shl <16 x i32> %b, {_splat(16)}
-  %a_odd = and <16 x i32> %a, {_splat(-0x10000)}
-  %b_odd = and <16 x i32> %b, {_splat(-0x10000)}
-  %ae = call <16 x float> @tvm_convgrad_amx_flush(<16 x i32> %a_even)
-  %be = call <16 x float> @tvm_convgrad_amx_flush(<16 x i32> %b_even)
-  %ao = call <16 x float> @tvm_convgrad_amx_flush(<16 x i32> %a_odd)
-  %bo = call <16 x float> @tvm_convgrad_amx_flush(<16 x i32> %b_odd)
-  %c_bits = bitcast <16 x float> %c to <16 x i32>
-  %acc = call <16 x float> @tvm_convgrad_amx_flush(<16 x i32> %c_bits)
-  %t = call <16 x float> @llvm.fma.v16f32(<16 x float> %ae, <16 x float> %be, <16 x float> %acc)
-  %t_bits = bitcast <16 x float> %t to <16 x i32>
-  %t_ftz = call <16 x float> @tvm_convgrad_amx_flush(<16 x i32> %t_bits)
-  %r = call <16 x float> @llvm.fma.v16f32(<16 x float> %ao, <16 x float> %bo, <16 x float> %t_ftz)
-  %r_bits = bitcast <16 x float> %r to <16 x i32>
-  %r_ftz = call <16 x float> @tvm_convgrad_amx_flush(<16 x i32> %r_bits)
-  ret <16 x float> %r_ftz
-}}
-define internal void @tvm_convgrad_amx_step(ptr %tile, ptr %pa, i64 %a_row, ptr %pb, i64 %b_row, i64 %k) alwaysinline {{
+_EMULATED_TILE = emulated_pairs_llvm("tvm_convgrad_amx_pair", odd_first=False) + """define internal void @tvm_convgrad_amx_step(ptr %tile, ptr %pa, i64 %a_row, ptr %pb, i64 %b_row, i64 %k) alwaysinline {
 entry:
   br label %i_loop
 i_loop:
@@ -164,8 +133,8 @@ i_next:
   br i1 %idone, label %done, label %i_loop
 done:
   ret void
-}}
-define internal void @tvm_convgrad_amx_store(ptr %c, i64 %c_row, ptr %tile) alwaysinline {{
+}
+define internal void @tvm_convgrad_amx_store(ptr %c, i64 %c_row, ptr %tile) alwaysinline {
 entry:
   br label %i_loop
 i_loop:
@@ -180,7 +149,7 @@ i_loop:
   br i1 %idone, label %done, label %i_loop
 done:
   ret void
-}}"""
+}"""
 
 AMX_EMULATED_LLVM = _skeleton(
     _EMULATED_TILE,

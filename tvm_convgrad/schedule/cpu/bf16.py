@@ -41,7 +41,7 @@ from .loops import CpuMad
 
 __all__ = [
     "DPBF16", "DPBF16_EMULATED_LLVM", "DPBF16_INTRIN", "DPBF16_LLVM", "PairedCoutLanesFilterGrad", "PairedFilterGrad", "PairedInputGrad",
-    "dpbf16_llvm",
+    "dpbf16_llvm", "emulated_pairs_llvm",
 ]  # fmt: skip
 
 DPBF16 = "tvm_convgrad_dpbf16"
@@ -63,9 +63,16 @@ def _splat(value: int) -> str:
     return "<" + ", ".join([f"i32 {value}"] * 16) + ">"
 
 
-DPBF16_EMULATED_LLVM = f"""
+def emulated_pairs_llvm(name: str, odd_first: bool) -> str:
+    """Portable LLVM IR of a bf16-pair dot on 16 lanes, ``@{name}(acc: <16 x float>, a: <16 x i32>,
+    b: <16 x i32>)``: DAZ on every input (and the accumulator), the two products of each lane's
+    pair as FTZ fp32 FMAs, odd first (``vdpbf16ps``) or even first (AMX's ``tdpbf16ps``); its flush
+    helper is ``@{name}_flush``."""
+    flush = f"{name}_flush"
+    first, second = ("o", "e") if odd_first else ("e", "o")
+    return f"""
 declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)
-define internal <16 x float> @tvm_convgrad_flush(<16 x i32> %x) alwaysinline {{
+define internal <16 x float> @{flush}(<16 x i32> %x) alwaysinline {{
   %exp = and <16 x i32> %x, {_splat(0x7F800000)}
   %tiny = icmp eq <16 x i32> %exp, zeroinitializer
   %sign = and <16 x i32> %x, {_splat(-0x80000000)}
@@ -73,26 +80,29 @@ define internal <16 x float> @tvm_convgrad_flush(<16 x i32> %x) alwaysinline {{
   %f = bitcast <16 x i32> %kept to <16 x float>
   ret <16 x float> %f
 }}
-define internal <16 x float> @tvm_convgrad_dpbf16(<16 x float> %c, <16 x i32> %a, <16 x i32> %b) alwaysinline {{
+define internal <16 x float> @{name}(<16 x float> %c, <16 x i32> %a, <16 x i32> %b) alwaysinline {{
   %a_even = shl <16 x i32> %a, {_splat(16)}
   %b_even = shl <16 x i32> %b, {_splat(16)}
   %a_odd = and <16 x i32> %a, {_splat(-0x10000)}
   %b_odd = and <16 x i32> %b, {_splat(-0x10000)}
-  %ae = call <16 x float> @tvm_convgrad_flush(<16 x i32> %a_even)
-  %be = call <16 x float> @tvm_convgrad_flush(<16 x i32> %b_even)
-  %ao = call <16 x float> @tvm_convgrad_flush(<16 x i32> %a_odd)
-  %bo = call <16 x float> @tvm_convgrad_flush(<16 x i32> %b_odd)
+  %ae = call <16 x float> @{flush}(<16 x i32> %a_even)
+  %be = call <16 x float> @{flush}(<16 x i32> %b_even)
+  %ao = call <16 x float> @{flush}(<16 x i32> %a_odd)
+  %bo = call <16 x float> @{flush}(<16 x i32> %b_odd)
   %c_bits = bitcast <16 x float> %c to <16 x i32>
-  %acc = call <16 x float> @tvm_convgrad_flush(<16 x i32> %c_bits)
-  %t = call <16 x float> @llvm.fma.v16f32(<16 x float> %ao, <16 x float> %bo, <16 x float> %acc)
+  %acc = call <16 x float> @{flush}(<16 x i32> %c_bits)
+  %t = call <16 x float> @llvm.fma.v16f32(<16 x float> %a{first}, <16 x float> %b{first}, <16 x float> %acc)
   %t_bits = bitcast <16 x float> %t to <16 x i32>
-  %t_ftz = call <16 x float> @tvm_convgrad_flush(<16 x i32> %t_bits)
-  %r = call <16 x float> @llvm.fma.v16f32(<16 x float> %ae, <16 x float> %be, <16 x float> %t_ftz)
+  %t_ftz = call <16 x float> @{flush}(<16 x i32> %t_bits)
+  %r = call <16 x float> @llvm.fma.v16f32(<16 x float> %a{second}, <16 x float> %b{second}, <16 x float> %t_ftz)
   %r_bits = bitcast <16 x float> %r to <16 x i32>
-  %r_ftz = call <16 x float> @tvm_convgrad_flush(<16 x i32> %r_bits)
+  %r_ftz = call <16 x float> @{flush}(<16 x i32> %r_bits)
   ret <16 x float> %r_ftz
 }}
 """
+
+
+DPBF16_EMULATED_LLVM = emulated_pairs_llvm(DPBF16, odd_first=True)
 """``vdpbf16ps``'s arithmetic in portable LLVM IR (any CPU): DAZ on every input, the odd pair's FMA
 then the even pair's, each result flushed to zero when denormal."""
 
