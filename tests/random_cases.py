@@ -4,7 +4,8 @@
 spatial ranks 1-3 (framework operators), every data / weights format, f32 / f16 / bf16, groups and
 depthwise with channel counts that are not multiples of 16, 1-wide axes, strides larger than the
 kernel, dilations, asymmetric and zero pads (and pads past the kernel's reach), every auto_pad
-mode and output_padding. Such a call must build and match the float64 reference.
+mode and output_padding; for the data operators, also strided 3-D batches large enough for the
+CPU rule's image-by-image phases. Such a call must build and match the float64 reference.
 
 ``invalid_call(op, rng)`` takes a valid call and breaks exactly one of the spec's rules; it
 returns the call and the parameter its ``ConvGradError`` must name.
@@ -28,12 +29,14 @@ from tbe_calls import geometry
 from tvm_convgrad import dsl, layout, reference
 from tvm_convgrad.dsl.compute import cube_util
 from tvm_convgrad.frontends import dsp, onednn
+from tvm_convgrad.schedule.cpu.loops import PER_IMAGE_ABOVE
 from tvm_convgrad.tvm import placeholder
 
 __all__ = ["OPERATORS", "call_of", "invalid_call", "valid_case", "valid_result"]
 
 OPERATORS = ("tbe_filter", "tbe_input", "conv", "conv_v2", "deconv", "dsp", "data", "data_v1")
 _PER_GROUP = (1, 2, 3, 5, 8, 16, 17, 20, 33)  # channels per group: below, at and past one 16-lane block
+LARGE_DATA_SHARE = 0.1  # data operators' draws that are a large strided 3-D batch (:func:`_large_strided_data_case`)
 
 
 def _pick(rng: np.random.Generator, options):
@@ -212,7 +215,36 @@ _ONEDNN_NAMES = {
 }
 
 
+def _large_strided_data_case(rng: np.random.Generator, op: str) -> Case:
+    """A strided 3-D dX of a batch whose packed diff_dst is above the size where the CPU rule runs
+    the stride phases image by image (``PER_IMAGE_ABOVE``): that schedule's region, which small
+    draws never reach. Few channels, so that the float64 reference stays quick."""
+    groups, per_x, per_dy = _pick(rng, ((1, 1, 1), (1, int(rng.integers(2, 7)), int(rng.integers(2, 7))), (int(rng.integers(2, 4)), 1, 1)))
+    batch = int(rng.integers(2, 4))
+    dy_blocks = -(-per_dy * groups // layout.C0)
+    cells = -(-PER_IMAGE_ABOVE // (4 * layout.C0 * dy_blocks * batch)) + 1  # diff_dst positions per channel
+    side = round(cells ** (1 / 3)) + 1
+    axes = []
+    for axis in range(3):
+        k, s, d = int(rng.integers(1, 4)), int(rng.integers(2, 4)) if axis == 0 else int(rng.integers(1, 3)), 1
+        pb, pe = int(rng.integers(0, k)), int(rng.integers(0, k))
+        size = (side - 1) * s + k - pb - pe + int(rng.integers(0, s))  # side outputs on this axis
+        axes.append({"k": k, "s": s, "d": d, "pb": pb, "pe": pe, "size": size, "eff": k})
+    out = tuple((a["size"] + a["pb"] + a["pe"] - a["eff"]) // a["s"] + 1 for a in axes)
+    implied = tuple((a["size"] + a["pb"] + a["pe"] - a["eff"]) % a["s"] for a in axes)
+    given = _pick(rng, ("input", "attr", "none"))
+    return Case(
+        op, batch, per_x * groups, per_dy * groups, groups, tuple(a["size"] for a in axes), out,
+        kernel=tuple(a["k"] for a in axes), strides=tuple(a["s"] for a in axes), pads_begin=tuple(a["pb"] for a in axes),
+        pads_end=tuple(a["pe"] for a in axes), dilations=(1, 1, 1), data_format=_pick(rng, ("NXC", "NCX")),
+        weights_format=_pick(rng, ("XIO", "OIX")), dtype=_pick(rng, ("float32", "float32", "bfloat16")),
+        effective_pads=tuple(a["pb"] for a in axes), output_padding=implied if given == "none" else None, shape_given=given,
+    )  # fmt: skip
+
+
 def _onednn_case(rng: np.random.Generator, op: str) -> Case:
+    if op in DATA_OPS and rng.random() < LARGE_DATA_SHARE:
+        return _large_strided_data_case(rng, op)
     rank = int(rng.integers(1, 4))
     groups, per_x, per_dy = _channels(rng)
     mode = _pick(rng, ("none", "none", "none", "same_upper", "same_lower", "valid", "SAME_UPPER"))

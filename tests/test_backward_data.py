@@ -130,6 +130,26 @@ def test_rank_3_folds_the_depth_into_the_batch():
     assert check_kernel(kernel).ok
 
 
+def test_a_strided_3d_batch_runs_its_phases_image_by_image():
+    """Issue 26.1: a strided 3-D batch whose diff_dst is above ``PER_IMAGE_ABOVE`` runs every
+    stride phase under the result's image loop, each phase keeping its depth loop under it (the
+    issue's call, with the packed diff_dst padded for the taps, raised ``ValueError`` in the schedule); NCX and NXC, f32 and bf16 (the pair form too)."""
+    from tvm_convgrad import emulate_bf16_dot
+
+    for data_format, dtype in (("NXC", "float32"), ("NCX", "float32"), ("NXC", "bfloat16")):
+        case = Case("data", 2, 1, 1, 1, (52, 52, 52), (25, 25, 25), (3, 3, 3), (2, 2, 2), (0, 0, 0), (0, 0, 0), (1, 1, 1),
+                    data_format=data_format, weights_format="XIO", dtype=dtype, effective_pads=(0, 0, 0))  # fmt: skip
+        result = call(case, *placeholders(case))
+        kernel = build(result)
+        assert kernel.formulation == "cube"
+        assert "dx_cc_1_1_1" in kernel.inspect_source("tir")
+        inputs = arrays(case, seed=3)
+        check(kernel(*inputs), expected(case, *inputs), kernel, case.name())
+        if dtype == "bfloat16":
+            paired = emulate_bf16_dot(result)
+            check(paired(*inputs), expected(case, *inputs), paired, case.name() + "-pairs")
+
+
 def test_the_diff_src_shape_follows_from_output_padding():
     """Without a shape, ``S_in = s*(S_out-1) + (K-1)*d+1 - pb - pe + output_padding``."""
     dy = te.placeholder((1, 4, 4, 8), "float32", name="diff_dst")

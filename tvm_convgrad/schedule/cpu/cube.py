@@ -138,7 +138,7 @@ class CubeInputGrad(CpuMad):
         """
         sch = self.sch
         weight_bytes = buffer_bytes(sch, W_COL)
-        n, c1, j, i, c0, co1, mh, mw, co0 = sch.get_loops(block)
+        *_, n, c1, j, i, c0, co1, mh, mw, co0 = sch.get_loops(block)
         blocks = loop_extent(sch, c1)
         group = largest_divisor(blocks, WEIGHTS_IN_CACHE // max(1, weight_bytes // blocks))
         c1_o, c1_i = self.split(c1, group, blocks)
@@ -150,13 +150,13 @@ class CubeInputGrad(CpuMad):
         reduction = [co1, mh, mw, co0]
         if cols % tw == 0 or self.tunable:
             i_o, i_i = self.split(i, tw, most)
-            sch.reorder(c1_o, *self.batch(n), j_o, i_o, c1_i, lane_groups, *reduction, j_i, i_i, c0)
-            sch.parallel(sch.fuse(c1_o, *self.batch(n), j_o))
+            sch.reorder(c1_o, n, j_o, i_o, c1_i, lane_groups, *reduction, j_i, i_i, c0)
+            sch.parallel(sch.fuse(c1_o, n, j_o))
             self.register_tile(block, [j_i, i_i], c0, co1)
             return
         # The columns in tiles of TW and one narrower tile at the end: two copies of the mad.
-        sch.reorder(c1_o, *self.batch(n), j_o, i, c1_i, lane_groups, *reduction, j_i, c0)
-        sch.parallel(sch.fuse(c1_o, *self.batch(n), j_o))
+        sch.reorder(c1_o, n, j_o, i, c1_i, lane_groups, *reduction, j_i, c0)
+        sch.parallel(sch.fuse(c1_o, n, j_o))
         for copy, tiles, i_i, below in whole_tiles_and_edge(sch, i, cols, tw):
             c1_i, lane_groups, co1, mh, mw, co0, j_i, c0 = below
             sch.reorder(*tiles, c1_i, lane_groups, co1, mh, mw, co0, j_i, i_i, c0)

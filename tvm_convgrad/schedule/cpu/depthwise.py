@@ -61,13 +61,13 @@ class DepthwiseInputGrad(CpuMad):
         taps, sharing dy loads between neighbouring pixels and taps, and keeps the tile's weight
         vectors in registers across the pixel tiles)."""
         sch, plan = self.sch, self.plan
-        n, c1, j, i, c0, q, mh, mw = sch.get_loops(block)
+        *_, n, c1, j, i, c0, q, mh, mw = sch.get_loops(block)
         th, tw, v = depthwise_dx_tile(loop_extent(sch, j), loop_extent(sch, i), loop_extent(sch, mh), loop_extent(sch, mw), plan)
         most = min(MAX_TILE_PIXELS, plan.accumulators // v)
         j_o, j_i = self.split(j, th, most)
         i_o, i_i = self.split(i, tw, most)
         lane_groups, c0 = self.split(c0, v * plan.lanes, C0)
-        sch.reorder(*self.batch(n), c1, lane_groups, j_o, i_o, q, mh, mw, j_i, i_i, c0)  # a lane group's weights stay in registers
-        sch.parallel(sch.fuse(*self.batch(n), c1, lane_groups, j_o))
+        sch.reorder(n, c1, lane_groups, j_o, i_o, q, mh, mw, j_i, i_i, c0)  # a lane group's weights stay in registers
+        sch.parallel(sch.fuse(n, c1, lane_groups, j_o))
         self.register_tile(block, [j_i, i_i], c0, q)
 

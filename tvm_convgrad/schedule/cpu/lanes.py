@@ -56,7 +56,7 @@ class PixelLanesInputGrad(CpuMad):
         per ``(co, mh, mw)`` one dy vector per row, used at once by every channel's broadcast
         weight (so one dy vector is live at a time, the channels' weights for the whole tile)."""
         sch, plan = self.sch, self.plan
-        n, ci, j, i, co, mh, mw = sch.get_loops(block)
+        *_, n, ci, j, i, co, mh, mw = sch.get_loops(block)
         width, channels = loop_extent(sch, i), loop_extent(sch, ci)
         room = max(1, plan.accumulators - channels + 1)  # each channel's weight stays live
         vectors = largest_divisor(plan.registers_per_row, room // channels)
@@ -65,7 +65,7 @@ class PixelLanesInputGrad(CpuMad):
         budget = max(1, room // (channels * vectors))
         rows = largest_divisor(loop_extent(sch, j), budget)
         j_o, j_i = self.split(j, rows, budget)
-        outer = [*self.batch(n), j_o] + ([i_o] if i_o is not None else [])
+        outer = [n, j_o] + ([i_o] if i_o is not None else [])
         sch.reorder(*outer, co, mh, mw, j_i, ci, i_i)
         sch.parallel(sch.fuse(*outer))
         sch.unroll(ci)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from tvm import s_tir
+from tvm import s_tir, tirx
 
 from ...dsl.compute.stages import DX_PHASE_PREFIXES, DY_PACKS
 from ..common import elements, loop_extent, stage_blocks
@@ -27,14 +27,15 @@ PER_IMAGE_ABOVE = 2 * 1024 * 1024  # ... when the batch's fp32 dy is larger than
 class CpuMad(ABC):
     """The schedule of one mad on the CPU: the schedule it works in, the rule's config
     (:class:`~.rule.CpuConfig`: the ISA plan, the cores), whether its tiles are samples, and what
-    the rule shares between mads: the packs a mad moved into its own loops (``placed``) and
-    whether dX's phases run under the result's batch loop (``per_image``)."""
+    the rule shares between mads: the packs a mad moved into its own loops (``placed``). A dX
+    phase's loops may sit under the result's batch loop (:func:`phases_image_by_image`): its
+    schedule unpacks its own loops from the innermost outward, and its batch loop is then the
+    image's (extent 1, or the depth of a 3-D image)."""
 
     sch: s_tir.Schedule
     config: "CpuConfig"  # noqa: F821 - the rule's, defined with it
     tunable: bool
     placed: set = field(default_factory=set)
-    per_image: bool = False
 
     @property
     def plan(self):
@@ -47,10 +48,6 @@ class CpuMad(ABC):
     @abstractmethod
     def schedule(self, block) -> None:
         """Schedule ``block`` (the mad) in place."""
-
-    def batch(self, n) -> list:
-        """``[n]``, or ``[]`` where the batch loop is the result's, shared by every phase."""
-        return [] if self.per_image else [n]
 
     def split(self, loop, inner: int, max_inner: int):
         """``(outer, inner)``: ``inner`` fixed, or a MetaSchedule sample (a divisor of the
@@ -157,23 +154,23 @@ def phases_image_by_image(sch: s_tir.Schedule) -> set[str]:
 
 
 
-def restore_unit_loops(sch: s_tir.Schedule, block):
-    """One loop per iter var again after a ``compute_at`` (which makes none for an extent of 1,
-    e.g. a stride phase with a single tap), so the block's loops unpack as before."""
-    iters = sch.get(block).iter_vars
-    loops = list(sch.get_loops(block))
-    if len(loops) == len(iters):
-        return
-    kept = iter(loops)
-    pending = next(kept, None)
+def restore_unit_loops(sch: s_tir.Schedule, block, shared: int = 1):
+    """One loop per iter var below the first ``shared`` loops again after a ``compute_at`` (which
+    makes none for an iter the outer loop fixes: a 2-D phase's image, or one of extent 1, e.g. a
+    stride phase with a single tap), so the block's own loops unpack the same at every rank (a 3-D
+    phase keeps its depth loop under the image's)."""
+    loops = list(sch.get_loops(block))[shared:]
+    realize = sch.get(loops[-1]).body
+    own = {sch.get(lp).loop_var: lp for lp in loops}
     missing = 0
-    for it in iters:
-        if pending is not None and int(sch.get(pending).extent) == int(it.dom.extent):
-            for _ in range(missing):
-                sch.add_unit_loop(pending)
-            missing, pending = 0, next(kept, None)
-        else:
+    for value in realize.iter_values:
+        used = [own[v] for v in tirx.analysis.undefined_vars(value) if v in own]
+        if not used:
             missing += 1
+            continue
+        for _ in range(missing):
+            sch.add_unit_loop(used[0])
+        missing = 0
     for _ in range(missing):
         sch.add_unit_loop(block)
 

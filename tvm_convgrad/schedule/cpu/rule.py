@@ -104,7 +104,7 @@ class CpuRule(Rule):
         on_mads = {sch.get(mad).name_hint for mad, _ in found}
         others = [sch.get(b).name_hint for b in stage_blocks(sch) if sch.get(b).name_hint not in on_mads]  # before rfactor adds any
         for mad, kind in found:
-            FORMULATIONS[kind](sch, config, tunable, placed, bool(per_image)).schedule(mad)
+            FORMULATIONS[kind](sch, config, tunable, placed).schedule(mad)
         for name in others:  # the packs and results the mads did not place in their loops
             if name in placed:
                 continue
