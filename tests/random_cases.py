@@ -30,9 +30,10 @@ from tvm_convgrad import dsl, layout, reference
 from tvm_convgrad.dsl.compute import cube_util
 from tvm_convgrad.frontends import dsp, onednn
 from tvm_convgrad.schedule.cpu.loops import PER_IMAGE_ABOVE
+from tvm_convgrad.tools.verify import error_bound, expected_result, kernel_arrays, random_inputs
 from tvm_convgrad.tvm import placeholder
 
-__all__ = ["OPERATORS", "call_of", "invalid_call", "valid_case", "valid_result"]
+__all__ = ["OPERATORS", "call_of", "inputs_and_expected", "invalid_call", "valid_case", "valid_result"]
 
 OPERATORS = ("tbe_filter", "tbe_input", "conv", "conv_v2", "deconv", "dsp", "data", "data_v1")
 _PER_GROUP = (1, 2, 3, 5, 8, 16, 17, 20, 33)  # channels per group: below, at and past one 16-lane block
@@ -609,6 +610,23 @@ def call_of(op: str, args: dict):
 def valid_result(op: str, case):
     """The result tensor of a valid case."""
     return call_of(op, _args(op, case))
+
+
+def inputs_and_expected(op: str, case, kernel, seed: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """``(kernel inputs, float64 expected result, allowed |error|)`` of a valid case on random
+    inputs drawn from ``seed`` (TBE: NCHW / OIHW arrays packed into the kernel's 5HD / FracZ)."""
+    if op.startswith("tbe_"):
+        params = kernel.params
+        inputs = random_inputs(params, seed, kernel.inputs[2] if len(kernel.inputs) > 2 else None)
+        expected = expected_result(params, inputs)
+        return kernel_arrays(params, inputs), expected, error_bound(params, expected)
+    if op == "dsp":
+        arrays = list(case.arrays(seed))
+        expected = case.expected(*(a.astype(np.float64) for a in arrays))
+    else:
+        arrays = list(framework_cases.arrays(case, seed))
+        expected = framework_cases.expected(case, *arrays)
+    return arrays, expected, error_bound(kernel.params, expected, kernel.output.dtype)
 
 
 def _breaks(op: str) -> list[tuple[str, Callable]]:

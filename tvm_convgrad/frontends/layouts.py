@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import tvm
 from tvm import te, tirx
 
 from .. import layout
@@ -21,33 +22,55 @@ from ..dsl.compute.stages import LAYOUT_ADAPTER, LAYOUT_IN_TAG, LAYOUT_OUT_TAG
 from ..layout import C0, ceil_div
 from ..params.framework import ConvView
 
-__all__ = ["as_5hd", "as_fracz", "data_stage", "weight_stage"]
+__all__ = ["as_5hd", "as_fracz", "data_stage", "masked", "weight_stage"]
+
+
+def masked(read: tirx.PrimExpr, keep: tirx.PrimExpr) -> tirx.PrimExpr:
+    """``read`` where ``keep`` holds, else +0, without a ``Select`` around the read.
+
+    ``Select`` evaluates both operands (a vectorized one loads every lane), and TVM's simplifier
+    rewrites its true operand under its condition: an index clamped into the tensor there loses
+    its clamp (``min(c, C-1)`` is ``c`` where ``c < C``), and the lanes past the tensor load from
+    outside it. Here ``read`` (whose index the caller clamps into the tensor) is ANDed with a
+    mask of all-ones or zeros: no condition reaches its index, and no Inf or NaN of the clamped
+    element leaks into the lanes dropped."""
+    bits = tvm.DataType(read.dtype).bits
+    itype = f"int{bits}"
+    mask = tirx.Select(keep, tirx.const(-1, itype), tirx.const(0, itype))
+    return tirx.reinterpret(read.dtype, tirx.reinterpret(itype, read) & mask)
 
 
 def as_5hd(tensor: te.Tensor, data_format: str, name: str) -> te.Tensor:
     """``tensor`` (NCX or NXC, rank 3-5) as 5HD / NDC1HWC0, channels past C read as 0.
 
-    The channel index is clamped before the read, so the stage never reads past the tensor and
-    stays branch-free (a select per element, vectorizable)."""
+    The stage reads only inside the tensor: the channel blocks before the last read their 16
+    channels as they are (contiguous in NXC); the last, partial block reads its lanes past C at
+    channel C-1 and masks them to 0 (:func:`masked`). The branch between the two is the same for
+    every lane, so it does not keep a vectorized stage from vectorizing."""
     shape = [int(d) for d in tensor.shape]
     channels = shape[1] if data_format == "NCX" else shape[-1]
     spatial = shape[2:] if data_format == "NCX" else shape[1:-1]
     nd = len(spatial)
     lead = (shape[0], spatial[0]) if nd == 3 else (shape[0],)
     plane = (1, *spatial) if nd == 1 else tuple(spatial[-2:])
-    padded = channels % C0 != 0
+    blocks = ceil_div(channels, C0)
 
     def value(*index):
         *head, c1, h, w, c0 = index
         n, depth = head[0], head[1:]
         at = (*depth, w) if nd == 1 else (*depth, h, w)
+
+        def read(c):
+            return tensor[(n, c, *at)] if data_format == "NCX" else tensor[(n, *at, c)]
+
         c = c1 * C0 + c0
-        read_c = tirx.min(c, channels - 1) if padded else c
-        read = tensor[(n, read_c, *at)] if data_format == "NCX" else tensor[(n, *at, read_c)]
-        return tirx.Select(c < channels, read, tirx.const(0, tensor.dtype)) if padded else read
+        if channels % C0 == 0:
+            return read(c)
+        last = masked(read(tirx.min(c, channels - 1)), c < channels)
+        return last if blocks == 1 else tirx.if_then_else(c1 < blocks - 1, read(c), last)
 
     return te.compute(
-        (*lead, ceil_div(channels, C0), *plane, C0), value, name=name, tag=LAYOUT_IN_TAG, attrs={LAYOUT_ADAPTER: "in"}
+        (*lead, blocks, *plane, C0), value, name=name, tag=LAYOUT_IN_TAG, attrs={LAYOUT_ADAPTER: "in"}
     )
 
 
@@ -83,7 +106,8 @@ def as_fracz(weights: te.Tensor, view: ConvView, weights_format: str, name: str)
     ci0]`` holds the weight of extended group ``e``'s column ``co1*16 + co0`` (slot ``j``, output
     channel ``(e*multiple + j)*cout_g + col % cout_g``) and input lane ``c1*16 + ci0`` of that slot,
     0 where column and lane are in different slots or past the channels. Indices are clamped
-    before the read (never outside the tensor)."""
+    into the tensor and the entries off the weights masked to 0 (:func:`masked`): never a read
+    outside the tensor."""
     geom = view.geometry()
     ext = geom.group
     kernel_h, kernel_w = geom.kh, geom.kw
@@ -109,7 +133,7 @@ def as_fracz(weights: te.Tensor, view: ConvView, weights_format: str, name: str)
         taps = ((kd, kh, kw), (kh, kw), (kw,))[3 - rank]
         index = (co, ci, *taps) if weights_format == "OIX" else (*taps, ci, co)
         read = weights[index]
-        return tirx.Select(tirx.all(*conds), read, tirx.const(0, weights.dtype)) if conds else read
+        return masked(read, tirx.all(*conds)) if conds else read
 
     shape = (geom.kd * geom.c1_x * kernel_h * kernel_w, ext.cout1_g, C0, C0)
     return te.compute(shape, value, name=name, tag=LAYOUT_IN_TAG, attrs={LAYOUT_ADAPTER: "in"})

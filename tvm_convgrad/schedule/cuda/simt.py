@@ -99,6 +99,12 @@ def _thread_per_output(sch: s_tir.Schedule, stage, spatial, reduce, lowering: Lo
     sch.reorder(*spatial, *reduce)
     taken = set()
     pixels = bool(reduce) and len(spatial) == 5 and _is_5hd(sch, stage)  # dX: (n, c1, h, w, c0)
+    # Whether every thread of every block has an output: a ragged tile puts a predicate on the stage,
+    # and then its sum cannot stay in a register for its result stage (below).
+    if pixels:
+        exact = all(int(sch.get(lp).extent) % tile == 0 for lp, tile in zip(spatial[2:4], (TILE_ROWS, TILE_COLS)))
+    else:
+        exact = _product(sch, spatial) % THREADS_PER_BLOCK == 0
     if pixels:
         n, c1, rows, cols, c0 = spatial
         rows, rows_in = sch.split(rows, [None, TILE_ROWS])
@@ -107,7 +113,11 @@ def _thread_per_output(sch: s_tir.Schedule, stage, spatial, reduce, lowering: Lo
         bx, tx = sch.fuse(n, c1, rows, cols), sch.fuse(rows_in, cols_in, c0)
     else:
         bx, tx = sch.split(sch.fuse(*spatial), [None, THREADS_PER_BLOCK])
-    if reduce:  # before the gathers: TVM's checks on a fresh schedule do not see that they cover the reads
+    # A tile the outputs do not fill cannot keep its sums in registers for the result stage: TVM's
+    # region of the idle threads' results falls back onto real outputs (clamped to the extents, or
+    # the fused index taken modulo them), which they would write from registers they never summed
+    # into. Then the result stage is a kernel of its own.
+    if reduce and exact:  # before the gathers: TVM's checks on a fresh schedule do not see that they cover the reads
         taken |= _fuse_the_epilogue(sch, stage, tx)
     if pixels:
         taken |= {sch.get(pack).name_hint for pack in sch.get_producers(stage) if _gather_into_shared(sch, pack, stage, bx, lowering)}

@@ -1,0 +1,99 @@
+"""Child process of ``tests/test_memory_bounds.py``: run calls on guarded memory, check results.
+
+    python tests/guarded_calls.py LABEL...
+
+A label names one kernel: ``<variant>:<op>:<index>`` for the ``index``-th random valid call of
+``op`` (``tests/random_cases.py``, drawn from its own seed) built as ``variant`` says —
+
+* ``build``: :func:`tvm_convgrad.build` for this CPU, alternating with the other ISA plans it runs;
+* ``pairs``: the call in bf16, in the bf16-pair form of a ``vdpbf16ps`` target (emulated where
+  this CPU lacks the instruction); ``amx``: a dW in an AMX target's tiles (emulated likewise);
+* ``cuda``: the CUDA schedule emulated on this CPU (:func:`tvm_convgrad.emulate_cuda`);
+
+or ``fixed:<name>`` for a call of :data:`FIXED`. Each kernel runs with every input and its output
+flush against a ``PROT_NONE`` page, after the arrays and then before them
+(:class:`guard_pages.GuardedMemory`), and its result is checked against the float64 reference.
+Prints ``start <label>`` before each call and ``done`` at the end (:func:`guard_pages.run_in_children`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from framework_cases import Case  # noqa: E402
+from guard_pages import SIDES, GuardedMemory  # noqa: E402
+from random_cases import OPERATORS, inputs_and_expected, valid_case, valid_result  # noqa: E402
+from conftest import RUNNABLE_ISAS  # noqa: E402
+from tvm_convgrad import build, emulate_bf16_dot, emulate_cuda, isa_target  # noqa: E402
+
+SEED = 20261126
+VARIANTS = ("build", "pairs", "amx", "cuda")
+PAIR_OPERATORS = ("conv", "conv_v2", "deconv", "data", "data_v1")  # the operators that take bf16
+AMX_OPERATORS = ("conv", "conv_v2", "deconv")  # the weight gradients AMX tiles run
+
+_PADS1 = dict(pads_begin=(1, 1), pads_end=(1, 1), dilations=(1, 1), effective_pads=(1, 1))
+FIXED = {
+    # the calls issue 26 found reading past their tensors: 24 channels (not a multiple of 16), NCX and NXC
+    "dw-ncx-24": Case("conv_v2", 2, 24, 24, 1, (13, 11), (13, 11), (3, 3), (1, 1), data_format="NCX", weights_format="OIX", **_PADS1),
+    "dx-ncx-24": Case("data", 2, 24, 24, 1, (13, 11), (13, 11), (3, 3), (1, 1), data_format="NCX", weights_format="OIX", **_PADS1),
+    "dw-nxc-24": Case("conv_v2", 2, 24, 24, 1, (13, 11), (13, 11), (3, 3), (1, 1), **_PADS1),
+    "dx-nxc-40-bf16": Case("data", 2, 40, 24, 1, (9, 9), (5, 5), (3, 3), (2, 2), dtype="bfloat16", **_PADS1),
+    # a 3-D depthwise dW whose depth padding read before the tensor too
+    "dw-3d-depthwise": Case("conv_v2", 1, 24, 24, 24, (8, 28, 28), (8, 28, 28), (5, 1, 1), (1, 1, 1), (2, 0, 0), (2, 0, 0), (1, 1, 1),
+                            data_format="NCX", weights_format="OIX", effective_pads=(2, 0, 0)),  # fmt: skip
+    # a stem: 3 channels, 7x7 stride 2 (Cout on the lanes)
+    "dw-stem": Case("conv_v2", 2, 3, 24, 1, (32, 32), (16, 16), (7, 7), (2, 2), (3, 3), (3, 3), (1, 1), data_format="NCX",
+                    weights_format="OIX", effective_pads=(3, 3)),  # fmt: skip
+    "dw-stem-f16": Case("conv_v2", 2, 3, 24, 1, (32, 32), (16, 16), (7, 7), (2, 2), (3, 3), (3, 3), (1, 1), dtype="float16",
+                        effective_pads=(3, 3)),  # fmt: skip
+}
+"""Named calls every run includes (framework operator cases of ``tests/framework_cases.py``)."""
+
+
+def labels(per_variant: dict[str, int]) -> list[str]:
+    """Every fixed call, then ``per_variant[v]`` random calls of each operator variant ``v`` takes."""
+    ops = {"build": OPERATORS, "pairs": PAIR_OPERATORS, "amx": AMX_OPERATORS, "cuda": OPERATORS}
+    out = [f"fixed:{name}" for name in FIXED]
+    for variant, count in per_variant.items():
+        out += [f"{variant}:{op}:{i}" for i in range(count) for op in ops[variant]]
+    return out
+
+
+def _kernel(label: str):
+    """``(op, case, kernel)`` of a label."""
+    variant, op, *index = label.split(":")
+    if variant == "fixed":
+        case = FIXED[op]
+        return case.op, case, build(valid_result(case.op, case))
+    i = int(index[0])
+    case = valid_case(op, np.random.default_rng([SEED, VARIANTS.index(variant), OPERATORS.index(op), i]))
+    if variant in ("pairs", "amx"):
+        case = dataclasses.replace(case, dtype="bfloat16")
+        return op, case, emulate_bf16_dot(valid_result(op, case), amx=variant == "amx")
+    if variant == "cuda":
+        return op, case, emulate_cuda(valid_result(op, case), {"kind": "cuda", "arch": "sm_80"})
+    return op, case, build(valid_result(op, case), target=isa_target(RUNNABLE_ISAS[i % len(RUNNABLE_ISAS)]))
+
+
+def main(names: list[str]) -> None:
+    memory = GuardedMemory()
+    for label in names:
+        print("start", label, flush=True)
+        op, case, kernel = _kernel(label)
+        inputs, expected, bound = inputs_and_expected(op, case, kernel, seed=7)
+        for side in SIDES:
+            result = memory.run(kernel, inputs, side)
+            assert result.shape == expected.shape, f"{label}: shape {result.shape} != {expected.shape}"
+            ratio = float((np.abs(result.astype(np.float64) - expected) / bound).max())
+            assert ratio <= 1.0, f"{label} ({side}): error {ratio:.3g} x the bound: {case!r}"
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
