@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
+import sys
+
 import numpy as np
+import psutil
 import pytest
 
 from tvm_convgrad import isa_target
@@ -27,6 +31,82 @@ def _runnable_isas() -> list[str]:
 
 
 RUNNABLE_ISAS = _runnable_isas()
+
+
+# --- no child process outlives its test -----------------------------------------------------------
+
+_PR_SET_CHILD_SUBREAPER = 36
+LINGER_S = 10.0
+"""How long a test's child processes may take to exit after it returned."""
+
+
+def _become_subreaper() -> bool:
+    """On Linux, make this process the reaper of its orphaned descendants: a worker whose parent
+    (a CLI run, an RPC server) died is re-parented here instead of to init, so the check below
+    sees it. Elsewhere only direct descendants are checked."""
+    if not sys.platform.startswith("linux"):
+        return False
+    return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+SUBREAPER = _become_subreaper()
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def stop_process_tree(pid: int, timeout: float = 10.0):
+    """End process ``pid`` and every process under it (terminate, then kill what is left)."""
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in tree:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(tree, timeout=timeout)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=timeout)
+
+
+@pytest.fixture(autouse=True)
+def no_child_process_outlives_its_test():
+    """Fail a test whose child processes (MetaSchedule workers, RPC servers, kernels of notebooks,
+    CLI runs and what they started) are still running :data:`LINGER_S` after it returned; they
+    are killed, so that the next tests start clean. Zombies are reaped."""
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    yield
+    started = [p for p in me.children(recursive=True) if p.pid not in before]
+    _, alive = psutil.wait_procs(started, timeout=LINGER_S)
+    alive = [p for p in alive if _alive(p)]
+    for p in me.children():  # reap this process's zombies (orphans it adopted as the subreaper)
+        if p.pid not in before and not _alive(p):
+            try:
+                p.wait(timeout=0)
+            except (psutil.TimeoutExpired, psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+    if alive:
+        described = []
+        for p in alive:
+            try:
+                described.append(f"pid {p.pid}: {' '.join(p.cmdline())[:160]}")
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+        pytest.fail(f"{len(described)} child process(es) outlived the test: " + "; ".join(described), pytrace=False)
 
 slow = pytest.mark.slow
 

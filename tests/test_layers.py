@@ -1,16 +1,12 @@
 """The package's layers: imports only point down, no module takes another's private name, no file
-is over 400 lines; and the old module paths still import (``tvm_convgrad.aliases``)."""
+is over 400 lines."""
 
 from __future__ import annotations
 
 import ast
-import importlib
 from pathlib import Path
 
-import pytest
-
 import tvm_convgrad
-from tvm_convgrad.aliases import OLD_MODULES
 
 PACKAGE = Path(tvm_convgrad.__file__).parent
 LAYERS = [  # bottom first: a module may import from its own layer and the ones before it
@@ -18,7 +14,7 @@ LAYERS = [  # bottom first: a module may import from its own layer and the ones 
     {"dsl"},
     {"schedule"},
     {"compile"},
-    {"tuning", "aliases"},
+    {"tuning"},
     {"frontends", "examples", "tools"},
     {"torch", "relax"},
     {"training"},
@@ -66,30 +62,3 @@ def test_imports_point_down_and_take_no_private_names():
 def test_no_file_is_over_400_lines():
     long = {name: len(path.read_text().splitlines()) for name, path in _modules() if len(path.read_text().splitlines()) > 400}
     assert not long, long
-
-
-@pytest.mark.parametrize("old", sorted(OLD_MODULES))
-def test_old_module_paths_still_import(old):
-    module = importlib.import_module(old)
-    assert dir(module), old
-    assert callable(tvm_convgrad.build) and callable(tvm_convgrad.tune)  # the functions, not the old modules
-
-
-def test_old_names_are_the_new_objects():
-    from tvm_convgrad.bench import _torch_call, load_cases  # noqa: F401 - the old private name, renamed
-    from tvm_convgrad.build import ISA_MCPU, Kernel, isa_target
-    from tvm_convgrad.compile import Kernel as NewKernel
-    from tvm_convgrad.schedule.isa import isa_plan
-    from tvm_convgrad.schedule.tensor_core import Config, get_config
-    from tvm_convgrad.schedule.cuda import GemmConfig, GemmExtents
-    from tvm_convgrad.tools.bench import torch_call
-    from tvm_convgrad.tune import open_database, runner_from, workload_key  # noqa: F401
-    from tvm.target import Target
-
-    assert Kernel is NewKernel and _torch_call is torch_call and Config is GemmConfig
-    assert ISA_MCPU["avx2"] == "haswell" and isa_plan(isa_target("avx2")).name == "avx2"
-    assert get_config(GemmExtents(1, 64, 64, 25088), Target({"kind": "cuda", "arch": "sm_90"})).split_k > 1
-    with pytest.raises(AttributeError, match="no attribute"):
-        import tvm_convgrad.verify as verify
-
-        verify.no_such_name  # noqa: B018

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow  # the fast tier (-m "not slow") leaves these to t
 
 
 def test_there_are_notebooks():
-    assert {p.name for p in NOTEBOOKS} >= {"quickstart.ipynb", "framework_operators.ipynb"}
+    assert {p.name for p in NOTEBOOKS} >= {"01_quickstart.ipynb", "02_framework_operators.ipynb", "03_cube_schedule_explained.ipynb", "04_autotuning.ipynb", "05_train_with_relax.ipynb"}
 
 
 def _kernel_name() -> str:

@@ -28,6 +28,7 @@ import pytest
 from conftest import RUNNABLE_ISAS
 from random_cases import OPERATORS, inputs_and_expected, invalid_call, valid_case, valid_result
 from tvm_convgrad import ConvGradError, build, emulate_bf16_dot, isa_target
+from tvm_convgrad.dsl.compute.stages import NO_MAD, Formulation
 
 SEED = int(os.environ.get("CONVGRAD_SWEEP_SEED", "20261124"))
 VALID = int(os.environ.get("CONVGRAD_SWEEP_CASES", "20"))
@@ -53,6 +54,8 @@ def _report(what: str, failures: list[str], total: int, seconds: float) -> str:
     return "\n".join([head, *failures[:SHOWN]] + ([f"... and {len(failures) - SHOWN} more"] if len(failures) > SHOWN else []))
 
 
+FAMILIES = {f.family for f in Formulation} | {NO_MAD}
+"""What ``Kernel.formulation`` may say."""
 BF16_OPERATORS = ("conv", "conv_v2", "deconv", "data", "data_v1")  # the operators that take bf16
 
 
@@ -84,6 +87,8 @@ def test_every_valid_call_builds_and_matches_the_reference(op):
         try:
             kernel = build(valid_result(op, case), target=isa_target(isa))
             ratio = _worst_ratio(op, case, kernel, seed=i)
+            if kernel.formulation not in FAMILIES:
+                failures.append(f"call {i} ({isa}): Kernel.formulation {kernel.formulation!r} is none of {sorted(FAMILIES)}: {case!r}")
             if not ratio <= 1.0:
                 failures.append(f"call {i} ({isa}): error {ratio:.3g} x the bound: {case!r}")
         except Exception as err:  # noqa: BLE001 - every exception of a valid call is a failure

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from conftest import needs_torch
+
 ROOT = Path(__file__).parent.parent
 
 
@@ -32,6 +34,34 @@ def test_readme_usage_snippet_runs(tmp_path, monkeypatch, capsys):
     error = float(capsys.readouterr().out.splitlines()[0])
     assert error < 1e-4
     assert (tmp_path / "my_dw.so").exists()
+
+
+def _snippet(index: int) -> str:
+    return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)[index]
+
+
+def test_readme_is_a_front_door():
+    """Short, with the four ways in, and every document it points to exists."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    for link in re.findall(r"\]\(((?:docs|notebooks)/[^)#]*)", text):
+        assert (ROOT / link).exists(), link
+
+
+def test_readme_relax_snippet_runs(capsys):
+    snippet = _snippet(2)
+    assert "tvm_convgrad.relax import SetupTrainer" in snippet
+    exec(compile(snippet, "README.md", "exec"), {})
+    loss = float(capsys.readouterr().out.split()[-1])
+    assert 0 < loss < 10
+
+
+@needs_torch
+def test_readme_pytorch_snippet_runs(capsys):
+    snippet = _snippet(3)
+    assert "tvm_convgrad.torch import Conv2d" in snippet
+    exec(compile(snippet, "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip() == "(8, 16, 28, 28) (32, 16, 3, 3)"
 
 
 def test_readme_framework_snippet_runs(capsys):

@@ -12,9 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
-from conftest import slow
+from conftest import slow, stop_process_tree
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
@@ -23,6 +24,7 @@ from runners import TimedByPosition
 from tvm_convgrad.compile import Workload, open_database, resolve_target, workload_key
 from tvm_convgrad.isa import host_can_run
 from tvm_convgrad.tuning import runner_from
+from tvm_convgrad.tuning.runners import release
 from tvm_convgrad.tvm import placeholder
 from tvm_convgrad.tools.verify import check_kernel
 
@@ -53,6 +55,7 @@ def test_tune_locally_writes_the_trials_and_a_report(tmp_path, capsys):
     assert len(trials.get_all_tuning_records()) >= report.trials
     kernel = build(_dx("tune_local_dx"), schedules=report.database)
     assert kernel.schedule == ("tuned:best" if report.kept else "default")
+    assert build(_dx("tune_local_dx"), schedules=tmp_path / "run").schedule == kernel.schedule  # the work_dir given to tune()
     from tvm_convgrad.tuning import KEEP_MARGIN
 
     assert report.kept == (report.best_ms < report.default_ms * (1 - KEEP_MARGIN))
@@ -101,35 +104,39 @@ def _free_port() -> int:
 
 @pytest.fixture
 def rpc_tracker():
-    """A TVM RPC tracker and two device servers on localhost, started as a user would."""
+    """A TVM RPC tracker and two device servers on localhost, started as a user would; ended with
+    the processes they started (each serves from a worker process of its own), also when the test
+    fails or is interrupted."""
     port = _free_port()
     procs = [subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]  # fmt: skip
-    time.sleep(2)
-    for i in range(2):
-        server_port = _free_port()
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(server_port), "--port-end", str(server_port + 1),
-             "--tracker", f"127.0.0.1:{port}", "--key", "convgrad-test"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TVM_NUM_THREADS": "2"},
-        ))  # fmt: skip
-    from tvm import rpc
+    try:
+        time.sleep(2)
+        for i in range(2):
+            server_port = _free_port()
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(server_port), "--port-end", str(server_port + 1),
+                 "--tracker", f"127.0.0.1:{port}", "--key", "convgrad-test"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TVM_NUM_THREADS": "2"},
+            ))  # fmt: skip
+        from tvm import rpc
 
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            summary = rpc.connect_tracker("127.0.0.1", port).summary()
-            if summary["queue_info"].get("convgrad-test", {}).get("free", 0) == 2:
-                break
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
-        time.sleep(1)
-    else:
-        pytest.fail("the RPC tracker did not see two servers within 60 s")
-    yield port
-    for proc in procs:
-        proc.terminate()
-        proc.wait(timeout=10)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                summary = rpc.connect_tracker("127.0.0.1", port).summary()
+                if summary["queue_info"].get("convgrad-test", {}).get("free", 0) == 2:
+                    break
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            time.sleep(1)
+        else:
+            pytest.fail("the RPC tracker did not see two servers within 60 s")
+        yield port
+    finally:
+        for proc in reversed(procs):
+            stop_process_tree(proc.pid)
+            proc.wait(timeout=10)
 
 
 @slow
@@ -176,6 +183,31 @@ def test_tune_on_cpus_with_vnni(mcpu, tmp_path):
     assert mcpu in report.target
 
 
+def _workers() -> list:
+    return [p for p in psutil.Process().children(recursive=True) if "popen_worker" in " ".join(p.cmdline())]
+
+
+@pytest.mark.parametrize("interruption", [KeyboardInterrupt, pytest.param(RuntimeError, marks=slow)])
+def test_tune_ends_its_worker_processes_on_ctrl_c_and_on_errors(tmp_path, monkeypatch, interruption):
+    """The runner's workers (started before the search: the default is timed first) end with tune(),
+    whatever ends it."""
+    seen = []
+
+    def interrupted(*args, **kwargs):
+        seen.extend(_workers())
+        raise interruption("stopped")
+
+    monkeypatch.setattr(ms, "tune_tir", interrupted)  # what tune() calls the search through
+    try:
+        tune(_dw("tune_interrupted"), trials=2, work_dir=tmp_path, progress=False)
+    except interruption:  # checked while the exception (and tune's frame in its traceback) is alive
+        assert seen, "the runner had started no worker before the search"
+        alive = [p.pid for p in seen if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, f"tune() left its workers {alive} running"
+    else:
+        pytest.fail("tune() did not raise")
+
+
 def test_tune_and_build_reject_bad_arguments(tmp_path):
     with pytest.raises(ConvGradError, match="runner"):
         runner_from("tcp://host:1/key")
@@ -186,7 +218,7 @@ def test_tune_and_build_reject_bad_arguments(tmp_path):
     if not (tvm.runtime.enabled("cuda") and tvm.cuda(0).exist):
         with pytest.raises(ConvGradError, match="runner = 'local': needs a CUDA GPU on this machine"):
             tune(_dw("tune_bad"), target="cuda", trials=1, work_dir=tmp_path)
-    with pytest.raises(ConvGradError, match="schedules"):
+    with pytest.raises(ConvGradError, match="schedules.*or the work_dir of a tune"):
         build(_dw("tune_bad"), schedules=tmp_path / "no-database-here")
     foreign = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1"}
     if not host_can_run(tvm.target.Target(foreign)):  # code this host cannot run is timed over RPC
@@ -240,7 +272,11 @@ def test_local_runner_times_on_every_core():
     from tvm_convgrad import usable_cores
     from tvm_convgrad.tuning.runners import use_every_core
 
-    assert runner_from("local").pool._initializer is use_every_core
+    runner = runner_from("local")
+    try:
+        assert runner.pool._initializer is use_every_core
+    finally:
+        release(runner)
     code = "import os; from tvm_convgrad.tuning.runners import use_every_core; use_every_core(); print(os.environ['TVM_NUM_THREADS'])"
     env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120).stdout.split()

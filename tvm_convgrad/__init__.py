@@ -5,7 +5,7 @@ the Ascend layouts (5HD, FracZ) with TBE's exact signatures; ``frontends.onednn`
 ``frontends.dsp`` give the framework operators (oneDNN Graph, the DSP library) on the same
 compute; :func:`build` compiles any of them for LLVM or CUDA with the package's cube schedules,
 and :func:`tune` searches their schedule space on MetaSchedule. ``docs/architecture.md`` maps
-the layers; the README gives a tour.
+the layers; the README and ``docs/`` give a tour.
 """
 
 from __future__ import annotations
@@ -15,15 +15,12 @@ from .machine import usable_cores, use_every_core
 use_every_core()  # TVM's thread pool reads it when it starts: before any kernel runs
 
 from . import dsl, frontends, layout, reference, tvm  # noqa: E402
-from .aliases import install as _install_old_paths  # noqa: E402
 from .compile import (  # noqa: E402
     ArgSpec, Kernel, Timing, Workload, build, emulate_bf16_dot, emulate_cuda, isa_target, lower, pass_context, resolve_target,
 )  # fmt: skip
 from .errors import ConvGradError  # noqa: E402
 from .params import ConvGeometry, ConvGradParams  # noqa: E402
 from .tuning import TuneReport, tune  # noqa: E402
-
-_install_old_paths()
 
 __version__ = "0.1.0"
 

@@ -25,7 +25,7 @@ from .. import schedule
 from ..isa import host_can_run
 from ..schedule.cpu.amx import request_amx
 from .kernel import Kernel
-from .records import SHIPPED, shipped_schedules, tuned_schedule
+from .records import SHIPPED, database_folder, shipped_schedules, tuned_schedule
 from .target import pass_context, resolve_target
 from .workload import Workload
 
@@ -75,6 +75,7 @@ def _schedule(func: tirx.PrimFunc, target: Target, schedules) -> tuple[Any, str]
     """``(s_tir.Schedule, how)``: a tuned record's when the database has one, else the rule's."""
     path = shipped_schedules(target) if schedules == SHIPPED else schedules
     if path is not None:
+        path = database_folder(path)  # a tune() work_dir: its kept records
         sch = tuned_schedule(func, target, path)
         if sch is not None:
             return sch, f"tuned:{os.path.basename(os.path.normpath(path))}"
@@ -87,7 +88,8 @@ def build(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target 
     ``tensors`` is the result of ``tvm_convgrad.dsl`` (its inputs are known), or the argument
     list ``[inputs..., result]`` as for ``te.create_prim_func``. ``schedules``: the tuning
     records to look the workload up in — the ones shipped for this target (default), a database
-    folder written by :func:`tvm_convgrad.tune`, or None for the rule's default schedule
+    folder written by :func:`tvm_convgrad.tune` (``report.database``) or the ``work_dir`` given to
+    it (its kept records), or None for the rule's default schedule
     (``Kernel.schedule`` says which was used). Compiled kernels are cached by workload, target
     and schedules: building the same thing twice returns the same :class:`Kernel`.
     """

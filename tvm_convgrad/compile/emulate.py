@@ -18,7 +18,7 @@ from ..isa import has_amx_bf16, has_bf16_dot, host_can_run
 from ..schedule.cpu.amx import request_amx
 from ..schedule.cuda import CudaRule
 from .kernel import Kernel
-from .records import schedule_key, tuned_schedule
+from .records import database_folder, schedule_key, tuned_schedule
 from .target import pass_context, resolve_target
 from .workload import Workload
 
@@ -53,6 +53,7 @@ def emulate_cuda(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | 
     rule, how = CudaRule(emulate=True), "emulated:" + schedule_key(cuda)
     sch, decisions = rule.apply(func, cuda, tunable=True), None
     if schedules is not None:
+        schedules = database_folder(schedules)  # a tune() work_dir: its kept records
         tuned = tuned_schedule(func, cuda, schedules)
         if tuned is None:
             raise ConvGradError("emulate_cuda", "schedules", str(schedules), f"must hold a tuned record of {name} for {cuda}")

@@ -99,8 +99,10 @@ class Kernel:
         kernel computes, or None for the TBE DSL's (whose inputs are 5HD / FracZ, see ``params``)."""
         self.flops = workload.flops
         self.formulation = workload.formulation
-        """Which compute the gradient uses: ``"cube"`` (16x16 blocks), ``"cout-lanes"`` (dW with
-        Cout on the lanes), ``"pixel-lanes"`` (dX with output columns on the lanes), ``"depthwise"``."""
+        """Which compute the gradient uses: ``"cube"`` (16x16 blocks; ``"cube-bf16"`` / ``"cube-amx"``
+        its bf16-pair forms), ``"cout-lanes"`` (dW with Cout on the lanes; ``"cout-lanes-bf16"``),
+        ``"pixel-lanes"`` (dX with output columns on the lanes), ``"depthwise"``, or ``"zero"`` (a
+        dX no tap reaches: the result is 0, no mad)."""
         self._ptx: str | None = None
 
     @property

@@ -24,7 +24,7 @@ from ..isa import isa_plan
 from ..schedule.base import mads
 from ..schedule.cuda.intrinsics import cuda_intrinsics
 
-__all__ = ["SHIPPED", "WORKLOAD", "open_database", "schedule_key", "shipped_schedules", "tuned_schedule", "workload_key"]
+__all__ = ["SHIPPED", "WORKLOAD", "database_folder", "open_database", "schedule_key", "shipped_schedules", "tuned_schedule", "workload_key"]
 
 SHIPPED = "shipped"
 """``build(..., schedules=SHIPPED)``: the tuned records shipped for the target, if any."""
@@ -70,14 +70,25 @@ def workload_key(func: tirx.PrimFunc) -> tvm.IRModule:
 _DATABASES: dict[str, ms.database.Database] = {}
 
 
-def open_database(path: str | Path, create: bool = False) -> ms.database.Database:
-    """The JSON database in folder ``path`` (cached)."""
+def database_folder(path: str | Path) -> Path:
+    """The database folder ``path`` names: ``path`` itself when it holds a MetaSchedule JSON
+    database, else the kept records of a :func:`tvm_convgrad.tune` ``work_dir`` (``path/best``)."""
     path = Path(path)
+    if not (path / "database_workload.json").exists() and (path / "best" / "database_workload.json").exists():
+        return path / "best"
+    return path
+
+
+def open_database(path: str | Path, create: bool = False) -> ms.database.Database:
+    """The JSON database in folder ``path``, or in the kept records of the tune ``work_dir`` ``path``
+    (cached)."""
+    path = Path(path) if create else database_folder(path)
     key = str(path.resolve())
     if key not in _DATABASES:
         if not create and not (path / "database_workload.json").exists():
             raise ConvGradError("build", "schedules", str(path), "must be a folder holding a MetaSchedule JSON database "
-                                "(database_workload.json, database_tuning_record.json)")  # fmt: skip
+                                "(database_workload.json, database_tuning_record.json), or the work_dir of a tune() run "
+                                "(its kept records are in best/)")  # fmt: skip
         path.mkdir(parents=True, exist_ok=True)
         _DATABASES[key] = ms.database.JSONDatabase(work_dir=str(path))
     return _DATABASES[key]

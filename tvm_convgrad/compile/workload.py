@@ -78,8 +78,10 @@ class Workload:
         return int(self.output.op.attrs["flops"])
 
     @property
-    def formulation(self) -> str | None:
-        """``cube``, ``cout-lanes``, ``pixel-lanes`` or ``depthwise`` (see :class:`~tvm_convgrad.dsl.compute.Formulation`)."""
+    def formulation(self) -> str:
+        """``cube``, ``cube-bf16``, ``cube-amx``, ``cout-lanes``, ``cout-lanes-bf16``, ``pixel-lanes``,
+        ``depthwise`` (see :class:`~tvm_convgrad.dsl.compute.Formulation`), or ``zero`` (a dX no tap
+        reaches: no mad)."""
         return formulation(t.op.attrs for t in _graph_tensors(self.output) if isinstance(t.op, te.ComputeOp))
 
     def prim_func(self, target: Target, name: str | None = None) -> tirx.PrimFunc:

@@ -14,30 +14,15 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-import tvm
 from tvm import te, tirx
 
 from .. import layout
+from ..dsl.compute.common import masked
 from ..dsl.compute.stages import LAYOUT_ADAPTER, LAYOUT_IN_TAG, LAYOUT_OUT_TAG
 from ..layout import C0, ceil_div
 from ..params.framework import ConvView
 
-__all__ = ["as_5hd", "as_fracz", "data_stage", "masked", "weight_stage"]
-
-
-def masked(read: tirx.PrimExpr, keep: tirx.PrimExpr) -> tirx.PrimExpr:
-    """``read`` where ``keep`` holds, else +0, without a ``Select`` around the read.
-
-    ``Select`` evaluates both operands (a vectorized one loads every lane), and TVM's simplifier
-    rewrites its true operand under its condition: an index clamped into the tensor there loses
-    its clamp (``min(c, C-1)`` is ``c`` where ``c < C``), and the lanes past the tensor load from
-    outside it. Here ``read`` (whose index the caller clamps into the tensor) is ANDed with a
-    mask of all-ones or zeros: no condition reaches its index, and no Inf or NaN of the clamped
-    element leaks into the lanes dropped."""
-    bits = tvm.DataType(read.dtype).bits
-    itype = f"int{bits}"
-    mask = tirx.Select(keep, tirx.const(-1, itype), tirx.const(0, itype))
-    return tirx.reinterpret(read.dtype, tirx.reinterpret(itype, read) & mask)
+__all__ = ["as_5hd", "as_fracz", "data_stage", "weight_stage"]
 
 
 def as_5hd(tensor: te.Tensor, data_format: str, name: str) -> te.Tensor:

@@ -99,7 +99,7 @@ class ConvView:
 @dataclass(frozen=True)
 class FrameworkCall:
     """A framework operator's call in its own terms, kept on its result for whoever checks or
-    describes the kernel (:func:`tvm_convgrad.verify.check_kernel`, the command line).
+    describes the kernel (:func:`tvm_convgrad.tools.verify.check_kernel`, the command line).
 
     ``op`` is the operator's name (``ConvolutionBackpropFilters``, ``ConvolutionBackwardWeights``,
     ``ConvTransposeBackwardWeights``, ``DeconvGradFilter``, ``ConvolutionBackwardData``,

@@ -4,7 +4,7 @@
 ...     print(entry)          # bench_wgrad_..._kernel: 128 registers, 0 B spilled, 4096 B shared + 19456 B dynamic
 
 :data:`MAX_REGISTERS` is what a thread may hold on every arch since sm_35; the package's shared-memory
-budget is :data:`tvm_convgrad.schedule.tensor_core.SHARED_BYTES` (48 KB, below the H100's 227 KB).
+budget is :data:`tvm_convgrad.schedule.cuda.gemm.SHARED_BYTES` (48 KB, below the H100's 227 KB).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ the package's) it reports:
 
 Both modules are compiled for this CPU (``resolve_target("llvm")``: its ``mcpu``, so its vector
 ISA); Relax's as a Relax user compiles it, the package's inside :func:`tvm_convgrad.pass_context`,
-as the README says to compile a trainer (TVM's ``NarrowDataType`` otherwise costs its kernels ~13%).
+as docs/training.md says to compile a trainer (TVM's ``NarrowDataType`` otherwise costs its kernels ~13%).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from tvm.target import Target
 from ..compile import pass_context
 from ..errors import ConvGradError
 
-__all__ = ["BUILD_TIMEOUT_S", "RPC_URL", "RUN_TIMEOUT_S", "compile_candidate", "local_builder", "measure", "runner_from", "use_every_core"]
+__all__ = ["BUILD_TIMEOUT_S", "RPC_URL", "RUN_TIMEOUT_S", "compile_candidate", "local_builder", "measure", "release", "runner_from", "use_every_core"]
 
 RPC_URL = re.compile(r"^rpc://(?P<host>[^:/]+):(?P<port>\d+)/(?P<key>[\w.\-]+)$")
 BUILD_TIMEOUT_S = 60
@@ -58,6 +58,15 @@ def runner_from(runner: str | ms.runner.Runner, timeout_s: float = RUN_TIMEOUT_S
                                  session_timeout_sec=int(timeout_s))  # fmt: skip
     return ms.runner.RPCRunner(rpc_config=config, evaluator_config=evaluator, max_workers=1)
 
+
+
+def release(runner: ms.runner.Runner) -> None:
+    """End the worker processes of a runner this package made (a local or RPC runner keeps a
+    worker pool as long as it lives; its processes would otherwise wait for the garbage
+    collector, or outlive the program)."""
+    pool = getattr(runner, "pool", None)
+    if pool is not None:
+        pool.shutdown(wait=True)
 
 
 def local_builder() -> ms.builder.LocalBuilder:

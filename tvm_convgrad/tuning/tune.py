@@ -42,7 +42,7 @@ from ..errors import ConvGradError
 from ..isa import host_can_run
 from ..schedule import rule_for
 from ..schedule.cuda import with_limits
-from .runners import local_builder, measure, runner_from
+from .runners import local_builder, measure, release, runner_from
 from .space import Progress, cost_model, design_space, quiet_meta_schedule_console, seed_with_the_default, tensor_intrinsics_quickly
 
 __all__ = ["KEEP_MARGIN", "POPULATION", "REMEASURE_ROUNDS", "TuneReport", "tune"]
@@ -136,45 +136,48 @@ def tune(
     space = design_space(rule, target, postprocs)
     builder = local_builder()
     run = runner_from(runner)
-    model = cost_model()
-    bar = Progress(trials, progress)
-    callbacks = [*ms.measure_callback.MeasureCallback.create("default"), bar]
-    quiet_meta_schedule_console()
-    print(f"tuning {name}: {trials} trials, cost model {model}" + ("" if model == "xgb" else " (pip install xgboost for XGBoost)"))
-    start = time.perf_counter()
-    (work_dir / "trials").mkdir(parents=True, exist_ok=True)
-    trials_db = ms.database.JSONDatabase(work_dir=str(work_dir / "trials"))
-    seed_with_the_default(trials_db, mod, rule, target, builder, run, func)
-    with tensor_intrinsics_quickly(target):
-        ms.tune_tir(
-            mod, target, str(work_dir / "trials"), max_trials_global=trials, num_trials_per_iter=min(16, trials),
-            builder=builder, runner=run, database=trials_db, cost_model=model, measure_callbacks=callbacks,
-            space=space, seed=seed, strategy=ms.search_strategy.EvolutionarySearch(population_size=POPULATION, init_min_unmeasured=16),
+    try:  # the runner's worker processes end with the run, also on an error or Ctrl-C
+        model = cost_model()
+        bar = Progress(trials, progress)
+        callbacks = [*ms.measure_callback.MeasureCallback.create("default"), bar]
+        quiet_meta_schedule_console()
+        print(f"tuning {name}: {trials} trials, cost model {model}" + ("" if model == "xgb" else " (pip install xgboost for XGBoost)"))
+        start = time.perf_counter()
+        (work_dir / "trials").mkdir(parents=True, exist_ok=True)
+        trials_db = ms.database.JSONDatabase(work_dir=str(work_dir / "trials"))
+        seed_with_the_default(trials_db, mod, rule, target, builder, run, func)
+        with tensor_intrinsics_quickly(target):
+            ms.tune_tir(
+                mod, target, str(work_dir / "trials"), max_trials_global=trials, num_trials_per_iter=min(16, trials),
+                builder=builder, runner=run, database=trials_db, cost_model=model, measure_callbacks=callbacks,
+                space=space, seed=seed, strategy=ms.search_strategy.EvolutionarySearch(population_size=POPULATION, init_min_unmeasured=16),
+            )  # fmt: skip
+        bar.bar.close()
+        best = trials_db.query_tuning_record(mod, target, WORKLOAD)
+        default_mod = tvm.IRModule({WORKLOAD: rule.apply(func, target).mod["main"]})
+        tuned = None
+        if best is not None:
+            tuned = s_tir.Schedule(mod)
+            best.trace.apply_to_schedule(tuned, remove_postproc=False)
+            if tvm_ffi.structural_equal(tuned.mod, default_mod):  # the default itself: however it timed, nothing to keep
+                tuned = None
+        if tuned is not None:
+            rounds = measure(builder, run, [default_mod, tuned.mod], target, func, REMEASURE_ROUNDS)
+            default_s = statistics.median(r[0] for r in rounds)
+            best_s = statistics.median(r[1] for r in rounds)
+        else:
+            default_s = best_s = measure(builder, run, [default_mod], target, func)[0][0]
+        kept = tuned is not None and best_s < default_s * (1 - KEEP_MARGIN)
+        keep = open_database(best_dir, create=True)  # exists even when empty: build falls back to the default
+        if kept:
+            record = ms.database.TuningRecord(best.trace, keep.commit_workload(workload_key(named)), [best_s], target, best.args_info)
+            keep.commit_tuning_record(record)  # into the cached database build() reads too
+        return TuneReport(
+            name=name, target=str(target), runner=runner if isinstance(runner, str) else type(runner).__name__,
+            cost_model=model, trials=bar.trials, default_ms=default_s * 1e3, best_ms=best_s * 1e3, kept=kept,
+            database=str(best_dir), work_dir=str(work_dir), seconds=time.perf_counter() - start,
+            failures=bar.failures, curve_ms=[t * 1e3 for t in bar.curve],
         )  # fmt: skip
-    bar.bar.close()
-    best = trials_db.query_tuning_record(mod, target, WORKLOAD)
-    default_mod = tvm.IRModule({WORKLOAD: rule.apply(func, target).mod["main"]})
-    tuned = None
-    if best is not None:
-        tuned = s_tir.Schedule(mod)
-        best.trace.apply_to_schedule(tuned, remove_postproc=False)
-        if tvm_ffi.structural_equal(tuned.mod, default_mod):  # the default itself: however it timed, nothing to keep
-            tuned = None
-    if tuned is not None:
-        rounds = measure(builder, run, [default_mod, tuned.mod], target, func, REMEASURE_ROUNDS)
-        default_s = statistics.median(r[0] for r in rounds)
-        best_s = statistics.median(r[1] for r in rounds)
-    else:
-        default_s = best_s = measure(builder, run, [default_mod], target, func)[0][0]
-    kept = tuned is not None and best_s < default_s * (1 - KEEP_MARGIN)
-    keep = open_database(best_dir, create=True)  # exists even when empty: build falls back to the default
-    if kept:
-        record = ms.database.TuningRecord(best.trace, keep.commit_workload(workload_key(named)), [best_s], target, best.args_info)
-        keep.commit_tuning_record(record)  # into the cached database build() reads too
-    return TuneReport(
-        name=name, target=str(target), runner=runner if isinstance(runner, str) else type(runner).__name__,
-        cost_model=model, trials=bar.trials, default_ms=default_s * 1e3, best_ms=best_s * 1e3, kept=kept,
-        database=str(best_dir), work_dir=str(work_dir), seconds=time.perf_counter() - start,
-        failures=bar.failures, curve_ms=[t * 1e3 for t in bar.curve],
-    )  # fmt: skip
-
+    finally:
+        if run is not runner:  # a runner this call made (one passed in is the caller's to end)
+            release(run)

@@ -50,7 +50,7 @@ from tvm import te, tirx
 from ... import layout
 from ...layout import C0
 from ...params import ConvGradParams
-from .common import ACC, guarded
+from .common import ACC, guarded, masked
 from .depthwise import depthwise, depthwise_input_phases
 from .pairs import pair, pair_dot
 from .phases import AxisPhase, DepthFold, DyWindow, axis_phases, depth_fold, dy_window, phase_stage_name
@@ -234,8 +234,8 @@ def _pixel_lane_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams
 
     phases = [(ph, pw, phase_mad(ph, pw)) for ph in rows for pw in cols]
 
-    def read(mad, n, c1, j, i, c0):  # branch-free (the index is clamped): vectorizes over c0
+    def read(mad, n, c1, j, i, c0):  # branch-free, inside the mad (the index clamped, the lanes past Cin masked): vectorizes over c0
         channel = c1 * C0 + c0
-        return tirx.Select(channel < g.cin, mad[n, tirx.min(channel, g.cin - 1), j, i], tirx.const(0.0, ACC))
+        return masked(mad[n, tirx.min(channel, g.cin - 1), j, i], channel < g.cin) if g.c1_x * C0 > g.cin else mad[n, channel, j, i]
 
     return phases, read

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tvm
 from tvm import te, tirx
 
 from .stages import CONVERT_IN_PLACE
@@ -44,3 +45,18 @@ def inside(positions, before, size, extent) -> list:
         conds += [p >= b] if b > 0 else []
         conds += [p < b + n] if e > b + n else []
     return conds
+
+
+def masked(read: tirx.PrimExpr, keep: tirx.PrimExpr) -> tirx.PrimExpr:
+    """``read`` where ``keep`` holds, else +0, without a ``Select`` around the read.
+
+    ``Select`` evaluates both operands (a vectorized one loads every lane), and TVM's simplifier
+    rewrites its true operand under its condition: an index clamped into the tensor there loses
+    its clamp (``min(c, C-1)`` is ``c`` where ``c < C``), and the lanes past the tensor load from
+    outside it. Here ``read`` (whose index the caller clamps into the tensor) is ANDed with a
+    mask of all-ones or zeros: no condition reaches its index, and no Inf or NaN of the clamped
+    element leaks into the lanes dropped."""
+    bits = tvm.DataType(read.dtype).bits
+    itype = f"int{bits}"
+    mask = tirx.Select(keep, tirx.const(-1, itype), tirx.const(0, itype))
+    return tirx.reinterpret(read.dtype, tirx.reinterpret(itype, read) & mask)

@@ -135,9 +135,15 @@ def phase_name(prefix: str, rh: int, rw: int, rd: int | None = None) -> str:
     return f"{prefix}_{rh}_{rw}" if rd is None else f"{prefix}_{rd}_{rh}_{rw}"
 
 
-def formulation(attrs: Iterable) -> str | None:
-    """The family of the gradient whose stages have attribute maps ``attrs`` (None without a mad)."""
+NO_MAD = "zero"
+"""The family of a gradient without a mad: a dX no tap reaches (every window lies in the padding),
+identically 0."""
+
+
+def formulation(attrs: Iterable) -> str:
+    """The family of the gradient whose stages have attribute maps ``attrs`` (:data:`NO_MAD`
+    without a mad)."""
     for stage_attrs in attrs:
         if stage_attrs is not None and FORMULATION in stage_attrs:
             return Formulation(str(stage_attrs[FORMULATION])).family
-    return None
+    return NO_MAD

@@ -16,7 +16,7 @@ LLVM IR function (:data:`DPBF16_LLVM`) imported into the module through the mad'
 each an fp32 FMA rounded to nearest even, with bf16 denormal inputs read as zero (DAZ) and
 denormal results flushed to zero (FTZ); MXCSR is neither read nor written. The products of two
 bf16 values are exact in fp32, so a pair costs two roundings: one per product, as the fp32
-cube's one FMA per product. What differs from the exact path is the flushing (see the README's
+cube's one FMA per product. What differs from the exact path is the flushing (see ``docs/isa.md``'s
 bound).
 
 A target without the instruction never gets this form (its bf16 gradients keep the exact fp32

@@ -4,7 +4,7 @@ For every case of the benchmark shape set and each gradient, on this machine's G
 
 * ours: the DSL kernel built for the GPU's arch (float16 inputs in TBE layouts, float32
   accumulation, the result in the TBE result layout), first checked against the float64
-  reference (:func:`~tvm_convgrad.verify.check_kernel`: a kernel that computes the wrong thing is
+  reference (:func:`~tvm_convgrad.tools.verify.check_kernel`: a kernel that computes the wrong thing is
   not timed, it is named in the report and the command exits with status 1);
 * PyTorch: ``torch.nn.grad.conv2d_weight`` / ``conv2d_input`` on float16 NCHW CUDA tensors —
   cuDNN, with ``torch.backends.cudnn.benchmark`` on so that it first picks its fastest algorithm

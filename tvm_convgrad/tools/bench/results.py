@@ -73,7 +73,7 @@ class CheckFailed(RuntimeError):
 
 
 def checked(kernel: Kernel, case: str, op: str, failures: list[BenchFailure]) -> Check | None:
-    """The kernel's check against the float64 reference (:func:`~tvm_convgrad.verify.check_kernel`),
+    """The kernel's check against the float64 reference (:func:`~tvm_convgrad.tools.verify.check_kernel`),
     or None, with the failure recorded, when it does not match."""
     check = check_kernel(kernel)
     if check.ok:
