@@ -28,10 +28,14 @@ __all__ = ["as_5hd", "as_fracz", "data_stage", "weight_stage"]
 def as_5hd(tensor: te.Tensor, data_format: str, name: str) -> te.Tensor:
     """``tensor`` (NCX or NXC, rank 3-5) as 5HD / NDC1HWC0, channels past C read as 0.
 
-    The stage reads only inside the tensor: the channel blocks before the last read their 16
-    channels as they are (contiguous in NXC); the last, partial block reads its lanes past C at
-    channel C-1 and masks them to 0 (:func:`masked`). The branch between the two is the same for
-    every lane, so it does not keep a vectorized stage from vectorizing."""
+    The stage reads only inside the tensor, and branch-free within a block of 16 channels (the
+    branches below are the same for every lane, so they do not keep it from vectorizing):
+
+    * the blocks before the last read their 16 channels as they are (contiguous in NXC);
+    * the last, partial block of an NXC pixel reads its 16 lanes contiguously too: the lanes past
+      C fall on the next pixel's channels, inside the tensor, and are dropped; but at the
+      tensor's last pixel, and for every partial block of NCX (its lanes are channel planes
+      apart), the lanes past C read channel C-1 and are masked to 0 (:func:`masked`)."""
     shape = [int(d) for d in tensor.shape]
     channels = shape[1] if data_format == "NCX" else shape[-1]
     spatial = shape[2:] if data_format == "NCX" else shape[1:-1]
@@ -52,6 +56,9 @@ def as_5hd(tensor: te.Tensor, data_format: str, name: str) -> te.Tensor:
         if channels % C0 == 0:
             return read(c)
         last = masked(read(tirx.min(c, channels - 1)), c < channels)
+        if data_format == "NXC":
+            final_pixel = tirx.all(*(i == extent - 1 for i, extent in zip((n, *at), (shape[0], *spatial))))
+            last = tirx.if_then_else(final_pixel, last, tirx.Select(c < channels, read(c), tirx.const(0, tensor.dtype)))
         return last if blocks == 1 else tirx.if_then_else(c1 < blocks - 1, read(c), last)
 
     return te.compute(
