@@ -14,7 +14,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
+import ml_dtypes
+import numpy as np
 
 import guarded_calls
 from conftest import slow
@@ -42,9 +43,6 @@ def test_the_guard_pages_catch_a_stray_read():
 
 
 def test_guarded_arrays_hold_their_values():
-    import numpy as np
-    import ml_dtypes
-
     memory = GuardedMemory()
     for dtype in (np.float32, np.float16, ml_dtypes.bfloat16):
         values = np.arange(12, dtype=np.float32).reshape(3, 4).astype(dtype)
@@ -60,4 +58,6 @@ def test_the_calls_issue_26_found_and_one_of_each_operator_stay_inside():
 
 @slow
 def test_random_calls_of_every_operator_and_formulation_stay_inside():
+    """Random calls of every operator built for this CPU's ISA plans, in the bf16-pair form, in AMX
+    tiles and as the emulated CUDA schedule."""
     _assert_clean(guarded_calls.labels({"build": 12, "pairs": 6, "amx": 4, "cuda": 3})[len(guarded_calls.FIXED) :])
