@@ -12,7 +12,10 @@ float64 reference.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +24,7 @@ import benchdnn_shapes
 from benchdnn_shapes import BenchdnnError, parse_descriptor, problems, shape_files
 from conftest import slow
 from random_cases import inputs_and_expected, valid_result
-from tvm_convgrad import build
+from tvm_convgrad import build, usable_cores
 
 OPS = ("conv_v2", "data", "deconv")
 MAX_MACS = 3e8
@@ -51,15 +54,32 @@ def _run(problem, op: str, index: int, dtype: str = "float32") -> str | None:
         return f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}"
 
 
+def _failure(problem, op: str, index: int, dtype: str) -> str | None:
+    what = _run(problem, op, index, dtype)
+    return what and f"{problem.where} {problem.descriptor} {op} ({_case(problem, op, index, dtype).name()}): {what}"
+
+
 def _sweep(selected: list[tuple[object, int]], dtype: str = "float32") -> None:
-    failures, start = [], time.perf_counter()
-    for problem, index in selected:
-        for op in OPS:
-            what = _run(problem, op, index, dtype)
-            if what:
-                failures.append(f"{problem.where} {problem.descriptor} {op} ({_case(problem, op, index, dtype).name()}): {what}")
+    """Every operator on every selected ``(problem, index)``."""
+    start = time.perf_counter()
+    failures = [f for problem, index in selected for op in OPS if (f := _failure(problem, op, index, dtype))]
     head = f"{len(failures)} of {len(selected) * len(OPS)} {dtype} calls failed in {time.perf_counter() - start:.0f} s"
     assert not failures, "\n".join([head, *failures[:15]])
+
+
+def _sweep_in_children(path: Path, every: int, dtype: str) -> None:
+    """:func:`_sweep` over every ``every``-th small problem of ``path``, split between a child
+    process per core (the builds are single-threaded): ``python tests/test_benchdnn.py FILE
+    EVERY DTYPE PART PARTS``."""
+    parts = usable_cores()
+    children = [subprocess.Popen([sys.executable, __file__, path.name, str(every), dtype, str(k), str(parts)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for k in range(parts)]  # fmt: skip
+    failures = []
+    for child in children:
+        out, err = child.communicate(timeout=3600)
+        if child.returncode != 0:
+            failures.append(f"exit {child.returncode}: {err[-3000:]}")
+    assert not failures, "\n".join(failures)
 
 
 # --- the parser ----------------------------------------------------------------------------------
@@ -145,11 +165,9 @@ def _quick(path) -> list:
 
 @pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
 def test_a_sample_of_each_file_matches_the_reference(path):
-    """Two problems of each file (its middle and its last quick one) through the three operators,
-    formats alternating, f32."""
+    """A problem of each file (its middle quick one) through the three operators, f32."""
     quick = _quick(path)
-    chosen = sorted({len(quick) // 2, len(quick) - 1})
-    _sweep([(quick[i], i) for i in chosen])
+    _sweep([(quick[len(quick) // 2], len(quick) // 2)])
 
 
 @pytest.mark.parametrize("path", FILES[::4], ids=[p.name for p in FILES[::4]])
@@ -162,7 +180,12 @@ def test_a_bf16_slice_matches_the_reference(path):
 @pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
 def test_every_small_problem_matches_the_reference(path):
     """Every problem under MAX_MACS at mb <= 2, the three operators, formats alternating; every
-    fifth also in bf16."""
-    small = _small(path)
-    _sweep([(p, i) for i, p in enumerate(small)])
-    _sweep([(p, i) for i, p in enumerate(small) if i % 5 == 2], dtype="bfloat16")
+    tenth also in bf16. A process per core."""
+    _sweep_in_children(path, 1, "float32")
+    _sweep_in_children(path, 10, "bfloat16")
+
+
+if __name__ == "__main__":  # a child of _sweep_in_children: its part of a file's small problems
+    name, every, dtype, part, parts = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+    chosen = [(p, i) for i, p in enumerate(_small(benchdnn_shapes.SHAPES / name)) if i % every == (2 % every)]
+    _sweep(chosen[part::parts], dtype)

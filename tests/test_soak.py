@@ -1,5 +1,5 @@
 """A long process stays up (issue 26.4): ``tests/soak.py`` in a child process builds, runs and checks
-``CONVGRAD_SOAK_KERNELS`` distinct kernels (default 200 in the suite; the full soak is 3000:
+``CONVGRAD_SOAK_KERNELS`` distinct kernels (default 100 in the suite; the full soak is 3000:
 ``CONVGRAD_SOAK_KERNELS=3000 python -m pytest -q tests/test_soak.py -s``), calling cached kernels
 from two threads at once, and reports its peak RSS and how RSS grows."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from conftest import slow
 
-KERNELS = int(os.environ.get("CONVGRAD_SOAK_KERNELS", "200"))
+KERNELS = int(os.environ.get("CONVGRAD_SOAK_KERNELS", "100"))
 MAX_GROWTH_MB_PER_1000 = 400  # a leak of more than ~0.4 MB per kernel built is a failure
 
 
