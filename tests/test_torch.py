@@ -149,7 +149,8 @@ def test_padding_modes_and_same_pads_follow_pytorch():
         (lambda x, w: conv2d(x, w, padding="full"), "padding"),
         (lambda x, w: conv2d(x, w, stride=2, padding="same"), "padding"),
         (lambda x, w: conv2d(x, w, groups=3), "groups"),
-        (lambda x, w: conv2d(x[0], w), "input.dim()"),
+        (lambda x, w: conv2d(x[None], w), "input.dim()"),
+        (lambda x, w: conv2d(x, w[0]), "weight.dim()"),
     ],
 )
 def test_bad_arguments_are_conv_grad_errors(call, param):
@@ -157,6 +158,62 @@ def test_bad_arguments_are_conv_grad_errors(call, param):
     with pytest.raises(ConvGradError) as err:
         call(x, w)
     assert err.value.param == param
+
+
+def test_a_wrong_rank_names_both_ranks():
+    with pytest.raises(ConvGradError, match=r"input.dim\(\) = 2, weight.dim\(\) = 4"):
+        conv2d(torch.rand(6, 6), torch.rand(4, 4, 3, 3))
+
+
+def test_unbatched_input_is_one_image():
+    torch.manual_seed(0)
+    layer = Conv2d(4, 6, 3, stride=2, padding=1)
+    x = torch.rand(4, 9, 7, requires_grad=True)
+    y = layer(x)
+    assert y.shape == torch.nn.functional.conv2d(x, layer.weight, layer.bias, 2, 1).shape == (6, 5, 4)
+    y.backward(torch.ones_like(y))
+    batched = x.detach()[None].requires_grad_()
+    layer.weight.grad, weight_grad = None, layer.weight.grad.clone()
+    layer(batched).sum().backward()
+    torch.testing.assert_close(x.grad, batched.grad[0])
+    torch.testing.assert_close(weight_grad, layer.weight.grad)
+
+
+def test_double_backward_runs_the_package_operators():
+    """``create_graph=True``: the gradients of the gradient operators are the three operators
+    again (gradgradcheck, float64 run in float32: finite differences of a bilinear function, exact
+    at any step, so a coarse step keeps float32's rounding out of them)."""
+    torch.manual_seed(0)
+    x = torch.rand(2, 4, 7, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(6, 2, 3, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda a, c: conv2d(a, c, None, (2, 1), (1, 0), (1, 2), 2), (x, w), eps=1e-3, atol=1e-3, rtol=1e-3)
+    y = conv2d(x.float(), w.float(), None, 1, 1, 1, 2)
+    (dx,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+    assert dx.grad_fn is not None
+    penalty = dx.square().sum()  # a gradient penalty, as WGAN-GP trains with
+    penalty.backward()
+    assert w.grad is not None and torch.isfinite(w.grad).all()
+
+
+def test_autocast_casts_the_inputs_as_it_casts_f_conv2d():
+    input_grad_kernel.cache_clear()
+    weight_grad_kernel.cache_clear()
+    torch.manual_seed(0)
+    layer = Conv2d(16, 16, 3, padding=1)
+    x = torch.rand(2, 16, 8, 8, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+        assert y.dtype == torch.nn.functional.conv2d(x, layer.weight, layer.bias, 1, 1).dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad.dtype == layer.weight.grad.dtype == torch.float32  # through autocast's casts, as for F.conv2d
+    bf16_call = conv_call(x.shape, layer.weight.shape, (1, 1), (1, 1, 1, 1), (1, 1), 1, torch.bfloat16, False)
+    assert weight_grad_kernel.cache_info().currsize == 1
+    weight_grad_kernel(bf16_call)
+    assert weight_grad_kernel.cache_info().hits == 1  # the kernel the backward built was the bf16 one
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
+        assert layer(x).dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert layer(x).dtype == torch.float16
 
 
 def test_an_unsupported_type_fails_in_the_backward_with_a_clear_error():

@@ -65,12 +65,17 @@ def conv2d(
 ) -> torch.Tensor:
     """``torch.nn.functional.conv2d`` whose gradients (input, weight) are the package's kernels.
 
-    ``input (N, C, H, W)`` (contiguous or channels-last), ``weight (O, C/groups, KH, KW)``,
-    ``bias (O,)``; ``stride``, ``dilation``: an int or ``(H, W)``; ``padding``: an int, ``(H, W)``,
-    ``"valid"`` or ``"same"``. Returns PyTorch's forward result."""
-    if input.dim() != 4 or weight.dim() != 4:
-        raise ConvGradError(OP, "input.dim()" if input.dim() != 4 else "weight.dim()", (input.dim(), weight.dim()),
-                            "input and weight must be 4-D: (N, C, H, W) and (O, C/groups, KH, KW)")  # fmt: skip
+    ``input (N, C, H, W)`` (contiguous or channels-last) or unbatched ``(C, H, W)``, ``weight (O,
+    C/groups, KH, KW)``, ``bias (O,)``; ``stride``, ``dilation``: an int or ``(H, W)``; ``padding``:
+    an int, ``(H, W)``, ``"valid"`` or ``"same"``. Returns PyTorch's forward result; every order
+    of gradient (``create_graph=True``) is the package's, and ``torch.autocast("cpu")`` casts the
+    tensors as it casts ``F.conv2d``'s."""
+    if weight.dim() != 4 or input.dim() not in (3, 4):
+        raise ConvGradError(OP, "input.dim()" if weight.dim() == 4 else "weight.dim()", (input.dim(), weight.dim()),
+                            f"input must be 3-D (C, H, W) or 4-D (N, C, H, W) and weight 4-D (O, C/groups, KH, KW); "
+                            f"got input.dim() = {input.dim()}, weight.dim() = {weight.dim()}")  # fmt: skip
+    if input.dim() == 3:
+        return conv2d(input.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0)
     stride, dilation = _pair("stride", stride, 1), _pair("dilation", dilation, 1)
     if not isinstance(groups, int) or groups < 1 or input.shape[1] != weight.shape[1] * groups or weight.shape[0] % groups:
         raise ConvGradError(OP, "groups", groups, f"must divide the output channels {weight.shape[0]} and give input channels "

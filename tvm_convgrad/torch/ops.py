@@ -131,3 +131,59 @@ def _backward(ctx, grad_output):
 
 
 conv2d_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# The gradient operators are linear in each of their two tensors, and their gradients are the
+# convolution's three GEMMs again: for dX = input_grad(dy, w) and an incoming gradient g of dX's
+# shape, <g, dX> = <conv2d(g, w), dy> = <weight_grad(dy, g), w>; for dW = weight_grad(dy, x) and g
+# of dW's shape, <g, dW> = <conv2d(x, g), dy> = <input_grad(dy, g), x>. So every order of
+# gradient (``create_graph=True``) runs on the same three operators.
+
+
+def _save_grad_op_inputs(ctx, inputs, output):
+    tensor_a, tensor_b, _, stride, pads, dilation, groups, channels_last = inputs
+    ctx.save_for_backward(tensor_a, tensor_b)
+    ctx.attrs = (list(stride), list(pads), list(dilation), int(groups), bool(channels_last))
+
+
+def _input_grad_backward(ctx, grad):
+    grad_output, weight = ctx.saved_tensors
+    stride, pads, dilation, groups, channels_last = ctx.attrs
+    grad = grad.contiguous(memory_format=_memory_format(channels_last))
+    d_grad_output = d_weight = None
+    if ctx.needs_input_grad[0]:
+        d_grad_output = conv2d_op(grad, weight, None, stride, pads, dilation, groups)
+    if ctx.needs_input_grad[1]:
+        d_weight = conv2d_weight_grad(grad_output, grad, list(weight.shape), stride, pads, dilation, groups, channels_last)
+    return d_grad_output, d_weight, None, None, None, None, None, None
+
+
+def _weight_grad_backward(ctx, grad):
+    grad_output, input = ctx.saved_tensors
+    stride, pads, dilation, groups, channels_last = ctx.attrs
+    d_grad_output = d_input = None
+    if ctx.needs_input_grad[0]:
+        d_grad_output = conv2d_op(input, grad, None, stride, pads, dilation, groups)
+    if ctx.needs_input_grad[1]:
+        d_input = conv2d_input_grad(grad_output, grad, list(input.shape), stride, pads, dilation, groups, channels_last)
+    return d_grad_output, d_input, None, None, None, None, None, None
+
+
+conv2d_input_grad.register_autograd(_input_grad_backward, setup_context=_save_grad_op_inputs)
+conv2d_weight_grad.register_autograd(_weight_grad_backward, setup_context=_save_grad_op_inputs)
+
+
+def _autocast_cpu(keyset, input, weight, bias, stride, pads, dilation, groups):
+    """``torch.autocast("cpu")``: the tensors cast as autocast casts ``F.conv2d``'s (its
+    lower-precision type, float64 left alone), then the operator run below autocast."""
+    dtype = torch.get_autocast_dtype("cpu")
+
+    def cast(t):
+        return t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
+
+    with torch.autocast("cpu", enabled=False):
+        return conv2d_op(cast(input), cast(weight), cast(bias), stride, pads, dilation, groups)
+
+
+_AUTOCAST = torch.library.Library("tvm_convgrad", "IMPL")
+_AUTOCAST.impl("conv2d", _autocast_cpu, "AutocastCPU", with_keyset=True)

@@ -1,0 +1,98 @@
+"""PyTorch's own samples of ``nn.functional.conv2d`` (the OpInfo of
+``torch.testing._internal.common_methods_invocations.op_db``: batched and unbatched, strides, pads,
+``"same"`` / ``"valid"``, dilations, groups, depthwise, with and without bias) through
+``tvm_convgrad.torch.conv2d`` in float32, float64, bfloat16 and float16: the forward, the
+gradients and the gradients of the gradients (``create_graph=True``) against PyTorch in float64 on
+the same rounded tensors. None is rejected.
+
+The bound of each result is the dtype's: every quantity here is a sum of products of the inputs,
+so running the same computation on their absolute values in float64 gives, element by element,
+the sum of the magnitudes of its terms, ``|terms|``; a result may be off by one rounding to its
+type (two where autograd adds two of them) plus float32 accumulation, ``(2u + 4 K 2**-24) |terms|`` with ``K`` the longest sum (float64
+tensors run in float32: ``u = 2**-24``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import tiered, torch
+
+pytestmark = pytest.mark.skipif(torch is None, reason="PyTorch is not installed (pip install torch==2.13.0)")
+
+if torch is not None:
+    import torch.nn.functional as F
+
+    from tvm_convgrad.torch import conv2d
+
+    try:
+        from torch.testing._internal.common_methods_invocations import op_db
+    except ImportError:  # expecttest missing: the test extra installs it
+        op_db = None
+
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+UNIT_ROUNDOFF = {"float32": 2.0**-24, "float64": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
+LONGEST_SUM = 512
+"""More terms than any sum of these samples has (the weight gradient's N x Ho x Wo is the longest)."""
+
+
+def _samples(dtype: str) -> list:
+    op = next(o for o in op_db if o.name == "nn.functional.conv2d")
+    return list(op.sample_inputs("cpu", getattr(torch, dtype), requires_grad=True))
+
+
+def _count() -> int:
+    return len(_samples("float32")) if torch is not None and op_db is not None else 0
+
+
+def _steps(f, x, w, b, g, v):
+    """Forward ``y``; the gradients ``(x, w, b)`` of ``<y, g>``; the gradients ``(x, w, g)`` of
+    ``<dx, v_x> + <dw, v_w> + <db, v_b>``: the three orders one ``create_graph`` step reaches."""
+    y = f(x, w, b)
+    inputs = [t for t in (x, w, b) if t is not None]
+    grads = torch.autograd.grad(y, inputs, g, create_graph=True)
+    total = sum((grad * vi).sum() for grad, vi in zip(grads, v))
+    second = torch.autograd.grad(total, [x, w, g], allow_unused=True)
+    return [y, *grads, *second]
+
+
+def _leaves(tensors, dtype, transform=lambda t: t):
+    return [None if t is None else transform(t.detach().to(dtype)).requires_grad_() for t in tensors]
+
+
+@pytest.mark.skipif(torch is not None and op_db is None, reason="expecttest is not installed (the test extra has it)")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("index", tiered(range(30), lambda i, _: i % 6 == 0))
+def test_opinfo_conv2d_samples_forward_backward_and_gradgrad(index, dtype):
+    samples = _samples(dtype)
+    if index >= len(samples):
+        pytest.skip(f"PyTorch has {len(samples)} samples")
+    sample = samples[index]
+    weight, bias = sample.args[0], sample.args[1] if len(sample.args) > 1 else None
+    kwargs = dict(sample.kwargs)
+
+    def ours(a, c, d):
+        return conv2d(a, c, d, **kwargs)
+
+    def pytorch(a, c, d):
+        return F.conv2d(a, c, d, **kwargs)
+
+    torch.manual_seed(index)
+    x = sample.input
+    y_shape = pytorch(x, weight, bias).shape
+    typed = getattr(torch, dtype)
+    g = (torch.rand(y_shape) * 2 - 1).to(typed).requires_grad_()
+    v = [(torch.rand(t.shape) * 2 - 1).to(typed) for t in (x, weight, bias) if t is not None]
+
+    got = _steps(ours, *_leaves((x, weight, bias, g), typed), v)
+    exact = _steps(pytorch, *_leaves((x, weight, bias, g), torch.float64), [t.double() for t in v])
+    terms = _steps(pytorch, *_leaves((x, weight, bias, g), torch.float64, torch.abs), [t.double().abs() for t in v])
+    names = ["y", "dx", "dw", "db", "d2x", "d2w", "d2g"] if bias is not None else ["y", "dx", "dw", "d2x", "d2w", "d2g"]
+    scale = 2 * UNIT_ROUNDOFF[dtype] + 4 * LONGEST_SUM * 2.0**-24
+    for name, ours_t, exact_t, terms_t in zip(names, got, exact, terms):
+        assert (ours_t is None) == (exact_t is None), name
+        if ours_t is None:
+            continue
+        assert ours_t.dtype == typed and ours_t.shape == exact_t.shape, f"{name}: {ours_t.dtype} {tuple(ours_t.shape)}"
+        error = (ours_t.detach().double() - exact_t.detach()).abs()
+        bound = scale * terms_t.detach() + 1e-30
+        assert (error <= bound).all(), f"{name}: max error {error.max():.3g}, {(error / bound).max():.3g} x the bound"
