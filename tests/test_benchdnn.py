@@ -67,13 +67,12 @@ def _sweep(selected: list[tuple[object, int]], dtype: str = "float32") -> None:
     assert not failures, "\n".join([head, *failures[:15]])
 
 
-def _sweep_in_children(path: Path, every: int, dtype: str) -> None:
-    """:func:`_sweep` over every ``every``-th small problem of ``path``, split between a child
-    process per core (the builds are single-threaded): ``python tests/test_benchdnn.py FILE
-    EVERY DTYPE PART PARTS``."""
+def _sweep_in_children() -> None:
+    """The slow tier's work (:func:`_slow_calls`) split between a child process per core (the
+    builds are single-threaded): ``python tests/test_benchdnn.py PART PARTS``."""
     parts = usable_cores()
-    children = [subprocess.Popen([sys.executable, __file__, path.name, str(every), dtype, str(k), str(parts)], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True) for k in range(parts)]  # fmt: skip
+    children = [subprocess.Popen([sys.executable, __file__, str(k), str(parts)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for k in range(parts)]  # fmt: skip
     failures = []
     for child in children:
         out, err = child.communicate(timeout=3600)
@@ -176,16 +175,29 @@ def test_a_bf16_slice_matches_the_reference(path):
     _sweep([(quick[len(quick) // 3], 1)], dtype="bfloat16")
 
 
+def _slow_calls() -> list[tuple[object, int, str]]:
+    """``(problem, index, dtype)``: every problem under MAX_MACS of every file in f32, every tenth
+    of each file also in bf16."""
+    calls = []
+    for path in FILES:
+        small = _small(path)
+        calls += [(p, i, "float32") for i, p in enumerate(small)] + [(p, i, "bfloat16") for i, p in enumerate(small) if i % 10 == 2]
+    return calls
+
+
 @slow
-@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
-def test_every_small_problem_matches_the_reference(path):
-    """Every problem under MAX_MACS at mb <= 2, the three operators, formats alternating; every
-    tenth also in bf16. A process per core."""
-    _sweep_in_children(path, 1, "float32")
-    _sweep_in_children(path, 10, "bfloat16")
+def test_every_small_problem_matches_the_reference():
+    """Every problem under MAX_MACS at mb <= 2 of every vendored file, the three operators,
+    formats alternating; every tenth also in bf16. A process per core."""
+    _sweep_in_children()
 
 
-if __name__ == "__main__":  # a child of _sweep_in_children: its part of a file's small problems
-    name, every, dtype, part, parts = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-    chosen = [(p, i) for i, p in enumerate(_small(benchdnn_shapes.SHAPES / name)) if i % every == (2 % every)]
-    _sweep(chosen[part::parts], dtype)
+if __name__ == "__main__":  # a child of _sweep_in_children: its part of the slow tier's calls
+    part, parts = int(sys.argv[1]), int(sys.argv[2])
+    mine, errors = _slow_calls()[part::parts], []
+    for dtype in ("float32", "bfloat16"):
+        try:
+            _sweep([(p, i) for p, i, t in mine if t == dtype], dtype)
+        except AssertionError as err:
+            errors.append(str(err))
+    sys.exit("\n".join(errors) or None)

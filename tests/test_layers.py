@@ -10,7 +10,7 @@ import tvm_convgrad
 
 PACKAGE = Path(tvm_convgrad.__file__).parent
 LAYERS = [  # bottom first: a module may import from its own layer and the ones before it
-    {"errors", "layout", "machine", "tvm", "isa", "reference", "params"},
+    {"errors", "layout", "machine", "tvm", "tvmscript", "isa", "reference", "params"},
     {"dsl"},
     {"schedule"},
     {"compile"},

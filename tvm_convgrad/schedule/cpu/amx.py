@@ -29,6 +29,7 @@ from tvm.script import tirx as T
 from ...dsl.compute.pairs import PAIR_DTYPE, pair_dot
 from ...dsl.compute.stages import X_STEP
 from ...layout import C0
+from ...tvmscript import fast_tvmscript
 from ..common import loop_extent
 from .amx_llvm import AMX_DW, amx_llvm
 from .loops import CpuMad
@@ -50,24 +51,25 @@ def amx_intrin(images: int, rows: int, pairs: int, x_step: int) -> str:
     a_shape, b_shape = (images, 1, rows, C0, pairs), (images, 1, 1, 1, rows, span, C0)  # as the mad's regions (a match drops leading dims only)
     desc = tvm.script.from_source(_desc_source(images, rows, pairs, x_step, span))
 
-    @T.prim_func(s_tir=True)
-    def impl(a_h: T.handle, b_h: T.handle, c_h: T.handle):
-        sa0, sa1, sa2, sa3 = T.int64(), T.int64(), T.int64(), T.int64()
-        sb0, sb1, sb2, sb3, sb4, sb5 = T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
-        sc0 = T.int64()
-        a = T.match_buffer(a_h, a_shape, PAIR_DTYPE, offset_factor=1, strides=[sa0, sa1, sa2, sa3, 1])
-        b = T.match_buffer(b_h, b_shape, PAIR_DTYPE, offset_factor=1, strides=[sb0, sb1, sb2, sb3, sb4, sb5, 1])
-        c = T.match_buffer(c_h, (C0, C0), "float32", offset_factor=1, strides=[sc0, 1])
-        with T.sblock("root"):
-            T.reads(b[0:images, 0, 0, 0, 0:rows, 0:span, 0:C0], a[0:images, 0, 0:rows, 0:C0, 0:pairs])
-            T.writes(c[0:C0, 0:C0])
-            T.evaluate(
-                T.call_extern(
-                    "int32", AMX_DW, c.access_ptr("w"), a.access_ptr("r"), b.access_ptr("r"),
-                    T.int64(images), T.int64(rows), T.int64(pairs // k), T.int64(k),
-                    sa0 * 4, sa2 * 4, sa3 * 4, sb0 * 4, sb4 * 4, sb5 * 4 * x_step, sc0 * 4,
-                )  # fmt: skip
-            )
+    with fast_tvmscript():  # the decorator's source lookup without scanning sys.modules
+        @T.prim_func(s_tir=True)
+        def impl(a_h: T.handle, b_h: T.handle, c_h: T.handle):
+            sa0, sa1, sa2, sa3 = T.int64(), T.int64(), T.int64(), T.int64()
+            sb0, sb1, sb2, sb3, sb4, sb5 = T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
+            sc0 = T.int64()
+            a = T.match_buffer(a_h, a_shape, PAIR_DTYPE, offset_factor=1, strides=[sa0, sa1, sa2, sa3, 1])
+            b = T.match_buffer(b_h, b_shape, PAIR_DTYPE, offset_factor=1, strides=[sb0, sb1, sb2, sb3, sb4, sb5, 1])
+            c = T.match_buffer(c_h, (C0, C0), "float32", offset_factor=1, strides=[sc0, 1])
+            with T.sblock("root"):
+                T.reads(b[0:images, 0, 0, 0, 0:rows, 0:span, 0:C0], a[0:images, 0, 0:rows, 0:C0, 0:pairs])
+                T.writes(c[0:C0, 0:C0])
+                T.evaluate(
+                    T.call_extern(
+                        "int32", AMX_DW, c.access_ptr("w"), a.access_ptr("r"), b.access_ptr("r"),
+                        T.int64(images), T.int64(rows), T.int64(pairs // k), T.int64(k),
+                        sa0 * 4, sa2 * 4, sa3 * 4, sb0 * 4, sb4 * 4, sb5 * 4 * x_step, sc0 * 4,
+                    )  # fmt: skip
+                )
 
     TensorIntrin.register(name, desc, impl, override=True)
     _REGISTERED.add(name)

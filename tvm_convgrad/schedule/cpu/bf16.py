@@ -35,6 +35,7 @@ from tvm.script import tirx as T
 from ...dsl.compute.pairs import PAIR_DTYPE, pair_dot
 from ...isa import PLANS
 from ...layout import C0
+from ...tvmscript import fast_tvmscript
 from .cube import CubeFilterGrad, CubeInputGrad
 from .lanes import CoutLanesFilterGrad
 from .loops import CpuMad
@@ -112,25 +113,26 @@ def dpbf16_llvm(bf16_dot: bool) -> str:
     return DPBF16_LLVM if bf16_dot else DPBF16_EMULATED_LLVM
 
 
-@T.prim_func(s_tir=True)
-def _dpbf16_desc(a: T.Buffer((C0,), PAIR_DTYPE, offset_factor=1), b: T.Buffer((1,), PAIR_DTYPE, offset_factor=1),
-                 c: T.Buffer((C0,), "float32", offset_factor=1)):  # fmt: skip
-    with T.sblock("root"):
-        T.reads(c[0:C0], a[0:C0], b[0:1])
-        T.writes(c[0:C0])
-        for i in T.serial(C0):
-            with T.sblock("update"):
-                vi = T.axis.remap("S", [i])
-                c[vi] = c[vi] + pair_dot(a[vi], b[0])
+with fast_tvmscript():  # the decorator's source lookup without scanning sys.modules
 
+    @T.prim_func(s_tir=True)
+    def _dpbf16_desc(a: T.Buffer((C0,), PAIR_DTYPE, offset_factor=1), b: T.Buffer((1,), PAIR_DTYPE, offset_factor=1),
+                     c: T.Buffer((C0,), "float32", offset_factor=1)):  # fmt: skip
+        with T.sblock("root"):
+            T.reads(c[0:C0], a[0:C0], b[0:1])
+            T.writes(c[0:C0])
+            for i in T.serial(C0):
+                with T.sblock("update"):
+                    vi = T.axis.remap("S", [i])
+                    c[vi] = c[vi] + pair_dot(a[vi], b[0])
 
-@T.prim_func(s_tir=True)
-def _dpbf16_impl(a: T.Buffer((C0,), PAIR_DTYPE, offset_factor=1), b: T.Buffer((1,), PAIR_DTYPE, offset_factor=1),
-                 c: T.Buffer((C0,), "float32", offset_factor=1)):  # fmt: skip
-    with T.sblock("root"):
-        T.reads(c[0:C0], a[0:C0], b[0:1])
-        T.writes(c[0:C0])
-        c[T.ramp(0, 1, C0)] = T.call_pure_extern("float32x16", DPBF16, c[T.ramp(0, 1, C0)], a[T.ramp(0, 1, C0)], T.broadcast(b[0], C0))
+    @T.prim_func(s_tir=True)
+    def _dpbf16_impl(a: T.Buffer((C0,), PAIR_DTYPE, offset_factor=1), b: T.Buffer((1,), PAIR_DTYPE, offset_factor=1),
+                     c: T.Buffer((C0,), "float32", offset_factor=1)):  # fmt: skip
+        with T.sblock("root"):
+            T.reads(c[0:C0], a[0:C0], b[0:1])
+            T.writes(c[0:C0])
+            c[T.ramp(0, 1, C0)] = T.call_pure_extern("float32x16", DPBF16, c[T.ramp(0, 1, C0)], a[T.ramp(0, 1, C0)], T.broadcast(b[0], C0))
 
 
 DPBF16_INTRIN = "tvm_convgrad.dpbf16_16x2"
