@@ -12,6 +12,9 @@
   PyTorch's oneDNN kernels, both on one vector ISA, with the machine's measured FMA peak as the roofline
   (the ``bench`` extra); ``--api onednn`` calls ours through the oneDNN Graph frontend; ``--target cuda``:
   the tensor-core kernels against PyTorch's cuDNN on this machine's GPU (:mod:`tvm_convgrad.tools.bench.cuda`).
+* ``tvm-convgrad bench --client torch [--nets resnet18,mobilenet_v2] [--sizes 8x64,32x112]
+  [--layouts nchw,channels-last] [--dtypes float32,bfloat16]``: whole PyTorch training steps, stock
+  ``nn.Conv2d`` against the drop-in, interleaved, with where the time goes (:mod:`tvm_convgrad.training.torch_step`).
 
 Each builds the kernel, runs it on random data, compares every element with the float64
 reference, and prints the error, the time and GFLOP/s. Bad arguments print the error message and
@@ -32,6 +35,7 @@ from typing import Sequence
 
 from . import dsl, layout
 from .training import command as training
+from .training.torch_step import add_arguments as add_step_arguments
 from .compile import Kernel, build
 from .dsl.compute import cube_util
 from .errors import ConvGradError
@@ -269,6 +273,10 @@ def bench(args: argparse.Namespace) -> int:
     if missing:  # torch must not load here: the bench caps its ISA first
         print(f"tvm-convgrad bench: {missing[0]} is missing: pip install -e '.[bench]'", file=sys.stderr)
         return 2
+    if args.client == "torch":
+        from .training import torch_step
+
+        return torch_step.command(args)
     from .tools import bench as bench_module
 
     batches, ops = _selection(args)
@@ -367,6 +375,7 @@ def _parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--target", choices=("llvm", "cuda"), default="llvm",
                          help="cuda: ours on this machine's GPU against PyTorch's cuDNN (float16), instead of the CPU")
     p_bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_step_arguments(p_bench)
     p_bench.set_defaults(func=bench)
 
     training.add_parser(sub)

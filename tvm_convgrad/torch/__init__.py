@@ -7,7 +7,9 @@ memory through DLPack: NCHW tensors as NCX, channels-last tensors as NXC, no cop
 layout allows (a weight gradient is written OIHW). Registered with ``torch.library``
 (``tvm_convgrad::conv2d`` and its two gradient operators), so ``torch.compile`` keeps the calls
 in its graph. Types float32, bfloat16, float16 (and float64, computed in float32 for
-``gradcheck``); CPU tensors.
+``gradcheck``); CPU tensors. The kernels run on PyTorch's own OpenMP threads (:mod:`.openmp`,
+registered when this module is imported): one set of cores for both, neither pool spinning
+against the other.
 
     >>> from tvm_convgrad.torch import Conv2d
     >>> layer = Conv2d(64, 64, 3, padding=1, bias=False)   # same constructor and state_dict as nn.Conv2d
@@ -23,10 +25,13 @@ from torch import nn
 
 from ..errors import ConvGradError
 from .kernels import CACHED_CALLS, input_grad_kernel, weight_grad_kernel
+from .openmp import use_pytorch_threads, using_pytorch_threads
 from .ops import OP, conv2d_input_grad, conv2d_op, conv2d_weight_grad, conv_call
 
-__all__ = ["CACHED_CALLS", "Conv2d", "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "conv_call", "input_grad_kernel", "pads_of",
-           "weight_grad_kernel"]  # fmt: skip
+use_pytorch_threads()  # every kernel built from here on runs on PyTorch's OpenMP threads (see .openmp)
+
+__all__ = ["CACHED_CALLS", "Conv2d", "conv2d", "convert_conv2d", "conv2d_input_grad", "conv2d_weight_grad", "conv_call", "input_grad_kernel", "pads_of",
+           "use_pytorch_threads", "using_pytorch_threads", "weight_grad_kernel"]  # fmt: skip
 
 _IntPair = Union[int, Sequence[int]]
 
@@ -94,3 +99,14 @@ class Conv2d(nn.Conv2d):
             padded = torch.nn.functional.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
             return conv2d(padded, weight, bias, self.stride, 0, self.dilation, self.groups)
         return conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+def convert_conv2d(module: nn.Module) -> nn.Module:
+    """``module`` with every ``nn.Conv2d`` in it (exactly that class) made a :class:`Conv2d`, in
+    place: the same parameters, buffers, hooks and ``state_dict``. Returns ``module``.
+
+    >>> model = tvm_convgrad.torch.convert_conv2d(model)   # its training step now runs the package's gradients"""
+    for child in module.modules():
+        if type(child) is nn.Conv2d:
+            child.__class__ = Conv2d
+    return module

@@ -1,0 +1,72 @@
+"""Whole training steps with the drop-in: ResNet-18 and MobileNetV2 (written in the package) give
+the gradients stock ``nn.Conv2d`` gives, NCHW and channels-last, f32 and under bf16 autocast; and
+``tvm-convgrad bench --client torch`` times them and says where the time goes. (What the times
+are is the bench's business, never a test's.)"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from conftest import slow, torch
+
+pytestmark = pytest.mark.skipif(torch is None, reason="PyTorch is not installed (pip install torch==2.13.0)")
+
+if torch is not None:
+    import torch.nn.functional as F
+
+    from tvm_convgrad.cli import main as cli
+    from tvm_convgrad.torch import Conv2d, convert_conv2d
+    from tvm_convgrad.torch.nets import NETS
+
+
+def _gradients(model, x, target, autocast: bool) -> dict:
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = F.cross_entropy(model(x), target)
+    loss.backward()
+    return {name: p.grad.detach().double() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("net, channels_last, autocast", [
+    ("resnet18", False, False),
+    pytest.param("resnet18", True, True, marks=slow),
+    pytest.param("mobilenet_v2", True, False, marks=slow),
+    pytest.param("mobilenet_v2", False, True, marks=slow),
+])  # fmt: skip
+def test_a_converted_network_trains_as_the_stock_one(net, channels_last, autocast):
+    """The same weights and batch: every parameter's gradient within the dtype's reach of stock's
+    (float32: 1e-3 of the largest; bf16 autocast, where both round every convolution to bf16, 5e-2)."""
+    torch.manual_seed(0)
+    memory = torch.channels_last if channels_last else torch.contiguous_format
+    stock = NETS[net](classes=10).to(memory_format=memory).eval()  # eval: BatchNorm's statistics fixed, dropout off
+    ours = convert_conv2d(copy.deepcopy(stock))
+    assert sum(type(m) is Conv2d for m in ours.modules()) == sum(isinstance(m, torch.nn.Conv2d) for m in stock.modules())
+    x = torch.randn(2, 3, 32, 32).to(memory_format=memory)
+    target = torch.randint(0, 10, (2,))
+    expected, got = _gradients(stock, x, target, autocast), _gradients(ours, x, target, autocast)
+    tolerance = 5e-2 if autocast else 1e-3
+    for name, grad in expected.items():
+        scale = grad.abs().max().item() + 1e-12
+        assert (got[name] - grad).abs().max().item() <= tolerance * scale, name
+
+
+def test_the_step_bench_times_both_and_profiles_them(tmp_path):
+    status = cli(["bench", "--client", "torch", "--nets", "resnet18", "--sizes", "2x32", "--layouts", "channels-last",
+                  "--dtypes", "float32", "--rounds", "1", "--out", str(tmp_path)])  # fmt: skip
+    assert status == 0
+    (row,) = json.loads((tmp_path / "steps.json").read_text())
+    assert row["config"] == {"net": "resnet18", "batch": 2, "size": 32, "channels_last": True, "dtype": "float32"}
+    assert row["stock_ms"] > 0 and row["ours_ms"] > 0
+    assert any("tvm_convgrad::conv2d_weight_grad" in name for name, _ in row["ours_profile"])
+    assert not any("tvm_convgrad" in name for name, _ in row["stock_profile"])
+    report = (tmp_path / "steps.md").read_text()
+    assert "| resnet18 | 2 x 32x32 | channels-last | f32 |" in report and "stock operator" in report
+
+
+@pytest.mark.parametrize("option, value", [("--nets", "vgg"), ("--sizes", "8"), ("--layouts", "nhwc"), ("--dtypes", "float16")])
+def test_the_step_bench_rejects_a_bad_option(option, value, capsys):
+    assert cli(["bench", "--client", "torch", option, value]) == 2
+    assert option in capsys.readouterr().err

@@ -1,0 +1,218 @@
+"""Whole PyTorch training steps, stock ``nn.Conv2d`` against the drop-in, in one process
+(``tvm-convgrad bench --client torch``).
+
+A step is what a training loop runs: ``zero_grad``, the forward pass and cross-entropy loss
+(inside ``torch.autocast("cpu", dtype=torch.bfloat16)`` for the bf16 rows), ``backward``, an SGD
+update with momentum. The two models are the same network with the same weights
+(:mod:`tvm_convgrad.torch.nets`; the drop-in's made by :func:`tvm_convgrad.torch.convert_conv2d`),
+each with its own optimizer; their steps alternate, one timed sample each per round, and the
+medians are compared (the machines are noisy: only ratios from one interleaved run mean anything).
+
+For each configuration (network, batch x image size, NCHW or channels-last, float32 or bf16
+autocast) the report gives both medians, their ratio, and where the time goes: a
+``torch.profiler`` trace of a few steps of each, self CPU time summed by operator (the
+package's kernels are the ``tvm_convgrad::`` operators; stock's convolution backward is
+``aten::convolution_backward``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+__all__ = ["StepConfig", "StepResult", "configs", "main", "time_steps"]
+
+SIZES = ("8x64", "32x112")
+"""The default batch x image sizes (any ``BATCHxSIZE`` is accepted)."""
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``"8x64"`` -> ``(8, 64)``: batch, image height = width."""
+    batch, _, size = text.partition("x")
+    if not (batch.isdigit() and size.isdigit() and int(batch) > 0 and int(size) >= 32):
+        raise ValueError(f"size {text!r} must be BATCHxSIZE with BATCH >= 1 and SIZE >= 32 (e.g. 8x64)")
+    return int(batch), int(size)
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    net: str  # a key of tvm_convgrad.torch.nets.NETS
+    batch: int
+    size: int
+    channels_last: bool
+    dtype: str  # float32, or bfloat16 (autocast)
+
+    @property
+    def name(self) -> str:
+        return f"{self.net} {self.batch}x3x{self.size}x{self.size} {'channels-last' if self.channels_last else 'NCHW'} {self.dtype}"
+
+
+@dataclass
+class StepResult:
+    config: StepConfig
+    stock_ms: float
+    ours_ms: float
+    stock_samples: list[float]
+    ours_samples: list[float]
+    stock_profile: list[tuple[str, float]] = field(default_factory=list)  # (operator, ms per step)
+    ours_profile: list[tuple[str, float]] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float:
+        """stock / drop-in (above 1: the drop-in trains faster)."""
+        return self.stock_ms / self.ours_ms
+
+
+def configs(nets, sizes, layouts, dtypes) -> list[StepConfig]:
+    return [StepConfig(net, *parse_size(size), layout == "channels-last", dtype) for net in nets for size in sizes for layout in layouts
+            for dtype in dtypes]  # fmt: skip
+
+
+def _trainers(config: StepConfig, seed: int = 0):
+    import torch
+    import torch.nn.functional as F
+
+    from ..torch import convert_conv2d
+    from ..torch.nets import NETS
+
+    torch.manual_seed(seed)
+    memory = torch.channels_last if config.channels_last else torch.contiguous_format
+    stock = NETS[config.net](classes=100).to(memory_format=memory)
+    ours = convert_conv2d(copy.deepcopy(stock))
+    x = torch.randn(config.batch, 3, config.size, config.size).to(memory_format=memory)
+    target = torch.randint(0, 100, (config.batch,))
+    autocast = config.dtype == "bfloat16"
+
+    def trainer(model):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = F.cross_entropy(model(x), target)
+            loss.backward()
+            optimizer.step()
+
+        return step
+
+    return trainer(stock), trainer(ours)
+
+
+def _profile(step, steps: int) -> list[tuple[str, float]]:
+    """Self CPU time per operator (ms per step), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    rows = [(e.key, e.self_cpu_time_total / 1e3 / steps) for e in prof.key_averages()]
+    return sorted(rows, key=lambda r: -r[1])
+
+
+def time_steps(config: StepConfig, rounds: int = 9, warmup: int = 2, profile_steps: int = 2, log=print) -> StepResult:
+    """Medians of ``rounds`` interleaved steps of stock and drop-in (after ``warmup`` steps of
+    each, which build the kernels), and ``profile_steps`` profiled steps of each."""
+    stock, ours = _trainers(config)
+    for _ in range(warmup):
+        stock()
+        ours()
+    samples: dict = {stock: [], ours: []}
+    for r in range(rounds):
+        for step in (stock, ours) if r % 2 == 0 else (ours, stock):
+            start = time.perf_counter()
+            step()
+            samples[step].append((time.perf_counter() - start) * 1e3)
+    result = StepResult(config, statistics.median(samples[stock]), statistics.median(samples[ours]), samples[stock], samples[ours])
+    if profile_steps:
+        result.stock_profile, result.ours_profile = _profile(stock, profile_steps), _profile(ours, profile_steps)
+    log(f"{config.name:52s} stock {result.stock_ms:8.1f} ms   drop-in {result.ours_ms:8.1f} ms   stock/drop-in {result.ratio:.2f}")
+    return result
+
+
+def _conv_share(profile: list[tuple[str, float]]) -> float:
+    return sum(ms for name, ms in profile if "conv" in name)
+
+
+def report(results: list[StepResult], top: int = 8) -> str:
+    """Markdown: the table of steps, then each configuration's largest operators on both sides."""
+    from ..torch.openmp import using_pytorch_threads
+
+    lines = ["| network | batch x size | layout | type | stock ms/step | drop-in ms/step | stock / drop-in |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        c = r.config
+        lines.append(f"| {c.net} | {c.batch} x {c.size}x{c.size} | {'channels-last' if c.channels_last else 'NCHW'} | "
+                     f"{'bf16 autocast' if c.dtype == 'bfloat16' else 'f32'} | {r.stock_ms:.1f} | {r.ours_ms:.1f} | **{r.ratio:.2f}** |")  # fmt: skip
+    ratios = [r.ratio for r in results]
+    lines += ["", f"geomean stock / drop-in {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f} over {len(results)} configurations "
+              f"(min {min(ratios):.2f}); the drop-in's kernels on PyTorch's OpenMP threads: {using_pytorch_threads()}", ""]  # fmt: skip
+    for r in results:
+        if not r.stock_profile:
+            continue
+        lines += [f"### {r.config.name}", "", "| stock operator | ms/step | drop-in operator | ms/step |", "|---|---|---|---|"]
+        for (a, ta), (b, tb) in zip(r.stock_profile[:top], r.ours_profile[:top]):
+            lines.append(f"| `{a}` | {ta:.2f} | `{b}` | {tb:.2f} |")
+        lines += ["", f"convolution operators (forward and gradients): stock {_conv_share(r.stock_profile):.1f} ms/step, "
+                  f"drop-in {_conv_share(r.ours_profile):.1f} ms/step (profiled steps, profiler overhead included)", ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(nets=("resnet18", "mobilenet_v2"), sizes=SIZES, layouts=("nchw", "channels-last"), dtypes=("float32", "bfloat16"),
+         rounds: int = 9, out: Path = Path("bench_torch"), log=print) -> list[StepResult]:  # fmt: skip
+    """Time every configuration; write ``steps.json`` and ``steps.md`` under ``out``."""
+    import platform
+
+    import torch
+
+    results = [time_steps(c, rounds, log=log) for c in configs(nets, sizes, layouts, dtypes)]
+    out.mkdir(parents=True, exist_ok=True)
+    header = f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}\n\n"
+    (out / "steps.md").write_text(header + report(results) + "\n")
+    (out / "steps.json").write_text(json.dumps([{**asdict(r), "ratio": r.ratio} for r in results], indent=1))
+    log(f"wrote {out / 'steps.md'} and {out / 'steps.json'}")
+    return results
+
+
+def add_arguments(parser: argparse.ArgumentParser):
+    """``bench``'s ``--client`` and the options of ``--client torch``."""
+    parser.add_argument("--client", choices=("kernels", "torch"), default="kernels",
+                        help="kernels: the shape set's gradients against PyTorch's; torch: whole PyTorch training steps, nn.Conv2d "
+                             "against tvm_convgrad.torch.Conv2d (--nets, --sizes, --layouts, --dtypes)")  # fmt: skip
+    parser.add_argument("--nets", default="resnet18,mobilenet_v2", help="comma-separated: resnet18, mobilenet_v2")
+    parser.add_argument("--sizes", default=",".join(SIZES), help="comma-separated BATCHxSIZE (images SIZE x SIZE)")
+    parser.add_argument("--layouts", default="nchw,channels-last", help="comma-separated: nchw, channels-last")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated: float32, bfloat16 (autocast)")
+
+
+def _choices(text: str, allowed, option: str) -> tuple[str, ...]:
+    values = tuple(v for v in text.split(",") if v)
+    if not values or any(v not in allowed for v in values):
+        raise ValueError(f"--{option} {text!r}: each must be one of {', '.join(allowed)}")
+    return values
+
+
+def command(args: argparse.Namespace) -> int:
+    """``tvm-convgrad bench --client torch``: exit status 2 on a bad option."""
+    import sys
+
+    try:
+        sizes = tuple(v for v in args.sizes.split(",") if v)
+        if not sizes:
+            raise ValueError(f"--sizes {args.sizes!r}: give at least one BATCHxSIZE")
+        for size in sizes:
+            try:
+                parse_size(size)
+            except ValueError as err:
+                raise ValueError(f"--sizes {args.sizes!r}: {err}") from None
+        selection = (_choices(args.nets, ("resnet18", "mobilenet_v2"), "nets"), sizes,
+                     _choices(args.layouts, ("nchw", "channels-last"), "layouts"), _choices(args.dtypes, ("float32", "bfloat16"), "dtypes"))  # fmt: skip
+    except ValueError as err:
+        print(f"tvm-convgrad bench: {err}", file=sys.stderr)
+        return 2
+    main(*selection, rounds=args.rounds, out=Path(args.out))
+    return 0
