@@ -13,6 +13,8 @@ tensors run in float32: ``u = 2**-24``)."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from conftest import tiered, torch
@@ -24,10 +26,8 @@ if torch is not None:
 
     from tvm_convgrad.torch import conv2d
 
-    try:
-        from torch.testing._internal.common_methods_invocations import op_db
-    except ImportError:  # expecttest missing: the test extra installs it
-        op_db = None
+HAS_EXPECTTEST = importlib.util.find_spec("expecttest") is not None
+"""PyTorch's OpInfo database imports it (the test extra installs it)."""
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 UNIT_ROUNDOFF = {"float32": 2.0**-24, "float64": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
@@ -36,12 +36,12 @@ LONGEST_SUM = 512
 
 
 def _samples(dtype: str) -> list:
+    """The OpInfo's samples. Imported here, not at collection: importing PyTorch's test internals
+    freezes ``torch.backends``' global flags for every test after it."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
     op = next(o for o in op_db if o.name == "nn.functional.conv2d")
     return list(op.sample_inputs("cpu", getattr(torch, dtype), requires_grad=True))
-
-
-def _count() -> int:
-    return len(_samples("float32")) if torch is not None and op_db is not None else 0
 
 
 def _steps(f, x, w, b, g, v):
@@ -59,7 +59,7 @@ def _leaves(tensors, dtype, transform=lambda t: t):
     return [None if t is None else transform(t.detach().to(dtype)).requires_grad_() for t in tensors]
 
 
-@pytest.mark.skipif(torch is not None and op_db is None, reason="expecttest is not installed (the test extra has it)")
+@pytest.mark.skipif(not HAS_EXPECTTEST, reason="expecttest is not installed (the test extra has it)")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("index", tiered(range(30), lambda i, _: i % 6 == 0))
 def test_opinfo_conv2d_samples_forward_backward_and_gradgrad(index, dtype):

@@ -84,7 +84,10 @@ def run_cuda_bench(cases: Sequence[BenchCase], ops: Sequence[str], rounds: int =
     import torch
     from tqdm import tqdm
 
-    torch.backends.cudnn.benchmark = True
+    try:
+        torch.backends.cudnn.benchmark = True  # cuDNN's fastest algorithm per shape, as a PyTorch user runs it
+    except RuntimeError:  # the flags are frozen (torch.testing._internal was imported): the caller's setting stays
+        pass
     target = resolve_target("cuda")  # this GPU's arch
     rng = np.random.default_rng(0)
     impl = f"cuDNN {torch.backends.cudnn.version()}"
