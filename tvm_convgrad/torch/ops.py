@@ -149,7 +149,7 @@ def _save_grad_op_inputs(ctx, inputs, output):
 def _input_grad_backward(ctx, grad):
     grad_output, weight = ctx.saved_tensors
     stride, pads, dilation, groups, channels_last = ctx.attrs
-    grad = grad.contiguous(memory_format=_memory_format(channels_last))
+    grad = grad.contiguous(memory_format=_memory_format(channels_last))  # conv2d_op reads the layout off its input
     d_grad_output = d_weight = None
     if ctx.needs_input_grad[0]:
         d_grad_output = conv2d_op(grad, weight, None, stride, pads, dilation, groups)
