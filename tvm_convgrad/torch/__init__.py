@@ -26,7 +26,8 @@ from torch import nn
 from ..errors import ConvGradError
 from .kernels import CACHED_CALLS, input_grad_kernel, weight_grad_kernel
 from .openmp import use_pytorch_threads, using_pytorch_threads
-from .ops import OP, conv2d_input_grad, conv2d_op, conv2d_weight_grad, conv_call
+from . import ops
+from .ops import OP, conv2d_input_grad, conv2d_weight_grad, conv_call
 
 use_pytorch_threads()  # every kernel built from here on runs on PyTorch's OpenMP threads (see .openmp)
 
@@ -86,7 +87,7 @@ def conv2d(
         raise ConvGradError(OP, "groups", groups, f"must divide the output channels {weight.shape[0]} and give input channels "
                             f"weight.shape[1] x groups = {input.shape[1]}")  # fmt: skip
     pads = pads_of(padding, weight.shape[2:], stride, dilation)
-    return conv2d_op(input, weight, bias, list(stride), list(pads), list(dilation), groups)
+    return ops.conv2d(input, weight, bias, list(stride), list(pads), list(dilation), groups)
 
 
 class Conv2d(nn.Conv2d):

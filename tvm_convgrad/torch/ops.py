@@ -8,6 +8,12 @@ Three custom operators, so that ``torch.compile`` keeps each as one node of its 
 * ``tvm_convgrad::conv2d_input_grad`` and ``tvm_convgrad::conv2d_weight_grad``: the package's dX
   and dW kernels (:mod:`.kernels`), called on the tensors' memory through DLPack.
 
+In eager mode (:func:`eager`: no compiler tracing, no dispatch mode, plain tensors) the same
+computation runs as one ``torch.autograd.Function`` (:class:`Conv2dFunction`) whose backward calls
+the kernels directly: a custom operator's dispatch costs 60-130 us a call, more than a small
+layer's kernel. Gradients of gradients (``create_graph=True``) go through the operators, whose
+autograd formulas are the three operators again.
+
 Types: float32, bfloat16 and float16 run in their type (sums in float32, rounded once); float64
 tensors (``torch.autograd.gradcheck``) are rounded to float32, run there and widened back.
 CPU tensors only: the kernels are built for this CPU.
@@ -17,12 +23,13 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 from .kernels import as_layout, dtype_name, input_grad_kernel, weight_grad_kernel
 
-__all__ = ["conv2d_input_grad", "conv2d_op", "conv2d_weight_grad", "conv_call", "forward"]
+__all__ = ["Conv2dFunction", "conv2d", "conv2d_input_grad", "conv2d_op", "conv2d_weight_grad", "conv_call", "eager", "forward", "input_grad", "weight_grad"]
 
 OP = "tvm_convgrad.torch.conv2d"
 
@@ -56,12 +63,11 @@ def _narrow(t: torch.Tensor) -> torch.Tensor:
 
 
 def _run(kernel, out: torch.Tensor, *args: torch.Tensor):
-    kernel.executable[kernel.name](*args, out)
+    kernel.function(*args, out)
 
 
-@torch.library.custom_op("tvm_convgrad::conv2d_input_grad", mutates_args=())
-def conv2d_input_grad(grad_output: torch.Tensor, weight: torch.Tensor, input_shape: list[int], stride: list[int], pads: list[int],
-                      dilation: list[int], groups: int, channels_last: bool) -> torch.Tensor:  # fmt: skip
+def input_grad(grad_output: torch.Tensor, weight: torch.Tensor, input_shape: list[int], stride: list[int], pads: list[int],
+               dilation: list[int], groups: int, channels_last: bool) -> torch.Tensor:  # fmt: skip
     """dX ``(N, C, H, W)`` of ``grad_output`` through ``weight`` (the package's dX kernel)."""
     _on_cpu(grad_output, weight)
     call = conv_call(input_shape, weight.shape, stride, pads, dilation, groups, grad_output.dtype, channels_last)
@@ -71,9 +77,8 @@ def conv2d_input_grad(grad_output: torch.Tensor, weight: torch.Tensor, input_sha
     return out.to(grad_output.dtype)
 
 
-@torch.library.custom_op("tvm_convgrad::conv2d_weight_grad", mutates_args=())
-def conv2d_weight_grad(grad_output: torch.Tensor, input: torch.Tensor, weight_shape: list[int], stride: list[int], pads: list[int],
-                       dilation: list[int], groups: int, channels_last: bool) -> torch.Tensor:  # fmt: skip
+def weight_grad(grad_output: torch.Tensor, input: torch.Tensor, weight_shape: list[int], stride: list[int], pads: list[int],
+                dilation: list[int], groups: int, channels_last: bool) -> torch.Tensor:  # fmt: skip
     """dW ``(O, C/groups, KH, KW)`` of ``grad_output`` and ``input`` (the package's dW kernel)."""
     _on_cpu(grad_output, input)
     call = conv_call(input.shape, weight_shape, stride, pads, dilation, groups, input.dtype, channels_last)
@@ -83,11 +88,28 @@ def conv2d_weight_grad(grad_output: torch.Tensor, input: torch.Tensor, weight_sh
     return out.to(input.dtype)
 
 
+conv2d_input_grad = torch.library.custom_op("tvm_convgrad::conv2d_input_grad", mutates_args=())(input_grad)
+conv2d_weight_grad = torch.library.custom_op("tvm_convgrad::conv2d_weight_grad", mutates_args=())(weight_grad)
+
+
 @torch.library.custom_op("tvm_convgrad::conv2d", mutates_args=())
 def conv2d_op(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: list[int], pads: list[int],
               dilation: list[int], groups: int) -> torch.Tensor:  # fmt: skip
     """PyTorch's forward; the backward is the package's (see the module docstring)."""
     return forward(input, weight, bias, stride, pads, dilation, groups)
+
+
+def eager(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether a call on ``tensors`` may skip the operators' dispatch: no compiler tracing, no
+    dispatch mode (fake tensors, ``make_fx``), plain tensors and parameters."""
+    return (
+        not torch.compiler.is_compiling()
+        and _get_current_dispatch_mode() is None
+        and all(t is None or type(t) in _PLAIN for t in tensors)
+    )
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _channels_last(t: torch.Tensor) -> bool:
@@ -117,14 +139,30 @@ def _setup_context(ctx, inputs, output):
     ctx.has_bias = bias is not None
 
 
+def _profiled(function, name: str):
+    """``function`` under a profiler label of ``name`` while PyTorch's profiler records."""
+    if not torch.autograd._profiler_enabled():
+        return function
+
+    def labelled(*args):
+        with torch.profiler.record_function(name):
+            return function(*args)
+
+    return labelled
+
+
 def _backward(ctx, grad_output):
     input, weight = ctx.saved_tensors
     stride, pads, dilation, groups, channels_last = ctx.attrs
+    if not torch.is_grad_enabled() and eager(grad_output, input, weight):  # first order, eager: the kernels directly
+        dx, dw = _profiled(input_grad, "tvm_convgrad::conv2d_input_grad"), _profiled(weight_grad, "tvm_convgrad::conv2d_weight_grad")
+    else:  # traced, or create_graph=True: the operators, differentiable again
+        dx, dw = conv2d_input_grad, conv2d_weight_grad
     grad_input = grad_weight = grad_bias = None
     if ctx.needs_input_grad[0]:
-        grad_input = conv2d_input_grad(grad_output, weight, list(input.shape), stride, pads, dilation, groups, channels_last)
+        grad_input = dx(grad_output, weight, list(input.shape), stride, pads, dilation, groups, channels_last)
     if ctx.needs_input_grad[1]:
-        grad_weight = conv2d_weight_grad(grad_output, input, list(weight.shape), stride, pads, dilation, groups, channels_last)
+        grad_weight = dw(grad_output, input, list(weight.shape), stride, pads, dilation, groups, channels_last)
     if ctx.has_bias and ctx.needs_input_grad[2]:
         grad_bias = grad_output.sum((0, 2, 3))
     return grad_input, grad_weight, grad_bias, None, None, None, None
@@ -173,16 +211,48 @@ conv2d_input_grad.register_autograd(_input_grad_backward, setup_context=_save_gr
 conv2d_weight_grad.register_autograd(_weight_grad_backward, setup_context=_save_grad_op_inputs)
 
 
-def _autocast_cpu(keyset, input, weight, bias, stride, pads, dilation, groups):
-    """``torch.autocast("cpu")``: the tensors cast as autocast casts ``F.conv2d``'s (its
-    lower-precision type, float64 left alone), then the operator run below autocast."""
+class Conv2dFunction(torch.autograd.Function):
+    """``tvm_convgrad::conv2d`` in eager mode without the operators' dispatch: the same forward
+    (PyTorch's), context and backward (the kernels called directly, see :func:`_backward`)."""
+
+    @staticmethod
+    def forward(input, weight, bias, stride, pads, dilation, groups):
+        return forward(input, weight, bias, stride, pads, dilation, groups)
+
+    setup_context = staticmethod(_setup_context)
+    backward = staticmethod(_backward)
+
+
+def _autocast_inputs(input, weight, bias):
+    """The tensors cast as ``torch.autocast("cpu")`` casts ``F.conv2d``'s: to its lower-precision
+    type, float64 left alone."""
     dtype = torch.get_autocast_dtype("cpu")
 
     def cast(t):
         return t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
 
+    return cast(input), cast(weight), cast(bias)
+
+
+def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: list[int], pads: list[int],
+           dilation: list[int], groups: int) -> torch.Tensor:  # fmt: skip
+    """The convolution with the package's gradients (arguments checked by the caller):
+    :class:`Conv2dFunction` in eager mode, else the ``tvm_convgrad::conv2d`` operator."""
+    if not eager(input, weight, bias):
+        return conv2d_op(input, weight, bias, stride, pads, dilation, groups)
+    if torch.is_autocast_enabled("cpu"):
+        input, weight, bias = _autocast_inputs(input, weight, bias)
+        with torch.autocast("cpu", enabled=False):
+            return Conv2dFunction.apply(input, weight, bias, stride, pads, dilation, groups)
+    return Conv2dFunction.apply(input, weight, bias, stride, pads, dilation, groups)
+
+
+def _autocast_cpu(keyset, input, weight, bias, stride, pads, dilation, groups):
+    """``torch.autocast("cpu")`` for the operator: the tensors cast as for ``F.conv2d``, then the
+    operator run below autocast."""
+    input, weight, bias = _autocast_inputs(input, weight, bias)
     with torch.autocast("cpu", enabled=False):
-        return conv2d_op(cast(input), cast(weight), cast(bias), stride, pads, dilation, groups)
+        return conv2d_op(input, weight, bias, stride, pads, dilation, groups)
 
 
 _AUTOCAST = torch.library.Library("tvm_convgrad", "IMPL")

@@ -122,7 +122,7 @@ def launch(kernel, rng: np.random.Generator) -> Callable[[], None]:
     dev = kernel.device
     args = [tvm.runtime.tensor(rng.uniform(-1, 1, a.shape).astype(a.dtype), dev) for a in kernel.inputs]
     args.append(tvm.runtime.empty(kernel.output.shape, kernel.output.dtype, dev))
-    function = kernel.executable[kernel.name]
+    function = kernel.function
     return lambda: function(*args)
 
 
