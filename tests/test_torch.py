@@ -195,11 +195,15 @@ def test_double_backward_runs_the_package_operators():
     assert w.grad is not None and torch.isfinite(w.grad).all()
 
 
-def test_autocast_casts_the_inputs_as_it_casts_f_conv2d():
+@pytest.mark.parametrize("path", ["eager", "operator"])
+def test_autocast_casts_the_inputs_as_it_casts_f_conv2d(path):
+    """Both ways in: the eager path's casts and the operator's AutocastCPU kernel."""
     input_grad_kernel.cache_clear()
     weight_grad_kernel.cache_clear()
     torch.manual_seed(0)
     layer = Conv2d(16, 16, 3, padding=1)
+    if path == "operator":
+        layer._conv_forward = lambda x, w, b: torch.ops.tvm_convgrad.conv2d(x, w, b, [1, 1], [1, 1, 1, 1], [1, 1], 1)
     x = torch.rand(2, 16, 8, 8, requires_grad=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = layer(x)
@@ -214,6 +218,30 @@ def test_autocast_casts_the_inputs_as_it_casts_f_conv2d():
         assert layer(x).dtype == torch.float32
     with torch.autocast("cpu", dtype=torch.float16):
         assert layer(x).dtype == torch.float16
+
+
+def test_eager_calls_run_the_kernels_without_the_operators_dispatch():
+    """Eager: one autograd.Function whose backward calls the kernels (labelled for the profiler
+    as the operators are), the same results as the operator; fake tensors: the operator."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    torch.manual_seed(0)
+    x = torch.rand(2, 8, 9, 9, requires_grad=True)
+    w = torch.rand(16, 4, 3, 3, requires_grad=True)
+    g = torch.rand(2, 16, 5, 5)
+    y = conv2d(x, w, None, 2, 1, 1, 2)
+    assert type(y.grad_fn).__name__ == "Conv2dFunctionBackward"
+    with torch.profiler.profile() as profile:
+        y.backward(g)
+    names = {event.name for event in profile.events()}
+    assert {"tvm_convgrad::conv2d_input_grad", "tvm_convgrad::conv2d_weight_grad"} <= names, names
+    eager = (x.grad.clone(), w.grad.clone())
+    x.grad = w.grad = None
+    torch.ops.tvm_convgrad.conv2d(x, w, None, [2, 2], [1, 1, 1, 1], [1, 1], 2).backward(g)
+    assert torch.equal(x.grad, eager[0]) and torch.equal(w.grad, eager[1])
+    with FakeTensorMode() as mode:
+        fake = conv2d(mode.from_tensor(x), mode.from_tensor(w), None, 2, 1, 1, 2)
+    assert fake.shape == (2, 16, 5, 5) and "tvm_convgrad" in str(fake.grad_fn)
 
 
 def test_an_unsupported_type_fails_in_the_backward_with_a_clear_error():
