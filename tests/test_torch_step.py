@@ -70,3 +70,25 @@ def test_the_step_bench_times_both_and_profiles_them(tmp_path):
 def test_the_step_bench_rejects_a_bad_option(option, value, capsys):
     assert cli(["bench", "--client", "torch", option, value]) == 2
     assert option in capsys.readouterr().err
+
+
+def test_the_layer_bench_lists_each_set_and_times_a_layer(capsys):
+    """``training.torch_backward``: its layer sets have the layers they name (a network's convs
+    with their counts), and it times a layer both ways."""
+    from tvm_convgrad.training.torch_backward import layers, main, net_layers
+
+    late = layers("late", (1, 4))
+    assert {layer.input_shape[2] for layer in late} == {7, 14} and {layer.input_shape[0] for layer in late} == {1, 4}
+    assert len(layers("resnet50", (2,))) == 23
+    atrous = layers("atrous", (4,))
+    assert [layer.dilation for layer in atrous] == [2, 6, 12, 18] and all(layer.input_shape[2:] == (14, 14) for layer in atrous)
+    resnet18 = net_layers("resnet18", 2, 64)
+    assert sum(layer.count for layer in resnet18) == sum(isinstance(m, torch.nn.Conv2d) for m in NETS["resnet18"]().modules()) == 20
+    assert resnet18[0].input_shape == (2, 3, 64, 64) and resnet18[0].kernel == 7
+    mobilenet = net_layers("mobilenet_v2", 1, 32)
+    assert any(layer.groups == layer.input_shape[1] > 1 for layer in mobilenet)  # the depthwise convs
+    with pytest.raises(ValueError, match="layer set"):
+        layers("vgg")
+    assert main(["--layers", "mobilenet_v2", "--batch", "1", "--size", "32", "--rounds", "1", "--filter", r"conv1\.", "--dtype", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    assert "mobilenet_v2.conv1.n1" in out and "geomean" in out and "bfloat16" in out

@@ -1,11 +1,23 @@
-"""The backward pass of ``tvm_convgrad.torch.Conv2d`` against ``torch.nn.Conv2d``'s, per ResNet-50 layer
-(``python -m tvm_convgrad.training.torch_backward [--channels-last] [--batch 8]``).
+"""The backward pass of ``tvm_convgrad.torch.Conv2d`` against ``torch.nn.Conv2d``'s, layer by layer
+(``python -m tvm_convgrad.training.torch_backward [--layers resnet50] [--batch 8] [--channels-last]
+[--dtype float32]``).
 
-For each layer of the bench's ResNet-50 set: both modules hold the same weight (no bias, as in
-ResNet), the same input (requiring its gradient, as inside a network) and the same output
-gradient; one sample is ``y.backward(g)`` (dX and dW, conversions and allocations included),
-timed with ``time.perf_counter``; ``rounds`` samples of each, interleaved, after two warm-up
-calls (the kernels are built then), medians compared.
+Layer sets (:data:`LAYER_SETS`):
+
+* ``resnet50``: the bench's ResNet-50 v1.5 layers (oneDNN's benchdnn shapes);
+* ``late``: those of them on 14x14 and 7x7 maps, where a call's fixed costs show;
+* ``atrous``: DeepLabv3's dilated layers (ResNet-101 backbone at output stride 16 on 224x224
+  images: the 14x14 layer-4 3x3 convolutions at dilation 2, the ASPP's 2048 -> 256 3x3 at rates
+  6, 12 and 18);
+* ``resnet18``, ``mobilenet_v2``: every distinct convolution of the package's networks
+  (:mod:`tvm_convgrad.torch.nets`) on ``--size`` images, with how often each occurs.
+
+``--batch`` takes a comma-separated list (each layer at each batch). For each layer both modules
+hold the same weight (no bias, as in ResNet), the same input (requiring its gradient, as inside a
+network, except an RGB stem's) and the same output gradient; one sample is ``y.backward(g)`` (dX
+and dW, conversions and allocations included), timed with ``time.perf_counter``; ``rounds``
+samples of each, interleaved, after two warm-up calls (the kernels are built then), medians
+compared. ``--dtype bfloat16`` runs both sides in bf16 (PyTorch's bf16 convolution backward).
 """
 
 from __future__ import annotations
@@ -14,26 +26,113 @@ import argparse
 import math
 import statistics
 import time
+from dataclasses import dataclass, replace
 
-__all__ = ["main", "time_layers"]
+__all__ = ["LAYER_SETS", "Layer", "LayerTime", "layers", "main", "net_layers", "time_layers"]
+
+LAYER_SETS = ("resnet50", "late", "atrous", "resnet18", "mobilenet_v2")
 
 
-def time_layers(batch: int = 8, channels_last: bool = False, rounds: int = 7, pattern: str | None = None, log=print) -> list[tuple[str, float, float]]:
-    """``[(layer, torch seconds, ours seconds)]``: the medians of ``rounds`` backward passes."""
+@dataclass(frozen=True)
+class Layer:
+    """One ``nn.Conv2d`` call: input ``(N, C, H, W)``, ``out_channels``, square kernel, stride,
+    symmetric padding, dilation, groups; ``count``: how often a network calls it."""
+
+    name: str
+    input_shape: tuple[int, int, int, int]
+    out_channels: int
+    kernel: int
+    stride: int = 1
+    padding: int = 0
+    dilation: int = 1
+    groups: int = 1
+    count: int = 1
+
+    def module(self):
+        import torch
+
+        return torch.nn.Conv2d(self.input_shape[1], self.out_channels, self.kernel, self.stride, self.padding, self.dilation, self.groups, bias=False)
+
+
+def _atrous(batch: int) -> list[Layer]:
+    layer4 = [Layer("deeplabv3.layer4_3x3_d2", (batch, 512, 14, 14), 512, 3, 1, 2, 2, count=3)]
+    aspp = [Layer(f"deeplabv3.aspp_3x3_r{rate}", (batch, 2048, 14, 14), 256, 3, 1, rate, rate) for rate in (6, 12, 18)]
+    return layer4 + aspp
+
+
+def _resnet50(batch: int, late: bool) -> list[Layer]:
+    from ..tools.bench import load_cases
+
+    return [Layer(case.name.removesuffix(".n1"), (batch, case.Cin, case.H, case.W), case.Cout, case.KH, case.stride[0], case.pad[0],
+                  case.dilation[0], case.groups, case.count)
+            for case in load_cases("resnet50", (1,)) if not late or case.H <= 14]  # fmt: skip
+
+
+def net_layers(net: str, batch: int, size: int) -> list[Layer]:
+    """Every distinct convolution of ``net`` (:data:`tvm_convgrad.torch.nets.NETS`) on ``batch``
+    images of ``size x size``, in the order the forward pass calls them, with their counts."""
     import torch
 
-    from ..tools.bench import load_cases
+    from ..torch.nets import NETS
+
+    model, calls = NETS[net]().eval(), {}
+
+    def record(module, inputs, output):
+        key = (tuple(inputs[0].shape), module.out_channels, module.kernel_size[0], module.stride[0], module.padding[0], module.dilation[0], module.groups)
+        calls[key] = calls.get(key, 0) + 1
+
+    hooks = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    with torch.no_grad():
+        model(torch.zeros(batch, 3, size, size))
+    for hook in hooks:
+        hook.remove()
+    return [Layer(f"{net}.conv{i}", *key, count=count) for i, (key, count) in enumerate(calls.items())]
+
+
+def layers(layer_set: str, batches=(8,), size: int = 64, pattern: str | None = None) -> list[Layer]:
+    """The layers of ``layer_set`` (:data:`LAYER_SETS`) at each batch; ``pattern``: a regex on names."""
+    import re
+
+    if layer_set not in LAYER_SETS:
+        raise ValueError(f"layer set {layer_set!r}: must be one of {', '.join(LAYER_SETS)}")
+    chosen = []
+    for batch in batches:
+        if layer_set in ("resnet50", "late"):
+            found = _resnet50(batch, layer_set == "late")
+        elif layer_set == "atrous":
+            found = _atrous(batch)
+        else:
+            found = net_layers(layer_set, batch, size)
+        chosen += [replace(layer, name=f"{layer.name}.n{batch}") for layer in found]
+    return [layer for layer in chosen if not pattern or re.search(pattern, layer.name)]
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    layer: Layer
+    torch_s: float
+    ours_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.torch_s / self.ours_s
+
+
+def time_layers(chosen: list[Layer], channels_last: bool = False, dtype: str = "float32", rounds: int = 7, log=print) -> list[LayerTime]:
+    """The medians of ``rounds`` interleaved backward passes of each layer, stock and drop-in."""
+    import torch
+
     from ..torch import Conv2d
 
     memory = torch.channels_last if channels_last else torch.contiguous_format
+    tensor_type = getattr(torch, dtype)
     rows = []
-    for case in load_cases("resnet50", (batch,), pattern):
-        shape = (case.Cin, case.Cout, (case.KH, case.KW), case.stride, case.pad, case.dilation, case.groups)
-        reference = torch.nn.Conv2d(*shape, bias=False).to(memory_format=memory)
-        ours = Conv2d(*shape, bias=False).to(memory_format=memory)
-        ours.load_state_dict(reference.state_dict())
-        x = torch.randn(case.N, case.Cin, case.H, case.W).to(memory_format=memory).requires_grad_()
-        g = torch.randn(case.N, case.Cout, case.OH, case.OW).to(memory_format=memory)
+    for layer in chosen:
+        reference = layer.module().to(tensor_type, memory_format=memory)
+        ours = layer.module().to(tensor_type, memory_format=memory)
+        ours.__class__ = Conv2d
+        x = torch.randn(layer.input_shape).to(tensor_type, memory_format=memory).requires_grad_(layer.input_shape[1] != 3)
+        g = torch.randn_like(reference(x))
 
         def sample(module) -> float:
             y = module(x)
@@ -47,23 +146,34 @@ def time_layers(batch: int = 8, channels_last: bool = False, rounds: int = 7, pa
         for _ in range(rounds):
             theirs.append(sample(reference))
             mine.append(sample(ours))
-        rows.append((case.name, statistics.median(theirs), statistics.median(mine)))
-        log(f"{case.name:36s} nn.Conv2d {rows[-1][1] * 1e3:8.2f} ms   tvm_convgrad {rows[-1][2] * 1e3:8.2f} ms   ratio {rows[-1][1] / rows[-1][2]:.2f}")
+        rows.append(LayerTime(layer, statistics.median(theirs), statistics.median(mine)))
+        r = rows[-1]
+        log(f"{layer.name:40s} x{layer.count:<2d} nn.Conv2d {r.torch_s * 1e3:8.3f} ms   tvm_convgrad {r.ours_s * 1e3:8.3f} ms   ratio {r.ratio:.2f}")
     return rows
+
+
+def summary(rows: list[LayerTime]) -> str:
+    """Geomean, min and max of the ratios; the count-weighted totals (a network's backward convs)."""
+    ratios = [r.ratio for r in rows]
+    theirs, mine = sum(r.torch_s * r.layer.count for r in rows), sum(r.ours_s * r.layer.count for r in rows)
+    return (f"geomean nn.Conv2d / tvm_convgrad.torch.Conv2d backward {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f} "
+            f"(min {min(ratios):.2f}, max {max(ratios):.2f}, {len(rows)} layers); every call counted: "
+            f"{theirs * 1e3:.1f} ms against {mine * 1e3:.1f} ms, {theirs / mine:.2f}")  # fmt: skip
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--layers", choices=LAYER_SETS, default="resnet50")
+    parser.add_argument("--batch", default="8", help="comma-separated batch sizes")
+    parser.add_argument("--size", type=int, default=64, help="image size for --layers resnet18 / mobilenet_v2")
     parser.add_argument("--channels-last", action="store_true")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--filter", default=None, help="a regex on the layer names")
     args = parser.parse_args(argv)
-    rows = time_layers(args.batch, args.channels_last, args.rounds, args.filter)
-    ratios = [t / o for _, t, o in rows]
-    print(f"geomean nn.Conv2d / tvm_convgrad.torch.Conv2d backward: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f} "
-          f"(min {min(ratios):.2f}, max {max(ratios):.2f}, {len(rows)} layers, N={args.batch}, "
-          f"{'channels-last' if args.channels_last else 'NCHW'}, float32)")  # fmt: skip
+    batches = tuple(int(b) for b in args.batch.split(",") if b)
+    rows = time_layers(layers(args.layers, batches, args.size, args.filter), args.channels_last, args.dtype, args.rounds)
+    print(f"{summary(rows)} [{args.layers}, N={args.batch}, {'channels-last' if args.channels_last else 'NCHW'}, {args.dtype}]")
     return 0
 
 
