@@ -75,8 +75,15 @@ class CpuMad(ABC):
 
 def elementwise(sch: s_tir.Schedule, block, shared: int = 0):
     """Parallel over the outer loops, vectorized over the innermost (C0, or 16 of a longer row);
-    the first ``shared`` loops (that other stages run under too) are left as they are."""
-    *outer, lanes = sch.get_loops(block)[shared:]
+    the first ``shared`` loops (that other stages run under too) are left as they are. Trailing
+    loops of extent 1 (a 1x1 weight's taps) join the loop above them, which gives the lanes."""
+    loops = sch.get_loops(block)[shared:]
+    units = 0
+    while units + 1 < len(loops) and loop_extent(sch, loops[-1 - units]) == 1:
+        units += 1
+    if units:
+        loops = [*loops[: -units - 1], sch.fuse(*loops[-units - 1 :])]
+    *outer, lanes = loops
     if not sch.get(block).reads:  # a constant (a dX no tap reaches): LLVM fills it; a vectorized bf16 cast of it does not legalize
         outer.append(lanes)
         lanes = None
