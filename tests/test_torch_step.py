@@ -92,3 +92,14 @@ def test_the_layer_bench_lists_each_set_and_times_a_layer(capsys):
     assert main(["--layers", "mobilenet_v2", "--batch", "1", "--size", "32", "--rounds", "1", "--filter", r"conv1\.", "--dtype", "bfloat16"]) == 0
     out = capsys.readouterr().out
     assert "mobilenet_v2.conv1.n1" in out and "geomean" in out and "bfloat16" in out
+
+
+def test_stock_beside_the_drop_in_runs_both_kinds_of_process():
+    """``training.torch_beside``: a pair of child processes, one alternating stock with the drop-in,
+    one with a second stock model; each reports stock's step."""
+    from tvm_convgrad.training.torch_beside import stock_beside
+    from tvm_convgrad.training.torch_step import StepConfig
+
+    result = stock_beside(StepConfig("mobilenet_v2", 2, 32, False, "float32"), pairs=1, rounds=1, log=lambda line: None)
+    ((control, beside),) = result["pairs"]
+    assert control > 0 and beside > 0 and result["median_slowdown"] == beside / control - 1

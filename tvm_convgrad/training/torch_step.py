@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["StepConfig", "StepResult", "configs", "main", "time_steps"]
+__all__ = ["StepConfig", "StepResult", "configs", "main", "parse_size", "time_steps", "trainers"]
 
 SIZES = ("8x64", "32x112")
 """The default batch x image sizes (any ``BATCHxSIZE`` is accepted)."""
@@ -74,7 +74,9 @@ def configs(nets, sizes, layouts, dtypes) -> list[StepConfig]:
             for dtype in dtypes]  # fmt: skip
 
 
-def _trainers(config: StepConfig, seed: int = 0):
+def trainers(config: StepConfig, seed: int = 0, convert: bool = True):
+    """Step functions of the stock model and of its copy (the drop-in; another stock model when
+    not ``convert``), each with its own SGD optimizer, on the same batch."""
     import torch
     import torch.nn.functional as F
 
@@ -84,7 +86,9 @@ def _trainers(config: StepConfig, seed: int = 0):
     torch.manual_seed(seed)
     memory = torch.channels_last if config.channels_last else torch.contiguous_format
     stock = NETS[config.net](classes=100).to(memory_format=memory)
-    ours = convert_conv2d(copy.deepcopy(stock))
+    ours = copy.deepcopy(stock)
+    if convert:
+        convert_conv2d(ours)
     x = torch.randn(config.batch, 3, config.size, config.size).to(memory_format=memory)
     target = torch.randint(0, 100, (config.batch,))
     autocast = config.dtype == "bfloat16"
@@ -118,7 +122,7 @@ def _profile(step, steps: int) -> list[tuple[str, float]]:
 def time_steps(config: StepConfig, rounds: int = 9, warmup: int = 2, profile_steps: int = 2, log=print) -> StepResult:
     """Medians of ``rounds`` interleaved steps of stock and drop-in (after ``warmup`` steps of
     each, which build the kernels), and ``profile_steps`` profiled steps of each."""
-    stock, ours = _trainers(config)
+    stock, ours = trainers(config)
     for _ in range(warmup):
         stock()
         ours()
