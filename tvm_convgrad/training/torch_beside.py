@@ -46,7 +46,7 @@ def stock_step_ms(config: StepConfig, neighbour: str, rounds: int = 11, warmup: 
 
 
 def _child(config: StepConfig, neighbour: str, rounds: int) -> float:
-    command = [sys.executable, "-m", __name__, "--net", config.net, "--size", f"{config.batch}x{config.size}",
+    command = [sys.executable, "-m", __spec__.name, "--net", config.net, "--size", f"{config.batch}x{config.size}",
                "--child", neighbour, "--rounds", str(rounds)] + (["--channels-last"] if config.channels_last else [])  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
