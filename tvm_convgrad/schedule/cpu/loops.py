@@ -88,8 +88,9 @@ def elementwise(sch: s_tir.Schedule, block, shared: int = 0):
         outer.append(lanes)
         lanes = None
     elif loop_extent(sch, lanes) > 16:
-        if loop_extent(sch, lanes) % 16:
-            outer.append(lanes)  # a ragged row: parallel only, LLVM vectorizes what it can
+        if loop_extent(sch, lanes) % 16:  # a ragged row: a serial loop under the parallel ones, its index
+            if not outer:  # math kept in the row's own terms (LLVM vectorizes what it can)
+                outer.append(lanes)
             lanes = None
         else:
             row, lanes = sch.split(lanes, [None, 16])
