@@ -161,6 +161,24 @@ def test_rank_3_stem_puts_cout_on_the_lanes():
     check(kernel(xa, dya), expected, kernel, "3-D stem")
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_stem_whose_dy_outgrows_the_band_reads_it_in_bands(batch):
+    """A 2-D stem (3 channels, 7x7 / 2) whose dy rows outgrow one band of the Cout-on-lanes dW
+    (``schedule.cpu.lanes.DY_BAND_BYTES``): the tiles' sums carried from band to band are exact."""
+    from tvm_convgrad.schedule.cpu.lanes import DY_BAND_BYTES
+
+    x = te.placeholder((batch, 3, 90, 90), "float32", name="src")
+    dy = te.placeholder((batch, 64, 45, 45), "float32", name="diff_dst")
+    assert 45 * 45 * 64 * 4 > DY_BAND_BYTES  # 9 bands of 5 rows
+    attrs = dict(strides=[2, 2], pads_begin=[3, 3], pads_end=[3, 3], dilations=[1, 1], data_format="NCX", weights_format="OIX")
+    kernel = build(onednn.convolution_backward_weights(x, dy, [64, 3, 7, 7], **attrs))
+    assert kernel.formulation == "cout-lanes"
+    rng = np.random.default_rng(1)
+    xa, dya = rng.uniform(-1, 1, (batch, 3, 90, 90)).astype("float32"), rng.uniform(-1, 1, (batch, 64, 45, 45)).astype("float32")
+    expected = reference.conv_backprop_filter_nd(xa, dya, (7, 7), (2, 2), (3, 3), (1, 1))
+    check(kernel(xa, dya), expected, kernel, "banded stem")
+
+
 def test_layout_stages_are_folded_into_the_compute():
     """The framework tensors are read by the compute's packs (the layout stages are inlined),
     and the result stage is written straight in the framework layout: no extra full-size pass."""

@@ -12,7 +12,10 @@ from ..common import loop_extent
 from .loops import CpuMad, sum_parts
 from .tiles import largest_divisor, tap_tile
 
-__all__ = ["CoutLanesFilterGrad", "PixelLanesInputGrad"]
+__all__ = ["DY_BAND_BYTES", "CoutLanesFilterGrad", "PixelLanesInputGrad"]
+
+DY_BAND_BYTES = 256 << 10
+"""dy read by the Cout-on-lanes dW tiles per band of rows: within any x86 core's L2 beside the x rows."""
 
 
 class CoutLanesFilterGrad(CpuMad):
@@ -24,25 +27,32 @@ class CoutLanesFilterGrad(CpuMad):
         value per tap and one dy vector per Cout block, summing ``(ho, wo)`` in registers.
 
         With a batch, each image is a separate partial dW (``rfactor`` over ``n``): the images
-        run one after another with every tile reading that image's dy while it is in cache, and
-        the partials (``N`` small dWs: this layout is for few input channels) are summed after.
+        run one after another, and the partials (``N`` small dWs: this layout is for few input
+        channels) are summed after. An image's dy is read by every tile, so it is read in bands
+        of rows (:data:`DY_BAND_BYTES`, the tiles' partial sums kept in the result between bands)
+        that stay in cache while all the tiles read them: a stem's 112x112x64 dy is 3 MB.
         """
         sch = self.sch
         c, kh, kw, co, n, ho, wo = sch.get_loops(block)
+        row_bytes = loop_extent(sch, wo) * loop_extent(sch, co) * 4
         co1, co0 = sch.split(co, [None, 16])
         taps, vectors = tap_tile(loop_extent(sch, kw), loop_extent(sch, co1), self.plan)
         kw_o, kw_i = self.split(kw, taps, taps)
         co1_o, co1_i = self.split(co1, vectors, vectors)
+        band = largest_divisor(loop_extent(sch, ho), DY_BAND_BYTES // row_bytes)
+        bands = [] if band == loop_extent(sch, ho) else list(sch.split(ho, [None, band]))
+        rows = bands or [ho]  # (band, rows of a band), or the rows
         batched = loop_extent(sch, n) > 1
         if batched:
-            sch.reorder(n, c, kh, kw_o, co1_o, ho, wo, kw_i, co1_i, co0)
+            sch.reorder(n, *rows[:-1], c, kh, kw_o, co1_o, rows[-1], wo, kw_i, co1_i, co0)
             mad = sch.rfactor(n, 0)
-            n, c, kh, kw_o, co1_o, ho, wo, kw_i, co1_i, co0 = sch.get_loops(mad)
+            n, *rows, c, kh, kw_o, co1_o, row, wo, kw_i, co1_i, co0 = sch.get_loops(mad)
+            rows.append(row)
         else:
-            sch.reorder(c, kh, kw_o, co1_o, n, ho, wo, kw_i, co1_i, co0)
+            sch.reorder(*rows[:-1], c, kh, kw_o, co1_o, n, rows[-1], wo, kw_i, co1_i, co0)
             mad = block
         sch.parallel(sch.fuse(c, kh, kw_o, co1_o))
-        self.register_tile(mad, [kw_i, co1_i], co0, ho if batched else n)
+        self.register_tile(mad, [kw_i, co1_i], co0, rows[0] if batched or bands else n)
         if batched:
             sum_parts(sch, block)
 
