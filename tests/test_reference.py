@@ -68,3 +68,27 @@ def test_tbe_dw_result_holds_cross_slot_correlations():
     # dy channel 1 (group 0) against x channel 9 (group 2) at tap (2, 1): a genuine correlation.
     expected = sum(dy[n, 1, i, j] * x[n, 9, i + 2, j + 1] for n in range(2) for i in range(3) for j in range(3))
     assert full[0, layout.fracz_row(0, 2, 1, 3, 3), 1, 9] == pytest.approx(expected)
+
+
+def test_live_taps_are_the_taps_that_read_the_input():
+    """``live_taps`` against enumeration of every output's reads, over small axes with padding past
+    the input, dilations, strides; and the cropped call of ``Conv2dGradients`` keeps the output."""
+    from itertools import product
+
+    from tvm_convgrad.frontends.conv2d import Conv2dGradients
+    from tvm_convgrad.params.geometry import live_taps
+
+    checked = cropped = 0
+    for size, kernel, stride, before, after, dilation in product(range(1, 7), range(1, 5), range(1, 4), range(0, 9, 2), range(0, 9, 3), range(1, 8, 3)):
+        outputs = (size + before + after - (kernel - 1) * dilation - 1) // stride + 1
+        if outputs < 1:
+            continue
+        reads = [k for k in range(kernel) if any(0 <= o * stride + k * dilation - before < size for o in range(outputs))]
+        assert live_taps(size, kernel, stride, before, after, dilation) == ((reads[0], reads[-1]) if reads else None)
+        checked += 1
+        call = Conv2dGradients((1, 2, size, 3), (2, 2, kernel, 1), (stride, 1), (before, after, 0, 0), (dilation, 1), 1, "float32")
+        crop = call.cropped()
+        if crop is not None:
+            cropped += 1
+            assert crop[0].y_shape == call.y_shape and crop[1] == slice(reads[0], reads[-1] + 1)
+    assert checked > 1000 and cropped > 100

@@ -26,6 +26,8 @@ LAYERS = [
     ((2, 8, 6, 6), 12, 4, 1, "same", 1, 2, True),  # even kernel: 'same' pads 1 before, 2 after
     ((1, 3, 15, 15), 16, 7, 2, 3, 1, 1, False),  # a stem
     ((2, 64, 5, 5), 32, 1, 1, "valid", 1, 1, True),
+    ((2, 16, 6, 6), 16, 3, 1, 7, 7, 1, False),  # an atrous rate past the map: only the centre tap is live
+    ((1, 8, 5, 9), 8, 3, 1, (5, 4), (5, 4), 2, True),  # live taps cropped in rows, not in columns
 ]
 
 

@@ -10,11 +10,11 @@ pads ``(top, bottom, left, right)``, dilation, groups, type, and the layouts the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tvm import te
 
-from ..params.geometry import out_size
+from ..params.geometry import live_taps, out_size
 from . import onednn
 
 __all__ = ["Conv2dGradients"]
@@ -54,6 +54,25 @@ class Conv2dGradients:
         pt, pb, pl, pr = self.pads
         return {"strides": list(self.strides), "pads_begin": [pt, pl], "pads_end": [pb, pr], "dilations": list(self.dilation),
                 "groups": self.groups, "data_format": self.data_format, "weights_format": self.weights_format}  # fmt: skip
+
+    def cropped(self) -> tuple[Conv2dGradients, slice, slice] | None:
+        """``(call, rows, columns)``: the same convolution with its kernel cropped to the taps that
+        read the input (:func:`~tvm_convgrad.params.geometry.live_taps`; its pads shifted, the
+        output the same), and the kernel rows and columns it keeps. dX is the cropped call's (on
+        ``w[:, :, rows, columns]``), dW the cropped call's in those rows and columns and 0
+        elsewhere. None when every tap is live, no tap is, or a shifted pad would be negative."""
+        (n, c, h, w), (o, i, kh, kw) = self.x_shape, self.w_shape
+        (sh, sw), (dh, dw), (pt, pb, pl, pr) = self.strides, self.dilation, self.pads
+        rows, cols = live_taps(h, kh, sh, pt, pb, dh), live_taps(w, kw, sw, pl, pr, dw)
+        if rows is None or cols is None or (rows, cols) == ((0, kh - 1), (0, kw - 1)):
+            return None
+        pads = (pt - rows[0] * dh, pb - (kh - 1 - rows[1]) * dh, pl - cols[0] * dw, pr - (kw - 1 - cols[1]) * dw)
+        if min(pads) < 0:
+            return None
+        kernel = (rows[1] - rows[0] + 1, cols[1] - cols[0] + 1)
+        dilation = tuple(d if k > 1 else 1 for k, d in zip(kernel, self.dilation))  # one tap: no dilation
+        call = replace(self, w_shape=(o, i, *kernel), pads=pads, dilation=dilation)
+        return call, slice(rows[0], rows[1] + 1), slice(cols[0], cols[1] + 1)
 
     def input_grad(self, kernel_name: str = "conv2d_input_grad") -> te.Tensor:
         """dX: ``(dy, w) -> dx``."""

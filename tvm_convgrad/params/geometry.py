@@ -118,6 +118,18 @@ def out_size(size: int, kernel: int, stride: int, pad_before: int, pad_after: in
     return (size + pad_before + pad_after - ((kernel - 1) * dilation + 1)) // stride + 1
 
 
+def live_taps(size: int, kernel: int, stride: int, pad_before: int, pad_after: int, dilation: int) -> tuple[int, int] | None:
+    """``(first, last)``: the taps of one axis that read the input for some output, or None when
+    none does. Tap ``k`` of output ``o`` reads position ``o*stride + k*dilation - pad_before``;
+    the taps outside ``[first, last]`` read only padding, so they add nothing to dX and their dW
+    is 0 (a dilated layer on a small map: DeepLab's rate-18 ASPP on a 14x14 map has one live row
+    and one live column of its 3x3)."""
+    outputs = out_size(size, kernel, stride, pad_before, pad_after, dilation)
+    live = [k for k in range(kernel)
+            if max(0, -(-(pad_before - k * dilation) // stride)) <= min(outputs - 1, (size - 1 + pad_before - k * dilation) // stride)]  # fmt: skip
+    return (live[0], live[-1]) if live else None
+
+
 @dataclass(frozen=True)
 class ConvGradParams:
     """Everything a gradient compute needs, validated.

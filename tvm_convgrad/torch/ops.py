@@ -68,9 +68,13 @@ def _run(kernel, out: torch.Tensor, *args: torch.Tensor):
 
 def input_grad(grad_output: torch.Tensor, weight: torch.Tensor, input_shape: list[int], stride: list[int], pads: list[int],
                dilation: list[int], groups: int, channels_last: bool) -> torch.Tensor:  # fmt: skip
-    """dX ``(N, C, H, W)`` of ``grad_output`` through ``weight`` (the package's dX kernel)."""
+    """dX ``(N, C, H, W)`` of ``grad_output`` through ``weight`` (the package's dX kernel; taps
+    that read only padding left out, see ``Conv2dGradients.cropped``)."""
     _on_cpu(grad_output, weight)
     call = conv_call(input_shape, weight.shape, stride, pads, dilation, groups, grad_output.dtype, channels_last)
+    if (crop := call.cropped()) is not None:
+        call, rows, cols = crop
+        weight = weight[:, :, rows, cols]
     dy, w = _narrow(grad_output), _narrow(weight)
     out = torch.empty(tuple(input_shape), dtype=dy.dtype, memory_format=_memory_format(channels_last))
     _run(input_grad_kernel(call), as_layout(out, call), as_layout(dy, call), w.contiguous())
@@ -79,12 +83,20 @@ def input_grad(grad_output: torch.Tensor, weight: torch.Tensor, input_shape: lis
 
 def weight_grad(grad_output: torch.Tensor, input: torch.Tensor, weight_shape: list[int], stride: list[int], pads: list[int],
                 dilation: list[int], groups: int, channels_last: bool) -> torch.Tensor:  # fmt: skip
-    """dW ``(O, C/groups, KH, KW)`` of ``grad_output`` and ``input`` (the package's dW kernel)."""
+    """dW ``(O, C/groups, KH, KW)`` of ``grad_output`` and ``input`` (the package's dW kernel;
+    0 for taps that read only padding, see ``Conv2dGradients.cropped``)."""
     _on_cpu(grad_output, input)
     call = conv_call(input.shape, weight_shape, stride, pads, dilation, groups, input.dtype, channels_last)
     x, dy = _narrow(input), _narrow(grad_output)
-    out = torch.empty(tuple(weight_shape), dtype=x.dtype)
-    _run(weight_grad_kernel(call), out, as_layout(x, call), as_layout(dy, call))
+    crop = call.cropped()
+    out = torch.empty(tuple(weight_shape), dtype=x.dtype) if crop is None else torch.zeros(tuple(weight_shape), dtype=x.dtype)
+    if crop is not None:
+        call, rows, cols = crop
+        live = torch.empty(call.w_shape, dtype=x.dtype)
+        _run(weight_grad_kernel(call), live, as_layout(x, call), as_layout(dy, call))
+        out[:, :, rows, cols] = live
+    else:
+        _run(weight_grad_kernel(call), out, as_layout(x, call), as_layout(dy, call))
     return out.to(input.dtype)
 
 
