@@ -113,10 +113,12 @@ def conv2d_op(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
 
 def eager(*tensors: Optional[torch.Tensor]) -> bool:
     """Whether a call on ``tensors`` may skip the operators' dispatch: no compiler tracing, no
-    dispatch mode (fake tensors, ``make_fx``), plain tensors and parameters."""
+    dispatch mode (fake tensors, ``make_fx``), no functorch transform (``torch.func``), plain
+    tensors and parameters."""
     return (
         not torch.compiler.is_compiling()
         and _get_current_dispatch_mode() is None
+        and not torch._C._are_functorch_transforms_active()
         and all(t is None or type(t) in _PLAIN for t in tensors)
     )
 
@@ -228,10 +230,13 @@ class Conv2dFunction(torch.autograd.Function):
     (PyTorch's), context and backward (the kernels called directly, see :func:`_backward`)."""
 
     @staticmethod
-    def forward(input, weight, bias, stride, pads, dilation, groups):
-        return forward(input, weight, bias, stride, pads, dilation, groups)
+    def forward(ctx, input, weight, bias, stride, pads, dilation, groups):
+        # the context saved here, not in a ``setup_context``: with one, every ``apply`` binds its
+        # arguments through ``inspect.signature`` (~70 us); functorch transforms take the operator
+        output = forward(input, weight, bias, stride, pads, dilation, groups)
+        _setup_context(ctx, (input, weight, bias, stride, pads, dilation, groups), output)
+        return output
 
-    setup_context = staticmethod(_setup_context)
     backward = staticmethod(_backward)
 
 
