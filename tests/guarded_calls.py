@@ -52,6 +52,15 @@ FIXED = {
                     weights_format="OIX", effective_pads=(3, 3)),  # fmt: skip
     "dw-stem-f16": Case("conv_v2", 2, 3, 24, 1, (32, 32), (16, 16), (7, 7), (2, 2), (3, 3), (3, 3), (1, 1), dtype="float16",
                         effective_pads=(3, 3)),  # fmt: skip
+    # a stem whose dy outgrows one band of rows (schedule.cpu.lanes.DY_BAND_BYTES: 45x45x64 floats)
+    "dw-stem-banded": Case("conv_v2", 2, 3, 64, 1, (90, 90), (45, 45), (7, 7), (2, 2), (3, 3), (3, 3), (1, 1), data_format="NCX",
+                           weights_format="OIX", effective_pads=(3, 3)),  # fmt: skip
+    # a strided depthwise dX whose result rows (40) are ragged: a serial row under the parallel loops
+    "dx-depthwise-s2-ragged": Case("data", 2, 32, 32, 32, (40, 40), (20, 20), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), data_format="NCX",
+                                   weights_format="OIX", effective_pads=(1, 1)),  # fmt: skip
+    # a 1x1 dW in OIX: its unit tap loops join the input-channel loop, written 16 lanes at a time
+    "dw-1x1-oix": Case("conv_v2", 2, 40, 24, 1, (7, 7), (7, 7), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
+                       weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
 }
 """Named calls every run includes (framework operator cases of ``tests/framework_cases.py``)."""
 

@@ -88,15 +88,15 @@ def weight_grad(grad_output: torch.Tensor, input: torch.Tensor, weight_shape: li
     _on_cpu(grad_output, input)
     call = conv_call(input.shape, weight_shape, stride, pads, dilation, groups, input.dtype, channels_last)
     x, dy = _narrow(input), _narrow(grad_output)
-    crop = call.cropped()
-    out = torch.empty(tuple(weight_shape), dtype=x.dtype) if crop is None else torch.zeros(tuple(weight_shape), dtype=x.dtype)
-    if crop is not None:
+    if (crop := call.cropped()) is None:
+        out = torch.empty(tuple(weight_shape), dtype=x.dtype)
+        _run(weight_grad_kernel(call), out, as_layout(x, call), as_layout(dy, call))
+    else:  # the live taps' dW into a zero one
         call, rows, cols = crop
+        out = torch.zeros(tuple(weight_shape), dtype=x.dtype)
         live = torch.empty(call.w_shape, dtype=x.dtype)
         _run(weight_grad_kernel(call), live, as_layout(x, call), as_layout(dy, call))
         out[:, :, rows, cols] = live
-    else:
-        _run(weight_grad_kernel(call), out, as_layout(x, call), as_layout(dy, call))
     return out.to(input.dtype)
 
 
@@ -111,6 +111,9 @@ def conv2d_op(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     return forward(input, weight, bias, stride, pads, dilation, groups)
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def eager(*tensors: Optional[torch.Tensor]) -> bool:
     """Whether a call on ``tensors`` may skip the operators' dispatch: no compiler tracing, no
     dispatch mode (fake tensors, ``make_fx``), no functorch transform (``torch.func``), plain
@@ -121,9 +124,6 @@ def eager(*tensors: Optional[torch.Tensor]) -> bool:
         and not torch._C._are_functorch_transforms_active()
         and all(t is None or type(t) in _PLAIN for t in tensors)
     )
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _channels_last(t: torch.Tensor) -> bool:

@@ -52,7 +52,7 @@ class CoutLanesFilterGrad(CpuMad):
             sch.reorder(*rows[:-1], c, kh, kw_o, co1_o, n, rows[-1], wo, kw_i, co1_i, co0)
             mad = block
         sch.parallel(sch.fuse(c, kh, kw_o, co1_o))
-        self.register_tile(mad, [kw_i, co1_i], co0, rows[0] if batched or bands else n)
+        self.register_tile(mad, [kw_i, co1_i], co0, rows[0] if batched or bands else n)  # the outermost reduction loop
         if batched:
             sum_parts(sch, block)
 
