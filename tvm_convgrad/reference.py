@@ -25,6 +25,7 @@ __all__ = [
     "conv2d_backprop_input",
     "conv_backprop_filter_nd",
     "conv_backward_data_nd",
+    "conv_forward_nd",
     "conv_transpose_backward_weights",
     "deconv_grad_filter",
     "from_data_format",
@@ -196,6 +197,33 @@ def conv_backward_data_nd(diff_dst, w, spatial_in, strides, pads_begin, dilation
         dxpad[(Ellipsis, *window)] += contribution
     crop = tuple(slice(pb, pb + size) for pb, size in zip(pads_begin, spatial_in))
     return dxpad[(Ellipsis, *crop)].reshape(n, groups * cin_g, *spatial_in)
+
+
+def conv_forward_nd(x, w, strides, pads_begin, dilations, groups: int = 1, pads_end=None, bias=None) -> np.ndarray:
+    """The forward convolution (oneDNN's ``Convolution``, TBE's ``conv``): ``y[n, g*OCg + o, p] =
+    sum_{i, k} x[n, g*ICg + i, p*s - pb + k*d] * w[g*OCg + o, i, k] (+ bias[g*OCg + o])``, x read
+    as 0 outside its extent, over the output grid ``S_out = floor((S_in + pb + pe - (K-1)*d - 1)
+    / s) + 1`` (``pads_end`` default: ``pads_begin``); float64 NCX from NCX ``x`` and OIX ``w``,
+    any spatial rank (gather form)."""
+    x = np.asarray(x, dtype=np.float64)
+    w = np.asarray(w, dtype=np.float64)
+    n, cin, *extent = x.shape
+    cout, cin_g, *kernel = w.shape
+    pads_end = pads_begin if pads_end is None else pads_end
+    grid = [(size + pb + pe - (k - 1) * d - 1) // s + 1
+            for size, k, s, d, pb, pe in zip(extent, kernel, strides, dilations, pads_begin, pads_end)]  # fmt: skip
+    ends = [max(0, (o - 1) * s + (k - 1) * d + 1 - pb - size) for o, k, s, d, pb, size in zip(grid, kernel, strides, dilations, pads_begin, extent)]
+    xpad = np.pad(x, [(0, 0), (0, 0)] + [(pb, end) for pb, end in zip(pads_begin, ends)])
+    wg = w.reshape(groups, cout // groups, cin_g, *kernel)
+    y = np.zeros((n, groups, cout // groups, int(np.prod(grid, dtype=np.int64))))
+    for taps in np.ndindex(*kernel):
+        window = xpad[(slice(None), slice(None)) + tuple(_tap_window(k, d, s, o) for k, d, s, o in zip(taps, dilations, strides, grid))]
+        xg = window.reshape(n, groups, cin_g, -1)
+        y += np.einsum("ngip,goi->ngop", xg, wg[(Ellipsis, *taps)], optimize=True)
+    y = y.reshape(n, cout, *grid)
+    if bias is not None:
+        y += np.asarray(bias, dtype=np.float64).reshape((1, cout) + (1,) * len(grid))
+    return y
 
 
 def auto_pad(size: int, kernel: int, stride: int, dilation: int, mode: str) -> tuple[int, int]:

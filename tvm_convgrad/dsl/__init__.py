@@ -9,6 +9,8 @@ order: inputs, then the result) or put it in your own ``te.create_prim_func`` li
 * ``conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para_dict)``: FracZ(_g)
   forward weight and 5HD dy (float16) -> dX ``(N, ceil(Cin,16), H*W, 16)`` in ``res_dtype``
   (float16), the memory of 5HD ``input_sizes``.
+* ``conv(data, weight, para_dict, optim_dict=None, dsl_flag=True)``: the forward convolution on a
+  5HD fmap and a FracZ(_g) weight (float16) -> ``(N, ceil(Cout,16), Ho*Wo, 16)`` float16.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from tvm import te
 
 from ..params import ConvGradParams, filter_grad_params, input_grad_params
 from ..params.framework import FrameworkCall
+from ..params.tbe_conv import conv_params
 from . import compute
-from .compute import conv2d_backprop_filter_compute, conv2d_backprop_input_compute
+from .compute import conv2d_backprop_filter_compute, conv2d_backprop_input_compute, conv_compute
 
-__all__ = ["attach", "bf16_pairs_form", "conv2d_backprop_filter", "conv2d_backprop_input", "compute", "framework_call", "result_info"]
+__all__ = ["attach", "bf16_pairs_form", "conv", "conv2d_backprop_filter", "conv2d_backprop_input", "compute", "framework_call", "result_info"]
 
 
 def attach(result: te.Tensor, params: ConvGradParams, inputs: Sequence[te.Tensor], call: FrameworkCall | None = None,
@@ -121,3 +124,39 @@ def conv2d_backprop_input(
     bias = para_dict.get("tensor_bias")
     result = conv2d_backprop_input_compute(filters, out_backprop, params, bias)
     return attach(result, params, (filters, out_backprop) + ((bias,) if bias is not None else ()))
+
+
+def conv(data: te.Tensor, weight: te.Tensor, para_dict: dict[str, Any], optim_dict: dict[str, Any] | None = None,
+         dsl_flag: bool = True) -> te.Tensor:  # fmt: skip
+    """The forward convolution (TBE ``tbe.dsl.compute.conv_compute.conv``).
+
+    Parameters
+    ----------
+    data : te.Tensor
+        The fmap x, 5HD ``(N, ceil(Cin,16), H, W, 16)`` float16.
+    weight : te.Tensor
+        FracZ(_g) ``(group_opt*c1_opt*KH*KW, cout1_opt, 16 (Cout0), 16 (Cin0))`` float16 (group 1:
+        ``(C1*KH*KW, ceil(Cout,16), 16, 16)``).
+    para_dict : dict
+        ``pad_h`` / ``pad_w`` (int or ``[begin, end]``), ``stride_h`` / ``stride_w``, ``filter_h`` /
+        ``filter_w`` required; ``dilate_h`` / ``dilate_w`` (1), ``mad_dtype`` (``"float32"``),
+        ``offset_x`` (0), ``kernel_name`` (``"conv2d"``), ``bias_tensor`` (``(Cout,)`` or
+        ``(align(Cout,16),)``, added to the fp32 sums), the group fields ``group``,
+        ``weight_ori_shape_nchw``, ``group_opt``, ``c1_opt``, ``cout1_opt``, ``a_shape``; TBE's
+        older spellings (``padh``, ``strideh``, ``dilateh``, ``filterh``, ...) too. Every key and its
+        rule: :mod:`tvm_convgrad.params.tbe_conv`.
+    optim_dict : dict, optional
+        ``{"c0_optim_flg": False}`` (the C0 = 4 optimization is not implemented).
+    dsl_flag : bool
+        TBE's fusion flag; the result is the same either way.
+
+    Returns
+    -------
+    te.Tensor
+        ``C``: ``(N, ceil(Cout,16), Ho*Wo, 16)`` float16 (tag ``convolution_C``, attribute
+        ``width_out``), the memory of 5HD ``(N, C1, Ho, Wo, 16)``.
+    """
+    params = conv_params(data, weight, para_dict, optim_dict, dsl_flag)
+    bias = para_dict.get("bias_tensor")
+    result = conv_compute(data, weight, params, bias)
+    return attach(result, params, (data, weight) + ((bias,) if bias is not None else ()))

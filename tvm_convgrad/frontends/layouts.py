@@ -5,6 +5,8 @@ A frontend wraps the compute between two kinds of TE stages, each tagged ``layou
 * ``as_5hd``: an NCX / NXC activation (spatial rank 1-3) seen as the compute's 5HD input
   ``(N, C1, H, W, 16)`` (rank 1: ``H = 1``) or NDC1HWC0 ``(N, D, C1, H, W, 16)`` (rank 3). The
   schedules inline it into the compute's packing stage, so the framework tensor is read once.
+* ``as_fracz``: a framework weight as the FracZ(_g) weight the dX and forward computes read.
+* ``data_stage``: a 5HD result (dX, the forward's y) as an activation in the framework layout.
 * ``weight_stage``: the compute's result (TBE's FracZ_g(_3D), float32) written in a framework
   weight layout and rounded once to the operator's type. Each output element names the weight
   ``(o, i, k...)`` of the conv view it holds; :func:`tvm_convgrad.layout.dw_result_index` finds it.
@@ -131,16 +133,18 @@ def as_fracz(weights: te.Tensor, view: ConvView, weights_format: str, name: str)
     return te.compute(shape, value, name=name, tag=LAYOUT_IN_TAG, attrs={LAYOUT_ADAPTER: "in"})
 
 
-def data_stage(dx: te.Tensor, view: ConvView, shape: Sequence[int], data_format: str, dtype: str, name: str, attrs: dict) -> te.Tensor:
-    """dX (the compute's ``(N*D, C1, H*W, 16)`` result) as an activation of ``shape`` in
-    ``data_format`` (NCX / NXC, spatial rank 1-3), in ``dtype``. ``attrs`` are the result's."""
-    geom = view.geometry()
+def data_stage(result: te.Tensor, view: ConvView, shape: Sequence[int], data_format: str, dtype: str, name: str, attrs: dict) -> te.Tensor:
+    """A compute's 5HD result ``(N*D, C1, H*W, 16)`` (dX; the forward's with the output's D, H,
+    W) as an activation of ``shape`` in ``data_format`` (NCX / NXC, spatial rank 1-3, the same
+    D, H, W), in ``dtype``. ``attrs`` are the result's."""
     rank = view.rank
+    spatial_shape = tuple(shape[2:]) if data_format == "NCX" else tuple(shape[1:-1])
+    planes, width = (spatial_shape[0] if rank == 3 else 1), spatial_shape[-1]
 
     def value(*index):
         n, c, spatial = (index[0], index[1], index[2:]) if data_format == "NCX" else (index[0], index[-1], index[1:-1])
         d, h, w = (0,) * (3 - rank) + tuple(spatial)
-        row = n * geom.depth.size + d if rank == 3 else n
-        return dx[row, c // C0, h * geom.w + w, c % C0].astype(dtype)
+        row = n * planes + d if rank == 3 else n
+        return result[row, c // C0, h * width + w, c % C0].astype(dtype)
 
     return te.compute(tuple(shape), value, name=name, tag=LAYOUT_OUT_TAG, attrs={LAYOUT_ADAPTER: "out", **attrs})

@@ -4,7 +4,8 @@
   :func:`convolution_backward_weights` (``ConvolutionBackwardWeights``);
 * :func:`conv_transpose_backward_weights` (``ConvTransposeBackwardWeights``);
 * :func:`convolution_backward_data` (``ConvolutionBackwardData``) and its older name
-  :func:`convolution_backprop_data` (``ConvolutionBackpropData``): the input gradient.
+  :func:`convolution_backprop_data` (``ConvolutionBackpropData``): the input gradient;
+* :func:`convolution` (``Convolution``): the forward convolution itself, the step's third GEMM.
 
 Each takes ``te.placeholder`` tensors in the framework layout (``data_format`` NXC ``(N, *X, C)``
 or NCX ``(N, C, *X)``, X = 1-3 spatial axes) and returns the weight-gradient ``te.Tensor`` in
@@ -15,7 +16,8 @@ attribute defaults, auto_pad formulas and error rules: ``framework_ops/*.md``.
 How: layout stages (:mod:`.layouts`) around the TBE dW compute (:mod:`tvm_convgrad.dsl.compute`):
 x and dy become 5HD (rank 1: H = 1) or NDC1HWC0 (rank 3: the compute's depth axis), the compute's
 FracZ_g result becomes the framework layout. dX the same way around the dX compute: dy 5HD /
-NDC1HWC0, the weights FracZ_g (FracZ_3D), the ``(N*D, C1, H*W, 16)`` result NCX / NXC. So every operator runs on the cube schedules of
+NDC1HWC0, the weights FracZ_g (FracZ_3D), the ``(N*D, C1, H*W, 16)`` result NCX / NXC; the forward
+the same around the forward compute (src and weights in, dst out). So every operator runs on the cube schedules of
 both CPU ISAs and the CUDA rule. Types: f16 and bf16 inputs widen exactly to fp32, f32 inputs are
 used as they are (the products are fp32 products, not rounded to fp16 first); every sum runs in
 fp32 and the result is rounded once to the operator's type T.
@@ -29,15 +31,15 @@ from typing import Sequence
 from tvm import te
 
 from ..dsl import attach
-from ..dsl.compute import conv2d_backprop_filter_compute, conv2d_backprop_input_compute
-from ..dsl.compute.stages import DIFF_SRC, DIFF_WEIGHTS, DY_5HD, FMAP_5HD, WEIGHTS_FRACZ
-from ..params import INPUT_OP
+from ..dsl.compute import conv2d_backprop_filter_compute, conv2d_backprop_input_compute, conv_compute
+from ..dsl.compute.stages import DIFF_SRC, DIFF_WEIGHTS, DST, DY_5HD, FMAP_5HD, SRC_5HD, WEIGHTS_FRACZ
+from ..params import FORWARD_OP, INPUT_OP
 from ..params.framework import ConvView, FrameworkCall
-from ..params.onednn import backward_data_view, deconv_view, onednn_view
+from ..params.onednn import backward_data_view, deconv_view, forward_view, onednn_view
 from .layouts import as_5hd, as_fracz, data_stage, weight_stage
 
 __all__ = [
-    "conv_transpose_backward_weights", "convolution_backprop_data", "convolution_backprop_filters", "convolution_backward_data",
+    "conv_transpose_backward_weights", "convolution", "convolution_backprop_data", "convolution_backprop_filters", "convolution_backward_data",
     "convolution_backward_weights",
 ]  # fmt: skip
 
@@ -276,3 +278,59 @@ def convolution_backprop_data(
         output_padding, groups, data_format, filter_format,
     )  # fmt: skip
     return _data_grad("ConvolutionBackpropData", output_delta, filter, view, data_format, filter_format, shape, kernel_name)
+
+
+def convolution(
+    src: te.Tensor,
+    weights: te.Tensor,
+    bias: te.Tensor | None = None,
+    *,
+    strides: Sequence[int],
+    pads_begin: Sequence[int],
+    pads_end: Sequence[int],
+    dilations: Sequence[int],
+    auto_pad: str = "none",
+    groups: int = 1,
+    data_format: str = "NXC",
+    weights_format: str = "XIO",
+    kernel_name: str = "convolution",
+) -> te.Tensor:
+    """``Convolution``: ``dst[n, g*OCg + o, p] = sum_{i, k} src[n, g*ICg + i, p*s - pb + k*d] *
+    W[g*OCg + o, i, k] (+ bias[g*OCg + o])``, src read as 0 outside its extent.
+
+    Parameters
+    ----------
+    src : te.Tensor
+        ``[N, *S_in, IC]`` (NXC; NCX: channels second), 1-3 spatial axes, float32, float16 or
+        bfloat16.
+    weights : te.Tensor
+        XIO ``[*K, IC/G, OC]`` or OIX ``[OC, IC/G, *K]``, the same type.
+    bias : te.Tensor, optional
+        ``[OC]``, the same type.
+    strides, dilations, pads_begin, pads_end, auto_pad, groups : as
+        :func:`convolution_backprop_filters`; auto_pad derives the pads from ``S_in``.
+
+    Returns
+    -------
+    te.Tensor
+        ``dst`` ``[N, *S_out, OC]`` (NCX: channels second), ``S_out = floor((S_in + pb + pe -
+        (K-1)*d - 1) / s) + 1``, the inputs' type (sums in float32, the bias added to them, rounded
+        once).
+    """
+    view, data_format, weights_format, shape = forward_view(
+        "Convolution", src, weights, bias, strides, pads_begin, pads_end, dilations, auto_pad, groups, data_format, weights_format
+    )
+    return _forward("Convolution", src, weights, bias, view, data_format, weights_format, shape, kernel_name)
+
+
+def _forward(op: str, src: te.Tensor, weights: te.Tensor, bias: te.Tensor | None, view: ConvView, data_format: str, weights_format: str,
+             shape, kernel_name: str) -> te.Tensor:  # fmt: skip
+    """The forward compute between layout stages: src 5HD (NDC1HWC0), the weights FracZ_g
+    (FracZ_3D), the ``(N*Do, C1, Ho*Wo, 16)`` result as ``dst`` of ``shape`` in ``data_format``."""
+    params = view.params(kernel_name, FORWARD_OP)
+    fracz = as_fracz(weights, view, weights_format, WEIGHTS_FRACZ)
+    y = conv_compute(as_5hd(src, data_format, SRC_5HD), fracz, params, bias)
+    attrs = {"kernel_name": kernel_name, "flops": params.flops, "data_format": data_format}
+    result = data_stage(y, view, shape, data_format, view.dtype, DST, attrs)
+    inputs = (src, weights) + ((bias,) if bias is not None else ())
+    return attach(result, params, inputs, FrameworkCall(op, view, data_format, weights_format))

@@ -9,7 +9,7 @@ schedules, TVM) ever sees an invalid parameter set.
 * :mod:`.tbe_op`: the TBE operators' rules (ori shapes/formats, SAME/VALID pads).
 """
 
-from .geometry import FILTER_OP, INPUT_OP, ConvGeometry, ConvGradParams, DepthAxis, out_size
+from .geometry import FILTER_OP, FORWARD_OP, INPUT_OP, ConvGeometry, ConvGradParams, DepthAxis, out_size
 from .tbe_dsl import (
     FILTER_ORI_FORMATS,
     GROUP_DICT_KEYS,
@@ -22,6 +22,7 @@ from .tbe_op import OpArgs, filter_op_args, input_op_args
 
 __all__ = [
     "FILTER_OP",
+    "FORWARD_OP",
     "INPUT_OP",
     "FILTER_ORI_FORMATS",
     "GROUP_DICT_KEYS",

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .geometry import FILTER_OP, INPUT_OP, ConvGeometry, ConvGradParams, DepthAxis
+from .geometry import FILTER_OP, FORWARD_OP, INPUT_OP, ConvGeometry, ConvGradParams, DepthAxis
 from .rules import Rules, is_int
 
 __all__ = [
@@ -88,11 +88,11 @@ class ConvView:
         )  # fmt: skip
 
     def params(self, kernel_name: str, op: str = FILTER_OP) -> ConvGradParams:
-        """The parameters of the dW (``op`` = ``FILTER_OP``) or dX (``INPUT_OP``) compute: inputs
-        in ``dtype``, the result in float32 (the frontend's layout stage rounds it once to
-        ``dtype``)."""
-        if op not in (FILTER_OP, INPUT_OP):
-            raise ValueError(f"op {op!r}: must be {FILTER_OP!r} or {INPUT_OP!r}")
+        """The parameters of the dW (``op`` = ``FILTER_OP``), dX (``INPUT_OP``) or forward
+        (``FORWARD_OP``) compute: inputs in ``dtype``, the result in float32 (the frontend's
+        layout stage rounds it once to ``dtype``)."""
+        if op not in (FILTER_OP, INPUT_OP, FORWARD_OP):
+            raise ValueError(f"op {op!r}: must be {FILTER_OP!r}, {INPUT_OP!r} or {FORWARD_OP!r}")
         return ConvGradParams(op, self.geometry(), self.dtype, "float32", kernel_name)
 
 

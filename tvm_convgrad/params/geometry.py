@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 from ..layout import C0, GroupExtension, ceil_div, group_extension
 
-__all__ = ["ConvGeometry", "ConvGradParams", "DepthAxis", "FILTER_OP", "INPUT_OP", "out_size"]
+__all__ = ["ConvGeometry", "ConvGradParams", "DepthAxis", "FILTER_OP", "FORWARD_OP", "INPUT_OP", "out_size"]
 
 FILTER_OP = "conv2d_backprop_filter"
 INPUT_OP = "conv2d_backprop_input"
+FORWARD_OP = "conv"
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,8 @@ def live_taps(size: int, kernel: int, stride: int, pad_before: int, pad_after: i
 class ConvGradParams:
     """Everything a gradient compute needs, validated.
 
-    ``op`` is ``"conv2d_backprop_filter"`` or ``"conv2d_backprop_input"``; ``in_dtype`` is the
+    ``op`` is ``"conv2d_backprop_filter"``, ``"conv2d_backprop_input"`` or ``"conv"`` (the forward
+    convolution, whose compute shares the geometry); ``in_dtype`` is the
     dtype of both inputs, ``res_dtype`` the dtype of the result (the reduction runs in float32).
     ``offset_x`` is the dX ``offset_x`` (0 for float16 inputs); ``has_bias`` says whether dX adds
     ``tensor_bias``.

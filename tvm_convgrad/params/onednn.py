@@ -8,12 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 from .framework import (
-    CODES, DATA_FORMATS, ConvView, activations, auto_pad_mode, auto_pads, check_channels_and_batch, check_spatial, format_choice, groups_attr, per_axis,
-    shape_given, split_format, weights_shape, window_attrs, with_pads,
+    CODES, DATA_FORMATS, DTYPES, ConvView, activations, auto_pad_mode, auto_pads, check_channels_and_batch, check_spatial, format_choice, groups_attr,
+    one_dtype, per_axis, shape_given, split_format, weights_shape, window_attrs, with_pads,
 )  # fmt: skip
 from .rules import Rules
 
-__all__ = ["backward_data_view", "deconv_view", "onednn_view"]
+__all__ = ["backward_data_view", "deconv_view", "forward_view", "onednn_view"]
 
 
 def onednn_view(
@@ -178,6 +178,61 @@ def backward_data_view(
     check_spatial(r, view, named)
     _check_transposed_size(r, names["shape"], view, padding, "S_out")
     return view, data_format, weights_format, tuple(shape)
+
+
+def forward_view(
+    op: str,
+    src: Any,
+    weights: Any,
+    bias: Any,
+    strides: Any,
+    pads_begin: Any,
+    pads_end: Any,
+    dilations: Any,
+    auto_pad: Any,
+    groups: Any,
+    data_format: Any,
+    weights_format: Any,
+) -> tuple[ConvView, str, str, tuple[int, ...]]:
+    """Convolution (the forward): ``(view, data_format, weights_format, dst shape)``. ``src`` is
+    ``(N, *S_in, IC)`` (NXC) or ``(N, IC, *S_in)`` (NCX), the weights XIO ``(*K, IC/G, OC)`` or OIX
+    ``(OC, IC/G, *K)`` of the same rank and type, ``bias`` (optional) ``(OC,)`` of that type;
+    ``S_out = floor((S_in + pb + pe - (K-1)*d - 1) / s) + 1`` (auto_pad: the pads from S_in)."""
+    r = Rules(op, CODES)
+    src_shape, w_shape, dtype = activations(r, ("src", src), ("weights", weights))
+    rank, nd = len(src_shape), len(src_shape) - 2
+    data_format = format_choice(r, "data_format", data_format, DATA_FORMATS)
+    weights_format = format_choice(r, "weights_format", weights_format, ("XIO", "OIX"))
+    mode = auto_pad_mode(r, auto_pad)
+    strides, dilations, pads_begin, pads_end = window_attrs(r, nd, strides, dilations, pads_begin, pads_end)
+    groups = groups_attr(r, groups)
+    batch, cin, s_in = split_format(src_shape, data_format)
+    o, i, kernel = (w_shape[-1], w_shape[-2], w_shape[:-2]) if weights_format == "XIO" else (w_shape[0], w_shape[1], w_shape[2:])
+    if any(k < 1 for k in kernel):
+        r.fail("weights.shape", w_shape, "every kernel extent must be >= 1")
+    if i * groups != cin:
+        r.fail("weights.shape", w_shape, f"its I ({weights_format}) x groups = {i} x {groups} must equal the src channels {cin}")
+    if o % groups:
+        r.fail("weights.shape", w_shape, f"its O ({weights_format}) = {o} must be a multiple of groups = {groups}")
+    if bias is not None:
+        r.tensor("bias", bias)
+        b_shape = r.static_shape("bias.shape", bias, 1, None)
+        if b_shape != (o,):
+            r.fail("bias.shape", b_shape, f"must be (OC,) = ({o},), the weights' output channels")
+        one_dtype(r, [("src", dtype), ("bias", str(bias.dtype))], DTYPES)
+    if mode != "none":
+        pads = [auto_pads(s_in[a], kernel[a], strides[a], dilations[a], mode) for a in range(nd)]
+        pads_begin, pads_end = tuple(p[0] for p in pads), tuple(p[1] for p in pads)
+    s_out = []
+    for axis in range(nd):
+        eff = (kernel[axis] - 1) * dilations[axis] + 1
+        if s_in[axis] + pads_begin[axis] + pads_end[axis] < eff:
+            r.fail(f"src spatial axis {axis}", s_in[axis], f"with pads ({pads_begin[axis]}, {pads_end[axis]}) must cover the "
+                   f"dilated kernel: size + pads >= (K-1)*d+1 = {eff}")  # fmt: skip
+        s_out.append((s_in[axis] + pads_begin[axis] + pads_end[axis] - eff) // strides[axis] + 1)
+    view = ConvView(batch, cin, o, groups, tuple(s_in), tuple(s_out), tuple(kernel), strides, pads_begin, pads_end, dilations, dtype)
+    shape = (batch, o, *s_out) if data_format == "NCX" else (batch, *s_out, o)
+    return view, data_format, weights_format, shape
 
 
 def _diff_src_shape(r: Rules, names: dict[str, str], given: Any, attribute: Any, rank: int) -> tuple[int, ...] | None:

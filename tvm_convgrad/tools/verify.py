@@ -20,7 +20,7 @@ import numpy as np
 from .. import layout, reference
 from ..compile import ArgSpec, Kernel, numpy_dtype
 from ..dsl.compute.depthwise import depthwise
-from ..params import FILTER_OP, ConvGradParams
+from ..params import FILTER_OP, FORWARD_OP, ConvGradParams
 from ..params.framework import DATA_GRADIENTS, FrameworkCall
 
 __all__ = ["Check", "Inputs", "check_kernel", "error_bound", "expected_result", "framework_expected", "kernel_arrays", "random_inputs"]
@@ -32,10 +32,10 @@ _EPS = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 class Inputs:
     """Random NCHW / OIHW inputs of one gradient (already rounded to the input dtype)."""
 
-    x: np.ndarray  # (N, Cin, H, W)        dW only
-    dy: np.ndarray  # (N, Cout, Ho, Wo)
-    w: np.ndarray  # (Cout, Cin_g, KH, KW)  dX only
-    bias: np.ndarray | None  # (Cin,)      dX with tensor_bias
+    x: np.ndarray  # (N, Cin, H, W)        dW and the forward
+    dy: np.ndarray  # (N, Cout, Ho, Wo)     the gradients
+    w: np.ndarray  # (Cout, Cin_g, KH, KW)  dX and the forward
+    bias: np.ndarray | None  # (Cin,)      dX with tensor_bias; the forward's (Cout,)
 
 
 def random_inputs(params: ConvGradParams, seed: int = 0, bias: ArgSpec | None = None) -> Inputs:
@@ -54,6 +54,9 @@ def kernel_arrays(params: ConvGradParams, inputs: Inputs) -> list[np.ndarray]:
     """The kernel's input arrays (TBE layouts, argument order) for NCHW / OIHW ``inputs``."""
     if params.op == FILTER_OP:
         return [layout.nchw_to_5hd(inputs.x), layout.nchw_to_5hd(inputs.dy)]
+    if params.op == FORWARD_OP:
+        arrays = [layout.nchw_to_5hd(inputs.x), layout.oihw_to_fracz(inputs.w, params.geom.groups)]
+        return arrays + ([inputs.bias] if inputs.bias is not None else [])
     arrays = [layout.oihw_to_fracz(inputs.w, params.geom.groups), layout.nchw_to_5hd(inputs.dy)]
     return arrays + ([inputs.bias] if inputs.bias is not None else [])
 
@@ -67,6 +70,10 @@ def expected_result(params: ConvGradParams, inputs: Inputs) -> np.ndarray:
         if depthwise(params):  # the depthwise path writes 0 for TBE's cross-slot entries
             dw = dw * reference.own_group_entries(g.filter_sizes, g.groups)
         return dw
+    if params.op == FORWARD_OP:
+        bias = None if inputs.bias is None else inputs.bias[: g.cout]
+        y = reference.conv_forward_nd(inputs.x, inputs.w, g.strides, g.pads[::2], g.dilations, g.groups, g.pads[1::2], bias)
+        return layout.nchw_to_5hd(y).reshape(g.batch, -1, g.ho * g.wo, layout.C0)
     dx = reference.conv2d_backprop_input(inputs.w, inputs.dy, (g.h, g.w), g.strides, g.pads, g.dilations, g.groups)
     if inputs.bias is not None:
         dx = dx + inputs.bias[: g.cin].astype(np.float64)[None, :, None, None]
@@ -77,6 +84,8 @@ def reduction_length(params: ConvGradParams) -> int:
     g = params.geom
     if params.op == FILTER_OP:
         return g.batch * g.ho * g.wo * (g.depth.out if g.depth else 1)
+    if params.op == FORWARD_OP:
+        return g.group.cin1_g * 16 * g.kd * g.kh * g.kw + 1
     return g.group.cout1_g * 16 * g.kd * g.kh * g.kw + 1
 
 
@@ -115,10 +124,15 @@ class Check:
 def framework_expected(call: FrameworkCall, arrays: Sequence[np.ndarray]) -> np.ndarray:
     """The float64 result of a framework operator's call on its input ``arrays`` (its own layouts,
     argument order), from the references written from ``framework_ops/*.md``."""
-    first, second = (np.asarray(a, dtype=np.float64) for a in arrays)
+    first, second = (np.asarray(a, dtype=np.float64) for a in arrays[:2])
     if call.op == "DeconvGradFilter":
         return reference.deconv_grad_filter(first, second, call.dsp_params)
     v = call.view
+    if call.op == "Convolution":  # (src, weights[, bias]) -> dst
+        x, w = reference.from_data_format(first, call.data_format), reference.from_weights_format(second, call.weights_format)
+        bias = np.asarray(arrays[2], dtype=np.float64) if len(arrays) > 2 else None
+        y = reference.conv_forward_nd(x, w, v.strides, v.pads_begin, v.dilations, v.groups, v.pads_end, bias)
+        return reference.to_data_format(y, call.data_format)
     if call.op in DATA_GRADIENTS:  # (diff_dst, weights) -> diff_src
         dy, w = reference.from_data_format(first, call.data_format), reference.from_weights_format(second, call.weights_format)
         dx = reference.conv_backward_data_nd(dy, w, v.spatial_in, v.strides, v.pads_begin, v.dilations, v.groups)

@@ -24,11 +24,17 @@ stage                  what it holds
 ``dx_px_<rh>_<rw>``    dX mad of one stride phase, output columns on the lanes
 ``dx_dw_<rh>_<rw>``    dX mad of one stride phase, depthwise
 ``c_ddr``              the dX result (5HD memory ``(N, C1, H*W, 16)``, ``res_dtype``, + bias)
+``fmap_pad``           forward: x zero-padded (fp32)
+``w_conv``             forward: the FracZ weight, rows of 16 output channels per input lane
+``conv_cc``            forward mad, the cube (output channels on the lanes)
+``C``                  the forward result (``(N, C1, Ho*Wo, 16)``, ``res_dtype``, + bias)
 =====================  ==========================================================================
 
 A framework operator (:mod:`tvm_convgrad.frontends`) adds layout stages around the dW compute:
 ``fmap`` / ``dy`` (its tensors seen as 5HD, tag ``layout_in``) and its result in the framework's
-weight layout (``diff_weights``; DeconvGradFilter's ``dw``; tag ``layout_out``).
+weight layout (``diff_weights``; DeconvGradFilter's ``dw``; tag ``layout_out``); around the dX
+compute ``dy``, ``weights_fracz`` and ``diff_src``; around the forward ``src``, ``weights_fracz``
+and ``dst``.
 
 Each mad carries the :data:`FORMULATION` attribute naming its kind (:class:`Formulation`): the
 schedule rules choose the class that schedules it by that kind, never by the stage's name.
@@ -40,10 +46,10 @@ from enum import Enum
 from typing import Iterable
 
 __all__ = [
-    "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "DIFF_SRC", "DIFF_WEIGHTS", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
+    "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "DIFF_SRC", "DIFF_WEIGHTS", "DST", "SRC_5HD", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
     "DX_PX", "DY_5HD", "DY_DW", "DY_PACKS", "DY_PAD", "DY_ROWS", "DW_TAG", "DX_TAG", "FMAP_5HD", "FMAP_DW", "FMAP_L1", "FORMULATION", "Formulation",
     "GRADS_2_MATRIX", "GRADS_DW", "KERNEL_H", "KERNEL_W", "LAYOUT_ADAPTER", "LAYOUT_IN_TAG", "LAYOUT_OUT_TAG", "MAD_TAG", "PACK_STAGES", "WEIGHTS_FRACZ", "W_COL", "W_DW", "W_T",
-    "X_STEP", "formulation", "phase_name",
+    "X_STEP", "formulation", "phase_name", "FMAP_PAD", "W_CONV", "CONV_CC", "CONV_RES", "CONV_TAG",
 ]  # fmt: skip
 
 # dW
@@ -66,6 +72,11 @@ DX_CC = "dx_cc"
 DX_PX = "dx_px"
 DX_DW = "dx_dw"
 C_DDR = "c_ddr"
+# the forward convolution
+FMAP_PAD = "fmap_pad"
+W_CONV = "w_conv"
+CONV_CC = "conv_cc"
+CONV_RES = "C"
 # a framework operator's layout stages
 FMAP_5HD = "fmap"
 DY_5HD = "dy"
@@ -73,16 +84,20 @@ DIFF_WEIGHTS = "diff_weights"
 DSP_DW = "dw"
 WEIGHTS_FRACZ = "weights_fracz"
 DIFF_SRC = "diff_src"
+SRC_5HD = "src"
+DST = "dst"
 LAYOUT_IN_TAG, LAYOUT_OUT_TAG = "layout_in", "layout_out"
 
 DW_TAG = "conv2d_backprop_filterdw_ddr"
 """TBE's tag of the dW result stage."""
 DX_TAG = "conv2d_backprop_input"
 """TBE's tag of the dX result stage."""
+CONV_TAG = "convolution_C"
+"""TBE's tag of the forward result stage."""
 MAD_TAG = "mad"
 
 DX_PHASE_PREFIXES = (DX_CC, DX_PX, DX_DW)
-PACK_STAGES = (GRADS_2_MATRIX, FMAP_L1, DY_PAD, W_COL, DY_ROWS, W_T, GRADS_DW, FMAP_DW, DY_DW, W_DW)
+PACK_STAGES = (GRADS_2_MATRIX, FMAP_L1, DY_PAD, W_COL, DY_ROWS, W_T, GRADS_DW, FMAP_DW, DY_DW, W_DW, FMAP_PAD, W_CONV)
 """The stages that cast (and pad) the inputs to fp32: elementwise, read by the mads."""
 DY_PACKS = (DY_PAD, DY_ROWS, DY_DW)
 """dX's packs of dy (every stride phase reads one)."""
@@ -90,6 +105,7 @@ DY_PACKS = (DY_PAD, DY_ROWS, DY_DW)
 ARGUMENT_STAGES = {
     DW_TAG: ((FMAP_L1, FMAP_DW, DW_CC), (GRADS_2_MATRIX, GRADS_DW, DW_CC_T, DW_DW)),
     DX_TAG: ((W_COL, W_T, W_DW), (DY_PAD, DY_ROWS, DY_DW), (C_DDR,)),  # filters, dy, bias
+    CONV_TAG: ((FMAP_PAD, CONV_CC), (W_CONV,), (CONV_RES,)),  # data (read by the mad where it needs no pad), weight, bias
 }
 """Result tag -> per input in TBE argument order, the stages (of any formulation) that read it."""
 
@@ -122,11 +138,12 @@ class Formulation(str, Enum):
     PIXEL_LANES = "pixel-lanes"  # dX, few input channels: output columns on the lanes
     DEPTHWISE_DW = "depthwise-dw"  # dW, one input channel per group: channels on the lanes
     DEPTHWISE_DX = "depthwise-dx"  # dX, one input channel per group: one mad per stride phase
+    CUBE_FWD = "cube-fwd"  # the forward convolution: pixel tiles x 16 output channels, as a dX phase
 
     @property
     def family(self) -> str:
         """``cube``, ``cube-bf16``, ``cout-lanes``, ``pixel-lanes`` or ``depthwise``: what ``Kernel.formulation`` says."""
-        return self.value.removesuffix("-dw").removesuffix("-dx")
+        return self.value.removesuffix("-dw").removesuffix("-dx").removesuffix("-fwd")
 
 
 def phase_name(prefix: str, rh: int, rw: int, rd: int | None = None) -> str:

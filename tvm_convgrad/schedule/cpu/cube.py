@@ -12,17 +12,20 @@
   ``(co1, taps, co0)`` inside, each step one w_col row times ``TH*TW`` broadcast dy values. The
   channel blocks are taken in groups whose weights fit a core's cache, the pixels streaming past
   once per group.
+* the forward convolution (:class:`CubeForward`, ``conv_cc``): the same GEMM as a dX phase (pixel
+  tiles x 16 output channels, the reduction ``(ci1, kh, kw, ci0)`` inside), its x read at
+  ``j*stride + tap*dilation``: the broadcast operand, so a stride costs no vector shuffle.
 """
 
 from __future__ import annotations
 
-from ...dsl.compute.stages import GRADS_2_MATRIX, KERNEL_H, KERNEL_W, W_COL
+from ...dsl.compute.stages import GRADS_2_MATRIX, KERNEL_H, KERNEL_W, W_COL, W_CONV
 from ...layout import C0
 from ..common import buffer_bytes, loop_extent
 from .loops import CpuMad, sum_parts, whole_tiles_and_edge
 from .tiles import CHUNK_STEPS, MAX_TILE_PIXELS, chunk, dx_tile, largest_divisor
 
-__all__ = ["PACK_IN_CACHE", "PACK_PER_CHUNK", "WEIGHTS_IN_CACHE", "CubeFilterGrad", "CubeInputGrad"]
+__all__ = ["PACK_IN_CACHE", "PACK_PER_CHUNK", "WEIGHTS_IN_CACHE", "CubeFilterGrad", "CubeForward", "CubeInputGrad"]
 
 WEIGHTS_IN_CACHE = 512 * 1024  # bytes of w_col kept in a core's L2 while dX walks the pixels
 PACK_PER_CHUNK = True  # dW: pack each chunk's dy inside the chunk loop when it fits PACK_IN_CACHE
@@ -126,6 +129,7 @@ class CubeInputGrad(CpuMad):
     """One stride phase of dX on the cube (``dx_cc_<rh>_<rw>``)."""
 
     edge_tiles = True  # columns in tiles of TW and a narrower edge tile (else TW divides them)
+    weights = W_COL  # the pack of the weights (the vector operand)
 
     def schedule(self, block):
         """dX phase: pixel tiles ``(j_i x i_i)`` x 16 lanes (or a part of them, :func:`dx_tile`),
@@ -137,7 +141,7 @@ class CubeInputGrad(CpuMad):
         single block's panel is that large).
         """
         sch = self.sch
-        weight_bytes = buffer_bytes(sch, W_COL)
+        weight_bytes = buffer_bytes(sch, self.weights)
         *_, n, c1, j, i, c0, co1, mh, mw, co0 = sch.get_loops(block)
         blocks = loop_extent(sch, c1)
         group = largest_divisor(blocks, WEIGHTS_IN_CACHE // max(1, weight_bytes // blocks))
@@ -161,3 +165,10 @@ class CubeInputGrad(CpuMad):
             c1_i, lane_groups, co1, mh, mw, co0, j_i, c0 = below
             sch.reorder(*tiles, c1_i, lane_groups, co1, mh, mw, co0, j_i, i_i, c0)
             self.register_tile(copy, [j_i, i_i], c0, co1)
+
+
+class CubeForward(CubeInputGrad):
+    """The forward convolution on the cube (``conv_cc``): a dX phase's schedule over its
+    ``(n, co1, ho, wo, co0)`` outputs and ``(ci1, kh, kw, ci0)`` reduction."""
+
+    weights = W_CONV

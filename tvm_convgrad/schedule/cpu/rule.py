@@ -24,6 +24,7 @@ bf16 pairs
 pixels on the lanes    ``dx_px_<rh>_<rw>``            :class:`.lanes.PixelLanesInputGrad`
 depthwise dW / dX      ``dw_dw`` / ``dx_dw_<..>``     :class:`.depthwise.DepthwiseFilterGrad` /
                                                       :class:`.depthwise.DepthwiseInputGrad`
+cube forward           ``conv_cc``                    :class:`.cube.CubeForward` (a dX phase's tiles)
 =====================  =============================  ===========================================
 
 The fp16 -> fp32 conversion happens once: in the packing stages (``fmap_l1``, ``grads_2_matrix``,
@@ -51,7 +52,7 @@ from ..base import Config, Rule, mads
 from ..common import inline_layout_stages, stage_blocks, target_cores
 from .amx import AmxFilterGrad
 from .bf16 import PairedCoutLanesFilterGrad, PairedFilterGrad, PairedInputGrad
-from .cube import CubeFilterGrad, CubeInputGrad
+from .cube import CubeFilterGrad, CubeForward, CubeInputGrad
 from .depthwise import DepthwiseFilterGrad, DepthwiseInputGrad
 from .lanes import CoutLanesFilterGrad, PixelLanesInputGrad
 from .loops import PHASES_PER_IMAGE, CpuMad, elementwise, phases_image_by_image, planar_pack
@@ -69,6 +70,7 @@ FORMULATIONS: dict[Formulation, type[CpuMad]] = {
     Formulation.PIXEL_LANES: PixelLanesInputGrad,
     Formulation.DEPTHWISE_DW: DepthwiseFilterGrad,
     Formulation.DEPTHWISE_DX: DepthwiseInputGrad,
+    Formulation.CUBE_FWD: CubeForward,
 }
 """The class that schedules each kind of mad."""
 
