@@ -16,21 +16,24 @@ from tvm_convgrad.compile import numpy_dtype
 from tvm_convgrad.frontends import dsp, onednn
 from tvm_convgrad.tools.verify import error_bound
 
-__all__ = ["DATA_OPS", "Case", "DspCase", "dsp_params", "arrays", "call", "check", "expected", "placeholders", "torch_result"]
+__all__ = ["DATA_OPS", "FORWARD_OP", "Case", "DspCase", "dsp_params", "arrays", "call", "check", "expected", "placeholders", "torch_result"]
 
 DATA_OPS = ("data", "data_v1")
 """The input-gradient operators: ``data`` (ConvolutionBackwardData), ``data_v1`` (ConvolutionBackpropData)."""
+FORWARD_OP = "fwd"
+"""The forward operator (Convolution): x = src, dy = dst (its result), the weights and a bias inputs."""
 
 
 @dataclass(frozen=True)
 class Case:
     """One call of a oneDNN operator. ``conv``: x = input_forward / src, dy = output_delta /
     diff_dst; ``deconv``: x = src, dy = diff_dst; ``data`` / ``data_v1``: x = the result diff_src,
-    dy = diff_dst / output_delta, the weights an input. Shapes are NCX here; the call uses
+    dy = diff_dst / output_delta, the weights an input; ``fwd`` (Convolution): x = src, dy = dst
+    (the result), the weights (and ``bias``) inputs. Shapes are NCX here; the call uses
     data_format. ``shape_given`` (data ops): the diff_src shape as the ``input``, as the
     ``attr``ibute, or ``none`` (inferred with ``output_padding``)."""
 
-    op: str  # "conv", "conv_v2" (ConvolutionBackwardWeights), "deconv", "data", "data_v1"
+    op: str  # "conv", "conv_v2" (ConvolutionBackwardWeights), "deconv", "data", "data_v1", "fwd" (Convolution)
     batch: int
     x_channels: int
     dy_channels: int
@@ -49,6 +52,7 @@ class Case:
     dtype: str = "float32"
     effective_pads: tuple = field(default=(), compare=False)  # pads_begin the sum uses
     shape_given: str = "input"
+    bias: bool = False  # fwd: with a bias input
 
     @property
     def rank(self) -> int:
@@ -79,6 +83,9 @@ def call(case: Case, *inputs: te.Tensor):
                  dilations=list(case.dilations), auto_pad=case.auto_pad, groups=case.groups, data_format=case.data_format)  # fmt: skip
     if case.op in DATA_OPS:
         return _data_call(case, *inputs, attrs)
+    if case.op == FORWARD_OP:
+        src, w, *bias = inputs
+        return onednn.convolution(src, w, *bias, weights_format=case.weights_format, **attrs)
     x, dy = inputs
     shape = list(case.weights_shape())
     if case.op == "conv":
@@ -105,6 +112,8 @@ def _input_shapes(case: Case) -> list[tuple[str, tuple]]:
     dy_shape = case.layout_shape(case.dy_channels, case.dy_size)
     if case.op in DATA_OPS:
         return [("diff_dst" if case.op == "data" else "output_delta", dy_shape), ("weights" if case.op == "data" else "filter", case.weights_shape())]
+    if case.op == FORWARD_OP:
+        return [("src", x_shape), ("weights", case.weights_shape())] + ([("bias", (case.dy_channels,))] if case.bias else [])
     return [("src" if case.op != "conv" else "input_forward", x_shape), ("diff_dst" if case.op != "conv" else "output_delta", dy_shape)]
 
 
@@ -126,6 +135,12 @@ def _ncx(case: Case, a: np.ndarray) -> np.ndarray:
 
 def expected(case: Case, *inputs: np.ndarray) -> np.ndarray:
     """float64 reference of the operator's result in its own layout (from the rounded inputs)."""
+    if case.op == FORWARD_OP:
+        x, w, *bias = inputs
+        wn = reference.from_weights_format(w.astype(np.float64), case.weights_format)
+        y = reference.conv_forward_nd(_ncx(case, x), wn, case.strides, case.effective_pads, case.dilations, case.groups, _pads_end(case),
+                                      bias[0] if bias else None)  # fmt: skip
+        return reference.to_data_format(y, case.data_format)
     if case.op in DATA_OPS:
         dy, w = inputs
         wn = reference.from_weights_format(w.astype(np.float64), case.weights_format)
@@ -139,11 +154,15 @@ def expected(case: Case, *inputs: np.ndarray) -> np.ndarray:
     return reference.to_weights_format(w, case.weights_format)
 
 
+def _pads_end(case: Case) -> list[int]:
+    """The pads_end a forward's output size follows from (its dy_size is that size)."""
+    return [max(0, (o - 1) * st + (k - 1) * d + 1 - b - size) for size, o, st, k, d, b in
+            zip(case.x_size, case.dy_size, case.strides, case.kernel, case.dilations, case.effective_pads)]  # fmt: skip
+
+
 def _forward_pads(case: Case) -> list[int]:
     """F.pad's list for x: (pads_begin, an end that reaches every window), last axis first."""
-    ends = [max(0, (o - 1) * st + (k - 1) * d + 1 - b - size) for size, o, st, k, d, b in
-            zip(case.x_size, case.dy_size, case.strides, case.kernel, case.dilations, case.effective_pads)]  # fmt: skip
-    return [p for b, e in reversed(list(zip(case.effective_pads, ends))) for p in (b, e)]
+    return [p for b, e in reversed(list(zip(case.effective_pads, _pads_end(case)))) for p in (b, e)]
 
 
 def torch_result(case: Case, *inputs: np.ndarray) -> np.ndarray:
@@ -152,6 +171,13 @@ def torch_result(case: Case, *inputs: np.ndarray) -> np.ndarray:
     with respect to x; deconv: ``conv_transpose{n}d`` (no padding) cropped to diff_dst's window
     ``[pb, pb + S_dst)`` (zero-extended), loss ``sum(y * diff_dst)``."""
     nd, fn = case.rank, torch.nn.functional
+    if case.op == FORWARD_OP:
+        x, w, *bias = inputs
+        xt = torch.from_numpy(_ncx(case, x).copy())
+        wt = torch.from_numpy(reference.from_weights_format(w.astype(np.float64), case.weights_format).copy())
+        bt = torch.from_numpy(bias[0].astype(np.float64)) if bias else None
+        y = getattr(fn, f"conv{nd}d")(fn.pad(xt, _forward_pads(case)), wt, bt, stride=case.strides, dilation=case.dilations, groups=case.groups)
+        return reference.to_data_format(y.numpy(), case.data_format)
     if case.op in DATA_OPS:
         dy, w = inputs
         dyt = torch.from_numpy(_ncx(case, dy).copy())

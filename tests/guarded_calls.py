@@ -61,6 +61,16 @@ FIXED = {
     # a 1x1 dW in OIX: its unit tap loops join the input-channel loop, written 16 lanes at a time
     "dw-1x1-oix": Case("conv_v2", 2, 40, 24, 1, (7, 7), (7, 7), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
                        weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
+    # the forward: 24 channels NCX with a bias (a partial block, padded and packed)
+    "fwd-ncx-24-bias": Case("fwd", 2, 24, 24, 1, (13, 11), (13, 11), (3, 3), (1, 1), data_format="NCX", weights_format="OIX", bias=True,
+                            **_PADS1),  # fmt: skip
+    # ... an fp32 NXC 1x1 without padding: no pack, the mad reads src (40 channels: a partial last block) in place
+    "fwd-nxc-1x1-in-place": Case("fwd", 2, 40, 24, 1, (7, 9), (7, 9), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
+    # ... a stem (3 channels: the reduction over the real channels only), 7x7 stride 2
+    "fwd-stem": Case("fwd", 2, 3, 24, 1, (32, 32), (16, 16), (7, 7), (2, 2), (3, 3), (3, 3), (1, 1), data_format="NCX",
+                     weights_format="OIX", effective_pads=(3, 3)),  # fmt: skip
+    # ... grouped, two extended groups of 80 input lanes (10 groups of 10 channels: blocks past the channels)
+    "fwd-grouped-extended": Case("fwd", 1, 100, 100, 10, (8, 8), (8, 8), (3, 3), (1, 1), **_PADS1),
 }
 """Named calls every run includes (framework operator cases of ``tests/framework_cases.py``)."""
 

@@ -12,7 +12,8 @@ returns the call and the parameter its ``ConvGradError`` must name.
 
 Operators: ``tbe_filter`` / ``tbe_input`` (the TBE DSL), ``conv`` (ConvolutionBackpropFilters),
 ``conv_v2`` (ConvolutionBackwardWeights), ``deconv`` (ConvTransposeBackwardWeights), ``dsp``
-(DeconvGradFilter), ``data`` (ConvolutionBackwardData), ``data_v1`` (ConvolutionBackpropData).
+(DeconvGradFilter), ``data`` (ConvolutionBackwardData), ``data_v1`` (ConvolutionBackpropData), ``fwd``
+(Convolution, the forward), ``tbe_conv`` (TBE's forward DSL ``conv``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 from tvm import te
 
 import framework_cases
-from framework_cases import DATA_OPS, Case, DspCase
+from framework_cases import DATA_OPS, FORWARD_OP, Case, DspCase
 from tbe_calls import geometry
 from tvm_convgrad import dsl, layout, reference
 from tvm_convgrad.dsl.compute import cube_util
@@ -35,7 +36,7 @@ from tvm_convgrad.tvm import placeholder
 
 __all__ = ["OPERATORS", "call_of", "inputs_and_expected", "invalid_call", "valid_case", "valid_result"]
 
-OPERATORS = ("tbe_filter", "tbe_input", "conv", "conv_v2", "deconv", "dsp", "data", "data_v1")
+OPERATORS = ("tbe_filter", "tbe_input", "conv", "conv_v2", "deconv", "dsp", "data", "data_v1", "fwd", "tbe_conv")
 _PER_GROUP = (1, 2, 3, 5, 8, 16, 17, 20, 33)  # channels per group: below, at and past one 16-lane block
 LARGE_DATA_SHARE = 0.1  # data operators' draws that are a large strided 3-D batch (:func:`_large_strided_data_case`)
 
@@ -203,6 +204,105 @@ _TBE_BREAKS = {
 }  # fmt: skip
 
 
+def _tbe_conv_case(rng: np.random.Generator) -> dict:
+    """A TBE ``conv`` call: the sweep dict plus how its ``para_dict`` spells the keys (``old``: TBE's
+    ``padh`` / ``strideh`` / ...), whether it states the group fields, and a bias."""
+    case = _tbe_case(rng, "tbe_conv")
+    case.update(old=bool(rng.random() < 0.3), ori=bool(case["groups"] > 1 or rng.random() < 0.5), bias=bool(rng.random() < 0.4))
+    return case
+
+
+def _tbe_conv_args(case: dict) -> dict:
+    """TBE ``conv``'s arguments as plain data: ``x`` / ``w`` ``(shape, dtype)``, ``para``, ``optim``."""
+    kh, kw = case["k"]
+    cin_g = case["cin"] // case["groups"]
+    spell = (lambda key: key.replace("_", "")) if case["old"] else (lambda key: key)
+    para = {spell("pad_h"): case["pads"][:2], spell("pad_w"): case["pads"][2:], spell("stride_h"): case["strides"][0],
+            spell("stride_w"): case["strides"][1], spell("dilate_h"): case["dilations"][0], spell("dilate_w"): case["dilations"][1],
+            spell("filter_h"): kh, spell("filter_w"): kw}  # fmt: skip
+    cout, cin = case["cout"], case["cin"]
+    if case["ori"]:
+        ext = layout.group_extension(cin_g, cout // case["groups"], case["groups"])
+        para.update(group=case["groups"], weight_ori_shape_nchw=[cout, cin_g, kh, kw], group_opt=ext.g_extend, c1_opt=ext.cin1_g,
+                    cout1_opt=ext.cout1_g)  # fmt: skip
+    else:  # TBE's ungrouped call: Cin and Cout are the blocks' 16s
+        cout, cin = layout.align(cout, layout.C0), layout.align(cin, layout.C0)
+    args = {"x": (layout.shape_5hd(case["n"], cin, case["h"], case["w"]), "float16"),
+            "w": (layout.shape_fracz([cout, cin // case["groups"] if case["ori"] else cin, kh, kw], case["groups"] if case["ori"] else 1), "float16"),
+            "para": para, "optim": None}  # fmt: skip
+    if case["bias"]:
+        args["bias"] = ((cout,), "float16")
+    return args
+
+
+def _tbe_conv_call(args: dict):
+    para = dict(args["para"])
+    if "bias" in args:
+        para["bias_tensor"] = placeholder(args["bias"][0], name="bias", dtype=args["bias"][1])
+    x = placeholder(args["x"][0], name="data", dtype=args["x"][1])
+    w = placeholder(args["w"][0], name="weight", dtype=args["w"][1])
+    return dsl.conv(x, w, para, args["optim"])
+
+
+def _either(key: str, value):
+    """Set ``key`` to ``value`` under whichever spelling the call uses."""
+
+    def change(args):
+        old = key.replace("_", "")
+        args["para"][old if old in args["para"] else key] = value
+
+    return change
+
+
+def _state_ori(args: dict):
+    """State ``weight_ori_shape_nchw`` where the call leaves Cout to the weight's blocks."""
+    para = args["para"]
+    if "weight_ori_shape_nchw" not in para:
+        kernel = [para.get(key, para.get(key.replace("_", ""))) for key in ("filter_h", "filter_w")]
+        para["weight_ori_shape_nchw"] = [args["w"][0][1] * layout.C0, args["x"][0][1] * layout.C0, *kernel]
+
+
+def _drop_either(key: str):
+    def change(args):
+        args["para"].pop(key, None)
+        args["para"].pop(key.replace("_", ""), None)
+
+    return change
+
+
+_TBE_CONV_BREAKS = [
+    ("para_dict['pad_h']", _drop_either("pad_h")),
+    ("para_dict['stride_w']", _drop_either("stride_w")),
+    ("para_dict['filter_h']", _drop_either("filter_h")),
+    ("para_dict['pad_h']", _either("pad_h", [1, 2, 3])),
+    ("para_dict['pad_w']", _either("pad_w", [0, -1])),
+    ("para_dict['pad_h']", _either("pad_h", 256)),
+    ("para_dict['stride_h']", _either("stride_h", 0)),
+    ("para_dict['stride_w']", _either("stride_w", 64)),
+    ("para_dict['dilate_h']", _either("dilate_h", 256)),
+    ("para_dict['dilate_w']", _either("dilate_w", 0)),
+    ("para_dict['mad_dtype']", _set("mad_dtype", "float16")),
+    ("para_dict['offset_x']", _set("offset_x", 3)),
+    ("para_dict['kernel_name']", _set("kernel_name", "1st kernel")),
+    ("para_dict['stride']", _set("stride", [1, 1])),
+    ("para_dict['pooling_mode']", _set("pooling_mode", "MAX")),
+    ("para_dict['fusion_para']", _set("fusion_para", {"l1_fusion_type": 0})),
+    ("para_dict['group_opt']", _set("group_opt", 99)),
+    ("para_dict['weight_ori_shape_nchw']", lambda a: a["para"].update(group=2, weight_ori_shape_nchw=[3, 1, 1])),
+    ("optim_dict['c0_optim_flg']", _set("optim", {"c0_optim_flg": True}, None)),
+    ("optim_dict", _set("optim", [False], None)),
+    ("data.dtype", lambda a: a.__setitem__("x", (a["x"][0], "float32"))),
+    ("data.dtype", lambda a: (a.__setitem__("x", (a["x"][0], "int8")), a.__setitem__("w", (a["w"][0], "int8")))),
+    ("data.shape", lambda a: a.__setitem__("x", (a["x"][0][:4], "float16"))),
+    ("data.shape[4]", lambda a: a.__setitem__("x", ((*a["x"][0][:4], 8), "float16"))),
+    ("weight.shape[0]", _shape_plus("w", 0)),
+    ("weight.shape[1]", lambda a: (_state_ori(a), _shape_plus("w", 1)(a))),  # (without the group fields it sets Cout)
+    ("weight.shape", lambda a: a.__setitem__("w", ((*a["w"][0][:3], 8), "float16"))),
+    ("para_dict['bias_tensor'].shape", lambda a: a.__setitem__("bias", ((a["w"][0][1] * 16 + 1,), "float16"))),
+]  # fmt: skip
+
+
+
 # ---------------------------------------------------------------------------------------------
 # oneDNN Graph
 # ---------------------------------------------------------------------------------------------
@@ -284,6 +384,8 @@ def _onednn_case(rng: np.random.Generator, op: str) -> Case:
               "dtype": dtype, "effective_pads": tuple(a["pb"] for a in axes)}  # fmt: skip
     if op == "deconv":  # src (x of the Case) has the conv view's output size
         return Case(op, batch, per_dy * groups, per_x * groups, groups, out, spatial, output_padding=padding, **common)
+    if op == FORWARD_OP:
+        return Case(op, batch, per_x * groups, per_dy * groups, groups, spatial, out, bias=bool(rng.random() < 0.5), **common)
     if op in DATA_OPS:  # the diff_src shape: given (input or attribute) or inferred from output_padding
         given = _pick(rng, ("input", "attr") if mode != "none" else ("input", "attr", "none", "none"))
         implied = tuple((a["size"] + a["pb"] + a["pe"] - a["eff"]) % a["s"] for a in axes)
@@ -306,6 +408,8 @@ def _effective_pads_end(case: Case) -> list[int]:
 def _onednn_args(case: Case) -> dict:
     if case.op in DATA_OPS:
         return _data_args(case)
+    if case.op == FORWARD_OP:
+        return _forward_args(case)
     attrs = {"strides": list(case.strides), "pads_begin": list(case.pads_begin), "pads_end": list(case.pads_end),
              "dilations": list(case.dilations), "auto_pad": case.auto_pad, "groups": case.groups, "data_format": case.data_format}  # fmt: skip
     if case.op == "deconv":
@@ -349,9 +453,32 @@ def _data_call(op: str, args: dict):
     return fn(dy, w, shape_input, **{f"{names['shape']}_attr": shape_attr}, **args["attrs"])
 
 
+def _forward_args(case: Case) -> dict:
+    """Convolution's call: ``x`` (src) / ``w`` / ``bias`` ``(shape, dtype)`` (bias None without), ``attrs``."""
+    attrs = {"strides": list(case.strides), "pads_begin": list(case.pads_begin), "pads_end": list(case.pads_end),
+             "dilations": list(case.dilations), "auto_pad": case.auto_pad, "groups": case.groups, "data_format": case.data_format,
+             "weights_format": case.weights_format}  # fmt: skip
+    return {
+        "x": (case.layout_shape(case.x_channels, case.x_size), case.dtype),
+        "w": (case.weights_shape(), case.dtype),
+        "bias": ((case.dy_channels,), case.dtype) if case.bias else None,
+        "attrs": attrs,
+        "pads": (list(case.effective_pads), _effective_pads_end(case)),
+    }
+
+
+def _forward_call(args: dict):
+    src = te.placeholder(args["x"][0], args["x"][1], name="src")
+    w = te.placeholder(args["w"][0], args["w"][1], name="weights")
+    bias = None if args["bias"] is None else te.placeholder(args["bias"][0], args["bias"][1], name="bias")
+    return onednn.convolution(src, w, bias, **args["attrs"])
+
+
 def _onednn_call(op: str, args: dict):
     if op in DATA_OPS:
         return _data_call(op, args)
+    if op == FORWARD_OP:
+        return _forward_call(args)
     names = _ONEDNN_NAMES[op]
     x = te.placeholder(args["x"][0], args["x"][1], name=names["x"])
     dy = te.placeholder(args["dy"][0], args["dy"][1], name=names["dy"])
@@ -484,9 +611,44 @@ def _data_breaks(op: str) -> list[tuple[str, Callable]]:
     ]
 
 
+def _forward_kernel_too_big(args):
+    """The last kernel axis larger than the padded src (pads as given, no auto_pad)."""
+    args["attrs"].update(auto_pad="none", pads_begin=args["pads"][0], pads_end=args["pads"][1])
+    size = args["x"][0][_spatial_axes(args, "x")[-1]]
+    w_shape = list(args["w"][0])
+    w_shape[-1 if args["attrs"]["weights_format"] == "OIX" else -3] = size + args["pads"][0][-1] + args["pads"][1][-1] + 1
+    args["w"] = (tuple(w_shape), args["w"][1])
+
+
+def _forward_breaks() -> list[tuple[str, Callable]]:
+    return [
+        *_ATTRIBUTE_BREAKS,
+        ("data_format", _attr_set("data_format", "NHWC")),
+        ("weights_format", _attr_set("weights_format", "HWIO")),
+        ("auto_pad", _attr_set("auto_pad", "same")),
+        ("weights.shape", _data_weights_dim_plus({"OIX": 1, "XIO": -2})),  # I x groups != the src channels
+        ("weights.shape", lambda a: a["attrs"].__setitem__("groups", a["w"][0][0 if a["attrs"]["weights_format"] == "OIX" else -1] + 1)),
+        ("weights.shape", lambda a: a.__setitem__("w", ((*a["w"][0], 1), a["w"][1]))),
+        ("src spatial axis", _forward_kernel_too_big),
+        ("src.dtype", lambda a: (a.__setitem__("x", (a["x"][0], "int8")), a.__setitem__("w", (a["w"][0], "int8")))),
+        ("weights.dtype", lambda a: a.__setitem__("w", (a["w"][0], "float64"))),
+        ("src.shape", lambda a: a.__setitem__("x", ((*a["x"][0], 1, 1, 1), a["x"][1]))),
+        ("bias.shape", lambda a: a.__setitem__("bias", ((_out_channels(a) + 1,), a["x"][1]))),
+        ("bias.shape", lambda a: a.__setitem__("bias", ((_out_channels(a), 1), a["x"][1]))),
+        ("bias.dtype", lambda a: a.__setitem__("bias", ((_out_channels(a),), "float64"))),
+    ]  # fmt: skip
+
+
+def _out_channels(args: dict) -> int:
+    """Convolution's OC: the weights' O."""
+    return args["w"][0][0 if args["attrs"]["weights_format"] == "OIX" else -1]
+
+
 def _onednn_breaks(op: str) -> list[tuple[str, Callable]]:
     if op in DATA_OPS:
         return _data_breaks(op)
+    if op == FORWARD_OP:
+        return _forward_breaks()
     n = _ONEDNN_NAMES[op]
     x, dy = n["x"], n["dy"]
     conv_x, conv_dy = (dy, x) if op == "deconv" else (x, dy)  # the conv view's roles
@@ -587,6 +749,8 @@ _DSP_BREAKS = [
 
 def valid_case(op: str, rng: np.random.Generator):
     """A valid call of ``op``: a TBE case dict, a :class:`Case` or a :class:`DspCase`."""
+    if op == "tbe_conv":
+        return _tbe_conv_case(rng)
     if op.startswith("tbe_"):
         return _tbe_case(rng, op)
     if op == "dsp":
@@ -595,6 +759,8 @@ def valid_case(op: str, rng: np.random.Generator):
 
 
 def _args(op: str, case) -> dict:
+    if op == "tbe_conv":
+        return _tbe_conv_args(case)
     if op.startswith("tbe_"):
         return _tbe_args(case, op)
     return _dsp_args(case) if op == "dsp" else _onednn_args(case)
@@ -602,6 +768,8 @@ def _args(op: str, case) -> dict:
 
 def call_of(op: str, args: dict):
     """The operator's result tensor for call ``args`` (see :func:`_args`)."""
+    if op == "tbe_conv":
+        return _tbe_conv_call(args)
     if op.startswith("tbe_"):
         return _tbe_call(op, args)
     return _dsp_call(args) if op == "dsp" else _onednn_call(op, args)
@@ -630,6 +798,8 @@ def inputs_and_expected(op: str, case, kernel, seed: int) -> tuple[list[np.ndarr
 
 
 def _breaks(op: str) -> list[tuple[str, Callable]]:
+    if op == "tbe_conv":
+        return _TBE_CONV_BREAKS
     if op.startswith("tbe_"):
         return _TBE_BREAKS[op]
     return _DSP_BREAKS if op == "dsp" else _onednn_breaks(op)

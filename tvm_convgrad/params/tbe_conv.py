@@ -15,7 +15,8 @@ Accepted ``para_dict`` keys: ``pad_h`` / ``pad_w`` (an int or ``[begin, end]``; 
 is the weight's ``Cout1*16``), ``group_opt`` / ``c1_opt`` / ``cout1_opt`` (checked against what
 ``cube_util.calculate_group`` gives), ``a_shape`` (checked against ``data``'s shape); and, only
 with their "off" values, ``fusion_para`` (L1 fusion), ``padding_mode`` / ``pooling_mode`` (a
-pooling fused behind the conv), ``dynamic_mode``, ``correct_range_flag``, ``new_in_range``.
+pooling fused behind the conv), ``dynamic_mode``, ``correct_range_flag``, ``new_in_range``,
+``compress_index`` (compressed weights).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ _SPELLINGS = {  # TBE's key, its older spelling
 _KEYS = (
     *_SPELLINGS, *_SPELLINGS.values(), "mad_dtype", "offset_x", "kernel_name", "bias_tensor", "group", "weight_ori_shape_nchw",
     "group_opt", "c1_opt", "cout1_opt", "a_shape", "fusion_para", "padding_mode", "pooling_mode", "dynamic_mode",
-    "correct_range_flag", "new_in_range",
+    "correct_range_flag", "new_in_range", "compress_index",
 )  # fmt: skip
 _OPTIM_KEYS = ("c0_optim_flg", "use_v200_c04_flg", "invalid_data_rm")
 
@@ -82,11 +83,12 @@ def _check_off_options(r: Rules, para_dict: dict, optim_dict: Any):
             if fusion.get(key) not in values:
                 r.fail(f"para_dict['fusion_para'][{key!r}]", fusion[key], "L1 / L2 fusion is not supported: must be its default "
                        f"({values[0]!r})")  # fmt: skip
-    for key in ("padding_mode", "pooling_mode", "dynamic_mode", "new_in_range"):
+    for key in ("padding_mode", "pooling_mode", "dynamic_mode", "new_in_range", "compress_index"):
         if para_dict.get(key) is not None:
             r.fail(f"para_dict[{key!r}]", para_dict[key], "must be None: "
                    + {"padding_mode": "a pooling fused behind the conv is not supported", "pooling_mode": "a pooling fused behind the conv is not supported",
-                      "dynamic_mode": "dynamic shapes are not supported", "new_in_range": "dynamic shapes are not supported"}[key])  # fmt: skip
+                      "dynamic_mode": "dynamic shapes are not supported", "new_in_range": "dynamic shapes are not supported",
+                      "compress_index": "compressed weights (TBE's conv_compress) are not supported"}[key])  # fmt: skip
     r.flag_off("para_dict['correct_range_flag']", para_dict.get("correct_range_flag", False), "dynamic-shape range correction")
 
 

@@ -1,0 +1,133 @@
+"""The forward convolution: TBE's ``dsl.conv`` and oneDNN's ``Convolution`` against the float64
+reference written from the formula and against PyTorch, their rules, and the kernel's shape of work.
+
+The random property sweeps (``tests/test_properties.py``: operators ``fwd`` and ``tbe_conv``) and
+the guard-page runs (``tests/test_memory_bounds.py``) cover the whole parameter space; here are the
+named cases a reader can check by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tvm import te
+
+from conftest import torch
+from framework_cases import Case, arrays, check, expected, placeholders, torch_result
+from framework_cases import call as framework_call
+from tvm_convgrad import ConvGradError, build, dsl, layout
+from tvm_convgrad.dsl.compute.stages import CONV_CC, CONV_RES, CONV_TAG
+from tvm_convgrad.tools.verify import check_kernel
+
+_TBE = {"pad_h": 1, "pad_w": 1, "stride_h": 1, "stride_w": 1, "filter_h": 3, "filter_w": 3}
+
+
+def _tbe_conv(n=2, cin=32, h=9, w=11, cout=48, para=None, groups=1, bias=False, optim=None, ori=False):
+    para = dict(_TBE if para is None else para)
+    kh, kw = para.get("filter_h", para.get("filterh")), para.get("filter_w", para.get("filterw"))
+    if groups > 1 or ori:
+        para.update(group=groups, weight_ori_shape_nchw=[cout, cin // groups, kh, kw])
+    data = te.placeholder(layout.shape_5hd(n, cin, h, w), "float16", name="data")
+    weight = te.placeholder(layout.shape_fracz([cout, cin // groups, kh, kw], groups), "float16", name="weight")
+    if bias:
+        para["bias_tensor"] = te.placeholder((cout,), "float16", name="bias")
+    return dsl.conv(data, weight, para, optim)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"para": {**_TBE, "stride_h": 2, "pad_h": [1, 0], "dilate_w": 2}},
+        {"para": {"padh": 0, "padw": [0, 2], "strideh": 2, "stridew": 1, "filterh": 1, "filterw": 3, "dilateh": 1}},  # TBE's older spellings
+        {"cin": 3, "cout": 20, "h": 17, "w": 17, "para": {**_TBE, "filter_h": 7, "filter_w": 7, "stride_h": 2, "stride_w": 2, "pad_h": 3, "pad_w": 3}},
+        {"cin": 24, "cout": 36, "groups": 3, "bias": True},
+        {"cin": 32, "cout": 32, "groups": 32},  # depthwise
+        {"cin": 100, "cout": 100, "h": 8, "w": 8, "groups": 10},  # two extended groups
+    ],
+    ids=["3x3", "strided-dilated-asymmetric", "old-spellings", "stem", "grouped-bias", "depthwise", "extended-groups"],
+)
+def test_tbe_conv_matches_the_reference(kwargs):
+    y = _tbe_conv(**kwargs)
+    assert y.op.name == CONV_RES and y.op.tag == CONV_TAG and y.dtype == "float16"
+    assert int(y.op.attrs["width_out"]) * 0 == 0 and len(y.shape) == 4 and int(y.shape[3]) == 16
+    result = check_kernel(build(y))
+    assert result.ok, str(result)
+
+
+def test_tbe_conv_result_is_tbe_shape_and_pytorch_agrees():
+    """``(N, ceil(Cout,16), Ho*Wo, 16)`` float16; and the same numbers as PyTorch's conv2d in float64."""
+    n, cin, h, w, cout = 2, 20, 10, 9, 24
+    para = {"pad_h": [2, 1], "pad_w": 1, "stride_h": 2, "stride_w": 1, "dilate_h": 1, "dilate_w": 2, "filter_h": 3, "filter_w": 2,
+            "weight_ori_shape_nchw": [cout, cin, 3, 2]}  # fmt: skip
+    data = te.placeholder(layout.shape_5hd(n, cin, h, w), "float16", name="data")
+    weight = te.placeholder(layout.shape_fracz([cout, cin, 3, 2]), "float16", name="weight")
+    y = dsl.conv(data, weight, para)
+    ho, wo = (h + 3 - 3) // 2 + 1, (w + 2 - 3) // 1 + 1
+    assert tuple(int(d) for d in y.shape) == (n, 2, ho * wo, 16) and int(y.op.attrs["width_out"]) == wo
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (n, cin, h, w)).astype(np.float16)
+    wt = rng.uniform(-1, 1, (cout, cin, 3, 2)).astype(np.float16)
+    got = layout.dx_result_to_nchw(build(y)(layout.nchw_to_5hd(x), layout.oihw_to_fracz(wt)), (n, cout, ho, wo))
+    xt = torch.nn.functional.pad(torch.from_numpy(x.astype(np.float64)), (1, 1, 2, 1))
+    want = torch.nn.functional.conv2d(xt, torch.from_numpy(wt.astype(np.float64)), stride=(2, 1), dilation=(1, 2)).numpy()
+    assert np.abs(got - want).max() <= 2e-3 * np.abs(want).max()
+
+
+@pytest.mark.parametrize(
+    "para, optim, param",
+    [
+        ({**_TBE, "mad_dtype": "int32"}, None, "para_dict['mad_dtype']"),
+        ({**_TBE, "offset_x": 8}, None, "para_dict['offset_x']"),
+        (_TBE, {"c0_optim_flg": True}, "optim_dict['c0_optim_flg']"),
+        ({**_TBE, "fusion_para": {"l1_fusion_type": 1}}, None, "para_dict['fusion_para']"),
+        ({**_TBE, "compress_index": object()}, None, "para_dict['compress_index']"),
+        ({k: v for k, v in _TBE.items() if k != "stride_w"}, None, "para_dict['stride_w']"),
+        ({**_TBE, "stride_h": 64}, None, "para_dict['stride_h']"),
+        ({**_TBE, "dilate_w": 256}, None, "para_dict['dilate_w']"),
+        ({**_TBE, "filter_h": 300, "pad_h": 150}, None, "para_dict['filter_h']"),
+    ],
+)
+def test_tbe_conv_rejects_what_it_does_not_take(para, optim, param):
+    with pytest.raises(ConvGradError) as err:
+        _tbe_conv(para=para, optim=optim)
+    assert err.value.param.startswith(param), str(err.value)
+
+
+def test_tbe_conv_rejects_int8_naming_the_dtype():
+    data = te.placeholder((1, 1, 4, 4, 16), "int8", name="data")
+    weight = te.placeholder((9, 1, 16, 16), "int8", name="weight")
+    with pytest.raises(ConvGradError, match="int8 .quantized. conv is not implemented"):
+        dsl.conv(data, weight, _TBE)
+
+
+def _fwd(rank, data_format="NXC", weights_format="XIO", dtype="float32", groups=1, bias=True, auto_pad="none"):
+    size, out = {1: ((11,), (6,)), 2: ((9, 7), (5, 7)), 3: ((5, 6, 4), (3, 6, 4))}[rank]
+    strides, kernel = {1: ((2,), (3,)), 2: ((2, 1), (3, 3)), 3: ((2, 1, 1), (3, 3, 1))}[rank]
+    pads = tuple(1 if k == 3 else 0 for k in kernel)
+    return Case("fwd", 2, 8 * groups, 12 * groups, groups, size, out, kernel, strides, pads, pads, (1,) * rank, auto_pad=auto_pad,
+                data_format=data_format, weights_format=weights_format, dtype=dtype, effective_pads=pads, bias=bias)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        _fwd(1), _fwd(2), _fwd(3), _fwd(2, "NCX", "OIX"), _fwd(3, "NCX", "OIX", groups=2), _fwd(2, dtype="float16", groups=3),
+        _fwd(2, "NCX", "XIO", dtype="bfloat16"), _fwd(1, bias=False, auto_pad="same_upper"),
+    ],
+    ids=lambda c: c.name() + ("-bias" if c.bias else ""),
+)
+def test_onednn_convolution_matches_the_reference_and_pytorch(case):
+    kernel = build(framework_call(case, *placeholders(case)))
+    inputs = arrays(case, seed=3)
+    result = kernel(*inputs)
+    check(result, expected(case, *inputs), kernel, case.name())
+    check(result, torch_result(case, *inputs), kernel, case.name() + " vs PyTorch")
+
+
+def test_a_stem_sums_its_real_input_channels_only():
+    """Three input channels (stated in ``weight_ori_shape_nchw``): the mad's lane reduction has 3
+    steps, not 16 (no FMA on padding lanes); without it TBE's Cin is the 16 of the block."""
+    y = _tbe_conv(cin=3, cout=16, h=12, w=12, ori=True)
+    (mad,) = [t for t in [y.op.input_tensors[0]] if t.op.name == CONV_CC]
+    extents = [int(axis.dom.extent) for axis in mad.op.reduce_axis]
+    assert extents == [1, 3, 3, 3]
