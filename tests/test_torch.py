@@ -14,7 +14,9 @@ pytestmark = pytest.mark.skipif(torch is None, reason="PyTorch is not installed 
 
 if torch is not None:
     from tvm_convgrad import ConvGradError
-    from tvm_convgrad.torch import Conv2d, conv2d, conv_call, input_grad_kernel, pads_of, weight_grad_kernel
+    from tvm_convgrad.torch import Conv2d, conv2d, conv_call, forward_choices, input_grad_kernel, pads_of, set_forward, weight_grad_kernel
+    from tvm_convgrad.torch import forward as forward_module
+    from tvm_convgrad.torch.kernels import forward_kernel
     from tvm_convgrad.tools.verify import error_bound
 
 #        (N, C, H, W),    O,  kernel, stride, padding, dilation, groups, bias
@@ -251,3 +253,70 @@ def test_an_unsupported_type_fails_in_the_backward_with_a_clear_error():
     w = torch.rand(4, 4, 3, 3, dtype=torch.complex64)
     with pytest.raises(ConvGradError, match="input.dtype"):
         conv2d(x, w).abs().sum().backward()
+
+
+@pytest.fixture
+def forward_mode():
+    """Restores the forward mode ``"auto"`` (and forgets its choices) after the test."""
+    yield set_forward
+    set_forward("auto")
+
+
+@pytest.mark.parametrize("layer, dtype, channels_last", tiered(_GRID, lambda i, c: i % 5 == 0, unpack=True,
+                         ids=lambda c: f"layer{LAYERS.index(c[0])}-{c[1]}-{'channels_last' if c[2] else 'nchw'}"))  # fmt: skip
+def test_the_package_forward_matches_pytorch_in_float64(layer, dtype, channels_last, forward_mode):
+    """``set_forward("ours")``: every layer's output from the package's kernel, within the bound of
+    fp32 sums rounded once, against PyTorch's float64 forward on the same rounded inputs; and the
+    backward on top of it unchanged."""
+    forward_mode("ours")
+    shape, out, kernel, stride, padding, dilation, groups, bias = layer
+    torch.manual_seed(1)
+    dtype = getattr(torch, dtype)
+    memory = torch.channels_last if channels_last else torch.contiguous_format
+    ours = Conv2d(shape[1], out, kernel, stride, padding, dilation, groups, bias).to(dtype).to(memory_format=memory)
+    x = (torch.rand(shape) * 2 - 1).to(dtype).to(memory_format=memory).requires_grad_()
+    y = ours(x)
+    reference = torch.nn.functional.conv2d(torch.nn.functional.pad(x.double(), _torch_pads(ours)), ours.weight.double(),
+                                           None if ours.bias is None else ours.bias.double(), stride, 0, dilation, groups)  # fmt: skip
+    call = _call(x, ours, channels_last)
+    _close(y, reference, forward_kernel(call, bias), "output")
+    assert y.dtype == dtype and y.is_contiguous(memory_format=memory) and y.shape == reference.shape
+    y.sum().backward()
+    assert x.grad is not None and ours.weight.grad is not None
+
+
+def _torch_pads(layer) -> tuple[int, int, int, int]:
+    top, bottom, left, right = pads_of(layer.padding, layer.kernel_size, layer.stride, layer.dilation)
+    return (left, right, top, bottom)
+
+
+def test_auto_forward_times_each_signature_once_and_keeps_the_faster(forward_mode, monkeypatch):
+    forward_mode("auto")
+    layer = Conv2d(16, 32, 3, padding=1)
+    x = torch.rand(2, 16, 8, 8)
+    layer(x)
+    ((call, with_bias), choice), = forward_choices().items()
+    assert with_bias and call.x_shape == (2, 16, 8, 8) and isinstance(choice, bool)
+    layer(x)
+    assert len(forward_choices()) == 1  # timed once per signature
+    monkeypatch.setattr(forward_module, "MARGIN", 1e9)  # nothing is that much faster: PyTorch's
+    forward_mode("auto")
+    layer(x)
+    assert list(forward_choices().values()) == [False]
+    monkeypatch.setattr(forward_module, "MARGIN", 0.0)  # anything is: the package's
+    forward_mode("auto")
+    torch.testing.assert_close(layer(x), torch.nn.functional.conv2d(x, layer.weight, layer.bias, padding=1), rtol=1e-5, atol=1e-5)
+    assert list(forward_choices().values()) == [True]
+
+
+def test_float64_and_mixed_types_run_pytorchs_forward(forward_mode):
+    forward_mode("ours")
+    forward_kernel.cache_clear()
+    x, w = torch.rand(1, 4, 6, 6, dtype=torch.float64), torch.rand(4, 4, 3, 3, dtype=torch.float64)
+    assert torch.equal(conv2d(x, w, None, 1, 1), torch.nn.functional.conv2d(x, w, None, 1, 1))
+    assert forward_kernel.cache_info().currsize == 0
+
+
+def test_set_forward_takes_three_modes():
+    with pytest.raises(ConvGradError, match="mode"):
+        set_forward("fast")

@@ -359,7 +359,8 @@ def _parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--suite", choices=("resnet50", "all", "conv3d"), default="resnet50",
                          help="ResNet-50 layers, every 2-D case, or the 3-D layers (with --api onednn)")
     p_bench.add_argument("--batch", choices=("1", "8", "all"), default="all")
-    p_bench.add_argument("--op", choices=("filter", "input", "both"), default="both", help="wgrad, dgrad or both")
+    p_bench.add_argument("--op", choices=("filter", "input", "both", "forward"), default="both",
+                         help="wgrad, dgrad, both, or the forward convolution (TBE's conv; with --api onednn, Convolution)")
     p_bench.add_argument("--filter", metavar="REGEX", help="only cases whose name matches")
     p_bench.add_argument("--rounds", type=int, default=5, help="interleaved samples per kernel (medians reported)")
     p_bench.add_argument("--isa", choices=BENCH_ISAS, default="native",

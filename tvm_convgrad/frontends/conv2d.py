@@ -5,7 +5,8 @@ A :class:`Conv2dGradients` is what the kernels depend on: the NCHW / OIHW shapes
 pads ``(top, bottom, left, right)``, dilation, groups, type, and the layouts the tensors are in
 (NCX or NXC activations, OIX or XIO weights). :meth:`~Conv2dGradients.input_grad` is
 ``ConvolutionBackwardData(dy, w) -> dx``, :meth:`~Conv2dGradients.weight_grad`
-``ConvolutionBackwardWeights(x, dy) -> dw``, both in those layouts.
+``ConvolutionBackwardWeights(x, dy) -> dw``, :meth:`~Conv2dGradients.forward` ``Convolution(x, w[, b])
+-> y`` (the step's third GEMM), all in those layouts.
 """
 
 from __future__ import annotations
@@ -79,6 +80,13 @@ class Conv2dGradients:
         dy = te.placeholder(self.activation(self.y_shape), self.dtype, name="diff_dst")
         w = te.placeholder(self.weights(), self.dtype, name="weights")
         return onednn.convolution_backward_data(dy, w, list(self.activation(self.x_shape)), kernel_name=kernel_name, **self.attrs())
+
+    def forward(self, kernel_name: str = "conv2d_forward", bias: bool = False) -> te.Tensor:
+        """The convolution itself: ``(x, w[, bias]) -> y``."""
+        x = te.placeholder(self.activation(self.x_shape), self.dtype, name="src")
+        w = te.placeholder(self.weights(), self.dtype, name="weights")
+        b = te.placeholder((self.w_shape[0],), self.dtype, name="bias") if bias else None
+        return onednn.convolution(x, w, b, kernel_name=kernel_name, **self.attrs())
 
     def weight_grad(self, kernel_name: str = "conv2d_weight_grad") -> te.Tensor:
         """dW: ``(x, dy) -> dw``."""

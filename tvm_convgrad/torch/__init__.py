@@ -1,7 +1,8 @@
 """PyTorch autograd with the package's gradients: ``conv2d`` and ``Conv2d``, drop-ins for
 ``torch.nn.functional.conv2d`` and ``torch.nn.Conv2d``.
 
-The forward pass is PyTorch's; the backward pass runs the package's dX and dW kernels
+The forward pass is PyTorch's, or the package's kernel where it is faster for the layer
+(:mod:`.forward`: ``set_forward("auto" | "ours" | "pytorch")``); the backward pass runs the package's dX and dW kernels
 (``ConvolutionBackwardData`` / ``ConvolutionBackwardWeights`` on the cube schedules), on the tensors'
 memory through DLPack: NCHW tensors as NCX, channels-last tensors as NXC, no copies where the
 layout allows (a weight gradient is written OIHW). Registered with ``torch.library``
@@ -27,12 +28,13 @@ from ..errors import ConvGradError
 from .kernels import CACHED_CALLS, input_grad_kernel, weight_grad_kernel
 from .openmp import use_pytorch_threads, using_pytorch_threads
 from . import ops
+from .forward import forward_choices, get_forward, set_forward
 from .ops import OP, conv2d_input_grad, conv2d_weight_grad, conv_call
 
 use_pytorch_threads()  # every kernel built from here on runs on PyTorch's OpenMP threads (see .openmp)
 
-__all__ = ["CACHED_CALLS", "Conv2d", "conv2d", "convert_conv2d", "conv2d_input_grad", "conv2d_weight_grad", "conv_call", "input_grad_kernel", "pads_of",
-           "use_pytorch_threads", "using_pytorch_threads", "weight_grad_kernel"]  # fmt: skip
+__all__ = ["CACHED_CALLS", "Conv2d", "conv2d", "convert_conv2d", "conv2d_input_grad", "conv2d_weight_grad", "conv_call", "forward_choices", "get_forward",
+           "input_grad_kernel", "pads_of", "set_forward", "use_pytorch_threads", "using_pytorch_threads", "weight_grad_kernel"]  # fmt: skip
 
 _IntPair = Union[int, Sequence[int]]
 
@@ -73,7 +75,8 @@ def conv2d(
 
     ``input (N, C, H, W)`` (contiguous or channels-last) or unbatched ``(C, H, W)``, ``weight (O,
     C/groups, KH, KW)``, ``bias (O,)``; ``stride``, ``dilation``: an int or ``(H, W)``; ``padding``:
-    an int, ``(H, W)``, ``"valid"`` or ``"same"``. Returns PyTorch's forward result; every order
+    an int, ``(H, W)``, ``"valid"`` or ``"same"``. Returns the convolution (PyTorch's, or the
+    package's where :func:`set_forward`'s mode chooses it); every order
     of gradient (``create_graph=True``) is the package's, and ``torch.autocast("cpu")`` casts the
     tensors as it casts ``F.conv2d``'s."""
     if weight.dim() != 4 or input.dim() not in (3, 4):

@@ -7,6 +7,7 @@ package:
 
 * dX: ``ConvolutionBackwardData`` (diff_dst, weights OIX) -> diff_src;
 * dW: ``ConvolutionBackwardWeights`` (src, diff_dst) -> diff_weights OIX;
+* the forward: ``Convolution`` (src, weights OIX[, bias]) -> dst (where it runs: :mod:`.forward`);
 
 with the activations NCX for contiguous tensors and NXC for channels-last ones, so that a
 tensor's memory is passed as it lies (DLPack, no copy: a channels-last ``(N, C, H, W)`` tensor
@@ -24,7 +25,8 @@ from ..compile import Kernel, build
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 
-__all__ = ["CACHED_CALLS", "DTYPES", "as_layout", "dtype_name", "input_grad_kernel", "weight_grad_kernel"]
+__all__ = ["CACHED_CALLS", "DTYPES", "as_layout", "conv_call", "dtype_name", "forward_kernel", "input_grad_kernel", "memory_format",
+           "weight_grad_kernel"]  # fmt: skip
 
 CACHED_CALLS = 128
 """Signatures whose kernels stay built (least recently used first out)."""
@@ -40,6 +42,16 @@ def dtype_name(dtype: torch.dtype, op: str = "tvm_convgrad.torch.conv2d") -> str
     if dtype not in DTYPES:
         raise ConvGradError(op, "input.dtype", str(dtype), f"must be one of {[str(d) for d in (*DTYPES, torch.float64)]}")
     return DTYPES[dtype]
+
+
+def conv_call(input_shape, weight_shape, stride, pads, dilation, groups: int, dtype: torch.dtype, channels_last: bool) -> Conv2dGradients:
+    """The kernels' signature of one call (float64: float32; channels-last activations as NXC, the weight OIHW)."""
+    return Conv2dGradients(tuple(input_shape), tuple(weight_shape), tuple(stride), tuple(pads), tuple(dilation), int(groups),
+                           dtype_name(dtype), "NXC" if channels_last else "NCX")  # fmt: skip
+
+
+def memory_format(channels_last: bool) -> torch.memory_format:
+    return torch.channels_last if channels_last else torch.contiguous_format
 
 
 def as_layout(tensor: torch.Tensor, call: Conv2dGradients) -> torch.Tensor:
@@ -60,3 +72,9 @@ def input_grad_kernel(call: Conv2dGradients) -> Kernel:
 def weight_grad_kernel(call: Conv2dGradients) -> Kernel:
     """dW of ``call``: ``(input, grad_output) -> grad_weight OIHW``, activations in the call's layout."""
     return build(call.weight_grad("torch_conv2d_weight_grad"))
+
+
+@functools.lru_cache(maxsize=CACHED_CALLS)
+def forward_kernel(call: Conv2dGradients, bias: bool) -> Kernel:
+    """The forward of ``call``: ``(input, weight OIHW[, bias]) -> output``, activations in the call's layout."""
+    return build(call.forward("torch_conv2d_forward", bias))

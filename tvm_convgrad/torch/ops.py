@@ -1,10 +1,11 @@
-"""``conv2d`` as PyTorch operators (``torch.library``): forward by PyTorch, backward by the package.
+"""``conv2d`` as PyTorch operators (``torch.library``): the backward by the package, the forward by
+PyTorch or the package (:mod:`.forward`: where the package's is faster for the layer).
 
 Three custom operators, so that ``torch.compile`` keeps each as one node of its graph:
 
-* ``tvm_convgrad::conv2d(input, weight, bias, stride, pads, dilation, groups)``: PyTorch's own
-  forward (``F.conv2d``; asymmetric ``pads`` as ``(top, bottom, left, right)`` through ``F.pad``),
-  its autograd formula the two below (and ``grad_output.sum`` for the bias);
+* ``tvm_convgrad::conv2d(input, weight, bias, stride, pads, dilation, groups)``: the forward
+  (``pads`` as ``(top, bottom, left, right)``), its autograd formula the two below (and
+  ``grad_output.sum`` for the bias);
 * ``tvm_convgrad::conv2d_input_grad`` and ``tvm_convgrad::conv2d_weight_grad``: the package's dX
   and dW kernels (:mod:`.kernels`), called on the tensors' memory through DLPack.
 
@@ -22,34 +23,25 @@ CPU tensors only: the kernels are built for this CPU.
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
-from .kernels import as_layout, dtype_name, input_grad_kernel, weight_grad_kernel
+from .forward import forward as choose_forward
+from .kernels import as_layout, conv_call, input_grad_kernel, memory_format, weight_grad_kernel
 
 __all__ = ["Conv2dFunction", "conv2d", "conv2d_input_grad", "conv2d_op", "conv2d_weight_grad", "conv_call", "eager", "forward", "input_grad", "weight_grad"]
 
 OP = "tvm_convgrad.torch.conv2d"
 
 
-def _memory_format(channels_last: bool) -> torch.memory_format:
-    return torch.channels_last if channels_last else torch.contiguous_format
+_memory_format = memory_format
 
 
 def forward(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, pads, dilation, groups: int) -> torch.Tensor:
-    """PyTorch's convolution with ``pads = (top, bottom, left, right)``."""
-    pt, pb, pl, pr = pads
-    if pt == pb and pl == pr:
-        return F.conv2d(input, weight, bias, tuple(stride), (pt, pl), tuple(dilation), groups)
-    return F.conv2d(F.pad(input, (pl, pr, pt, pb)), weight, bias, tuple(stride), 0, tuple(dilation), groups)
-
-
-def conv_call(input_shape, weight_shape, stride, pads, dilation, groups: int, dtype: torch.dtype, channels_last: bool) -> Conv2dGradients:
-    """The kernels' signature of one call (float64: float32; channels-last activations as NXC, the weight OIHW)."""
-    return Conv2dGradients(tuple(input_shape), tuple(weight_shape), tuple(stride), tuple(pads), tuple(dilation), int(groups),
-                           dtype_name(dtype, OP), "NXC" if channels_last else "NCX")  # fmt: skip
+    """The convolution with ``pads = (top, bottom, left, right)``: PyTorch's, or the package's
+    kernel where :mod:`.forward` chooses it (``"auto"``: where it is faster for the layer)."""
+    return choose_forward(input, weight, bias, stride, pads, dilation, groups, _channels_last(input))
 
 
 def _on_cpu(*tensors: torch.Tensor):
@@ -107,7 +99,7 @@ conv2d_weight_grad = torch.library.custom_op("tvm_convgrad::conv2d_weight_grad",
 @torch.library.custom_op("tvm_convgrad::conv2d", mutates_args=())
 def conv2d_op(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: list[int], pads: list[int],
               dilation: list[int], groups: int) -> torch.Tensor:  # fmt: skip
-    """PyTorch's forward; the backward is the package's (see the module docstring)."""
+    """The forward (:func:`forward`); the backward is the package's (see the module docstring)."""
     return forward(input, weight, bias, stride, pads, dilation, groups)
 
 

@@ -19,7 +19,7 @@ from ...tvm import placeholder
 
 __all__ = ["OPS", "SUITES", "BenchCase", "load_cases", "onednn_result", "tbe_result"]
 
-OPS = {"filter": "wgrad", "input": "dgrad"}
+OPS = {"filter": "wgrad", "input": "dgrad", "forward": "fwd"}
 
 
 @dataclass(frozen=True)
@@ -98,10 +98,18 @@ def load_cases(suite: str = "resnet50", batches: Sequence[int] = (1, 8), pattern
 
 
 def tbe_result(case: BenchCase, op: str):
-    """The DSL result tensor of one gradient of ``case`` (float16 inputs in TBE layouts)."""
+    """The DSL result tensor of one gradient of ``case`` (float16 inputs in TBE layouts); ``op``
+    forward: the forward itself (TBE's ``conv``)."""
+    name = re.sub(r"\W", "_", f"bench_{OPS[op]}_{case.name}")
+    if op == "forward":
+        data = placeholder(layout.shape_5hd(case.N, case.Cin, case.H, case.W), name="data", dtype="float16")
+        weight = placeholder(layout.shape_fracz(case.filter_sizes, case.groups), name="weight", dtype="float16")
+        para = {"pad_h": case.pad[0], "pad_w": case.pad[1], "stride_h": case.stride[0], "stride_w": case.stride[1], "dilate_h": case.dilation[0],
+                "dilate_w": case.dilation[1], "filter_h": case.KH, "filter_w": case.KW, "group": case.groups,
+                "weight_ori_shape_nchw": case.filter_sizes, "kernel_name": name}  # fmt: skip
+        return dsl.conv(data, weight, para)
     dy = placeholder(layout.shape_5hd(case.N, case.Cout, case.OH, case.OW), name="out_backprop", dtype="float16")
     para = {"strides": list(case.stride), "padding": case.pads, "dilations": [1, 1, *case.dilation]}
-    name = re.sub(r"\W", "_", f"bench_{OPS[op]}_{case.name}")
     if op == "filter":
         x = placeholder(layout.shape_5hd(case.N, case.Cin, case.H, case.W), name="input_x", dtype="float16")
         return dsl.conv2d_backprop_filter(x, dy, case.filter_sizes, {**para, "groups": case.groups, "kernel_name": name})
@@ -114,7 +122,8 @@ def tbe_result(case: BenchCase, op: str):
 
 def onednn_result(case: BenchCase, op: str = "filter", dtype: str = "float32"):
     """One gradient of ``case`` through the oneDNN Graph frontend (NXC, XIO, ``dtype`` float32 or
-    bfloat16): ``ConvolutionBackwardWeights`` (``op`` filter) or ``ConvolutionBackwardData`` (input)."""
+    bfloat16): ``ConvolutionBackwardWeights`` (``op`` filter) or ``ConvolutionBackwardData`` (input);
+    or the forward ``Convolution`` (``op`` forward)."""
     size, out, kernel = case.spatial
     dy = te.placeholder((case.N, *out, case.Cout), dtype, name="diff_dst")
     weights_shape = [*kernel, case.Cin // case.groups, case.Cout]
@@ -123,5 +132,8 @@ def onednn_result(case: BenchCase, op: str = "filter", dtype: str = "float32"):
     if op == "input":
         w = te.placeholder(weights_shape, dtype, name="weights")
         return onednn.convolution_backward_data(dy, w, [case.N, *size, case.Cin], **attrs)
+    if op == "forward":
+        x = te.placeholder((case.N, *size, case.Cin), dtype, name="src")
+        return onednn.convolution(x, te.placeholder(weights_shape, dtype, name="weights"), **attrs)
     x = te.placeholder((case.N, *size, case.Cin), dtype, name="src")
     return onednn.convolution_backward_weights(x, dy, weights_shape, **attrs)

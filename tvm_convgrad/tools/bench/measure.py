@@ -51,7 +51,7 @@ def timed_ours(kernel: Kernel, rng: np.random.Generator) -> Callable[[], float]:
 
 
 def torch_call(case: BenchCase, op: str, rng: np.random.Generator, channels_last: bool = False, device: str = "cpu", dtype=None) -> Callable[[], object]:
-    """PyTorch's gradient of ``case`` on random float32 NCHW tensors (channels-last, or on another
+    """PyTorch's gradient (``op`` forward: the convolution) of ``case`` on random float32 NCHW tensors (channels-last, or on another
     ``device`` / ``dtype``: the CUDA bench's float16)."""
     import torch
 
@@ -66,6 +66,9 @@ def torch_call(case: BenchCase, op: str, rng: np.random.Generator, channels_last
     dy = tensor((case.N, case.Cout, *out)).to(memory_format=memory)
     kw = {"stride": case.stride, "padding": case.pad, "dilation": case.dilation, "groups": case.groups}
     grad = torch.nn.grad
+    if op == "forward":
+        conv = torch.nn.functional.conv2d if case.rank == 2 else torch.nn.functional.conv3d
+        return lambda: conv(x, w, None, **kw)
     if op == "filter":
         weight = grad.conv2d_weight if case.rank == 2 else grad.conv3d_weight
         return lambda: weight(x, w.shape, dy, **kw)

@@ -19,7 +19,7 @@ class BenchResult:
     case: str
     kind: str
     batch: int
-    op: str  # "wgrad" | "dgrad"
+    op: str  # "wgrad" | "dgrad" | "fwd"
     flops: int
     kernel: str  # "3x3/s1" (KHxKW/stride)
     compile_s: float
