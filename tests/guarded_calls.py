@@ -71,6 +71,8 @@ FIXED = {
                      weights_format="OIX", effective_pads=(3, 3)),  # fmt: skip
     # ... grouped, two extended groups of 80 input lanes (10 groups of 10 channels: blocks past the channels)
     "fwd-grouped-extended": Case("fwd", 1, 100, 100, 10, (8, 8), (8, 8), (3, 3), (1, 1), **_PADS1),
+    # ... strided NXC whose dst is written inside the mad's tasks (each task's sums while in cache), images outside the groups
+    "fwd-nxc-strided-in-task": Case("fwd", 2, 32, 48, 1, (13, 11), (7, 6), (3, 3), (2, 2), **_PADS1),
 }
 """Named calls every run includes (framework operator cases of ``tests/framework_cases.py``)."""
 

@@ -15,6 +15,7 @@ from conftest import torch
 from framework_cases import Case, arrays, check, expected, placeholders, torch_result
 from framework_cases import call as framework_call
 from tvm_convgrad import ConvGradError, build, dsl, layout
+from tvm_convgrad.frontends import onednn
 from tvm_convgrad.dsl.compute.stages import CONV_CC, CONV_RES, CONV_TAG
 from tvm_convgrad.tools.verify import check_kernel
 
@@ -131,3 +132,22 @@ def test_a_stem_sums_its_real_input_channels_only():
     (mad,) = [t for t in [y.op.input_tensors[0]] if t.op.name == CONV_CC]
     extents = [int(axis.dom.extent) for axis in mad.op.reduce_axis]
     assert extents == [1, 3, 3, 3]
+
+
+def test_a_framework_forward_writes_its_output_inside_the_mads_tasks():
+    """oneDNN's NXC dst (the mad's only consumer) is computed under the mad's parallel loop, so each
+    task's sums are cast and laid out while in cache (no second pass over the whole output); TBE's
+    flat ``Ho*Wo`` result, whose indices TVM cannot invert over a task, stays a pass of its own."""
+    from tvm_convgrad.compile.target import resolve_target
+    from tvm_convgrad.compile.workload import Workload
+    from tvm_convgrad.schedule import rule_for
+
+    target = resolve_target("llvm")
+    src = te.placeholder((2, 13, 11, 32), "float32", name="src")
+    weights = te.placeholder((3, 3, 32, 48), "float32", name="weights")
+    dst = onednn.convolution(src, weights, strides=[2, 2], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1])
+    for result, inside in ((dst, True), (_tbe_conv(), False)):
+        sch = rule_for(target).apply(Workload.of(result).prim_func(target), target)
+        task = sch.get(sch.get_loops(sch.get_sblock(result.op.name))[0])  # the output's outermost loop
+        assert (f'"{CONV_CC}_update"' in str(task)) == inside, result.op.name
+        assert check_kernel(build(result)).ok

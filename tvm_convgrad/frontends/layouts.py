@@ -134,8 +134,8 @@ def as_fracz(weights: te.Tensor, view: ConvView, weights_format: str, name: str)
 
 
 def data_stage(result: te.Tensor, view: ConvView, shape: Sequence[int], data_format: str, dtype: str, name: str, attrs: dict) -> te.Tensor:
-    """A compute's 5HD result ``(N*D, C1, H*W, 16)`` (dX; the forward's with the output's D, H,
-    W) as an activation of ``shape`` in ``data_format`` (NCX / NXC, spatial rank 1-3, the same
+    """A compute's 5HD result ``(N*D, C1, H*W, 16)`` or ``(N*D, C1, H, W, 16)`` (dX; the forward's
+    with the output's D, H, W) as an activation of ``shape`` in ``data_format`` (NCX / NXC, spatial rank 1-3, the same
     D, H, W), in ``dtype``. ``attrs`` are the result's."""
     rank = view.rank
     spatial_shape = tuple(shape[2:]) if data_format == "NCX" else tuple(shape[1:-1])
@@ -145,6 +145,8 @@ def data_stage(result: te.Tensor, view: ConvView, shape: Sequence[int], data_for
         n, c, spatial = (index[0], index[1], index[2:]) if data_format == "NCX" else (index[0], index[-1], index[1:-1])
         d, h, w = (0,) * (3 - rank) + tuple(spatial)
         row = n * planes + d if rank == 3 else n
+        if len(result.shape) == 5:  # (N*D, C1, H, W, 16)
+            return result[row, c // C0, h, w, c % C0].astype(dtype)
         return result[row, c // C0, h * width + w, c % C0].astype(dtype)
 
     return te.compute(tuple(shape), value, name=name, tag=LAYOUT_OUT_TAG, attrs={LAYOUT_ADAPTER: "out", **attrs})

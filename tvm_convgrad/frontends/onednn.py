@@ -326,10 +326,10 @@ def convolution(
 def _forward(op: str, src: te.Tensor, weights: te.Tensor, bias: te.Tensor | None, view: ConvView, data_format: str, weights_format: str,
              shape, kernel_name: str) -> te.Tensor:  # fmt: skip
     """The forward compute between layout stages: src 5HD (NDC1HWC0), the weights FracZ_g
-    (FracZ_3D), the ``(N*Do, C1, Ho*Wo, 16)`` result as ``dst`` of ``shape`` in ``data_format``."""
+    (FracZ_3D), the ``(N*Do, C1, Ho, Wo, 16)`` result as ``dst`` of ``shape`` in ``data_format``."""
     params = view.params(kernel_name, FORWARD_OP)
     fracz = as_fracz(weights, view, weights_format, WEIGHTS_FRACZ)
-    y = conv_compute(as_5hd(src, data_format, SRC_5HD), fracz, params, bias)
+    y = conv_compute(as_5hd(src, data_format, SRC_5HD), fracz, params, bias, rows_and_columns=True)
     attrs = {"kernel_name": kernel_name, "flops": params.flops, "data_format": data_format}
     result = data_stage(y, view, shape, data_format, view.dtype, DST, attrs)
     inputs = (src, weights) + ((bias,) if bias is not None else ())

@@ -10,9 +10,10 @@ Stages, sums in fp32:
 ==============  ============================================  =============================================
 stage           shape                                         value
 ==============  ============================================  =============================================
-``fmap_pad``    ``(N, g_extend*cin1_g, Hp, Wp, 16)``          x with the zero rows / columns the taps reach,
-                                                              fp32 (left out where there is no padding
-                                                              and x is fp32 already: the mad reads x)
+``fmap_pad``    ``(N, g_extend*cin1_g, PH, PW, Hq, Wq, 16)``  x with the zero rows / columns the taps reach,
+                                                              fp32, by stride phase (left out where
+                                                              there is no padding, no stride and x is
+                                                              fp32 already: the mad reads x)
 ``w_conv``      ``(g_extend*cout1_g, cin1_g, KH, KW, 16, 16)`` the FracZ weight, ``[.., ci0, co0]`` (a row
                                                               of 16 output channels per input lane)
 ``conv_cc``     ``(N, g_extend*cout1_g, Ho, Wo, 16)``         the mad (``Formulation.CUBE_FWD``)
@@ -21,15 +22,18 @@ stage           shape                                         value
                                                               ``convolution_C`` (TBE's)
 ==============  ============================================  =============================================
 
-with ``conv_cc[n, co1, j, i, c0] = sum_{ci1, kh, kw, ci0} fmap_pad[n, e*cin1_g + ci1, j*sh + kh*dh,
-i*sw + kw*dw, ci0] * w_conv[co1, ci1, kh, kw, ci0, c0]``, ``e = co1 // cout1_g`` (``Hp = (Ho-1)*sh +
-(KH-1)*dh + 1``, the image at row ``pt``). One extended group of fewer than 16 input channels
-(a network's first layer) sums over its real channels only: the ``ci0`` axis has ``Cin`` steps.
+with ``conv_cc[n, co1, j, i, c0] = sum_{ci1, kh, kw, ci0} xpad[n, e*cin1_g + ci1, j*sh + kh*dh,
+i*sw + kw*dw, ci0] * w_conv[co1, ci1, kh, kw, ci0, c0]``, ``e = co1 // cout1_g``, ``xpad`` x with
+``pt`` rows and ``pl`` columns of zeros before it. ``fmap_pad`` holds padded row ``yq*sh + rh`` at
+``[.., rh, .., yq, ..]`` (``PH = sh`` phases, 1 for a one-row kernel, which reads phase 0 only), so a
+tap reads consecutive rows of one phase, ``Hq = Ho + (KH-1)*dh // sh`` of them; columns likewise.
+One extended group of fewer than 16 input channels (a network's first layer) sums over its real
+channels only: the ``ci0`` axis has ``Cin`` steps.
 
 **3-D** (``geom.depth``; x NDC1HWC0 ``(N, D, C1, H, W, 16)``, the weight FracZ_3D ``(KD*C1x*KH*KW,
 cout1_g, 16, 16)``, depth tap outermost): output plane ``do`` of image ``n`` is mad row ``n*Do + do``,
 and the depth taps join the channel-block reduction (``ci1 = kd*cin1_g + ci1'``); ``fmap_pad`` is
-``(N, Dp, C1, Hp, Wp, 16)`` and the result ``(N*Do, ceil(Cout,16), Ho*Wo, 16)``.
+``(N, Dp, C1, PH, PW, Hq, Wq, 16)`` and the result ``(N*Do, ceil(Cout,16), Ho*Wo, 16)``.
 """
 
 from __future__ import annotations
@@ -59,14 +63,18 @@ def conv_output_shape(params: ConvGradParams) -> tuple[int, int, int, int]:
 
 
 def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bias: te.Tensor | None = None,
-                 epilogue: Epilogue | None = None) -> te.Tensor:  # fmt: skip
+                 epilogue: Epilogue | None = None, rows_and_columns: bool = False) -> te.Tensor:  # fmt: skip
     """``y`` of TBE's shape ``(N, ceil(Cout,16), Ho*Wo, 16)`` from 5HD ``data`` and FracZ(_g)
     ``weight`` (3-D: NDC1HWC0 and FracZ_3D, the result ``(N*Do, ..)``); ``bias`` ``(Cout,)`` or
     ``(align(Cout,16),)`` is added to the fp32 sums, ``epilogue`` then maps each sum (see
-    :data:`Epilogue`), and the result is rounded once to ``params.res_dtype``."""
+    :data:`Epilogue`), and the result is rounded once to ``params.res_dtype``.
+
+    ``rows_and_columns``: the same memory as 5HD ``(N, C1, Ho, Wo, 16)`` (a frontend's layout
+    stage reads it with affine indices, so the schedule can write each task's output while the
+    task's sums are in cache)."""
     g = params.geom
     ext = g.group
-    fmap = _fmap_pad(data, params)
+    _, read_x = _fmap_pad(data, params)
     w_conv = _w_conv(weight, params)
     depth = g.depth
     kd_n = depth.kernel if depth else 1
@@ -75,17 +83,15 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
     kh = te.reduce_axis((0, g.kh), name="kh")
     kw = te.reduce_axis((0, g.kw), name="kw")
     ci0 = te.reduce_axis((0, g.cin if one_block else C0), name="ci0")
-    (sh, sw), (dh, dw) = g.strides, g.dilations
 
     def mad(row, co1, j, i, c0):
         e = co1 // ext.cout1_g
-        y, x = j * sh + kh * dh, i * sw + kw * dw
         if depth is None:
-            x_at = fmap[row, e * ext.cin1_g + ci1, y, x, ci0]
+            x_at = read_x((row,), e * ext.cin1_g + ci1, kh, kw, j, i, ci0)
         else:
             n, plane = row // depth.out, row % depth.out
             tap, block = ci1 // ext.cin1_g, ci1 % ext.cin1_g
-            x_at = fmap[n, plane * depth.stride + tap * depth.dilation, e * ext.cin1_g + block, y, x, ci0]
+            x_at = read_x((n, plane * depth.stride + tap * depth.dilation), e * ext.cin1_g + block, kh, kw, j, i, ci0)
         return te.sum(x_at * w_conv[co1, ci1, kh, kw, ci0, c0], axis=[ci1, kh, kw, ci0])
 
     rows = g.batch * (depth.out if depth else 1)
@@ -94,8 +100,10 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
 
     identity = ext.multiple == 1 and (ext.groups == 1 or ext.cout_g % C0 == 0)
 
-    def result(row, c1, hw, c0):
-        h, w = hw // g.wo, hw % g.wo
+    def result(row, c1, *pixel):
+        *pixel, c0 = pixel
+        h, w = pixel if rows_and_columns else (pixel[0] // g.wo, pixel[0] % g.wo)
+        hw = h * g.wo + w
         channel = c1 * C0 + c0
         if identity:
             value = conv_cc[row, c1, h, w, c0].asobject()
@@ -111,8 +119,9 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
             value = epilogue(value, row, channel, hw)
         return value.astype(params.res_dtype)
 
+    rows, blocks, pixels, lanes = conv_output_shape(params)
     return te.compute(
-        conv_output_shape(params),
+        (rows, blocks, g.ho, g.wo, lanes) if rows_and_columns else (rows, blocks, pixels, lanes),
         result,
         name=CONV_RES,
         tag=CONV_TAG,
@@ -125,32 +134,53 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
     )
 
 
-def _fmap_pad(data: te.Tensor, params: ConvGradParams) -> te.Tensor:
-    """x as the mad reads it: fp32, with the zero padding its taps reach (``Hp x Wp``, and ``Dp``
-    planes in 3-D); ``data`` itself where that would only copy it (fp32 and nothing to pad)."""
+def _phases(kernel: int, stride: int) -> int:
+    """Stride phases a strided axis packs: one where a single tap reads it (every output reads
+    phase 0), else all ``stride``."""
+    return 1 if kernel == 1 else stride
+
+
+def _fmap_pad(data: te.Tensor, params: ConvGradParams) -> tuple[te.Tensor, Callable]:
+    """``(x as the mad reads it, read)``: fp32 with the zero padding its taps reach, each strided
+    axis split into its stride phases (``[.., rh, rw, yq, xq, c0]`` holds padded position ``(yq*sh +
+    rh, xq*sw + rw)``, so a tap reads consecutive positions of one phase, and a 1x1 strided
+    conv packs only the positions it reads); ``data`` itself where that would only copy it (fp32,
+    nothing to pad, stride 1). ``read(n_index, block, kh, kw, j, i, ci0)`` is the mad's load of
+    padded position ``(j*sh + kh*dh, i*sw + kw*dw)`` (``n_index``: the batch index, and in 3-D
+    the padded plane)."""
     g = params.geom
-    kernel, strides, dilations = (g.kh, g.kw), g.strides, g.dilations
-    outs, sizes, before = (g.ho, g.wo), (g.h, g.w), (g.pads[0], g.pads[2])
-    if g.depth is not None:
-        d = g.depth
-        kernel, strides, dilations = (d.kernel, *kernel), (d.stride, *strides), (d.dilation, *dilations)
-        outs, sizes, before = (d.out, *outs), (d.size, *sizes), (d.pad_before, *before)
-    padded = tuple((o - 1) * s + (k - 1) * dl + 1 for o, s, k, dl in zip(outs, strides, kernel, dilations))
+    (sh, sw), (dh, dw), (pt, _, pl, _) = g.strides, g.dilations, g.pads
     depth = g.depth is not None
     blocks, c1_x = g.group.g_extend * g.group.cin1_g, int(data.shape[2 if depth else 1])
-    if data.dtype == ACC and not any(before) and all(p <= n for p, n in zip(padded, sizes)) and blocks <= c1_x:
-        return data
+    reach = ((g.ho - 1) * sh + (g.kh - 1) * dh + 1, (g.wo - 1) * sw + (g.kw - 1) * dw + 1)
+    plane_pad = g.depth.pad_before if depth else 0
+    planes = (g.depth.out - 1) * g.depth.stride + (g.depth.kernel - 1) * g.depth.dilation + 1 if depth else 0
+    if (data.dtype == ACC and not (pt or pl or plane_pad) and reach[0] <= g.h and reach[1] <= g.w and (not depth or planes <= g.depth.size)
+            and (sh, sw) == (1, 1) and blocks <= c1_x):  # fmt: skip
+        if depth:
+            return data, lambda lead, c1, kh, kw, j, i, c0: data[lead[0], lead[1], c1, j + kh * dh, i + kw * dw, c0]
+        return data, lambda lead, c1, kh, kw, j, i, c0: data[lead[0], c1, j + kh * dh, i + kw * dw, c0]
+    ph, pw = _phases(g.kh, sh), _phases(g.kw, sw)
+    rows, cols = g.ho + (g.kh - 1) * dh // sh, g.wo + (g.kw - 1) * dw // sw  # positions of a phase the taps reach
 
     def value(*index):
-        n, *planes, c1, y, x, c0 = index
-        positions = (*planes, y, x)
-        conds = inside(positions, before, sizes, padded) + ([c1 < c1_x] if blocks > c1_x else [])
-        at = tuple(p - b for p, b in zip(positions, before))
-        read = data[(n, at[0], c1, *at[1:], c0)] if depth else data[n, c1, at[0], at[1], c0]
+        n, *plane, c1, rh, rw, yq, xq, c0 = index
+        y, x = yq * sh + rh, xq * sw + rw
+        conds = inside((*plane, y, x), (plane_pad, pt, pl)[-len(plane) - 2 :], ((g.depth.size,) if depth else ()) + (g.h, g.w),
+                       ((planes,) if depth else ()) + (rows * sh, cols * sw))  # fmt: skip
+        conds += [c1 < c1_x] if blocks > c1_x else []
+        at = (*(p - plane_pad for p in plane), y - pt, x - pl)
+        read = data[(n, at[0], c1, at[1], at[2], c0)] if depth else data[n, c1, at[0], at[1], c0]
         return guarded(conds, read.astype(ACC))
 
-    shape = (g.batch, padded[0], blocks, *padded[1:], C0) if depth else (g.batch, blocks, *padded, C0)
-    return te.compute(shape, value, name=FMAP_PAD, tag=FMAP_PAD)
+    shape = (g.batch, *((planes,) if depth else ()), blocks, ph, pw, rows, cols, C0)
+    fmap = te.compute(shape, value, name=FMAP_PAD, tag=FMAP_PAD)
+
+    def read(lead, c1, kh, kw, j, i, c0):
+        tap_h, tap_w = kh * dh, kw * dw
+        return fmap[(*lead, c1, tap_h % sh if ph > 1 else 0, tap_w % sw if pw > 1 else 0, j + tap_h // sh, i + tap_w // sw, c0)]
+
+    return fmap, read
 
 
 def _w_conv(weight: te.Tensor, params: ConvGradParams) -> te.Tensor:

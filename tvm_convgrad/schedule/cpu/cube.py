@@ -19,9 +19,12 @@
 
 from __future__ import annotations
 
+import tvm
+from tvm import s_tir
+
 from ...dsl.compute.stages import GRADS_2_MATRIX, KERNEL_H, KERNEL_W, W_COL, W_CONV
 from ...layout import C0
-from ..common import buffer_bytes, loop_extent
+from ..common import buffer_bytes, elements, loop_extent
 from .loops import CpuMad, sum_parts, whole_tiles_and_edge
 from .tiles import CHUNK_STEPS, MAX_TILE_PIXELS, chunk, dx_tile, largest_divisor
 
@@ -130,6 +133,8 @@ class CubeInputGrad(CpuMad):
 
     edge_tiles = True  # columns in tiles of TW and a narrower edge tile (else TW divides them)
     weights = W_COL  # the pack of the weights (the vector operand)
+    images_first_by_traffic = False  # the images outside the channel-block groups where that moves fewer bytes
+    write_back_in_task = False  # the result stage computed inside the mad's parallel task (one mad, one consumer)
 
     def schedule(self, block):
         """dX phase: pixel tiles ``(j_i x i_i)`` x 16 lanes (or a part of them, :func:`dx_tile`),
@@ -146,6 +151,9 @@ class CubeInputGrad(CpuMad):
         blocks = loop_extent(sch, c1)
         group = largest_divisor(blocks, WEIGHTS_IN_CACHE // max(1, weight_bytes // blocks))
         c1_o, c1_i = self.split(c1, group, blocks)
+        if self.images_first_by_traffic and not self.tunable and self._images_first(block, weight_bytes, blocks // group, loop_extent(sch, n)):
+            sch.reorder(n, c1_o)
+            c1_o, n = n, c1_o  # (the loops keep their roles below: the outer two fuse into the parallel loop)
         cols = loop_extent(sch, i)
         th, tw, v = dx_tile(loop_extent(sch, j), cols, self.plan, whole=not self.edge_tiles)
         most = min(MAX_TILE_PIXELS, self.plan.accumulators // v)
@@ -155,20 +163,60 @@ class CubeInputGrad(CpuMad):
         if cols % tw == 0 or self.tunable:
             i_o, i_i = self.split(i, tw, most)
             sch.reorder(c1_o, n, j_o, i_o, c1_i, lane_groups, *reduction, j_i, i_i, c0)
-            sch.parallel(sch.fuse(c1_o, n, j_o))
+            task = sch.fuse(c1_o, n, j_o)
+            sch.parallel(task)
             self.register_tile(block, [j_i, i_i], c0, co1)
+            self._write_back_in_task(block, task)
             return
         # The columns in tiles of TW and one narrower tile at the end: two copies of the mad.
         sch.reorder(c1_o, n, j_o, i, c1_i, lane_groups, *reduction, j_i, c0)
-        sch.parallel(sch.fuse(c1_o, n, j_o))
+        task = sch.fuse(c1_o, n, j_o)
+        sch.parallel(task)
+        self._write_back_in_task(block, task)
         for copy, tiles, i_i, below in whole_tiles_and_edge(sch, i, cols, tw):
             c1_i, lane_groups, co1, mh, mw, co0, j_i, c0 = below
             sch.reorder(*tiles, c1_i, lane_groups, co1, mh, mw, co0, j_i, i_i, c0)
             self.register_tile(copy, [j_i, i_i], c0, co1)
 
 
+    def _write_back_in_task(self, block, task):
+        """The result stage (and the layout stage folded into it) of a mad that is its only
+        producer, moved into the mad's parallel task: each task's sums are written out (cast, bias,
+        relayout) while they are in cache, instead of the whole mad's output making a second pass
+        through memory. Only where :attr:`write_back_in_task` is set (the forward)."""
+        if not self.write_back_in_task or self.tunable:
+            return
+        sch = self.sch
+        (consumer,) = sch.get_consumers(block)
+        (sums,) = [w.source for w in sch.get(block).writes]
+        if any(not w.source.same_as(sums) for p in sch.get_producers(consumer) for w in sch.get(p).writes):  # (the mad's init and update)
+            return
+        try:  # a consumer whose indices TVM cannot invert over the task (TBE's flat Ho*Wo, a grouped gather) stays where it is
+            sch.reverse_compute_at(consumer, task)
+        except (s_tir.ScheduleError, ValueError):  # (TVM reports a region it cannot solve as a ValueError, before any change)
+            return
+        inner = sch.get_loops(consumer)[1:]
+        lanes = inner[-1]
+        extent = loop_extent(sch, lanes)
+        if extent % 8 == 0:
+            _, lanes = sch.split(lanes, [None, 8])
+            sch.vectorize(lanes)
+        self.placed.add(sch.get(consumer).name_hint)
+
+    def _images_first(self, block, weight_bytes: int, groups: int, images: int) -> bool:
+        """Whether walking the images outside the channel-block groups reads fewer bytes: every
+        group streams all of the input past its weights (``groups x input``), every image all the
+        weights past its input (``images x weights``, its input staying in cache)."""
+        reads = [r.source for r in self.sch.get(block).reads]
+        input_bytes = sum(elements(b) * tvm.DataType(b.dtype).bits // 8 for b in reads) - weight_bytes
+        return groups > 1 and images > 1 and images * weight_bytes < groups * input_bytes
+
+
 class CubeForward(CubeInputGrad):
     """The forward convolution on the cube (``conv_cc``): a dX phase's schedule over its
-    ``(n, co1, ho, wo, co0)`` outputs and ``(ci1, kh, kw, ci0)`` reduction."""
+    ``(n, co1, ho, wo, co0)`` outputs and ``(ci1, kh, kw, ci0)`` reduction; the images outside the
+    weight groups where the input is the larger stream (a strided layer's)."""
 
     weights = W_CONV
+    images_first_by_traffic = True
+    write_back_in_task = True
