@@ -152,7 +152,8 @@ def markdown_report(record: dict) -> str:
         "",
         f"* ours: {isa['ours']}; {APIS[record['settings'].get('api', 'tbe')]}" + (f", {dtype}" if dtype != "float32" else ""),
         f"* PyTorch: {isa['torch']} (ATen capability {env['torch_cpu_capability']}); {torch_type} "
-        f"{'channels-last' if record['settings'].get('api') == 'onednn' else 'NCHW'} `torch.nn.grad`",
+        f"{'channels-last' if record['settings'].get('api') == 'onednn' else 'NCHW'} "
+        f"{'`torch.nn.grad`' if set(record['settings'].get('ops', [])) - {'forward'} else '`torch.nn.functional.conv2d`'}",
         f"* roofline: the measured fp32 FMA peak, {peak:.0f} GFLOP/s "
         f"({record['fma_peak'][0]['accumulators']} x {record['fma_peak'][0]['lanes']}-lane accumulators per core, all cores, best sample before / after the run)",
         *bf16_line,
