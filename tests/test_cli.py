@@ -25,13 +25,13 @@ def test_demo_runs_both_seed_examples():
     assert run.stdout.count("GFLOP/s") == 2 and "max |error|" in run.stdout
 
 
-@pytest.mark.parametrize("op", tiered(["filter", "input"], lambda i, op: op == "filter"))
+@pytest.mark.parametrize("op", tiered(["filter", "input", "forward"], lambda i, op: op != "input"))
 def test_run_any_shape(op):
     run = cli("run", "--op", op, "--input", "2,20,9,11", "--filter", "24,5,3,3", "--strides", "2,1",
-              "--pads", "1,0,2,1", "--dilations", "1,2", "--groups", "4", "--repeat", "2")  # fmt: skip
+              "--pads", "1,0,2,1", "--dilations", "1,2", "--groups", "4", "--repeat", "2", *(["--bias"] if op == "forward" else []))  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert ": OK" in run.stdout and "GFLOP/s" in run.stdout
-    assert f"conv2d_backprop_{op}" in run.stdout
+    assert ("[conv]" if op == "forward" else f"conv2d_backprop_{op}") in run.stdout
 
 
 @slow
@@ -56,6 +56,8 @@ FRAMEWORK_RUNS = {
     "convolution_backprop_data": ["--output-delta", "1,12,4,4,4", "--filter", "12,4,3,3,3", "--strides", "2", "--pads-begin", "1",
                                   "--pads-end", "1", "--output-padding", "1", "--groups", "2", "--data-format", "NCX",
                                   "--filter-format", "OIX", "--dtype", "bfloat16"],
+    "convolution": ["--src", "2,9,9,8", "--weights", "3,3,4,12", "--strides", "2,1", "--pads-begin", "1", "--pads-end", "1", "--groups", "2",
+                    "--bias", "--dtype", "bfloat16"],
 }  # fmt: skip
 
 
@@ -90,6 +92,8 @@ def test_run_a_framework_operator(op):
         (["run", "--op", "convolution_backward_data", "--diff-dst", "1,4,4,8", "--weights", "3,3,8,8", "--auto-pad", "same_upper"],
          "dst_shape"),
         (["run", "--op", "convolution_backward_data", "--weights", "3,3,8,8"], "--diff-dst"),
+        (["run", "--op", "convolution", "--src", "2,9,9,8", "--weights", "3,3,5,12"], "weights.shape"),
+        (["run", "--op", "forward", "--input", "2,16,9,9", "--filter", "16,16,3,3", "--strides", "64"], "stride_h"),
     ],
 )
 def test_bad_arguments_exit_2_with_the_message(args, message, capsys):

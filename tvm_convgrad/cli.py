@@ -61,6 +61,8 @@ and time it. Examples:
   tvm-convgrad run --op deconv_grad_filter --params 2,8,8,4,2,15,15,6,3,3,2,2,1,1,1,1,2,0
   tvm-convgrad run --op convolution_backward_data --diff-dst 8,28,28,128 --weights 3,3,64,128 --dst-shape 8,56,56,64 \
       --strides 2 --pads-begin 1 --pads-end 1
+  tvm-convgrad run --op forward --input 8,64,56,56 --filter 128,64,3,3 --strides 2 --pads 1,1,1,1 --bias
+  tvm-convgrad run --op convolution --src 8,56,56,64 --weights 3,3,64,128 --strides 2 --pads-begin 1 --pads-end 1 --bias
 """
 
 
@@ -139,7 +141,15 @@ def run(args: argparse.Namespace) -> int:
     para = {"strides": [sh, sw], "padding": pads, "dilations": [1, 1, dh, dw]}
     if args.res_dtype:
         para["res_dtype"] = args.res_dtype
-    if args.op == "filter":
+    if args.op == "forward":  # TBE's conv: the fmap and the FracZ weight in, (N, C1, Ho*Wo, 16) float16 out
+        data = placeholder(layout.shape_5hd(n, cin, h, w), name="data", dtype="float16")
+        weight = placeholder(layout.shape_fracz((cout, cin_g, kh, kw), args.groups), name="weight", dtype="float16")
+        conv_para = {"pad_h": list(pads[:2]), "pad_w": list(pads[2:]), "stride_h": sh, "stride_w": sw, "dilate_h": dh, "dilate_w": dw,
+                     "filter_h": kh, "filter_w": kw, "group": args.groups, "weight_ori_shape_nchw": [cout, cin_g, kh, kw]}  # fmt: skip
+        if args.bias:
+            conv_para["bias_tensor"] = placeholder((cout,), name="bias", dtype="float16")
+        result = dsl.conv(data, weight, conv_para)
+    elif args.op == "filter":
         x = placeholder(layout.shape_5hd(n, cin, h, w), name="input_x", dtype="float16")
         result = dsl.conv2d_backprop_filter(x, dy, [cout, cin_g, kh, kw], {**para, "groups": args.groups})
     else:
@@ -148,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
         result = dsl.conv2d_backprop_input(filters, dy, [cout, cin_g, kh, kw], [n, cin, h, w], para)
     geometry = f"x {args.input}, w {args.filter}, strides {(sh, sw)}, pads {tuple(pads)}, dilations {(dh, dw)}, groups {args.groups}"
     kernel, seconds = _build(result, args.target)
-    return 0 if _report(f"[conv2d_backprop_{args.op}] {geometry}", kernel, seconds, args.repeat) else 1
+    name = "conv" if args.op == "forward" else f"conv2d_backprop_{args.op}"
+    return 0 if _report(f"[{name}] {geometry}", kernel, seconds, args.repeat) else 1
 
 
 def _pair(args: argparse.Namespace, name: str, default: int) -> tuple[int, int]:
@@ -169,6 +180,8 @@ FRAMEWORK_OPS = {
     # the input gradients: (dy, weights, the optional diff_src shape, weights format, its default)
     "convolution_backward_data": ("diff_dst", "weights", "dst_shape", "weights_format", "XIO"),
     "convolution_backprop_data": ("output_delta", "filter", "output_shape", "filter_format", "XIO"),
+    # the forward: (src, weights, -, weights format, its default)
+    "convolution": ("src", "weights", None, "weights_format", "XIO"),
 }
 """The framework operators ``run`` takes, each with its own argument names as flags."""
 
@@ -194,6 +207,25 @@ def _per_axis(args: argparse.Namespace, name: str, nd: int) -> list[int] | None:
     return list(values) * nd if len(values) == 1 else list(values)
 
 
+def _forward_result(args: argparse.Namespace):
+    """oneDNN's ``Convolution``: ``--src`` and ``--weights`` (and ``--bias``) in ``--dtype``."""
+    from tvm import te
+
+    from .frontends import onednn
+
+    src_shape, w_shape = _given(args, "src", "weights")
+    nd = len(src_shape) - 2
+    attrs = {name: _per_axis(args, name, nd) for name in ("strides", "pads_begin", "pads_end", "dilations")}
+    attrs = {"strides": [1] * nd, "dilations": [1] * nd, "pads_begin": [0] * nd, "pads_end": [0] * nd, **{k: v for k, v in attrs.items() if v},
+             "auto_pad": args.auto_pad, "groups": args.groups, "data_format": args.data_format, "weights_format": args.weights_format or "XIO"}  # fmt: skip
+    src = te.placeholder(src_shape, args.dtype, name="src")
+    weights = te.placeholder(w_shape, args.dtype, name="weights")
+    out_channels = w_shape[-1] if attrs["weights_format"] == "XIO" else w_shape[0]
+    bias = te.placeholder((out_channels,), args.dtype, name="bias") if args.bias else None
+    described = ", ".join(f"{k} {v}" for k, v in attrs.items())
+    return onednn.convolution(src, weights, bias, **attrs), f"src {src_shape}, weights {w_shape}, bias {bias is not None}, {described}, {args.dtype}"
+
+
 def _framework_result(args: argparse.Namespace):
     """``(result, description)`` of a framework operator's call: placeholders of the given shapes
     in ``--dtype``, the attributes under the operator's own names."""
@@ -202,6 +234,8 @@ def _framework_result(args: argparse.Namespace):
     from .frontends import dsp, onednn
 
     x_name, dy_name, shape_name, format_name, default_format = FRAMEWORK_OPS[args.op]
+    if args.op == "convolution":
+        return _forward_result(args)
     if args.op == "deconv_grad_filter":
         (params,) = _given(args, "params")
         dy = te.placeholder(params[4:8], args.dtype, name="dy") if len(params) == 18 else None
@@ -313,9 +347,10 @@ def _parser() -> argparse.ArgumentParser:
 
     p_run = sub.add_parser("run", help="build, run and check one gradient for any shape", description=RUN_HELP,
                            formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p_run.add_argument("--op", required=True, choices=("filter", "input", *FRAMEWORK_OPS),
-                       help="conv2d_backprop_filter (dW) or _input (dX) of TBE's DSL, or a framework operator")  # fmt: skip
-    tbe = p_run.add_argument_group("TBE DSL (--op filter | input): the forward convolution, NCHW / OIHW")
+    p_run.add_argument("--op", required=True, choices=("filter", "input", "forward", *FRAMEWORK_OPS),
+                       help="conv2d_backprop_filter (dW), _input (dX) or the forward conv of TBE's DSL, or a framework operator")  # fmt: skip
+    p_run.add_argument("--bias", action="store_true", help="the forward (forward, convolution): with a bias input")
+    tbe = p_run.add_argument_group("TBE DSL (--op filter | input | forward): the forward convolution, NCHW / OIHW")
     tbe.add_argument("--input", type=_ints(4, "N,C,H,W"), metavar="N,C,H,W", help="forward input x (= dX) shape")
     tbe.add_argument("--filter", type=_int_list, metavar="Cout,Cin_g,KH,KW",
                      help="weight shape, Cin per group (convolution_backprop_data: its filter tensor's shape)")  # fmt: skip
@@ -326,7 +361,7 @@ def _parser() -> argparse.ArgumentParser:
     both.add_argument("--dilations", type=_int_list, metavar="D[,D..]")
     both.add_argument("--groups", type=int, default=1)
     frame = p_run.add_argument_group("framework operators: their own tensors and attributes")
-    for name in sorted({n for names in FRAMEWORK_OPS.values() for n in names[:3] if n not in ("params", "filter")}):
+    for name in sorted({n for names in FRAMEWORK_OPS.values() for n in names[:3] if n not in ("params", "filter", None)}):
         frame.add_argument(_flag(name), dest=name, type=_int_list, metavar="SHAPE", help=f"{name} shape")
     frame.add_argument("--params", type=_int_list, metavar="P0,..,P17", help="deconv_grad_filter: its 18 params")
     frame.add_argument("--pads-begin", type=_int_list, metavar="P[,P..]")
