@@ -5,6 +5,8 @@ groups, depthwise and layouts; what Relax's own gradient cannot do (a dilated co
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -188,3 +190,54 @@ def test_the_trainer_module_compiles_exports_and_runs(tmp_path):
     trainer.load_params(args[1:])
     losses = [float(trainer.update(args[0], target).numpy()) for _ in range(5)]
     assert losses[-1] < losses[0]
+
+
+def _inference_module(dtype: str = "float32") -> tvm.IRModule:
+    """The backbone's convolutions, ReLUs and mean as an inference ``main`` (x and the weights its parameters)."""
+    mod = _backbone(dtype)
+    return tvm.IRModule({"main": mod["backbone"].with_attr("global_symbol", "main")})
+
+
+def test_schedule_convs_puts_every_forward_conv_on_the_package_kernel():
+    """An inference module: every ``relax.nn.conv2d`` (NCHW and NHWC, OIHW, HWIO and a permuted OHWI
+    weight, an NHWC ``out_layout``, groups, dilation, asymmetric pads) becomes a ``call_tir`` of the
+    package's forward, and the module computes what Relax's own legalized convolutions compute."""
+    from tvm_convgrad.relax import ScheduleConvs, ScheduleLoops
+
+    args, _ = _inputs()
+    mod = _inference_module()
+    own = relax.VirtualMachine(tvm.compile(relax.transform.LegalizeOps()(mod), "llvm"), tvm.cpu())["main"](*map(tvm.runtime.tensor, args)).numpy()
+    passed = ScheduleConvs("llvm")
+    ours = passed(mod)
+    assert passed.last_count == len(_LAYERS) and "relax.nn.conv2d" not in ours.script()
+    ours = ScheduleLoops("llvm")(relax.transform.LegalizeOps()(ours))
+    result = relax.VirtualMachine(tvm.compile(ours, "llvm"), tvm.cpu())["main"](*map(tvm.runtime.tensor, args)).numpy()
+    np.testing.assert_allclose(result, own, rtol=1e-5, atol=1e-5)
+
+
+def _serial_functions(mod: tvm.IRModule, above: int) -> list[str]:
+    """The PrimFuncs with a parameter of at least ``above`` elements and no parallel loop."""
+    serial = []
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        script = func.script()
+        shapes = re.findall(r"T\.Buffer\(\(((?:T\.int64\(\d+\)|\d+|, )*)\)", script)  # the parameters' static shapes
+        elements = max(int(np.prod([int(d) for d in re.findall(r"\d+(?=\)|,|$)", shape.replace("T.int64(", ""))] or [1])) for shape in shapes)
+        if elements >= above and "T.parallel" not in script:
+            serial.append(f"{gvar.name_hint} ({elements})")
+    return serial
+
+
+def test_a_trainer_module_has_no_large_serial_loop_nest(monkeypatch):
+    """After ``SetupTrainer``, no PrimFunc with a tensor of at least ``PARALLEL_ABOVE`` elements
+    (lowered to 256 for this small network) is a serial loop nest: the package's kernels, and the
+    elementwise, broadcast and reduction functions ``ScheduleLoops`` scheduled; without the
+    forward pass (``forward=False``, Relax's legalized functions as they are) there are such."""
+    from tvm_convgrad.schedule.cpu import generic
+
+    monkeypatch.setattr(generic, "PARALLEL_ABOVE", 256)
+    ours = SetupTrainer(CrossEntropyLoss(), SGD(0.1), _loss_args(), target="llvm")(_backbone())
+    assert not _serial_functions(ours, 256), _serial_functions(ours, 256)
+    relax_own = SetupTrainer(CrossEntropyLoss(), SGD(0.1), _loss_args(), target="llvm", forward=False)(_backbone())
+    assert len(_serial_functions(relax_own, 256)) >= 5

@@ -30,7 +30,7 @@ from ..compile import lower, resolve_target
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 
-__all__ = ["SCHEDULED", "Conv2dCall", "conv2d_gradient", "conv2d_gradients", "gradient_funcs", "scheduled_func"]
+__all__ = ["SCHEDULED", "Conv2dCall", "conv2d_gradient", "conv2d_gradients", "gradient_funcs", "permute", "scheduled_func"]
 
 OP = "relax.nn.conv2d"
 SCHEDULED = "tirx.is_scheduled"
@@ -97,7 +97,8 @@ def scheduled_func(result: te.Tensor, target: Target) -> tvm.tirx.PrimFunc:
     return func.without_attr("global_symbol").with_attr(SCHEDULED, True)
 
 
-def _permute(expr: relax.Expr, source: str, dest: str) -> relax.Expr:
+def permute(expr: relax.Expr, source: str, dest: str) -> relax.Expr:
+    """``expr`` (in layout ``source``, e.g. ``"NHWC"``) in layout ``dest`` (itself when they are the same)."""
     return expr if source == dest else relax.op.permute_dims(expr, [source.index(c) for c in dest])
 
 
@@ -117,13 +118,13 @@ def conv2d_gradient(target: str | dict | Target = "llvm", fallback=None):
         dx_func, dw_func = gradient_funcs(g, target)
         native_data, native_kernel = call.native_layouts
         out_layout = str(orig_call.attrs.out_layout) or call.data_layout
-        dy = _permute(output_grad, out_layout, native_data)
+        dy = permute(output_grad, out_layout, native_data)
         if str(output_grad.ty.dtype) != g.dtype:
             dy = relax.op.astype(dy, g.dtype)
-        x_native, w_native = _permute(x, call.data_layout, native_data), _permute(w, call.kernel_layout, native_kernel)
+        x_native, w_native = permute(x, call.data_layout, native_data), permute(w, call.kernel_layout, native_kernel)
         dx = relax.call_tir(ctx.add_func(dx_func, "conv2d_input_grad"), [dy, w_native], relax.TensorType(g.activation(g.x_shape), g.dtype))
         dw = relax.call_tir(ctx.add_func(dw_func, "conv2d_weight_grad"), [x_native, dy], relax.TensorType(g.weights(), g.dtype))
-        return [_permute(dx, native_data, call.data_layout), _permute(dw, native_kernel, call.kernel_layout)]
+        return [permute(dx, native_data, call.data_layout), permute(dw, native_kernel, call.kernel_layout)]
 
     return gradient
 

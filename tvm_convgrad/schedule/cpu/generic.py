@@ -1,0 +1,77 @@
+"""A CPU schedule for the PrimFuncs around the convolutions: elementwise, broadcast, reductions.
+
+A training module's other PrimFuncs (bias adds, ReLU and their gradients, batch statistics,
+pooling, softmax and the loss, the optimizer's updates), legalized by Relax, are serial loop
+nests. :class:`LoopsRule` (a ``dlight`` rule) gives each block under the root:
+
+* a spatial block: its loops fused, the innermost :data:`LANES` iterations vectorized where the
+  block's innermost loop holds a multiple of them (else left to LLVM), the rest one parallel loop;
+* a reduction block: its spatial loops (which legalization puts outside the reduction) fused into
+  one parallel loop, the reduction serial inside (each output summed by one thread, in order:
+  the same result on any number of cores).
+
+Blocks of fewer than :data:`PARALLEL_ABOVE` iterations stay serial (a thread team costs more than they
+do), and so do reductions to one value (a loss: one thread sums it, in order). Functions already scheduled (``tirx.is_scheduled``, e.g. the package's kernels) are not
+touched by ``dlight.ApplyDefaultSchedule``.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight import ScheduleRule
+from tvm.target import Target
+
+from ..common import loop_extent, split_loop_kinds, stage_blocks
+
+__all__ = ["LANES", "PARALLEL_ABOVE", "LoopsRule"]
+
+LANES = 8
+"""Iterations vectorized at the innermost loop (8 fp32 lanes of AVX2; LLVM widens or splits for other ISAs)."""
+PARALLEL_ABOVE = 4096
+"""Iterations (outputs x reduction) of a block below which it stays serial."""
+
+
+class LoopsRule(ScheduleRule):
+    """Parallel outer, vectorized inner loops for every block of a PrimFunc on an ``llvm`` target."""
+
+    def is_target_available(self, target: Target) -> bool:
+        return target.kind.name == "llvm"
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool = False) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = s_tir.Schedule(func)
+        scheduled = False
+        for block in stage_blocks(sch):
+            if not sch.get_loops(block):  # a scalar
+                continue
+            try:
+                spatial, reduce = split_loop_kinds(sch, block)
+            except (AssertionError, s_tir.ScheduleError):  # not one loop per iter var: left as it is
+                continue
+            if not spatial:
+                continue
+            outputs = work = 1
+            for loop in spatial:
+                outputs *= loop_extent(sch, loop)
+            for loop in [*spatial, *reduce]:
+                work *= loop_extent(sch, loop)
+            outermost = all(sch.get(a).same_as(sch.get(b)) for a, b in zip(sch.get_loops(block), spatial))
+            if work < PARALLEL_ABOVE or outputs < 2 or not outermost:
+                continue
+            scheduled |= _parallel(sch, spatial, vectorize=not reduce)
+        return sch if scheduled else None
+
+
+def _parallel(sch: s_tir.Schedule, spatial: list, vectorize: bool) -> bool:
+    """``spatial`` (the outermost loops of a block) as one parallel loop, the last :data:`LANES`
+    vectorized when ``vectorize`` and the innermost loop holds a multiple of them."""
+    lanes = vectorize and loop_extent(sch, spatial[-1]) % LANES == 0
+    fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+    if lanes:
+        outer, inner = sch.split(fused, [None, LANES])
+        sch.parallel(outer)
+        sch.vectorize(inner)
+    else:
+        sch.parallel(fused)
+    return True
