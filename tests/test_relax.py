@@ -241,3 +241,44 @@ def test_a_trainer_module_has_no_large_serial_loop_nest(monkeypatch):
     assert not _serial_functions(ours, 256), _serial_functions(ours, 256)
     relax_own = SetupTrainer(CrossEntropyLoss(), SGD(0.1), _loss_args(), target="llvm", forward=False)(_backbone())
     assert len(_serial_functions(relax_own, 256)) >= 5
+
+
+@needs_torch
+def test_a_pytorch_module_exported_to_relax_trains_as_pytorch_does():
+    """The recipe (``training.exported``): a ResNet written in PyTorch, ``torch.export``ed, imported
+    with ``from_exported_program`` and trained with the package's trainer (forward and gradient
+    kernels, the other PrimFuncs scheduled): its first two steps' losses and its parameters after
+    them are PyTorch's (float32, the same SGD)."""
+    from tvm_convgrad.torch.nets import small_resnet
+    from tvm_convgrad.training.exported import relax_backbone, relax_trainer
+
+    torch.manual_seed(0)
+    model = small_resnet(10)
+    rng = np.random.default_rng(0)
+    x, y = rng.random((2, 3, 16, 16), dtype=np.float32), np.array([3, 8], dtype="int64")
+    backbone, params = relax_backbone(model, torch.from_numpy(x))
+    mod, trainer = relax_trainer(backbone, batch=2, learning_rate=0.05)
+    assert "relax.nn.conv2d" not in mod.script()  # every convolution on the package's kernels
+    trainer.load_params(params)
+    losses = [float(trainer.update(x, y).numpy()) for _ in range(2)]
+    optimizer = torch.optim.SGD(model.parameters(), 0.05)
+    expected = []
+    for _ in range(2):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model.train()(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        optimizer.step()
+        expected.append(loss.item())
+    np.testing.assert_allclose(losses, expected, rtol=1e-4)
+    for ours, theirs in zip(trainer.export_params().values(), model.parameters()):
+        np.testing.assert_allclose(ours.numpy(), theirs.detach().numpy(), rtol=1e-3, atol=1e-5)
+
+
+@slow
+@needs_torch
+def test_the_exported_step_bench_runs(capsys):
+    from tvm_convgrad.training.exported import main
+
+    assert main(["--batch", "2", "--steps", "1", "--rounds", "1"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("small_resnet N=2") and "PyTorch / ours" in line

@@ -10,7 +10,11 @@ with ``nn.Conv2d`` layers
   x6, 3x3 depthwise, 1x1 projection; channels 16, 24, 32, 64, 96, 160, 320), a 1x1 to 1280,
   dropout 0.2, a linear classifier; BatchNorm + ReLU6 after every convolution but the projections.
 
-Both take NCHW images of any size the strides allow and ``classes`` outputs; their weights are
+* :func:`small_resnet`: a 3x3 stem of 16, four BasicBlocks without BatchNorm (16, 32, 64, 128
+  channels, the last three strided, their shortcuts 1x1/2 convolutions), biases, global average
+  pool, a linear classifier: issue 28's network for training in Relax (CIFAR-sized images).
+
+They take NCHW images of any size the strides allow and ``classes`` outputs; their weights are
 initialised as torchvision initialises them (He normal for convolutions, BatchNorm 1 / 0).
 """
 
@@ -19,7 +23,7 @@ from __future__ import annotations
 from torch import nn
 
 
-__all__ = ["NETS", "mobilenet_v2", "resnet18"]
+__all__ = ["NETS", "mobilenet_v2", "resnet18", "small_resnet"]
 
 
 def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1, relu6: bool | None = None) -> list[nn.Module]:
@@ -101,6 +105,41 @@ class MobileNetV2(nn.Module):
         return self.classifier(self.features(x).mean((2, 3)))
 
 
+class PlainBlock(nn.Module):
+    """A BasicBlock without BatchNorm: 3x3 (bias) - ReLU - 3x3 (bias), the shortcut (a 1x1 convolution
+    where the shape changes) added before the last ReLU."""
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1)
+        self.relu = nn.ReLU()
+        self.downsample = nn.Conv2d(cin, cout, 1, stride) if stride != 1 or cin != cout else None
+
+    def forward(self, x):
+        shortcut = x if self.downsample is None else self.downsample(x)
+        return self.relu(self.conv2(self.relu(self.conv1(x))) + shortcut)
+
+
+class SmallResNet(nn.Module):
+    """See :func:`small_resnet`."""
+
+    def __init__(self, classes: int = 10, widths=(16, 32, 64, 128)):
+        super().__init__()
+        self.stem = nn.Conv2d(3, widths[0], 3, 1, 1)
+        self.relu = nn.ReLU()
+        blocks, cin = [], widths[0]
+        for i, cout in enumerate(widths):
+            blocks.append(PlainBlock(cin, cout, 1 if i == 0 else 2))
+            cin = cout
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(cin, classes)
+        _init(self)
+
+    def forward(self, x):
+        return self.fc(self.blocks(self.relu(self.stem(x))).mean((2, 3)))
+
+
 def _init(model: nn.Module):
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
@@ -121,3 +160,8 @@ def mobilenet_v2(classes: int = 1000) -> MobileNetV2:
 
 
 NETS = {"resnet18": resnet18, "mobilenet_v2": mobilenet_v2}
+
+
+def small_resnet(classes: int = 10) -> SmallResNet:
+    """Issue 28's ResNet: 3x3 stem, four BasicBlocks 16/32/64/128 wide without BatchNorm (see the module docstring)."""
+    return SmallResNet(classes)
