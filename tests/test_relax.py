@@ -281,4 +281,4 @@ def test_the_exported_step_bench_runs(capsys):
 
     assert main(["--batch", "2", "--steps", "1", "--rounds", "1"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith("small_resnet N=2") and "PyTorch / ours" in line
+    assert line.startswith("small_resnet N=2") and "inference forward" in line and "PyTorch / ours" in line

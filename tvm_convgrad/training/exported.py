@@ -16,6 +16,8 @@ running statistics for with the PyTorch drop-in (:mod:`tvm_convgrad.torch`) inst
 
     python -m tvm_convgrad.training.exported --batch 8,32 --steps 20   # Relax + the package vs PyTorch eager
 
+It also times the inference forward: the exported ``main`` through ``ScheduleConvs``,
+``LegalizeOps`` and ``ScheduleLoops``, compiled, against PyTorch's eager forward under ``no_grad``.
 PyTorch's step is timed in a process of its own (its OpenMP team and TVM's would otherwise share
 the cores), the two processes alternating.
 """
@@ -30,7 +32,7 @@ import time
 
 import numpy as np
 
-__all__ = ["relax_backbone", "relax_trainer", "torch_step_ms", "relax_step_ms", "main"]
+__all__ = ["main", "relax_backbone", "relax_forward_ms", "relax_inference", "relax_step_ms", "relax_trainer", "torch_forward_ms", "torch_step_ms"]
 
 CLASSES = 10
 SIZE = 32
@@ -80,6 +82,65 @@ def relax_trainer(backbone, batch: int, learning_rate: float = 0.01, target="llv
     return mod, relax.training.Trainer(mod, relax.VirtualMachine(executable, tvm.cpu()), tvm.cpu())
 
 
+def relax_inference(model, example, target="llvm"):
+    """``(VM function, parameter arrays)``: ``model``'s exported ``main`` with every convolution on the
+    package's forward kernel and the other PrimFuncs scheduled, compiled for ``target``."""
+    import torch
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from ..compile import pass_context, resolve_target
+    from ..relax import ScheduleConvs, ScheduleLoops
+
+    target = resolve_target(target)
+    with torch.no_grad():
+        exported = torch.export.export(model.eval(), (example,))
+    mod = from_exported_program(exported, keep_params_as_input=True)
+    mod = ScheduleLoops(target)(relax.transform.LegalizeOps()(ScheduleConvs(target)(mod)))
+    with pass_context(target):
+        executable = tvm.compile(mod, target)
+    return relax.VirtualMachine(executable, tvm.cpu())["main"], [v.detach().numpy() for v in exported.state_dict.values()]
+
+
+def _median_ms(fn, steps: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def relax_forward_ms(batch: int, steps: int) -> float:
+    """Median ms of :func:`relax_inference`'s forward of :func:`~tvm_convgrad.torch.nets.small_resnet`."""
+    import torch
+    import tvm
+
+    from ..torch.nets import small_resnet
+
+    torch.manual_seed(0)
+    x, _ = _data(batch)
+    forward, params = relax_inference(small_resnet(CLASSES), torch.from_numpy(x))
+    args = [tvm.runtime.tensor(a) for a in (x, *params)]
+    return _median_ms(lambda: forward(*args), steps)
+
+
+def torch_forward_ms(batch: int, steps: int) -> float:
+    """Median ms of PyTorch's eager forward of the same model (``no_grad``, eval mode)."""
+    import torch
+
+    from ..torch.nets import small_resnet
+
+    torch.manual_seed(0)
+    model = small_resnet(CLASSES).eval()
+    x = torch.from_numpy(_data(batch)[0])
+    with torch.no_grad():
+        return _median_ms(lambda: model(x), steps)
+
+
 def _data(batch: int):
     rng = np.random.default_rng(0)
     return rng.random((batch, 3, SIZE, SIZE), dtype=np.float32), (np.arange(batch) % CLASSES).astype("int64")
@@ -96,14 +157,7 @@ def relax_step_ms(batch: int, steps: int) -> float:
     backbone, params = relax_backbone(small_resnet(CLASSES), torch.from_numpy(x))
     _, trainer = relax_trainer(backbone, batch)
     trainer.load_params(params)
-    for _ in range(3):
-        trainer.update(x, y)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        trainer.update(x, y)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return _median_ms(lambda: trainer.update(x, y), steps)
 
 
 def torch_step_ms(batch: int, steps: int) -> float:
@@ -122,14 +176,7 @@ def torch_step_ms(batch: int, steps: int) -> float:
         torch.nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
 
-    for _ in range(3):
-        step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return _median_ms(step, steps)
 
 
 def _child(side: str, batch: int, steps: int) -> float:
@@ -142,20 +189,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", default="8,32", help="comma-separated batch sizes")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per process (median)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating process pairs per batch size (median of the medians)")
-    parser.add_argument("--child", choices=("relax", "torch"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=tuple(_SIDES), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print((relax_step_ms if args.child == "relax" else torch_step_ms)(int(args.batch), args.steps))
+        print(_SIDES[args.child](int(args.batch), args.steps))
         return 0
     for batch in (int(b) for b in args.batch.split(",")):
-        ours, theirs = [], []
-        for _ in range(args.rounds):
-            ours.append(_child("relax", batch, args.steps))
-            theirs.append(_child("torch", batch, args.steps))
-        o, t = statistics.median(ours), statistics.median(theirs)
-        print(f"small_resnet N={batch} 3x{SIZE}x{SIZE}: Relax + tvm_convgrad {o:.1f} ms/step, PyTorch eager {t:.1f} ms/step, "
-              f"PyTorch / ours {t / o:.2f}", flush=True)  # fmt: skip
+        for what, ours_side, torch_side in (("training step", "relax", "torch"), ("inference forward", "relax-forward", "torch-forward")):
+            ours, theirs = [], []
+            for _ in range(args.rounds):
+                ours.append(_child(ours_side, batch, args.steps))
+                theirs.append(_child(torch_side, batch, args.steps))
+            o, t = statistics.median(ours), statistics.median(theirs)
+            print(f"small_resnet N={batch} 3x{SIZE}x{SIZE} {what}: Relax + tvm_convgrad {o:.2f} ms, PyTorch eager {t:.2f} ms, "
+                  f"PyTorch / ours {t / o:.2f}", flush=True)  # fmt: skip
     return 0
+
+
+_SIDES = {"relax": relax_step_ms, "torch": torch_step_ms, "relax-forward": relax_forward_ms, "torch-forward": torch_forward_ms}
 
 
 if __name__ == "__main__":
