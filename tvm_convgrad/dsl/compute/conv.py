@@ -50,11 +50,6 @@ from .stages import CONV_CC, CONV_RES, CONV_TAG, FMAP_PAD, FORMULATION, MAD_TAG,
 
 __all__ = ["conv_compute", "conv_output_shape"]
 
-Epilogue = Callable[..., "tvm.tirx.PrimExpr"]
-"""``epilogue(value, n, channel, pixel)``: the fp32 sum of output ``(n, channel, pixel)`` (pixel =
-``ho*Wo + wo``) made into the stored value before the cast (a fused bias, ReLU or residual add)."""
-
-
 def conv_output_shape(params: ConvGradParams) -> tuple[int, int, int, int]:
     """TBE's result shape ``(N*Do, ceil(Cout,16), Ho*Wo, 16)`` (``Do = 1`` in 2-D)."""
     g = params.geom
@@ -63,11 +58,11 @@ def conv_output_shape(params: ConvGradParams) -> tuple[int, int, int, int]:
 
 
 def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bias: te.Tensor | None = None,
-                 epilogue: Epilogue | None = None, rows_and_columns: bool = False) -> te.Tensor:  # fmt: skip
+                 rows_and_columns: bool = False) -> te.Tensor:  # fmt: skip
     """``y`` of TBE's shape ``(N, ceil(Cout,16), Ho*Wo, 16)`` from 5HD ``data`` and FracZ(_g)
     ``weight`` (3-D: NDC1HWC0 and FracZ_3D, the result ``(N*Do, ..)``); ``bias`` ``(Cout,)`` or
-    ``(align(Cout,16),)`` is added to the fp32 sums, ``epilogue`` then maps each sum (see
-    :data:`Epilogue`), and the result is rounded once to ``params.res_dtype``.
+    ``(align(Cout,16),)`` is added to the fp32 sums, and the result is rounded once to
+    ``params.res_dtype``.
 
     ``rows_and_columns``: the same memory as 5HD ``(N, C1, Ho, Wo, 16)`` (a frontend's layout
     stage reads it with affine indices, so the schedule can write each task's output while the
@@ -103,7 +98,6 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
     def result(row, c1, *pixel):
         *pixel, c0 = pixel
         h, w = pixel if rows_and_columns else (pixel[0] // g.wo, pixel[0] % g.wo)
-        hw = h * g.wo + w
         channel = c1 * C0 + c0
         if identity:
             value = conv_cc[row, c1, h, w, c0].asobject()
@@ -115,8 +109,6 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
         if bias is not None:
             conds = [channel < int(bias.shape[0])] if int(bias.shape[0]) < ceil_div(g.cout, C0) * C0 else []
             value = value + guarded(conds, bias[tirx.min(channel, int(bias.shape[0]) - 1) if conds else channel].astype(ACC))
-        if epilogue is not None:
-            value = epilogue(value, row, channel, hw)
         return value.astype(params.res_dtype)
 
     rows, blocks, pixels, lanes = conv_output_shape(params)
