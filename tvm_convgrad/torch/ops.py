@@ -35,7 +35,6 @@ __all__ = ["Conv2dFunction", "conv2d", "conv2d_input_grad", "conv2d_op", "conv2d
 OP = "tvm_convgrad.torch.conv2d"
 
 
-_memory_format = memory_format
 
 
 def forward(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, pads, dilation, groups: int) -> torch.Tensor:
@@ -68,7 +67,7 @@ def input_grad(grad_output: torch.Tensor, weight: torch.Tensor, input_shape: lis
         call, rows, cols = crop
         weight = weight[:, :, rows, cols]
     dy, w = _narrow(grad_output), _narrow(weight)
-    out = torch.empty(tuple(input_shape), dtype=dy.dtype, memory_format=_memory_format(channels_last))
+    out = torch.empty(tuple(input_shape), dtype=dy.dtype, memory_format=memory_format(channels_last))
     _run(input_grad_kernel(call), as_layout(out, call), as_layout(dy, call), w.contiguous())
     return out.to(grad_output.dtype)
 
@@ -125,12 +124,12 @@ def _channels_last(t: torch.Tensor) -> bool:
 @conv2d_op.register_fake
 def _(input, weight, bias, stride, pads, dilation, groups):
     shape = Conv2dGradients(tuple(input.shape), tuple(weight.shape), tuple(stride), tuple(pads), tuple(dilation), groups, "float32").y_shape
-    return torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=_memory_format(_channels_last(input)))
+    return torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=memory_format(_channels_last(input)))
 
 
 @conv2d_input_grad.register_fake
 def _(grad_output, weight, input_shape, stride, pads, dilation, groups, channels_last):
-    return torch.empty(tuple(input_shape), dtype=grad_output.dtype, device=grad_output.device, memory_format=_memory_format(channels_last))
+    return torch.empty(tuple(input_shape), dtype=grad_output.dtype, device=grad_output.device, memory_format=memory_format(channels_last))
 
 
 @conv2d_weight_grad.register_fake
@@ -193,7 +192,7 @@ def _save_grad_op_inputs(ctx, inputs, output):
 def _input_grad_backward(ctx, grad):
     grad_output, weight = ctx.saved_tensors
     stride, pads, dilation, groups, channels_last = ctx.attrs
-    grad = grad.contiguous(memory_format=_memory_format(channels_last))  # conv2d_op reads the layout off its input
+    grad = grad.contiguous(memory_format=memory_format(channels_last))  # conv2d_op reads the layout off its input
     d_grad_output = d_weight = None
     if ctx.needs_input_grad[0]:
         d_grad_output = conv2d_op(grad, weight, None, stride, pads, dilation, groups)
