@@ -35,8 +35,6 @@ __all__ = ["Conv2dFunction", "conv2d", "conv2d_input_grad", "conv2d_op", "conv2d
 OP = "tvm_convgrad.torch.conv2d"
 
 
-
-
 def forward(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, pads, dilation, groups: int) -> torch.Tensor:
     """The convolution with ``pads = (top, bottom, left, right)``: PyTorch's, or the package's
     kernel where :mod:`.forward` chooses it (``"auto"``: where it is faster for the layer)."""
