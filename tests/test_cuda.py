@@ -121,6 +121,26 @@ def test_emulated_backward_data_matches_the_reference(case):
     framework_cases.check(kernel(*arrays), framework_cases.expected(case, *arrays), kernel, "emulated CUDA")
 
 
+FORWARD_CASES = [
+    framework_cases.Case("fwd", 2, 32, 48, 1, (9, 11), (5, 11), (3, 3), (2, 1), (1, 1), (1, 1), (1, 1), dtype="float16",
+                         effective_pads=(1, 1), bias=True),
+    framework_cases.Case("fwd", 1, 24, 36, 3, (6, 5, 7), (6, 5, 5), (3, 1, 3), (1, 1, 1), (1, 0, 1), (1, 0, 1), (1, 1, 2),
+                         data_format="NCX", weights_format="OIX", dtype="float16", effective_pads=(1, 0, 1)),
+    framework_cases.Case("fwd", 2, 20, 16, 1, (8, 8), (8, 8), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", tiered(FORWARD_CASES, lambda i, c: i == 0, lambda c: c.name()))
+def test_emulated_forward_matches_the_reference(case):
+    """oneDNN's Convolution on the CUDA rule: its mad is a cube GEMM like the gradients' (tensor
+    cores for fp16 inputs, SIMT for fp32), emulated, against the reference."""
+    inputs = framework_cases.placeholders(case)
+    kernel = emulate_cuda(framework_cases.call(case, *inputs), {"kind": "cuda", "arch": "sm_80"})
+    assert kernel.units == ("tensor-core" if case.dtype == "float16" else "simt")
+    arrays = framework_cases.arrays(case)
+    framework_cases.check(kernel(*arrays), framework_cases.expected(case, *arrays), kernel, "emulated CUDA")
+
+
 def test_emulation_keeps_the_tensor_core_structure():
     """An emulated kernel is the CUDA schedule (same blocks and fragments), not the CPU one."""
     case = next(c for c in CASES if c["groups"] == 1 and c["cin"] >= 16)
