@@ -256,10 +256,11 @@ def test_a_pytorch_module_exported_to_relax_trains_as_pytorch_does():
     model = small_resnet(10)
     rng = np.random.default_rng(0)
     x, y = rng.random((2, 3, 16, 16), dtype=np.float32), np.array([3, 8], dtype="int64")
-    backbone, params = relax_backbone(model, torch.from_numpy(x))
-    mod, trainer = relax_trainer(backbone, batch=2, learning_rate=0.05)
+    backbone = relax_backbone(model, torch.from_numpy(x))
+    assert backbone.states == []
+    mod, trainer = relax_trainer(backbone.module, batch=2, learning_rate=0.05)
     assert "relax.nn.conv2d" not in mod.script()  # every convolution on the package's kernels
-    trainer.load_params(params)
+    trainer.load_params(backbone.params)
     losses = [float(trainer.update(x, y).numpy()) for _ in range(2)]
     optimizer = torch.optim.SGD(model.parameters(), 0.05)
     expected = []
@@ -272,6 +273,41 @@ def test_a_pytorch_module_exported_to_relax_trains_as_pytorch_does():
     np.testing.assert_allclose(losses, expected, rtol=1e-4)
     for ours, theirs in zip(trainer.export_params().values(), model.parameters()):
         np.testing.assert_allclose(ours.numpy(), theirs.detach().numpy(), rtol=1e-3, atol=1e-5)
+
+
+@needs_torch
+def test_batch_norm_trains_with_its_running_statistics_as_states():
+    """A PyTorch model with BatchNorm in training mode, exported to Relax: batch statistics in the
+    step, the running mean and variance Relax states the trainer updates (TVM's importer alone
+    drops them); losses, parameters and running statistics after two steps are PyTorch's."""
+    from tvm_convgrad.training.exported import relax_backbone, relax_trainer
+
+    torch.manual_seed(0)
+    nn = torch.nn
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 16, 3, 2, 1, bias=False),
+                          nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))  # fmt: skip
+    rng = np.random.default_rng(1)
+    x, y = rng.random((4, 3, 8, 8), dtype=np.float32), np.array([1, 2, 3, 4], dtype="int64")
+    backbone = relax_backbone(model, torch.from_numpy(x))
+    assert int(backbone.module.attrs["state_num"]) == 4 and len(backbone.states) == 4
+    _, trainer = relax_trainer(backbone.module, batch=4, learning_rate=0.1)
+    trainer.load_params(backbone.params)
+    trainer.load_states(backbone.states)
+    losses = [float(trainer.update(x, y).numpy()) for _ in range(2)]
+    optimizer = torch.optim.SGD(model.parameters(), 0.1)
+    expected = []
+    for _ in range(2):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model.train()(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        optimizer.step()
+        expected.append(loss.item())
+    np.testing.assert_allclose(losses, expected, rtol=1e-4)
+    for ours, theirs in zip(trainer.export_params().values(), model.parameters()):
+        np.testing.assert_allclose(ours.numpy(), theirs.detach().numpy(), rtol=1e-3, atol=1e-5)
+    running = [b.numpy() for m in model.modules() if isinstance(m, nn.BatchNorm2d) for b in (m.running_mean, m.running_var)]
+    for ours, theirs in zip(trainer.export_states().values(), running):
+        np.testing.assert_allclose(ours.numpy(), theirs, rtol=1e-4, atol=1e-6)
 
 
 @slow

@@ -3,18 +3,22 @@
 :func:`relax_backbone` is the recipe: ``torch.export.export(model, (example,))``,
 ``tvm.relax.frontend.torch.from_exported_program(ep, keep_params_as_input=True)``, and the
 exported ``main`` (``(x, *parameters) -> (logits,)``) made the ``backbone`` function
-``relax.training.SetupTrainer`` expects — its output the tensor, the module attributes
-``param_num`` (the parameters, in ``ep.state_dict`` order) and ``state_num`` (0). Then
+``relax.training.SetupTrainer`` expects — its output the tensor (and the updated states), the
+module attributes ``param_num`` (the parameters, in ``ep.graph_signature`` order) and
+``state_num`` (BatchNorm's running statistics, below). Then
 ``tvm_convgrad.relax.SetupTrainer`` (the package's forward and gradient kernels, every other
 PrimFunc scheduled), ``tvm.compile`` for the resolved target, ``relax.training.Trainer``.
 
-BatchNorm: ``torch.export`` of a model in eval mode imports BatchNorm as the inference op with its
-running statistics as constants of the parameters; Relax's ``DecomposeOpsForTraining`` (which
-``SetupTrainer`` runs) then trains it with batch statistics and does not update those running
-statistics (there is no state output for them): train a model whose BatchNorm Relax must keep
-running statistics for with the PyTorch drop-in (:mod:`tvm_convgrad.torch`) instead.
+BatchNorm: exported in training mode, PyTorch's BatchNorm is ``relax.nn.batch_norm(..., training=True)``
+(batch statistics), but TVM 0.27's importer keeps only the parameters as inputs: the running mean
+and variance (PyTorch's buffers) become constants, and the updated ones it should return are
+dropped (zeros in their place). :func:`relax_backbone` makes them Relax **states**: each constant a
+parameter after the model's parameters (``state_num`` of them), and the backbone returns
+``(logits, *updated running statistics)`` as PyTorch updates them (batch_norm's outputs 1 and 2, the
+variance's batch term made unbiased as PyTorch's is) — what ``SetupTrainer`` threads through
+``backbone_loss`` and the trainer keeps (``export_states``).
 
-    python -m tvm_convgrad.training.exported --batch 8,32 --steps 20   # Relax + the package vs PyTorch eager
+    python -m tvm_convgrad.training.exported --nets small_resnet,resnet18 --batch 8,32   # Relax + the package vs PyTorch eager
 
 It also times the inference forward: the exported ``main`` through ``ScheduleConvs``,
 ``LegalizeOps`` and ``ScheduleLoops``, compiled, against PyTorch's eager forward under ``no_grad``.
@@ -29,39 +33,119 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["main", "relax_backbone", "relax_forward_ms", "relax_inference", "relax_step_ms", "relax_trainer", "torch_forward_ms", "torch_step_ms"]
+__all__ = ["Backbone", "main", "relax_backbone", "relax_forward_ms", "relax_inference", "relax_step_ms", "relax_trainer", "torch_forward_ms", "torch_step_ms"]
 
 CLASSES = 10
 SIZE = 32
 
 
-def relax_backbone(model, example):
-    """``(backbone module, parameter arrays)``: ``model`` (an ``nn.Module`` returning logits) exported
-    with ``torch.export`` and imported into Relax as ``SetupTrainer``'s backbone (see the module
-    docstring); the arrays are its parameters in the backbone's order."""
+@dataclass(frozen=True)
+class Backbone:
+    """What :func:`relax_backbone` exports: the module ``SetupTrainer`` takes, the parameters'
+    and the states' initial values (in the backbone's order)."""
+
+    module: "tvm.IRModule"  # noqa: F821
+    params: list
+    states: list
+
+
+def relax_backbone(model, example, train: bool = True) -> Backbone:
+    """``model`` (an ``nn.Module`` returning logits) exported with ``torch.export`` and imported into
+    Relax as ``SetupTrainer``'s backbone (see the module docstring): in training mode (``train``)
+    its BatchNorm layers use batch statistics and update their running ones as states."""
     import torch
     import tvm
     from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
 
-    model = model.eval()
-    with torch.no_grad():
-        exported = torch.export.export(model, (example,))
-    mod = from_exported_program(exported, keep_params_as_input=True)
-    main = mod["main"]
+    model = model.train(train)
+    exported = torch.export.export(model, (example,))
+    main = from_exported_program(exported, keep_params_as_input=True)["main"]
+    states = _batch_norm_states()(main.body.body)
+    body = states.visit_expr(main.body)
+    func = relax.Function(list(main.params) + [var for var, _ in states.found], body)
     bb = relax.BlockBuilder()
-    with bb.function("backbone", list(main.params)):
+    with bb.function("backbone", list(func.params)):
         with bb.dataflow():
-            net = bb.add_func(main.without_attr("params").without_attr("global_symbol"), "exported")
-            outputs = bb.emit(relax.Call(net, list(main.params)))
-            logits = bb.emit_output(relax.TupleGetItem(outputs, 0) if isinstance(outputs.ty, relax.TupleType) else outputs)
-        bb.emit_func_output(logits)
+            net = bb.add_func(func, "exported")
+            outputs = bb.emit(relax.Call(net, list(func.params)))
+            if isinstance(outputs.ty, relax.TupleType):  # (logits, *updated states): SetupTrainer wants a tuple expression
+                fields = [bb.emit_output(relax.TupleGetItem(outputs, i)) for i in range(1 + len(states.found))]
+            else:
+                fields = [bb.emit_output(outputs)]
+        bb.emit_func_output(relax.Tuple(fields) if states.found else fields[0])
     backbone = relax.transform.DeadCodeElimination()(relax.transform.InlinePrivateFunctions()(bb.get()))
-    backbone = tvm.IRModule({"backbone": backbone["backbone"]}).with_attrs({"param_num": len(main.params) - 1, "state_num": 0})
-    return backbone, [v.detach().numpy() for v in exported.state_dict.values()]
+    module = tvm.IRModule({"backbone": backbone["backbone"]}).with_attrs({"param_num": len(main.params) - 1, "state_num": len(states.found)})
+    params = [exported.state_dict[spec.target].detach().numpy() for spec in exported.graph_signature.input_specs
+              if spec.kind == torch.export.graph_signature.InputKind.PARAMETER]  # fmt: skip
+    return Backbone(module, params, [value for _, value in states.found])
+
+
+def _batch_norm_states():
+    """The mutator class (built on first use: it needs TVM's Relax functors)."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    batch_norm = tvm.ir.Op.get("relax.nn.batch_norm")
+
+    def training(call) -> bool:
+        return isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.same_as(batch_norm) and bool(call.attrs.training)
+
+    @mutator
+    class BatchNormStates(PyExprMutator):
+        """Each training batch_norm's running statistics (constants of the import) made parameters
+        (``found``: ``(var, initial value)``), and the function's output tuple extended by their
+        updated values (batch_norm's outputs 1 and 2)."""
+
+        def __init__(self, output):
+            super().__init__()
+            self.output = output
+            self.found, self.updates = [], []
+
+        def _updated(self, result, running_var, momentum: float, count: int):
+            """The running mean and variance as PyTorch updates them: batch_norm's mean, and its
+            variance with the batch's unbiased variance (``n/(n-1)`` times the biased one batch_norm
+            blends in): ``v + (v - (1-m)*running_var) / (n-1)``."""
+            mean = self.builder_.emit(relax.TupleGetItem(result, 1))
+            biased = self.builder_.emit(relax.TupleGetItem(result, 2))
+            if count < 2:
+                return [mean, biased]
+            dtype = str(running_var.ty.dtype)
+            blended = relax.op.subtract(biased, relax.op.multiply(running_var, relax.const(1.0 - momentum, dtype)))
+            return [mean, self.builder_.emit(relax.op.add(biased, relax.op.divide(blended, relax.const(float(count - 1), dtype))))]
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not training(call):
+                return call
+            args = list(call.args)
+            for i, what in ((3, "running_mean"), (4, "running_var")):
+                if isinstance(args[i], tvm.ir.expr.Constant):
+                    var = relax.Var(f"bn{len(self.updates)}_{what}", args[i].ty)
+                    self.found.append((var, args[i].value.numpy()))
+                    args[i] = var
+            return relax.Call(call.op, args, call.attrs, call.ty_args)
+
+        def visit_var_binding_(self, binding):
+            if binding.var.same_as(self.output) and self.updates:
+                value = binding.value
+                fields = [self.visit_expr(f) for f in value.fields] if isinstance(value, relax.Tuple) else [self.visit_expr(value)]
+                updated = [u for update in self.updates for u in self._updated(*update)]
+                self.set_var_remap(binding.var, self.builder_.emit_output(relax.Tuple(fields[:1] + updated)))
+                return
+            super().visit_var_binding_(binding)
+            if training(binding.value) and any(isinstance(a, tvm.ir.expr.Constant) for a in binding.value.args[3:5]):
+                call = binding.value
+                shape = [int(d) for d in call.args[0].ty.shape.values]
+                count = int(np.prod(shape)) // shape[int(call.attrs.axis)]  # the values each statistic is taken over
+                self.updates.append((self.get_var_remap(binding.var), self.found[-1][0], float(call.attrs.momentum), count))
+
+    return BatchNormStates
 
 
 def relax_trainer(backbone, batch: int, learning_rate: float = 0.01, target="llvm"):
@@ -114,28 +198,22 @@ def _median_ms(fn, steps: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def relax_forward_ms(batch: int, steps: int) -> float:
-    """Median ms of :func:`relax_inference`'s forward of :func:`~tvm_convgrad.torch.nets.small_resnet`."""
+def relax_forward_ms(net: str, batch: int, steps: int) -> float:
+    """Median ms of :func:`relax_inference`'s forward of ``net``."""
     import torch
     import tvm
 
-    from ..torch.nets import small_resnet
-
-    torch.manual_seed(0)
     x, _ = _data(batch)
-    forward, params = relax_inference(small_resnet(CLASSES), torch.from_numpy(x))
+    forward, params = relax_inference(_net(net), torch.from_numpy(x))
     args = [tvm.runtime.tensor(a) for a in (x, *params)]
     return _median_ms(lambda: forward(*args), steps)
 
 
-def torch_forward_ms(batch: int, steps: int) -> float:
+def torch_forward_ms(net: str, batch: int, steps: int) -> float:
     """Median ms of PyTorch's eager forward of the same model (``no_grad``, eval mode)."""
     import torch
 
-    from ..torch.nets import small_resnet
-
-    torch.manual_seed(0)
-    model = small_resnet(CLASSES).eval()
+    model = _net(net).eval()
     x = torch.from_numpy(_data(batch)[0])
     with torch.no_grad():
         return _median_ms(lambda: model(x), steps)
@@ -146,28 +224,33 @@ def _data(batch: int):
     return rng.random((batch, 3, SIZE, SIZE), dtype=np.float32), (np.arange(batch) % CLASSES).astype("int64")
 
 
-def relax_step_ms(batch: int, steps: int) -> float:
-    """Median ms of a Relax training step of :func:`~tvm_convgrad.torch.nets.small_resnet` on the package's kernels."""
+def _net(name: str):
     import torch
 
-    from ..torch.nets import small_resnet
+    from ..torch.nets import NETS, small_resnet
 
     torch.manual_seed(0)
+    return small_resnet(CLASSES) if name == "small_resnet" else NETS[name](CLASSES)
+
+
+def relax_step_ms(net: str, batch: int, steps: int) -> float:
+    """Median ms of a Relax training step of ``net`` (:mod:`tvm_convgrad.torch.nets`) on the package's kernels."""
+    import torch
+
     x, y = _data(batch)
-    backbone, params = relax_backbone(small_resnet(CLASSES), torch.from_numpy(x))
-    _, trainer = relax_trainer(backbone, batch)
-    trainer.load_params(params)
+    backbone = relax_backbone(_net(net), torch.from_numpy(x))
+    _, trainer = relax_trainer(backbone.module, batch)
+    trainer.load_params(backbone.params)
+    if backbone.states:
+        trainer.load_states(backbone.states)
     return _median_ms(lambda: trainer.update(x, y), steps)
 
 
-def torch_step_ms(batch: int, steps: int) -> float:
+def torch_step_ms(net: str, batch: int, steps: int) -> float:
     """Median ms of the same step in PyTorch eager (forward, cross-entropy, backward, SGD)."""
     import torch
 
-    from ..torch.nets import small_resnet
-
-    torch.manual_seed(0)
-    model = small_resnet(CLASSES)
+    model = _net(net).train()
     optimizer = torch.optim.SGD(model.parameters(), 0.01)
     x, y = (torch.from_numpy(a) for a in _data(batch))
 
@@ -179,30 +262,32 @@ def torch_step_ms(batch: int, steps: int) -> float:
     return _median_ms(step, steps)
 
 
-def _child(side: str, batch: int, steps: int) -> float:
-    command = [sys.executable, "-m", __spec__.name, "--child", side, "--batch", str(batch), "--steps", str(steps)]
+def _child(side: str, net: str, batch: int, steps: int) -> float:
+    command = [sys.executable, "-m", __spec__.name, "--child", side, "--nets", net, "--batch", str(batch), "--steps", str(steps)]
     return float(subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tvm_convgrad.training.exported", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nets", default="small_resnet", help="comma-separated: small_resnet, resnet18, mobilenet_v2")
     parser.add_argument("--batch", default="8,32", help="comma-separated batch sizes")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per process (median)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating process pairs per batch size (median of the medians)")
     parser.add_argument("--child", choices=tuple(_SIDES), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(_SIDES[args.child](int(args.batch), args.steps))
+        print(_SIDES[args.child](args.nets, int(args.batch), args.steps))
         return 0
-    for batch in (int(b) for b in args.batch.split(",")):
-        for what, ours_side, torch_side in (("training step", "relax", "torch"), ("inference forward", "relax-forward", "torch-forward")):
-            ours, theirs = [], []
-            for _ in range(args.rounds):
-                ours.append(_child(ours_side, batch, args.steps))
-                theirs.append(_child(torch_side, batch, args.steps))
-            o, t = statistics.median(ours), statistics.median(theirs)
-            print(f"small_resnet N={batch} 3x{SIZE}x{SIZE} {what}: Relax + tvm_convgrad {o:.2f} ms, PyTorch eager {t:.2f} ms, "
-                  f"PyTorch / ours {t / o:.2f}", flush=True)  # fmt: skip
+    for net in args.nets.split(","):
+        for batch in (int(b) for b in args.batch.split(",")):
+            for what, ours_side, torch_side in (("training step", "relax", "torch"), ("inference forward", "relax-forward", "torch-forward")):
+                ours, theirs = [], []
+                for _ in range(args.rounds):
+                    ours.append(_child(ours_side, net, batch, args.steps))
+                    theirs.append(_child(torch_side, net, batch, args.steps))
+                o, t = statistics.median(ours), statistics.median(theirs)
+                print(f"{net} N={batch} 3x{SIZE}x{SIZE} {what}: Relax + tvm_convgrad {o:.2f} ms, PyTorch eager {t:.2f} ms, "
+                      f"PyTorch / ours {t / o:.2f}", flush=True)  # fmt: skip
     return 0
 
 
