@@ -14,6 +14,7 @@ A frontend wraps the compute between two kinds of TE stages, each tagged ``layou
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 from tvm import te, tirx
@@ -58,9 +59,13 @@ def as_5hd(tensor: te.Tensor, data_format: str, name: str) -> te.Tensor:
         if channels % C0 == 0:
             return read(c)
         last = masked(read(tirx.min(c, channels - 1)), c < channels)
-        if data_format == "NXC":
-            final_pixel = tirx.all(*(i == extent - 1 for i, extent in zip((n, *at), (shape[0], *spatial))))
-            last = tirx.if_then_else(final_pixel, last, tirx.Select(c < channels, read(c), tirx.const(0, tensor.dtype)))
+        if data_format == "NXC":  # the 16 lanes from this pixel's block on stay inside the tensor: read them contiguously
+            pixel = 0
+            for i, extent in zip((n, *at), (shape[0], *spatial)):
+                pixel = pixel * extent + i
+            pixels = shape[0] * math.prod(spatial)
+            near_end = (pixel * channels + (c1 + 1) * C0) > pixels * channels
+            last = tirx.if_then_else(near_end, last, tirx.Select(c < channels, read(c), tirx.const(0, tensor.dtype)))
         return last if blocks == 1 else tirx.if_then_else(c1 < blocks - 1, read(c), last)
 
     return te.compute(

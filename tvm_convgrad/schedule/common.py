@@ -42,7 +42,7 @@ def inline_layout_stages(sch: s_tir.Schedule):
     framework weight layout) into that output, so that each tensor is still read once."""
     for block in stage_blocks(sch):
         side = sch.get(block).annotations.get(LAYOUT_ADAPTER)
-        if side == "in":
+        if side == "in" and sch.get_consumers(block):  # (an input no stage reads: a forward whose taps all read padding)
             sch.compute_inline(block)
         elif side == "out":
             for producer in sch.get_producers(block):

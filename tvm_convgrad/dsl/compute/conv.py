@@ -45,7 +45,7 @@ from tvm import te, tirx
 from ... import layout
 from ...layout import C0, ceil_div
 from ...params import ConvGradParams
-from .common import ACC, guarded, inside
+from .common import ACC, NEVER, guarded, inside
 from .stages import CONV_CC, CONV_RES, CONV_TAG, FMAP_PAD, FORMULATION, MAD_TAG, W_CONV, Formulation
 
 __all__ = ["conv_compute", "conv_output_shape"]
@@ -132,6 +132,13 @@ def _phases(kernel: int, stride: int) -> int:
     return 1 if kernel == 1 else stride
 
 
+def _holds_image(positions: int, stride: int, phases: int, before: int, size: int) -> bool:
+    """Whether a phase-split axis (padded positions ``q*stride + r``, ``q < positions``, ``r <
+    phases``) holds any image position ``[before, before + size)``: a strided one-tap axis holds
+    phase 0 only, and may hold nothing but padding."""
+    return any(before <= q * stride + r < before + size for q in range(positions) for r in range(phases))
+
+
 def _fmap_pad(data: te.Tensor, params: ConvGradParams) -> tuple[te.Tensor, Callable]:
     """``(x as the mad reads it, read)``: fp32 with the zero padding its taps reach, each strided
     axis split into its stride phases (``[.., rh, rw, yq, xq, c0]`` holds padded position ``(yq*sh +
@@ -155,11 +162,13 @@ def _fmap_pad(data: te.Tensor, params: ConvGradParams) -> tuple[te.Tensor, Calla
     ph, pw = _phases(g.kh, sh), _phases(g.kw, sw)
     rows, cols = g.ho + (g.kh - 1) * dh // sh, g.wo + (g.kw - 1) * dw // sw  # positions of a phase the taps reach
 
+    never = not (_holds_image(rows, sh, ph, pt, g.h) and _holds_image(cols, sw, pw, pl, g.w))
+
     def value(*index):
         n, *plane, c1, rh, rw, yq, xq, c0 = index
         y, x = yq * sh + rh, xq * sw + rw
-        conds = inside((*plane, y, x), (plane_pad, pt, pl)[-len(plane) - 2 :], ((g.depth.size,) if depth else ()) + (g.h, g.w),
-                       ((planes,) if depth else ()) + (rows * sh, cols * sw))  # fmt: skip
+        conds = [NEVER] if never else inside((*plane, y, x), (plane_pad, pt, pl)[-len(plane) - 2 :],
+                                             ((g.depth.size,) if depth else ()) + (g.h, g.w), ((planes,) if depth else ()) + (rows * sh, cols * sw))  # fmt: skip
         conds += [c1 < c1_x] if blocks > c1_x else []
         at = (*(p - plane_pad for p in plane), y - pt, x - pl)
         read = data[(n, at[0], c1, at[1], at[2], c0)] if depth else data[n, c1, at[0], at[1], c0]

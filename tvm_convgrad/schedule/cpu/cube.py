@@ -196,9 +196,8 @@ class CubeInputGrad(CpuMad):
         except (s_tir.ScheduleError, ValueError):  # (TVM reports a region it cannot solve as a ValueError, before any change)
             return
         inner = sch.get_loops(consumer)[1:]
-        lanes = inner[-1]
-        extent = loop_extent(sch, lanes)
-        if extent % 8 == 0:
+        if inner and loop_extent(sch, inner[-1]) % 8 == 0:
+            lanes = inner[-1]
             _, lanes = sch.split(lanes, [None, 8])
             sch.vectorize(lanes)
         self.placed.add(sch.get(consumer).name_hint)
