@@ -80,9 +80,15 @@ def relax_backbone(model, example, train: bool = True) -> Backbone:
         bb.emit_func_output(relax.Tuple(fields) if states.found else fields[0])
     backbone = relax.transform.DeadCodeElimination()(relax.transform.InlinePrivateFunctions()(bb.get()))
     module = tvm.IRModule({"backbone": backbone["backbone"]}).with_attrs({"param_num": len(main.params) - 1, "state_num": len(states.found)})
-    params = [exported.state_dict[spec.target].detach().numpy() for spec in exported.graph_signature.input_specs
-              if spec.kind == torch.export.graph_signature.InputKind.PARAMETER]  # fmt: skip
-    return Backbone(module, params, [value for _, value in states.found])
+    return Backbone(module, _parameters(exported), [value for _, value in states.found])
+
+
+def _parameters(exported) -> list:
+    """The exported program's parameters (not its buffers), in the order of the imported ``main``'s arguments."""
+    import torch
+
+    parameter = torch.export.graph_signature.InputKind.PARAMETER
+    return [exported.state_dict[spec.target].detach().numpy() for spec in exported.graph_signature.input_specs if spec.kind == parameter]
 
 
 def _batch_norm_states():
@@ -184,7 +190,7 @@ def relax_inference(model, example, target="llvm"):
     mod = ScheduleLoops(target)(relax.transform.LegalizeOps()(ScheduleConvs(target)(mod)))
     with pass_context(target):
         executable = tvm.compile(mod, target)
-    return relax.VirtualMachine(executable, tvm.cpu())["main"], [v.detach().numpy() for v in exported.state_dict.values()]
+    return relax.VirtualMachine(executable, tvm.cpu())["main"], _parameters(exported)
 
 
 def _median_ms(fn, steps: int) -> float:
