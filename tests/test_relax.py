@@ -243,6 +243,22 @@ def test_a_trainer_module_has_no_large_serial_loop_nest(monkeypatch):
     assert len(_serial_functions(relax_own, 256)) >= 5
 
 
+def _assert_trains_as_pytorch(trainer, losses: list[float], model, x: np.ndarray, y: np.ndarray, learning_rate: float):
+    """The same steps in PyTorch (SGD on cross-entropy, training mode): its losses are the trainer's
+    ``losses`` and its parameters after them the trainer's."""
+    optimizer = torch.optim.SGD(model.parameters(), learning_rate)
+    expected = []
+    for _ in losses:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model.train()(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        optimizer.step()
+        expected.append(loss.item())
+    np.testing.assert_allclose(losses, expected, rtol=1e-4)
+    for ours, theirs in zip(trainer.export_params().values(), model.parameters()):
+        np.testing.assert_allclose(ours.numpy(), theirs.detach().numpy(), rtol=1e-3, atol=1e-5)
+
+
 @needs_torch
 def test_a_pytorch_module_exported_to_relax_trains_as_pytorch_does():
     """The recipe (``training.exported``): a ResNet written in PyTorch, ``torch.export``ed, imported
@@ -262,17 +278,7 @@ def test_a_pytorch_module_exported_to_relax_trains_as_pytorch_does():
     assert "relax.nn.conv2d" not in mod.script()  # every convolution on the package's kernels
     trainer.load_params(backbone.params)
     losses = [float(trainer.update(x, y).numpy()) for _ in range(2)]
-    optimizer = torch.optim.SGD(model.parameters(), 0.05)
-    expected = []
-    for _ in range(2):
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model.train()(torch.from_numpy(x)), torch.from_numpy(y))
-        loss.backward()
-        optimizer.step()
-        expected.append(loss.item())
-    np.testing.assert_allclose(losses, expected, rtol=1e-4)
-    for ours, theirs in zip(trainer.export_params().values(), model.parameters()):
-        np.testing.assert_allclose(ours.numpy(), theirs.detach().numpy(), rtol=1e-3, atol=1e-5)
+    _assert_trains_as_pytorch(trainer, losses, model, x, y, 0.05)
 
 
 @needs_torch
@@ -294,17 +300,7 @@ def test_batch_norm_trains_with_its_running_statistics_as_states():
     trainer.load_params(backbone.params)
     trainer.load_states(backbone.states)
     losses = [float(trainer.update(x, y).numpy()) for _ in range(2)]
-    optimizer = torch.optim.SGD(model.parameters(), 0.1)
-    expected = []
-    for _ in range(2):
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model.train()(torch.from_numpy(x)), torch.from_numpy(y))
-        loss.backward()
-        optimizer.step()
-        expected.append(loss.item())
-    np.testing.assert_allclose(losses, expected, rtol=1e-4)
-    for ours, theirs in zip(trainer.export_params().values(), model.parameters()):
-        np.testing.assert_allclose(ours.numpy(), theirs.detach().numpy(), rtol=1e-3, atol=1e-5)
+    _assert_trains_as_pytorch(trainer, losses, model, x, y, 0.1)
     running = [b.numpy() for m in model.modules() if isinstance(m, nn.BatchNorm2d) for b in (m.running_mean, m.running_var)]
     for ours, theirs in zip(trainer.export_states().values(), running):
         np.testing.assert_allclose(ours.numpy(), theirs, rtol=1e-4, atol=1e-6)

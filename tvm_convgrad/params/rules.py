@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import ConvGradError
+from ..layout import C0, align
 
 __all__ = ["Rules", "is_int"]
 
@@ -96,6 +97,14 @@ class Rules:
             if key not in value:
                 self.fail(f"{param}[{key!r}]", None, "is required")
         return value
+
+    def channel_bias(self, param: str, bias: Any, channels: int, what: str, shape_code: str | None, dtype_code: str | None):
+        """A bias tensor of ``channels`` (``what``: Cin, Cout) entries, or its 16-aligned length, float16 or float32."""
+        self.tensor(param, bias)
+        (length,) = self.static_shape(f"{param}.shape", bias, 1, shape_code)
+        if length not in (channels, align(channels, C0)):
+            self.fail(f"{param}.shape", (length,), f"must be ({what},) = ({channels},) or (align({what},16),) = ({align(channels, C0)},)", shape_code)
+        self.choice(f"{param}.dtype", str(bias.dtype), ("float16", "float32"), dtype_code)
 
     def flag_off(self, param: str, value: Any, what: str):
         if value:

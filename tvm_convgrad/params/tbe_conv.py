@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..layout import C0, align, ceil_div, group_extension
+from ..layout import C0, ceil_div, group_extension
 from .geometry import FORWARD_OP, ConvGeometry, ConvGradParams, out_size
 from .rules import Rules, is_int
 
@@ -166,11 +166,7 @@ def conv_params(data: Any, weight: Any, para_dict: Any, optim_dict: Any = None, 
 
     bias = para_dict.get("bias_tensor")
     if bias is not None:
-        r.tensor("para_dict['bias_tensor']", bias)
-        (length,) = r.static_shape("para_dict['bias_tensor'].shape", bias, 1, "E60108")
-        if length not in (cout, align(cout, C0)):
-            r.fail("para_dict['bias_tensor'].shape", (length,), f"must be (Cout,) = ({cout},) or (align(Cout,16),) = ({align(cout, C0)},)", "E60108")
-        r.choice("para_dict['bias_tensor'].dtype", str(bias.dtype), ("float16", "float32"), "E60005")
+        r.channel_bias("para_dict['bias_tensor']", bias, cout, "Cout", "E60108", "E60005")
 
     # check_conv_shape: sizes, dilations, output size, kernel, pads, strides.
     r.in_range("data.shape[2]", h, 1, FMAP_H_MAX, "E60011", "feature map H ")

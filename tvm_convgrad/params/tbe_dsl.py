@@ -243,11 +243,7 @@ def input_grad_params(filters, out_backprop, filter_sizes, input_sizes, para_dic
 
     bias = para_dict.get("tensor_bias")
     if bias is not None:
-        r.tensor("para_dict['tensor_bias']", bias)
-        (bias_len,) = r.static_shape("para_dict['tensor_bias'].shape", bias, 1, "E60011")
-        if bias_len not in (cin, align(cin, C0)):
-            r.fail("para_dict['tensor_bias'].shape", (bias_len,), f"must be (Cin,) = ({cin},) or (align(Cin,16),) = ({align(cin, C0)},)", "E60011")
-        r.choice("para_dict['tensor_bias'].dtype", str(bias.dtype), ("float16", "float32"), "E60011")
+        r.channel_bias("para_dict['tensor_bias']", bias, cin, "Cin", "E60011", "E60011")
 
     # 4./5. dy and filter shapes.
     if dy_c0 != C0:
