@@ -53,6 +53,7 @@ class Case:
     effective_pads: tuple = field(default=(), compare=False)  # pads_begin the sum uses
     shape_given: str = "input"
     bias: bool = False  # fwd: with a bias input
+    post_ops: tuple = ()  # fwd: oneDNN post-ops ``(alg, alpha, beta, src1)``, src1 None or how it broadcasts (see dst_operand)
 
     @property
     def rank(self) -> int:
@@ -75,6 +76,19 @@ class Case:
     def layout_shape(self, channels: int, size: tuple) -> tuple:
         return (self.batch, channels, *size) if self.data_format == "NCX" else (self.batch, *size, channels)
 
+    def dst_operand(self, how: str) -> tuple:
+        """The shape of a binary post-op's src1 that broadcasts to dst (in data_format) ``how``:
+        ``full`` dst's shape, ``channel`` one value per channel (NCX ``(C, 1, .., 1)``, NXC
+        ``(C,)``), ``scalar`` ``()``, ``image`` one value per image ``(N, 1, .., 1)``."""
+        dst = self.layout_shape(self.dy_channels, self.dy_size)
+        if how == "full":
+            return dst
+        if how == "channel":
+            return (self.dy_channels,) + (1,) * self.rank if self.data_format == "NCX" else (self.dy_channels,)
+        if how == "image":
+            return (self.batch,) + (1,) * (len(dst) - 1)
+        return ()
+
 
 
 def call(case: Case, *inputs: te.Tensor):
@@ -84,8 +98,10 @@ def call(case: Case, *inputs: te.Tensor):
     if case.op in DATA_OPS:
         return _data_call(case, *inputs, attrs)
     if case.op == FORWARD_OP:
-        src, w, *bias = inputs
-        return onednn.convolution(src, w, *bias, weights_format=case.weights_format, **attrs)
+        src, w, *rest = inputs
+        bias, src1 = (rest[0] if case.bias else None), iter(rest[case.bias :])
+        post_ops = [onednn.PostOp(alg, None if how is None else next(src1), alpha, beta) for alg, alpha, beta, how in case.post_ops]
+        return onednn.convolution(src, w, bias, weights_format=case.weights_format, post_ops=post_ops, **attrs)
     x, dy = inputs
     shape = list(case.weights_shape())
     if case.op == "conv":
@@ -113,7 +129,8 @@ def _input_shapes(case: Case) -> list[tuple[str, tuple]]:
     if case.op in DATA_OPS:
         return [("diff_dst" if case.op == "data" else "output_delta", dy_shape), ("weights" if case.op == "data" else "filter", case.weights_shape())]
     if case.op == FORWARD_OP:
-        return [("src", x_shape), ("weights", case.weights_shape())] + ([("bias", (case.dy_channels,))] if case.bias else [])
+        src1 = [(f"src1_{k}", case.dst_operand(how)) for k, (_, _, _, how) in enumerate(case.post_ops) if how is not None]
+        return [("src", x_shape), ("weights", case.weights_shape())] + ([("bias", (case.dy_channels,))] if case.bias else []) + src1
     return [("src" if case.op != "conv" else "input_forward", x_shape), ("diff_dst" if case.op != "conv" else "output_delta", dy_shape)]
 
 
@@ -136,11 +153,13 @@ def _ncx(case: Case, a: np.ndarray) -> np.ndarray:
 def expected(case: Case, *inputs: np.ndarray) -> np.ndarray:
     """float64 reference of the operator's result in its own layout (from the rounded inputs)."""
     if case.op == FORWARD_OP:
-        x, w, *bias = inputs
+        x, w, *rest = inputs
         wn = reference.from_weights_format(w.astype(np.float64), case.weights_format)
         y = reference.conv_forward_nd(_ncx(case, x), wn, case.strides, case.effective_pads, case.dilations, case.groups, _pads_end(case),
-                                      bias[0] if bias else None)  # fmt: skip
-        return reference.to_data_format(y, case.data_format)
+                                      rest[0] if case.bias else None)  # fmt: skip
+        src1 = iter(rest[case.bias :])
+        ops = [(alg, alpha, beta, None if how is None else next(src1)) for alg, alpha, beta, how in case.post_ops]
+        return reference.post_ops(reference.to_data_format(y, case.data_format), ops)
     if case.op in DATA_OPS:
         dy, w = inputs
         wn = reference.from_weights_format(w.astype(np.float64), case.weights_format)
@@ -172,12 +191,16 @@ def torch_result(case: Case, *inputs: np.ndarray) -> np.ndarray:
     ``[pb, pb + S_dst)`` (zero-extended), loss ``sum(y * diff_dst)``."""
     nd, fn = case.rank, torch.nn.functional
     if case.op == FORWARD_OP:
-        x, w, *bias = inputs
+        x, w, *rest = inputs
         xt = torch.from_numpy(_ncx(case, x).copy())
         wt = torch.from_numpy(reference.from_weights_format(w.astype(np.float64), case.weights_format).copy())
-        bt = torch.from_numpy(bias[0].astype(np.float64)) if bias else None
+        bt = torch.from_numpy(rest[0].astype(np.float64)) if case.bias else None
         y = getattr(fn, f"conv{nd}d")(fn.pad(xt, _forward_pads(case)), wt, bt, stride=case.strides, dilation=case.dilations, groups=case.groups)
-        return reference.to_data_format(y.numpy(), case.data_format)
+        y = torch.from_numpy(reference.to_data_format(y.numpy(), case.data_format))
+        src1 = iter(rest[case.bias :])
+        for alg, alpha, beta, how in case.post_ops:
+            y = _torch_post_op(y, alg, alpha, beta, None if how is None else torch.from_numpy(next(src1).astype(np.float64)))
+        return y.numpy()
     if case.op in DATA_OPS:
         dy, w = inputs
         dyt = torch.from_numpy(_ncx(case, dy).copy())
@@ -199,6 +222,21 @@ def torch_result(case: Case, *inputs: np.ndarray) -> np.ndarray:
     window = (slice(None), slice(None)) + tuple(slice(b, b + s) for b, s in zip(case.effective_pads, case.dy_size))
     (fn.pad(y, extend)[window] * dyt).sum().backward()
     return reference.to_weights_format(weight.grad.numpy(), case.weights_format)
+
+
+def _torch_post_op(y, alg: str, alpha: float, beta: float, src1):
+    """One of oneDNN's post-ops in PyTorch's own operators (an oracle independent of the reference's)."""
+    fn = torch.nn.functional
+    if src1 is not None:
+        return {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum, "min": torch.minimum}[alg](y, src1)
+    return {
+        "relu": lambda: fn.leaky_relu(y, alpha),
+        "clip": lambda: torch.clamp(y, alpha, beta),
+        "linear": lambda: alpha * y + beta,
+        "logistic": lambda: torch.sigmoid(y),
+        "swish": lambda: y * torch.sigmoid(alpha * y),
+        "tanh": lambda: torch.tanh(y),
+    }[alg]()
 
 
 def check(result: np.ndarray, expected: np.ndarray, kernel, what: str):

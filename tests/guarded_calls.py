@@ -73,6 +73,12 @@ FIXED = {
     "fwd-grouped-extended": Case("fwd", 1, 100, 100, 10, (8, 8), (8, 8), (3, 3), (1, 1), **_PADS1),
     # ... strided NXC whose dst is written inside the mad's tasks (each task's sums while in cache), images outside the groups
     "fwd-nxc-strided-in-task": Case("fwd", 2, 32, 48, 1, (13, 11), (7, 6), (3, 3), (2, 2), **_PADS1),
+    # ... post-ops read inside the tasks' write-back: a residual (dst's shape), a per-channel scale (40: a partial block), ReLU
+    "fwd-nxc-post-ops": Case("fwd", 2, 24, 40, 1, (9, 11), (9, 11), (3, 3), (1, 1), bias=True,
+                             post_ops=(("add", 0.0, 0.0, "full"), ("mul", 0.0, 0.0, "channel"), ("relu", 0.0, 0.0, None)), **_PADS1),
+    # ... NCX: a per-image and a scalar operand broadcast, ReLU6
+    "fwd-ncx-post-ops": Case("fwd", 2, 24, 20, 1, (9, 7), (9, 7), (3, 3), (1, 1), data_format="NCX", weights_format="OIX",
+                             post_ops=(("sub", 0.0, 0.0, "image"), ("max", 0.0, 0.0, "scalar"), ("clip", 0.0, 6.0, None)), **_PADS1),
 }
 """Named calls every run includes (framework operator cases of ``tests/framework_cases.py``)."""
 

@@ -31,7 +31,7 @@ from tvm_convgrad import dsl, layout, reference
 from tvm_convgrad.dsl.compute import cube_util
 from tvm_convgrad.frontends import dsp, onednn
 from tvm_convgrad.schedule.cpu.loops import PER_IMAGE_ABOVE
-from tvm_convgrad.tools.verify import error_bound, expected_result, kernel_arrays, random_inputs
+from tvm_convgrad.tools.verify import error_bound, expected_result, kernel_arrays, post_op_bound, random_inputs
 from tvm_convgrad.tvm import placeholder
 
 __all__ = ["OPERATORS", "call_of", "inputs_and_expected", "invalid_call", "valid_case", "valid_result"]
@@ -385,7 +385,8 @@ def _onednn_case(rng: np.random.Generator, op: str) -> Case:
     if op == "deconv":  # src (x of the Case) has the conv view's output size
         return Case(op, batch, per_dy * groups, per_x * groups, groups, out, spatial, output_padding=padding, **common)
     if op == FORWARD_OP:
-        return Case(op, batch, per_x * groups, per_dy * groups, groups, spatial, out, bias=bool(rng.random() < 0.5), **common)
+        post_ops = _post_ops(rng) if rng.random() < 0.5 else ()
+        return Case(op, batch, per_x * groups, per_dy * groups, groups, spatial, out, bias=bool(rng.random() < 0.5), post_ops=post_ops, **common)
     if op in DATA_OPS:  # the diff_src shape: given (input or attribute) or inferred from output_padding
         given = _pick(rng, ("input", "attr") if mode != "none" else ("input", "attr", "none", "none"))
         implied = tuple((a["size"] + a["pb"] + a["pe"] - a["eff"]) % a["s"] for a in axes)
@@ -394,6 +395,21 @@ def _onednn_case(rng: np.random.Generator, op: str) -> Case:
             padding = implied
         return Case(op, batch, per_x * groups, per_dy * groups, groups, spatial, out, output_padding=padding, shape_given=given, **common)
     return Case(op, batch, per_x * groups, per_dy * groups, groups, spatial, out, **common)
+
+
+_ELTWISE = (("relu", 0.0, 0.0), ("relu", 0.25, 0.0), ("clip", 0.0, 6.0), ("clip", -0.5, 0.5), ("linear", -2.0, 0.5), ("logistic", 0.0, 0.0),
+            ("swish", 1.0, 0.0), ("tanh", 0.0, 0.0))  # fmt: skip
+
+
+def _post_ops(rng: np.random.Generator) -> tuple:
+    """One to three of oneDNN's post-ops, binary ones with a src1 broadcast one of four ways."""
+    ops = []
+    for _ in range(int(rng.integers(1, 4))):
+        if rng.random() < 0.5:
+            ops.append(_ELTWISE[int(rng.integers(len(_ELTWISE)))])
+        else:
+            ops.append((_pick(rng, ("add", "sub", "mul", "div", "max", "min")), 0.0, 0.0, _pick(rng, ("full", "channel", "scalar", "image"))))
+    return tuple(op if len(op) == 4 else (*op, None) for op in ops)
 
 
 def _effective_pads_end(case: Case) -> list[int]:
@@ -462,6 +478,7 @@ def _forward_args(case: Case) -> dict:
         "x": (case.layout_shape(case.x_channels, case.x_size), case.dtype),
         "w": (case.weights_shape(), case.dtype),
         "bias": ((case.dy_channels,), case.dtype) if case.bias else None,
+        "post_ops": [(alg, alpha, beta, None if how is None else (case.dst_operand(how), case.dtype)) for alg, alpha, beta, how in case.post_ops],
         "attrs": attrs,
         "pads": (list(case.effective_pads), _effective_pads_end(case)),
     }
@@ -471,7 +488,9 @@ def _forward_call(args: dict):
     src = te.placeholder(args["x"][0], args["x"][1], name="src")
     w = te.placeholder(args["w"][0], args["w"][1], name="weights")
     bias = None if args["bias"] is None else te.placeholder(args["bias"][0], args["bias"][1], name="bias")
-    return onednn.convolution(src, w, bias, **args["attrs"])
+    post_ops = [onednn.PostOp(alg, None if src1 is None else te.placeholder(src1[0], src1[1], name=f"src1_{k}"), alpha, beta)
+                for k, (alg, alpha, beta, src1) in enumerate(args["post_ops"])]  # fmt: skip
+    return onednn.convolution(src, w, bias, post_ops=post_ops, **args["attrs"])
 
 
 def _onednn_call(op: str, args: dict):
@@ -636,7 +655,20 @@ def _forward_breaks() -> list[tuple[str, Callable]]:
         ("bias.shape", lambda a: a.__setitem__("bias", ((_out_channels(a) + 1,), a["x"][1]))),
         ("bias.shape", lambda a: a.__setitem__("bias", ((_out_channels(a), 1), a["x"][1]))),
         ("bias.dtype", lambda a: a.__setitem__("bias", ((_out_channels(a),), "float64"))),
+        ("post_ops[0].alg", lambda a: a.__setitem__("post_ops", [("gelu_erf", 0.0, 0.0, None)])),
+        ("post_ops[0].alpha", lambda a: a.__setitem__("post_ops", [("clip", 1.0, 0.0, None)])),
+        ("post_ops[0].beta", lambda a: a.__setitem__("post_ops", [("linear", 1.0, float("nan"), None)])),
+        ("post_ops[0].src1", lambda a: a.__setitem__("post_ops", [("relu", 0.0, 0.0, ((1,), a["x"][1]))])),
+        ("post_ops[0].src1", lambda a: a.__setitem__("post_ops", [("add", 0.0, 0.0, None)])),
+        ("post_ops[0].src1.shape", lambda a: a.__setitem__("post_ops", [("add", 0.0, 0.0, (_per_channel(a, _out_channels(a) + 1), a["x"][1]))])),
+        ("post_ops[0].src1.shape", lambda a: a.__setitem__("post_ops", [("mul", 0.0, 0.0, ((2, *a["x"][0]), a["x"][1]))])),
+        ("post_ops[0].src1.dtype", lambda a: a.__setitem__("post_ops", [("max", 0.0, 0.0, ((1,), "int32"))])),
     ]  # fmt: skip
+
+
+def _per_channel(args: dict, channels: int) -> tuple:
+    """A src1 shape of ``channels`` on dst's channel axis (NCX ``(C, 1, .., 1)``, NXC ``(C,)``)."""
+    return (channels,) + (1,) * (len(args["x"][0]) - 2) if args["attrs"]["data_format"] == "NCX" else (channels,)
 
 
 def _out_channels(args: dict) -> int:
@@ -794,6 +826,8 @@ def inputs_and_expected(op: str, case, kernel, seed: int) -> tuple[list[np.ndarr
     else:
         arrays = list(framework_cases.arrays(case, seed))
         expected = framework_cases.expected(case, *arrays)
+        if getattr(case, "post_ops", ()):
+            return arrays, expected, post_op_bound(kernel.call, arrays, kernel.params, kernel.output.dtype)
     return arrays, expected, error_bound(kernel.params, expected, kernel.output.dtype)
 
 

@@ -7,6 +7,8 @@ named cases a reader can check by hand."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from tvm import te
@@ -14,10 +16,10 @@ from tvm import te
 from conftest import torch
 from framework_cases import Case, arrays, check, expected, placeholders, torch_result
 from framework_cases import call as framework_call
-from tvm_convgrad import ConvGradError, build, dsl, layout
+from tvm_convgrad import ConvGradError, PostOp, build, dsl, layout
 from tvm_convgrad.frontends import onednn
 from tvm_convgrad.dsl.compute.stages import CONV_CC, CONV_RES, CONV_TAG
-from tvm_convgrad.tools.verify import check_kernel
+from tvm_convgrad.tools.verify import check_kernel, post_op_bound
 
 _TBE = {"pad_h": 1, "pad_w": 1, "stride_h": 1, "stride_w": 1, "filter_h": 3, "filter_w": 3}
 
@@ -123,6 +125,58 @@ def test_onednn_convolution_matches_the_reference_and_pytorch(case):
     result = kernel(*inputs)
     check(result, expected(case, *inputs), kernel, case.name())
     check(result, torch_result(case, *inputs), kernel, case.name() + " vs PyTorch")
+
+
+_POST_OPS = [
+    (("relu", 0.0, 0.0, None),), (("relu", 0.2, 0.0, None),), (("clip", 0.0, 6.0, None),), (("linear", -1.5, 0.25, None),),
+    (("logistic", 0.0, 0.0, None),), (("swish", 1.0, 0.0, None),), (("tanh", 0.0, 0.0, None),),
+    (("add", 0.0, 0.0, "full"), ("relu", 0.0, 0.0, None)),  # a residual block's end
+    (("mul", 0.0, 0.0, "channel"), ("add", 0.0, 0.0, "channel")),  # an inference BatchNorm folded to a scale and a shift
+    (("sub", 0.0, 0.0, "image"), ("div", 0.0, 0.0, "scalar")), (("max", 0.0, 0.0, "full"), ("min", 0.0, 0.0, "channel")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("post_ops", _POST_OPS, ids=lambda ops: "-".join(op[0] + (f"_{op[3]}" if op[3] else "") for op in ops))
+@pytest.mark.parametrize("data_format, dtype", [("NXC", "float32"), ("NCX", "bfloat16")])
+def test_post_ops_apply_to_each_value_as_it_is_written(post_ops, data_format, dtype):
+    """oneDNN's post-ops on the fp32 sums (after the bias), rounded once: against the float64
+    reference written from their formulas and against PyTorch's own operators, within the sums'
+    bound carried through them (:func:`~tvm_convgrad.tools.verify.post_op_bound`)."""
+    case = Case("fwd", 2, 24, 40, 1, (9, 7), (9, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format=data_format,
+                weights_format="XIO" if data_format == "NXC" else "OIX", dtype=dtype, effective_pads=(1, 1), bias=True, post_ops=post_ops)  # fmt: skip
+    kernel = build(framework_call(case, *placeholders(case)))
+    assert [a.name for a in kernel.inputs][3:] == [f"src1_{k}" for k, op in enumerate(post_ops) if op[3]]
+    inputs = arrays(case, seed=5)
+    result = kernel(*inputs).astype(np.float64)
+    bound = post_op_bound(kernel.call, inputs, kernel.params, dtype)
+    for what, reference in (("reference", expected(case, *inputs)), ("PyTorch", torch_result(case, *inputs))):
+        ratio = np.abs(result - reference) / bound
+        assert ratio.max() <= 1.0, f"{what}: {ratio.max():.3g} x the bound"
+    plain = dataclasses.replace(case, post_ops=())
+    sums = build(framework_call(plain, *placeholders(plain)))(*inputs[:3]).astype(np.float64)
+    assert np.abs(sums - result).max() > 1e-2, "the post-ops changed nothing: the test could not fail"
+
+
+@pytest.mark.parametrize(
+    "post_ops, param",
+    [
+        ("relu", "post_ops"),
+        ([("relu",)], "post_ops[0]"),
+        ([PostOp("gelu")], "post_ops[0].alg"),
+        ([PostOp.eltwise("clip", 6.0, 0.0)], "post_ops[0].alpha"),
+        ([PostOp.eltwise("relu", float("inf"))], "post_ops[0].alpha"),
+        ([PostOp.eltwise("relu"), PostOp.binary("add", None)], "post_ops[1].src1"),
+        ([PostOp("relu", te.placeholder((1,), "float32"))], "post_ops[0].src1"),
+        ([PostOp.binary("add", te.placeholder((3, 5), "float32"))], "post_ops[0].src1.shape"),
+        ([PostOp.binary("add", te.placeholder((40,), "int32"))], "post_ops[0].src1.dtype"),
+    ],
+)
+def test_post_ops_that_break_a_rule_name_it(post_ops, param):
+    src = te.placeholder((2, 9, 7, 24), "float32", name="src")
+    weights = te.placeholder((3, 3, 24, 40), "float32", name="weights")
+    with pytest.raises(ConvGradError) as err:
+        onednn.convolution(src, weights, strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], post_ops=post_ops)
+    assert err.value.param == param, err.value
 
 
 def test_a_stem_sums_its_real_input_channels_only():

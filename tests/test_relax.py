@@ -15,6 +15,7 @@ from tvm.relax.training.loss import CrossEntropyLoss
 from tvm.relax.training.optimizer import SGD
 
 from conftest import slow, torch
+from tvm_convgrad.compile import numpy_dtype
 from tvm_convgrad.relax import ConvGradients, SetupTrainer, conv2d_gradients
 
 needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch is not installed (pip install torch==2.13.0)")
@@ -210,9 +211,93 @@ def test_schedule_convs_puts_every_forward_conv_on_the_package_kernel():
     passed = ScheduleConvs("llvm")
     ours = passed(mod)
     assert passed.last_count == len(_LAYERS) and "relax.nn.conv2d" not in ours.script()
+    assert passed.last_fused == len(_LAYERS) and "relax.nn.relu" not in ours.script()  # each ReLU inside its convolution's kernel
     ours = ScheduleLoops("llvm")(relax.transform.LegalizeOps()(ours))
     result = relax.VirtualMachine(tvm.compile(ours, "llvm"), tvm.cpu())["main"](*map(tvm.runtime.tensor, args)).numpy()
     np.testing.assert_allclose(result, own, rtol=1e-5, atol=1e-5)
+
+
+def _epilogue_module(layout: str, dtype: str) -> tvm.IRModule:
+    """``main(x, w, b, r)``: a convolution and the epilogue a network puts after it: a reshaped
+    bias added (on the left), a residual added, ReLU6, a leaky ReLU, SiLU, the bias subtracted;
+    then a convolution whose output is read twice (by a ReLU and by the add after it)."""
+    (n, c, h, w_), o = (2, 8, 6, 5), 16
+    shape = lambda *nchw: tuple(nchw[ "NCHW".index(a)] for a in layout)  # noqa: E731
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape(n, c, h, w_), dtype))
+    w = relax.Var("w", relax.TensorType((o, c, 3, 3), dtype))
+    b = relax.Var("b", relax.TensorType((o,), dtype))
+    r = relax.Var("r", relax.TensorType(shape(n, o, h, w_), dtype))
+    w2 = relax.Var("w2", relax.TensorType((o, o, 1, 1), dtype))
+    with bb.function("main", [x, w, b, r, w2]):
+        with bb.dataflow():
+            bias = bb.emit(relax.op.reshape(b, shape(1, o, 1, 1)))
+            y = bb.emit(relax.op.nn.conv2d(x, w, padding=1, data_layout=layout))
+            y = bb.emit(relax.op.add(bias, y))
+            y = bb.emit(relax.op.add(y, r))
+            y = bb.emit(relax.op.clip(y, 0.0, 6.0))
+            y = bb.emit(relax.op.nn.leakyrelu(y, 0.1))
+            y = bb.emit(relax.op.nn.silu(y))
+            y = bb.emit(relax.op.subtract(y, bias))
+            z = bb.emit(relax.op.nn.conv2d(y, w2, data_layout=layout))
+            out = bb.emit_output(relax.op.add(relax.op.nn.relu(z), z))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("layout, dtype", [("NCHW", "float32"), ("NHWC", "float32"), ("NCHW", "bfloat16")])
+def test_schedule_convs_fuses_the_epilogue_into_the_kernel(layout, dtype):
+    """The first convolution's six epilogue operators run inside its kernel (their operands its
+    arguments); the second's output is read twice, so it stays a value of its own and the ReLU a
+    function of its own; the module computes what Relax's own computes (bf16: each of Relax's
+    operators rounds, the kernel rounds once)."""
+    from tvm_convgrad.relax import ScheduleConvs, ScheduleLoops
+
+    mod = _epilogue_module(layout, dtype)
+    passed = ScheduleConvs("llvm")
+    ours = passed(mod)
+    assert (passed.last_count, passed.last_fused) == (2, 6)
+    script = ours["main"].script()
+    assert not re.search(r"R\.(add|clip|nn\.leakyrelu|nn\.silu|subtract)\(", script.split("R.call_tir")[1]), script
+    assert "R.nn.relu(" in script  # the second convolution's output, read twice
+    rng = np.random.default_rng(0)
+    args = [rng.uniform(-1, 1, [int(d) for d in p.ty.shape.values]).astype(numpy_dtype(dtype)) for p in mod["main"].params]
+
+    def run(m, args):
+        return relax.VirtualMachine(tvm.compile(m, "llvm"), tvm.cpu())["main"](*map(tvm.runtime.tensor, args)).numpy().astype(np.float64)
+
+    result = run(ScheduleLoops("llvm")(relax.transform.LegalizeOps()(ours)), args)
+    if dtype == "float32":
+        np.testing.assert_allclose(result, run(relax.transform.LegalizeOps()(mod), args), rtol=1e-5, atol=1e-5)
+    else:  # against the float32 module on the same inputs: within a few bf16 roundings of the largest value
+        f32 = run(relax.transform.LegalizeOps()(_epilogue_module(layout, "float32")), [a.astype(np.float32) for a in args])
+        assert np.abs(result - f32).max() <= 2.0**-6 * np.abs(f32).max()
+
+
+def test_two_convolutions_meeting_in_a_residual_add_fuse_it_once():
+    """A downsampling block's end, ``relu((conv(x, w1) + b1) + (conv(x, w2) + b2))``: the first
+    convolution takes its bias, the sum and the ReLU (the second's output an argument of its
+    kernel), the second its bias; nothing is computed twice or read before it is written."""
+    from tvm_convgrad.relax import ScheduleConvs
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 8, 6, 6), "float32"))
+    params = [relax.Var(n, relax.TensorType(s, "float32")) for n, s in (("w1", (16, 8, 3, 3)), ("b1", (1, 16, 1, 1)), ("w2", (16, 8, 1, 1)), ("b2", (1, 16, 1, 1)))]
+    w1, b1, w2, b2 = params
+    with bb.function("main", [x, *params]):
+        with bb.dataflow():
+            main = bb.emit(relax.op.add(bb.emit(relax.op.nn.conv2d(x, w1, padding=1)), b1))
+            shortcut = bb.emit(relax.op.add(bb.emit(relax.op.nn.conv2d(x, w2)), b2))
+            out = bb.emit_output(relax.op.nn.relu(bb.emit(relax.op.add(main, shortcut))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    passed = ScheduleConvs("llvm")
+    ours = passed(mod)
+    assert (passed.last_count, passed.last_fused) == (2, 4)
+    rng = np.random.default_rng(1)
+    args = [tvm.runtime.tensor(rng.uniform(-1, 1, [int(d) for d in p.ty.shape.values]).astype("float32")) for p in mod["main"].params]
+    run = lambda m: relax.VirtualMachine(tvm.compile(relax.transform.LegalizeOps()(m), "llvm"), tvm.cpu())["main"](*args).numpy()  # noqa: E731
+    np.testing.assert_allclose(run(ours), run(mod), rtol=1e-5, atol=1e-5)
 
 
 def _serial_functions(mod: tvm.IRModule, above: int) -> list[str]:

@@ -20,6 +20,7 @@ from .compile import (  # noqa: E402
 )  # fmt: skip
 from .errors import ConvGradError  # noqa: E402
 from .params import ConvGeometry, ConvGradParams  # noqa: E402
+from .params.post_ops import PostOp  # noqa: E402
 from .tuning import TuneReport, tune  # noqa: E402
 
 __version__ = "0.1.0"
@@ -30,6 +31,7 @@ __all__ = [
     "ConvGradError",
     "ConvGradParams",
     "Kernel",
+    "PostOp",
     "Timing",
     "TuneReport",
     "Workload",

@@ -30,6 +30,7 @@ __all__ = [
     "deconv_grad_filter",
     "from_data_format",
     "from_weights_format",
+    "post_ops",
     "to_data_format",
     "to_weights_format",
 ]
@@ -223,6 +224,35 @@ def conv_forward_nd(x, w, strides, pads_begin, dilations, groups: int = 1, pads_
     y = y.reshape(n, cout, *grid)
     if bias is not None:
         y += np.asarray(bias, dtype=np.float64).reshape((1, cout) + (1,) * len(grid))
+    return y
+
+
+def post_ops(dst: np.ndarray, ops: Sequence[tuple]) -> np.ndarray:
+    """oneDNN's post-ops on ``dst`` (float64, in its own layout), in order; each op is ``(alg,
+    alpha, beta, src1)``: eltwise ``relu`` (``x > 0 ? x : alpha x``), ``clip`` (``min(max(x,
+    alpha), beta)``), ``linear`` (``alpha x + beta``), ``logistic`` (``1 / (1 + e^-x)``), ``swish``
+    (``x / (1 + e^(-alpha x))``), ``tanh``; binary ``add``, ``sub``, ``mul``, ``div``, ``max``,
+    ``min`` with ``src1`` broadcast to ``dst`` (numpy's rules)."""
+    y = np.asarray(dst, dtype=np.float64)
+    for alg, alpha, beta, src1 in ops:
+        if src1 is not None:
+            b = np.broadcast_to(np.asarray(src1, dtype=np.float64), y.shape)
+            binary = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum, "min": np.minimum}
+            y = binary[alg](y, b)
+        elif alg == "relu":
+            y = np.where(y > 0, y, alpha * y)
+        elif alg == "clip":
+            y = np.minimum(np.maximum(y, alpha), beta)
+        elif alg == "linear":
+            y = alpha * y + beta
+        elif alg == "logistic":
+            y = 1.0 / (1.0 + np.exp(-y))
+        elif alg == "swish":
+            y = y / (1.0 + np.exp(-alpha * y))
+        elif alg == "tanh":
+            y = np.tanh(y)
+        else:
+            raise ValueError(f"post-op {alg!r}")
     return y
 
 

@@ -156,7 +156,7 @@ class Kernel:
             )
         if isinstance(value, tvm.runtime.Tensor):
             return value
-        return tvm.runtime.tensor(np.ascontiguousarray(value), self.device)
+        return tvm.runtime.tensor(np.asarray(value, order="C"), self.device)  # (ascontiguousarray makes a 0-d array 1-d)
 
     def __call__(self, *inputs: Any, out: tvm.runtime.Tensor | None = None):
         """Run on the inputs (numpy arrays or ``tvm.runtime.Tensor``); returns the result.

@@ -12,10 +12,12 @@ pads ``(top, bottom, left, right)``, dilation, groups, type, and the layouts the
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 from tvm import te
 
 from ..params.geometry import live_taps, out_size
+from ..params.post_ops import PostOp
 from . import onednn
 
 __all__ = ["Conv2dGradients"]
@@ -81,12 +83,13 @@ class Conv2dGradients:
         w = te.placeholder(self.weights(), self.dtype, name="weights")
         return onednn.convolution_backward_data(dy, w, list(self.activation(self.x_shape)), kernel_name=kernel_name, **self.attrs())
 
-    def forward(self, kernel_name: str = "conv2d_forward", bias: bool = False) -> te.Tensor:
-        """The convolution itself: ``(x, w[, bias]) -> y``."""
+    def forward(self, kernel_name: str = "conv2d_forward", bias: bool = False, post_ops: Sequence[PostOp] = ()) -> te.Tensor:
+        """The convolution itself: ``(x, w[, bias], *src1) -> y``, each value of y through
+        ``post_ops`` (oneDNN's, :mod:`tvm_convgrad.params.post_ops`) as it is written."""
         x = te.placeholder(self.activation(self.x_shape), self.dtype, name="src")
         w = te.placeholder(self.weights(), self.dtype, name="weights")
         b = te.placeholder((self.w_shape[0],), self.dtype, name="bias") if bias else None
-        return onednn.convolution(x, w, b, kernel_name=kernel_name, **self.attrs())
+        return onednn.convolution(x, w, b, kernel_name=kernel_name, post_ops=list(post_ops), **self.attrs())
 
     def weight_grad(self, kernel_name: str = "conv2d_weight_grad") -> te.Tensor:
         """dW: ``(x, dy) -> dw``."""

@@ -24,6 +24,8 @@ from ..dsl.compute.common import masked
 from ..dsl.compute.stages import LAYOUT_ADAPTER, LAYOUT_IN_TAG, LAYOUT_OUT_TAG
 from ..layout import C0, ceil_div
 from ..params.framework import ConvView
+from ..params.post_ops import PostOp
+from .post_ops import apply_post_ops
 
 __all__ = ["as_5hd", "as_fracz", "data_stage", "weight_stage"]
 
@@ -138,10 +140,12 @@ def as_fracz(weights: te.Tensor, view: ConvView, weights_format: str, name: str)
     return te.compute(shape, value, name=name, tag=LAYOUT_IN_TAG, attrs={LAYOUT_ADAPTER: "in"})
 
 
-def data_stage(result: te.Tensor, view: ConvView, shape: Sequence[int], data_format: str, dtype: str, name: str, attrs: dict) -> te.Tensor:
+def data_stage(result: te.Tensor, view: ConvView, shape: Sequence[int], data_format: str, dtype: str, name: str, attrs: dict,
+               post_ops: Sequence[PostOp] = ()) -> te.Tensor:  # fmt: skip
     """A compute's 5HD result ``(N*D, C1, H*W, 16)`` or ``(N*D, C1, H, W, 16)`` (dX; the forward's
     with the output's D, H, W) as an activation of ``shape`` in ``data_format`` (NCX / NXC, spatial rank 1-3, the same
-    D, H, W), in ``dtype``. ``attrs`` are the result's."""
+    D, H, W), in ``dtype``, each value through ``post_ops`` (at its own index) before it is rounded
+    to ``dtype``. ``attrs`` are the result's."""
     rank = view.rank
     spatial_shape = tuple(shape[2:]) if data_format == "NCX" else tuple(shape[1:-1])
     planes, width = (spatial_shape[0] if rank == 3 else 1), spatial_shape[-1]
@@ -151,7 +155,9 @@ def data_stage(result: te.Tensor, view: ConvView, shape: Sequence[int], data_for
         d, h, w = (0,) * (3 - rank) + tuple(spatial)
         row = n * planes + d if rank == 3 else n
         if len(result.shape) == 5:  # (N*D, C1, H, W, 16)
-            return result[row, c // C0, h, w, c % C0].astype(dtype)
-        return result[row, c // C0, h * width + w, c % C0].astype(dtype)
+            sums = result[row, c // C0, h, w, c % C0]
+        else:
+            sums = result[row, c // C0, h * width + w, c % C0]
+        return (apply_post_ops(post_ops, sums, index) if post_ops else sums).astype(dtype)
 
     return te.compute(tuple(shape), value, name=name, tag=LAYOUT_OUT_TAG, attrs={LAYOUT_ADAPTER: "out", **attrs})

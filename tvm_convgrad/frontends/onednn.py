@@ -36,10 +36,11 @@ from ..dsl.compute.stages import DIFF_SRC, DIFF_WEIGHTS, DST, DY_5HD, FMAP_5HD, 
 from ..params import FORWARD_OP, INPUT_OP
 from ..params.framework import ConvView, FrameworkCall
 from ..params.onednn import backward_data_view, deconv_view, forward_view, onednn_view
+from ..params.post_ops import PostOp
 from .layouts import as_5hd, as_fracz, data_stage, weight_stage
 
 __all__ = [
-    "conv_transpose_backward_weights", "convolution", "convolution_backprop_data", "convolution_backprop_filters", "convolution_backward_data",
+    "PostOp", "conv_transpose_backward_weights", "convolution", "convolution_backprop_data", "convolution_backprop_filters", "convolution_backward_data",
     "convolution_backward_weights",
 ]  # fmt: skip
 
@@ -293,6 +294,7 @@ def convolution(
     groups: int = 1,
     data_format: str = "NXC",
     weights_format: str = "XIO",
+    post_ops: Sequence[PostOp] | None = None,
     kernel_name: str = "convolution",
 ) -> te.Tensor:
     """``Convolution``: ``dst[n, g*OCg + o, p] = sum_{i, k} src[n, g*ICg + i, p*s - pb + k*d] *
@@ -309,28 +311,35 @@ def convolution(
         ``[OC]``, the same type.
     strides, dilations, pads_begin, pads_end, auto_pad, groups : as
         :func:`convolution_backprop_filters`; auto_pad derives the pads from ``S_in``.
+    post_ops : list of PostOp, optional
+        oneDNN's post-ops (:mod:`tvm_convgrad.params.post_ops`), applied in order to each dst
+        value's fp32 sums (after the bias) as it is written out: ``PostOp.eltwise("relu")``,
+        ``PostOp.binary("add", residual)`` (a ``te.Tensor`` broadcast to dst's shape), ... A binary
+        one's ``src1`` is an input of the kernel, after ``bias``.
 
     Returns
     -------
     te.Tensor
         ``dst`` ``[N, *S_out, OC]`` (NCX: channels second), ``S_out = floor((S_in + pb + pe -
-        (K-1)*d - 1) / s) + 1``, the inputs' type (sums in float32, the bias added to them, rounded
-        once).
+        (K-1)*d - 1) / s) + 1``, the inputs' type (sums in float32, the bias added to them, the
+        post-ops applied, rounded once).
     """
-    view, data_format, weights_format, shape = forward_view(
-        "Convolution", src, weights, bias, strides, pads_begin, pads_end, dilations, auto_pad, groups, data_format, weights_format
+    view, data_format, weights_format, shape, post_ops = forward_view(
+        "Convolution", src, weights, bias, strides, pads_begin, pads_end, dilations, auto_pad, groups, data_format, weights_format, post_ops
     )
-    return _forward("Convolution", src, weights, bias, view, data_format, weights_format, shape, kernel_name)
+    return _forward("Convolution", src, weights, bias, view, data_format, weights_format, shape, kernel_name, post_ops)
 
 
 def _forward(op: str, src: te.Tensor, weights: te.Tensor, bias: te.Tensor | None, view: ConvView, data_format: str, weights_format: str,
-             shape, kernel_name: str) -> te.Tensor:  # fmt: skip
+             shape, kernel_name: str, post_ops: tuple[PostOp, ...]) -> te.Tensor:  # fmt: skip
     """The forward compute between layout stages: src 5HD (NDC1HWC0), the weights FracZ_g
-    (FracZ_3D), the ``(N*Do, C1, Ho, Wo, 16)`` result as ``dst`` of ``shape`` in ``data_format``."""
+    (FracZ_3D), the ``(N*Do, C1, Ho, Wo, 16)`` result as ``dst`` of ``shape`` in ``data_format``,
+    each value through ``post_ops`` as it is written."""
     params = view.params(kernel_name, FORWARD_OP)
     fracz = as_fracz(weights, view, weights_format, WEIGHTS_FRACZ)
     y = conv_compute(as_5hd(src, data_format, SRC_5HD), fracz, params, bias, rows_and_columns=True)
     attrs = {"kernel_name": kernel_name, "flops": params.flops, "data_format": data_format}
-    result = data_stage(y, view, shape, data_format, view.dtype, DST, attrs)
-    inputs = (src, weights) + ((bias,) if bias is not None else ())
-    return attach(result, params, inputs, FrameworkCall(op, view, data_format, weights_format))
+    result = data_stage(y, view, shape, data_format, view.dtype, DST, attrs, post_ops)
+    inputs = (src, weights) + ((bias,) if bias is not None else ()) + tuple(p.src1 for p in post_ops if p.is_binary)
+    call = FrameworkCall(op, view, data_format, weights_format, bias=bias is not None, post_ops=post_ops)
+    return attach(result, params, inputs, call)

@@ -106,13 +106,17 @@ class FrameworkCall:
     ``ConvolutionBackpropData``); the kernel's activations are in ``data_format`` (DeconvGradFilter:
     NHWC, ``"NXC"``) and its weights (the dW result, the dX input) in ``weights_format``
     (DeconvGradFilter: ``"dsp"``, ``[G, OCg*kh*kw, m]``). ``view`` holds the attributes (kernel,
-    strides, pads as used, dilations, groups) and ``dsp_params`` DeconvGradFilter's ``params``."""
+    strides, pads as used, dilations, groups) and ``dsp_params`` DeconvGradFilter's ``params``;
+    ``bias`` whether Convolution takes one, ``post_ops`` its post-ops (their ``src1`` the kernel's
+    last inputs, in order)."""
 
     op: str
     view: ConvView
     data_format: str
     weights_format: str
     dsp_params: tuple[int, ...] | None = None
+    bias: bool = False
+    post_ops: tuple = ()
 
 
 def auto_pads(size: int, kernel: int, stride: int, dilation: int, mode: str) -> tuple[int, int]:

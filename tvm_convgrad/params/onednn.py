@@ -11,6 +11,7 @@ from .framework import (
     CODES, DATA_FORMATS, DTYPES, ConvView, activations, auto_pad_mode, auto_pads, check_channels_and_batch, check_spatial, format_choice, groups_attr,
     one_dtype, per_axis, shape_given, split_format, weights_shape, window_attrs, with_pads,
 )  # fmt: skip
+from .post_ops import PostOp, post_op_rules
 from .rules import Rules
 
 __all__ = ["backward_data_view", "deconv_view", "forward_view", "onednn_view"]
@@ -193,11 +194,13 @@ def forward_view(
     groups: Any,
     data_format: Any,
     weights_format: Any,
-) -> tuple[ConvView, str, str, tuple[int, ...]]:
-    """Convolution (the forward): ``(view, data_format, weights_format, dst shape)``. ``src`` is
+    post_ops: Any = None,
+) -> tuple[ConvView, str, str, tuple[int, ...], tuple[PostOp, ...]]:
+    """Convolution (the forward): ``(view, data_format, weights_format, dst shape, post_ops)``. ``src`` is
     ``(N, *S_in, IC)`` (NXC) or ``(N, IC, *S_in)`` (NCX), the weights XIO ``(*K, IC/G, OC)`` or OIX
     ``(OC, IC/G, *K)`` of the same rank and type, ``bias`` (optional) ``(OC,)`` of that type;
-    ``S_out = floor((S_in + pb + pe - (K-1)*d - 1) / s) + 1`` (auto_pad: the pads from S_in)."""
+    ``S_out = floor((S_in + pb + pe - (K-1)*d - 1) / s) + 1`` (auto_pad: the pads from S_in);
+    ``post_ops`` as :func:`~tvm_convgrad.params.post_ops.post_op_rules` admits them on that dst."""
     r = Rules(op, CODES)
     src_shape, w_shape, dtype = activations(r, ("src", src), ("weights", weights))
     rank, nd = len(src_shape), len(src_shape) - 2
@@ -232,7 +235,7 @@ def forward_view(
         s_out.append((s_in[axis] + pads_begin[axis] + pads_end[axis] - eff) // strides[axis] + 1)
     view = ConvView(batch, cin, o, groups, tuple(s_in), tuple(s_out), tuple(kernel), strides, pads_begin, pads_end, dilations, dtype)
     shape = (batch, o, *s_out) if data_format == "NCX" else (batch, *s_out, o)
-    return view, data_format, weights_format, shape
+    return view, data_format, weights_format, shape, post_op_rules(r, post_ops, shape)
 
 
 def _diff_src_shape(r: Rules, names: dict[str, str], given: Any, attribute: Any, rank: int) -> tuple[int, ...] | None:

@@ -12,7 +12,7 @@ errors of the order of the values themselves, far above that bound.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -128,11 +128,13 @@ def framework_expected(call: FrameworkCall, arrays: Sequence[np.ndarray]) -> np.
     if call.op == "DeconvGradFilter":
         return reference.deconv_grad_filter(first, second, call.dsp_params)
     v = call.view
-    if call.op == "Convolution":  # (src, weights[, bias]) -> dst
+    if call.op == "Convolution":  # (src, weights[, bias], *post-ops' src1) -> dst
         x, w = reference.from_data_format(first, call.data_format), reference.from_weights_format(second, call.weights_format)
-        bias = np.asarray(arrays[2], dtype=np.float64) if len(arrays) > 2 else None
+        bias = np.asarray(arrays[2], dtype=np.float64) if call.bias else None
         y = reference.conv_forward_nd(x, w, v.strides, v.pads_begin, v.dilations, v.groups, v.pads_end, bias)
-        return reference.to_data_format(y, call.data_format)
+        src1 = iter(arrays[2 + call.bias :])
+        ops = [(p.alg, p.alpha, p.beta, next(src1) if p.is_binary else None) for p in call.post_ops]
+        return reference.post_ops(reference.to_data_format(y, call.data_format), ops)
     if call.op in DATA_GRADIENTS:  # (diff_dst, weights) -> diff_src
         dy, w = reference.from_data_format(first, call.data_format), reference.from_weights_format(second, call.weights_format)
         dx = reference.conv_backward_data_nd(dy, w, v.spatial_in, v.strides, v.pads_begin, v.dilations, v.groups)
@@ -140,6 +142,20 @@ def framework_expected(call: FrameworkCall, arrays: Sequence[np.ndarray]) -> np.
     first, second = reference.from_data_format(first, call.data_format), reference.from_data_format(second, call.data_format)
     gradient = reference.conv_transpose_backward_weights if call.op == "ConvTransposeBackwardWeights" else reference.conv_backprop_filter_nd
     return reference.to_weights_format(gradient(first, second, v.kernel, v.strides, v.pads_begin, v.dilations, v.groups), call.weights_format)
+
+
+def post_op_bound(call: FrameworkCall, arrays: Sequence[np.ndarray], params: ConvGradParams, dtype: str) -> np.ndarray:
+    """The allowed error of a Convolution with post-ops: the fp32 sums' bound carried through
+    them (how far the post-ops' result moves when every sum moves by its bound either way: a
+    ``div`` by a small ``src1`` magnifies it, a ``mul`` or a ``logistic`` shrinks it), each
+    post-op's fp32 rounding, and the result's one rounding to ``dtype``."""
+    sums = framework_expected(replace(call, post_ops=()), arrays[: 2 + call.bias])
+    src1 = iter(arrays[2 + call.bias :])
+    ops = [(p.alg, p.alpha, p.beta, next(src1) if p.is_binary else None) for p in call.post_ops]
+    result = reference.post_ops(sums, ops)
+    moved = 4 * reduction_length(params) * 2.0**-24 + 2.0**-24 * np.abs(sums)
+    moved = np.maximum(np.abs(reference.post_ops(sums + moved, ops) - result), np.abs(reference.post_ops(sums - moved, ops) - result))
+    return 2 * moved + len(ops) * 2.0**-22 * (np.abs(result) + np.abs(sums)) + _EPS[dtype] * np.abs(result)
 
 
 def check_kernel(kernel: Kernel, seed: int = 0) -> Check:
@@ -154,7 +170,10 @@ def check_kernel(kernel: Kernel, seed: int = 0) -> Check:
         arrays = [rng.uniform(-1.0, 1.0, a.shape).astype(numpy_dtype(a.dtype)) for a in kernel.inputs]
         result = kernel(*arrays)
         expected = framework_expected(kernel.call, arrays)
-        bound = error_bound(params, expected, kernel.output.dtype)
+        if kernel.call.post_ops:
+            bound = post_op_bound(kernel.call, arrays, params, kernel.output.dtype)
+        else:
+            bound = error_bound(params, expected, kernel.output.dtype)
     else:
         inputs = random_inputs(params, seed, kernel.inputs[2] if len(kernel.inputs) > 2 else None)
         result = kernel(*kernel_arrays(params, inputs))
