@@ -300,6 +300,33 @@ def test_two_convolutions_meeting_in_a_residual_add_fuse_it_once():
     np.testing.assert_allclose(run(ours), run(mod), rtol=1e-5, atol=1e-5)
 
 
+@needs_torch
+def test_relu_joins_the_convolution_in_a_trainer_and_its_gradient_is_pytorchs_at_zero():
+    """In a trainer, ReLU's gradient reads ReLU's output (``where(y > 0, dy, 0)``, PyTorch's
+    ``threshold_backward``), so the convolution's output is read by the ReLU alone and the ReLU runs
+    inside the convolution's kernel. At a zero pre-activation (zero weights) the gradient is
+    PyTorch's 0, where Relax's own (``where(x < 0, 0, dy)``) passes dy through."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((_BATCH, 3, 8, 8), "float32"))
+    w = relax.Var("w", relax.TensorType((_CLASSES, 3, 3, 3), "float32"))
+    with bb.function("backbone", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.mean(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=1)), axis=[2, 3]))
+        bb.emit_func_output(out)
+    mod = SetupTrainer(CrossEntropyLoss(), SGD(0.1), _loss_args(), target="llvm")(bb.get().with_attrs({"param_num": 1, "state_num": 0}))
+    adjoint = mod["backbone_loss_adjoint"].script()
+    assert "relu" not in adjoint, "the ReLU is not inside the convolution's kernel"
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    rng = np.random.default_rng(0)
+    xs, target = rng.uniform(-1, 1, (_BATCH, 3, 8, 8)).astype("float32"), np.array([1, 7], dtype="int64")
+    for weights in (np.zeros((_CLASSES, 3, 3, 3), "float32"), rng.uniform(-1, 1, (_CLASSES, 3, 3, 3)).astype("float32")):
+        _, (dw,) = vm["backbone_loss_adjoint"](*map(tvm.runtime.tensor, (xs, weights, target)))
+        wt = torch.tensor(weights, dtype=torch.float64, requires_grad=True)
+        y = torch.nn.functional.conv2d(torch.tensor(xs, dtype=torch.float64), wt, padding=1).relu().mean((2, 3))
+        torch.nn.functional.cross_entropy(y, torch.tensor(target)).backward()
+        np.testing.assert_allclose(dw.numpy(), wt.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
 def _serial_functions(mod: tvm.IRModule, above: int) -> list[str]:
     """The PrimFuncs with a parameter of at least ``above`` elements and no parallel loop."""
     serial = []

@@ -30,7 +30,10 @@ from ..compile import lower, resolve_target
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 
-__all__ = ["SCHEDULED", "Conv2dCall", "conv2d_gradient", "conv2d_gradients", "gradient_funcs", "permute", "scheduled_func"]
+__all__ = [
+    "SCHEDULED", "Conv2dCall", "conv2d_gradient", "conv2d_gradients", "gradient_funcs", "permute", "primal_gradient", "relu_gradient",
+    "relu_gradients", "scheduled_func",
+]  # fmt: skip
 
 OP = "relax.nn.conv2d"
 SCHEDULED = "tirx.is_scheduled"
@@ -130,16 +133,36 @@ def conv2d_gradient(target: str | dict | Target = "llvm", fallback=None):
 
 
 @contextlib.contextmanager
-def conv2d_gradients(target: str | dict | Target = "llvm"):
-    """Within the block, Relax's ``Gradient`` pass differentiates ``relax.nn.conv2d`` with
-    :func:`conv2d_gradient` for ``target``; Relax's own gradient is restored on exit."""
-    op = tvm.ir.Op.get(OP)
+def primal_gradient(op_name: str, make):
+    """Within the block, Relax's ``Gradient`` pass differentiates ``op_name`` with ``make(own)``
+    (``own``: Relax's gradient of it, or None); Relax's own is restored on exit."""
+    op = tvm.ir.Op.get(op_name)
     own = op.get_attr("FPrimalGradient")
     op.reset_attr("FPrimalGradient")
-    tvm.ir.register_op_attr(OP, "FPrimalGradient", conv2d_gradient(target, fallback=own))
+    tvm.ir.register_op_attr(op_name, "FPrimalGradient", make(own))
     try:
         yield
     finally:
         op.reset_attr("FPrimalGradient")
         if own is not None:
-            tvm.ir.register_op_attr(OP, "FPrimalGradient", own)
+            tvm.ir.register_op_attr(op_name, "FPrimalGradient", own)
+
+
+def conv2d_gradients(target: str | dict | Target = "llvm"):
+    """Within the ``with`` block, Relax's ``Gradient`` pass differentiates ``relax.nn.conv2d`` with
+    :func:`conv2d_gradient` for ``target``; Relax's own gradient is restored on exit."""
+    return primal_gradient(OP, lambda own: conv2d_gradient(target, fallback=own))
+
+
+def relu_gradient(orig_var: relax.Var, orig_call: relax.Call, output_grad: relax.Var, ctx: relax.BlockBuilder) -> list[relax.Expr]:
+    """ReLU's gradient read from its output, as PyTorch's ``threshold_backward``: ``where(y > 0,
+    dy, 0)``. Relax's own reads the input (``where(x < 0, 0, dy)``: the same but at ``x == 0``,
+    where PyTorch's is 0), so the input is read twice and the ReLU cannot join the convolution
+    before it (:class:`~tvm_convgrad.relax.ScheduleConvs`); read from the output, it can."""
+    zero = relax.const(0, str(orig_var.ty.dtype))
+    return [relax.op.where(relax.op.greater(orig_var, zero), output_grad, zero)]
+
+
+def relu_gradients():
+    """Within the ``with`` block, ``relax.nn.relu`` is differentiated by :func:`relu_gradient`."""
+    return primal_gradient("relax.nn.relu", lambda own: relu_gradient)

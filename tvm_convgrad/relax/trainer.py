@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import tvm
 from tvm import relax
 from tvm.relax.training import SetupTrainer as RelaxSetupTrainer
@@ -9,7 +11,7 @@ from tvm.target import Target
 
 from ..compile import resolve_target
 from .forward import ScheduleConvs, ScheduleLoops
-from .gradient import conv2d_gradients
+from .gradient import conv2d_gradients, relu_gradients
 
 __all__ = ["SetupTrainer"]
 
@@ -25,8 +27,9 @@ class SetupTrainer:
     scheduled for ``target`` (:mod:`.gradient`): any stride, asymmetric pads, dilation (which
     Relax's own gradient cannot take), groups and depthwise, NCHW / NHWC and any OIHW permutation,
     float32 / float16 / bfloat16. With ``forward`` (the default) every forward ``conv2d`` runs on
-    the package's kernel too (:class:`.ScheduleConvs`) and, on a CPU target, every other PrimFunc
-    gets a parallel, vectorized schedule (:class:`.ScheduleLoops`). Compile the result with
+    the package's kernel too, with the elementwise operators after it inside (:class:`.ScheduleConvs`;
+    ReLU's gradient then reads ReLU's output, as PyTorch's does: :func:`.gradient.relu_gradient`)
+    and, on a CPU target, every other PrimFunc gets a parallel, vectorized schedule (:class:`.ScheduleLoops`). Compile the result with
     ``tvm.compile(mod, target)`` and run it in ``relax.training.Trainer``.
 
     Parameters
@@ -46,7 +49,7 @@ class SetupTrainer:
         self._forward = forward
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        with conv2d_gradients(self._target):
+        with conv2d_gradients(self._target), relu_gradients() if self._forward else contextlib.nullcontext():
             mod = self._trainer(mod)
         mod = relax.transform.DeadCodeElimination()(mod)  # the kernels of adjoints no one needs (an input's dX)
         if self._forward:
