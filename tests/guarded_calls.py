@@ -34,7 +34,7 @@ from tvm_convgrad import build, emulate_bf16_dot, emulate_cuda, isa_target  # no
 
 SEED = 20261126
 VARIANTS = ("build", "pairs", "amx", "cuda")
-PAIR_OPERATORS = ("conv", "conv_v2", "deconv", "data", "data_v1")  # the operators that take bf16
+PAIR_OPERATORS = ("conv", "conv_v2", "deconv", "data", "data_v1", "fwd")  # the operators that take bf16
 AMX_OPERATORS = ("conv", "conv_v2", "deconv")  # the weight gradients AMX tiles run
 
 _PADS1 = dict(pads_begin=(1, 1), pads_end=(1, 1), dilations=(1, 1), effective_pads=(1, 1))

@@ -31,7 +31,7 @@ def _target(mcpu: str) -> Target:
 
 def _call(op: str, rank: int = 2, dtype: str = "bfloat16", batch: int = 2, size: int = 9, cin: int = 32, cout: int = 48, kernel: int = 3,
           stride: int = 1, groups: int = 1):  # fmt: skip
-    """A call of ``op`` (``filters`` / ``transpose`` / ``data``), NXC, XIO weights."""
+    """A call of ``op`` (``filters`` / ``transpose`` / ``data`` / ``forward``), NXC, XIO weights."""
     spatial = (size,) * rank
     out = tuple((s + 2 - kernel) // stride + 1 for s in spatial)
     attrs = {"strides": [stride] * rank, "pads_begin": [1] * rank, "pads_end": [1] * rank, "dilations": [1] * rank, "groups": groups}
@@ -42,16 +42,20 @@ def _call(op: str, rank: int = 2, dtype: str = "bfloat16", batch: int = 2, size:
     if op == "transpose":  # ConvTranspose's src is the conv's dy: its output is x
         return onednn.conv_transpose_backward_weights(dy, x, [*([kernel] * rank), cin // groups, cout], **attrs)
     w = te.placeholder((*([kernel] * rank), cin // groups, cout), dtype, name="w")
+    if op == "forward":
+        return onednn.convolution(x, w, **attrs)
     return onednn.convolution_backward_data(dy, w, [batch, *spatial, cin], **attrs)
 
 
 @pytest.mark.parametrize(
     "mcpu, op, rank",
-    [("znver4", op, rank) for op in ("filters", "transpose", "data") for rank in (1, 2, 3)]
-    + [("sapphirerapids", "data", rank) for rank in (1, 2, 3)] + [("sapphirerapids", op, 3) for op in ("filters", "transpose")],
+    [("znver4", op, rank) for op in ("filters", "transpose", "data", "forward") for rank in (1, 2, 3)]
+    + [("sapphirerapids", op, rank) for op in ("data", "forward") for rank in (1, 2, 3)]
+    + [("sapphirerapids", op, 3) for op in ("filters", "transpose")],
 )  # fmt: skip
 def test_bf16_mads_run_on_vdpbf16ps_and_no_fp32_fma(mcpu, op, rank):
-    """Every bf16 gradient on a vdpbf16ps target; on an AMX one, dX and the 3-D dW (2-D dW: AMX tiles)."""
+    """Every bf16 gradient and the bf16 forward on a vdpbf16ps target; on an AMX one, dX, the
+    forward and the 3-D dW (2-D dW: AMX tiles)."""
     kernel = build(_call(op, rank, size=7 if rank == 3 else 9), _target(mcpu))
     assert kernel.formulation == "cube-bf16" and kernel.isa.bf16_dot
     loops = [loop for loop in hot_loops(kernel.source) if loop.dot_lines]
@@ -131,7 +135,7 @@ def test_f32_and_f16_keep_the_exact_path_on_a_bf16_target(dtype):
         emulate_bf16_dot(_call("filters", dtype=dtype))
 
 
-@pytest.mark.parametrize("op", ["conv", "conv_v2", "deconv", "data", "data_v1"])
+@pytest.mark.parametrize("op", ["conv", "conv_v2", "deconv", "data", "data_v1", "fwd"])
 @pytest.mark.parametrize("seed", range(6))
 def test_random_bf16_calls_on_pairs_match_the_reference(op, seed):
     """Ranks 1-3, both layouts, groups and depthwise, odd sizes (a last pair half empty), strides,

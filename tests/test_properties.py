@@ -56,7 +56,7 @@ def _report(what: str, failures: list[str], total: int, seconds: float) -> str:
 
 FAMILIES = {f.family for f in Formulation} | {NO_MAD}
 """What ``Kernel.formulation`` may say."""
-BF16_OPERATORS = ("conv", "conv_v2", "deconv", "data", "data_v1")  # the operators that take bf16
+BF16_OPERATORS = ("conv", "conv_v2", "deconv", "data", "data_v1", "fwd")  # the operators that take bf16
 
 
 @pytest.mark.slow

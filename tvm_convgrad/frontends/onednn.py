@@ -331,15 +331,17 @@ def convolution(
 
 
 def _forward(op: str, src: te.Tensor, weights: te.Tensor, bias: te.Tensor | None, view: ConvView, data_format: str, weights_format: str,
-             shape, kernel_name: str, post_ops: tuple[PostOp, ...]) -> te.Tensor:  # fmt: skip
+             shape, kernel_name: str, post_ops: tuple[PostOp, ...], bf16_pairs: bool = False, amx: bool = False) -> te.Tensor:  # fmt: skip
     """The forward compute between layout stages: src 5HD (NDC1HWC0), the weights FracZ_g
     (FracZ_3D), the ``(N*Do, C1, Ho, Wo, 16)`` result as ``dst`` of ``shape`` in ``data_format``,
-    each value through ``post_ops`` as it is written."""
+    each value through ``post_ops`` as it is written; a bf16 result carries its bf16-pair form
+    (no tile plan: ``amx`` is ignored, an AMX target runs its forward on ``vdpbf16ps``)."""
     params = view.params(kernel_name, FORWARD_OP)
     fracz = as_fracz(weights, view, weights_format, WEIGHTS_FRACZ)
-    y = conv_compute(as_5hd(src, data_format, SRC_5HD), fracz, params, bias, rows_and_columns=True)
+    y = conv_compute(as_5hd(src, data_format, SRC_5HD), fracz, params, bias, rows_and_columns=True, bf16_pairs=bf16_pairs)
     attrs = {"kernel_name": kernel_name, "flops": params.flops, "data_format": data_format}
     result = data_stage(y, view, shape, data_format, view.dtype, DST, attrs, post_ops)
     inputs = (src, weights) + ((bias,) if bias is not None else ()) + tuple(p.src1 for p in post_ops if p.is_binary)
     call = FrameworkCall(op, view, data_format, weights_format, bias=bias is not None, post_ops=post_ops)
-    return attach(result, params, inputs, call)
+    paired = partial(_forward, op, src, weights, bias, view, data_format, weights_format, shape, kernel_name, post_ops, True)
+    return attach(result, params, inputs, call, paired if _pairs_apply(view, bf16_pairs) else None)

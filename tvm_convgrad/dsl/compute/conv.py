@@ -30,6 +30,11 @@ tap reads consecutive rows of one phase, ``Hq = Ho + (KH-1)*dh // sh`` of them; 
 One extended group of fewer than 16 input channels (a network's first layer) sums over its real
 channels only: the ``ci0`` axis has ``Cin`` steps.
 
+**bf16 pairs** (``bf16_pairs``, bf16 x and weight; ``Formulation.CUBE_FWD_BF16``, what a
+``vdpbf16ps`` target builds): ``fmap_pad`` and ``w_conv`` hold pairs of input channels ``(2q,
+2q+1)`` in one ``uint32`` (:mod:`.pairs`; their last axes ``8`` and ``(8, 16)``) and the mad sums
+:func:`.pairs.pair_dot` over the 8 pairs (a stem over ``ceil(Cin/2)``).
+
 **3-D** (``geom.depth``; x NDC1HWC0 ``(N, D, C1, H, W, 16)``, the weight FracZ_3D ``(KD*C1x*KH*KW,
 cout1_g, 16, 16)``, depth tap outermost): output plane ``do`` of image ``n`` is mad row ``n*Do + do``,
 and the depth taps join the channel-block reduction (``ci1 = kd*cin1_g + ci1'``); ``fmap_pad`` is
@@ -46,6 +51,7 @@ from ... import layout
 from ...layout import C0, ceil_div
 from ...params import ConvGradParams
 from .common import ACC, NEVER, guarded, inside
+from .pairs import pair, pair_dot
 from .stages import CONV_CC, CONV_RES, CONV_TAG, FMAP_PAD, FORMULATION, MAD_TAG, W_CONV, Formulation
 
 __all__ = ["conv_compute", "conv_output_shape"]
@@ -58,7 +64,7 @@ def conv_output_shape(params: ConvGradParams) -> tuple[int, int, int, int]:
 
 
 def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bias: te.Tensor | None = None,
-                 rows_and_columns: bool = False) -> te.Tensor:  # fmt: skip
+                 rows_and_columns: bool = False, bf16_pairs: bool = False) -> te.Tensor:  # fmt: skip
     """``y`` of TBE's shape ``(N, ceil(Cout,16), Ho*Wo, 16)`` from 5HD ``data`` and FracZ(_g)
     ``weight`` (3-D: NDC1HWC0 and FracZ_3D, the result ``(N*Do, ..)``); ``bias`` ``(Cout,)`` or
     ``(align(Cout,16),)`` is added to the fp32 sums, and the result is rounded once to
@@ -66,18 +72,21 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
 
     ``rows_and_columns``: the same memory as 5HD ``(N, C1, Ho, Wo, 16)`` (a frontend's layout
     stage reads it with affine indices, so the schedule can write each task's output while the
-    task's sums are in cache)."""
+    task's sums are in cache). ``bf16_pairs``: the mad on bf16 pairs of input channels (see the
+    module docstring)."""
     g = params.geom
     ext = g.group
-    _, read_x = _fmap_pad(data, params)
-    w_conv = _w_conv(weight, params)
+    pairs = bf16_pairs and data.dtype == "bfloat16" and weight.dtype == "bfloat16"
+    _, read_x = _fmap_pad(data, params, pairs)
+    w_conv = _w_conv(weight, params, pairs)
     depth = g.depth
     kd_n = depth.kernel if depth else 1
     one_block = ext.g_extend == 1 and ext.cin1_g == 1 and g.cin < C0  # the real channels only
     ci1 = te.reduce_axis((0, kd_n * ext.cin1_g), name="ci1")
     kh = te.reduce_axis((0, g.kh), name="kh")
     kw = te.reduce_axis((0, g.kw), name="kw")
-    ci0 = te.reduce_axis((0, g.cin if one_block else C0), name="ci0")
+    lanes = g.cin if one_block else C0
+    ci0 = te.reduce_axis((0, ceil_div(lanes, 2) if pairs else lanes), name="ci0")  # pairs: the pair q
 
     def mad(row, co1, j, i, c0):
         e = co1 // ext.cout1_g
@@ -87,11 +96,12 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
             n, plane = row // depth.out, row % depth.out
             tap, block = ci1 // ext.cin1_g, ci1 % ext.cin1_g
             x_at = read_x((n, plane * depth.stride + tap * depth.dilation), e * ext.cin1_g + block, kh, kw, j, i, ci0)
-        return te.sum(x_at * w_conv[co1, ci1, kh, kw, ci0, c0], axis=[ci1, kh, kw, ci0])
+        w_at = w_conv[co1, ci1, kh, kw, ci0, c0]
+        return te.sum(pair_dot(w_at, x_at) if pairs else x_at * w_at, axis=[ci1, kh, kw, ci0])
 
     rows = g.batch * (depth.out if depth else 1)
-    conv_cc = te.compute((rows, ext.g_extend * ext.cout1_g, g.ho, g.wo, C0), mad, name=CONV_CC, tag=MAD_TAG,
-                         attrs={FORMULATION: Formulation.CUBE_FWD.value})  # fmt: skip
+    kind = Formulation.CUBE_FWD_BF16 if pairs else Formulation.CUBE_FWD
+    conv_cc = te.compute((rows, ext.g_extend * ext.cout1_g, g.ho, g.wo, C0), mad, name=CONV_CC, tag=MAD_TAG, attrs={FORMULATION: kind.value})
 
     identity = ext.multiple == 1 and (ext.groups == 1 or ext.cout_g % C0 == 0)
 
@@ -139,14 +149,14 @@ def _holds_image(positions: int, stride: int, phases: int, before: int, size: in
     return any(before <= q * stride + r < before + size for q in range(positions) for r in range(phases))
 
 
-def _fmap_pad(data: te.Tensor, params: ConvGradParams) -> tuple[te.Tensor, Callable]:
+def _fmap_pad(data: te.Tensor, params: ConvGradParams, pairs: bool = False) -> tuple[te.Tensor, Callable]:
     """``(x as the mad reads it, read)``: fp32 with the zero padding its taps reach, each strided
     axis split into its stride phases (``[.., rh, rw, yq, xq, c0]`` holds padded position ``(yq*sh +
     rh, xq*sw + rw)``, so a tap reads consecutive positions of one phase, and a 1x1 strided
     conv packs only the positions it reads); ``data`` itself where that would only copy it (fp32,
     nothing to pad, stride 1). ``read(n_index, block, kh, kw, j, i, ci0)`` is the mad's load of
     padded position ``(j*sh + kh*dh, i*sw + kw*dw)`` (``n_index``: the batch index, and in 3-D
-    the padded plane)."""
+    the padded plane). ``pairs``: bf16 pairs of channels, ``(.., 8)`` words (always packed)."""
     g = params.geom
     (sh, sw), (dh, dw), (pt, _, pl, _) = g.strides, g.dilations, g.pads
     depth = g.depth is not None
@@ -154,7 +164,7 @@ def _fmap_pad(data: te.Tensor, params: ConvGradParams) -> tuple[te.Tensor, Calla
     reach = ((g.ho - 1) * sh + (g.kh - 1) * dh + 1, (g.wo - 1) * sw + (g.kw - 1) * dw + 1)
     plane_pad = g.depth.pad_before if depth else 0
     planes = (g.depth.out - 1) * g.depth.stride + (g.depth.kernel - 1) * g.depth.dilation + 1 if depth else 0
-    if (data.dtype == ACC and not (pt or pl or plane_pad) and reach[0] <= g.h and reach[1] <= g.w and (not depth or planes <= g.depth.size)
+    if (not pairs and data.dtype == ACC and not (pt or pl or plane_pad) and reach[0] <= g.h and reach[1] <= g.w and (not depth or planes <= g.depth.size)
             and (sh, sw) == (1, 1) and blocks <= c1_x):  # fmt: skip
         if depth:
             return data, lambda lead, c1, kh, kw, j, i, c0: data[lead[0], lead[1], c1, j + kh * dh, i + kw * dw, c0]
@@ -172,10 +182,13 @@ def _fmap_pad(data: te.Tensor, params: ConvGradParams) -> tuple[te.Tensor, Calla
         conds += [c1 < c1_x] if blocks > c1_x else []
         at = (*(p - plane_pad for p in plane), y - pt, x - pl)
         read = data[(n, at[0], c1, at[1], at[2], c0)] if depth else data[n, c1, at[0], at[1], c0]
-        return guarded(conds, read.astype(ACC))
+        return guarded(conds, read.astype(data.dtype if pairs else ACC))
 
-    shape = (g.batch, *((planes,) if depth else ()), blocks, ph, pw, rows, cols, C0)
-    fmap = te.compute(shape, value, name=FMAP_PAD, tag=FMAP_PAD)
+    shape = (g.batch, *((planes,) if depth else ()), blocks, ph, pw, rows, cols)
+    if pairs:
+        fmap = te.compute((*shape, C0 // 2), lambda *i: pair(value(*i[:-1], 2 * i[-1]), value(*i[:-1], 2 * i[-1] + 1)), name=FMAP_PAD, tag=FMAP_PAD)
+    else:
+        fmap = te.compute((*shape, C0), value, name=FMAP_PAD, tag=FMAP_PAD)
 
     def read(lead, c1, kh, kw, j, i, c0):
         tap_h, tap_w = kh * dh, kw * dw
@@ -184,10 +197,11 @@ def _fmap_pad(data: te.Tensor, params: ConvGradParams) -> tuple[te.Tensor, Calla
     return fmap, read
 
 
-def _w_conv(weight: te.Tensor, params: ConvGradParams) -> te.Tensor:
+def _w_conv(weight: te.Tensor, params: ConvGradParams, pairs: bool = False) -> te.Tensor:
     """The FracZ(_g) weight ``(KD*g_extend*cin1_g*KH*KW, cout1_g, 16 co0, 16 ci0)`` as
     ``(g_extend*cout1_g, KD*cin1_g, KH, KW, 16 ci0, 16 co0)`` fp32: each input lane's row of 16
-    output channels contiguous (the mad's vector operand)."""
+    output channels contiguous (the mad's vector operand); ``pairs``: ``(.., 8 q, 16 co0)`` words
+    of input lanes ``(2q, 2q+1)``."""
     g = params.geom
     ext = g.group
     per_tap = int(weight.shape[0]) // (g.kd * g.kh * g.kw)  # C1 blocks of FracZ rows per depth tap
@@ -198,7 +212,10 @@ def _w_conv(weight: te.Tensor, params: ConvGradParams) -> te.Tensor:
         c1 = e * ext.cin1_g + c1
         conds = [c1 < per_tap] if ext.g_extend * ext.cin1_g > per_tap else []  # blocks past the channels
         row = layout.fracz_row(tap * per_tap + (tirx.min(c1, per_tap - 1) if conds else c1), kh, kw, g.kh, g.kw)
-        return guarded(conds, weight[row, block, co0, ci0].astype(ACC))
+        return guarded(conds, weight[row, block, co0, ci0].astype(weight.dtype if pairs else ACC))
 
-    shape = (ext.g_extend * ext.cout1_g, g.kd * ext.cin1_g, g.kh, g.kw, C0, C0)
-    return te.compute(shape, value, name=W_CONV, tag=W_CONV)
+    shape = (ext.g_extend * ext.cout1_g, g.kd * ext.cin1_g, g.kh, g.kw)
+    if pairs:
+        return te.compute((*shape, C0 // 2, C0), lambda co1, ci1, kh, kw, q, co0: pair(value(co1, ci1, kh, kw, 2 * q, co0), value(co1, ci1, kh, kw, 2 * q + 1, co0)),
+                          name=W_CONV, tag=W_CONV)  # fmt: skip
+    return te.compute((*shape, C0, C0), value, name=W_CONV, tag=W_CONV)

@@ -139,6 +139,7 @@ class Formulation(str, Enum):
     DEPTHWISE_DW = "depthwise-dw"  # dW, one input channel per group: channels on the lanes
     DEPTHWISE_DX = "depthwise-dx"  # dX, one input channel per group: one mad per stride phase
     CUBE_FWD = "cube-fwd"  # the forward convolution: pixel tiles x 16 output channels, as a dX phase
+    CUBE_FWD_BF16 = "cube-bf16-fwd"  # the forward on the cube, bf16 pairs along Cin (a vdpbf16ps target's)
 
     @property
     def family(self) -> str:

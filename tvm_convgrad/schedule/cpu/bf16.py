@@ -36,12 +36,12 @@ from ...dsl.compute.pairs import PAIR_DTYPE, pair_dot
 from ...isa import PLANS
 from ...layout import C0
 from ...tvmscript import fast_tvmscript
-from .cube import CubeFilterGrad, CubeInputGrad
+from .cube import CubeFilterGrad, CubeForward, CubeInputGrad
 from .lanes import CoutLanesFilterGrad
 from .loops import CpuMad
 
 __all__ = [
-    "DPBF16", "DPBF16_EMULATED_LLVM", "DPBF16_INTRIN", "DPBF16_LLVM", "PairedCoutLanesFilterGrad", "PairedFilterGrad", "PairedInputGrad",
+    "DPBF16", "DPBF16_EMULATED_LLVM", "DPBF16_INTRIN", "DPBF16_LLVM", "PairedCoutLanesFilterGrad", "PairedFilterGrad", "PairedForward", "PairedInputGrad",
     "dpbf16_llvm", "emulated_pairs_llvm",
 ]  # fmt: skip
 
@@ -173,6 +173,14 @@ class PairedInputGrad(_Pairs, CubeInputGrad):
     """One stride phase of dX on the cube in bf16 pairs (``dx_cc_<rh>_<rw>``, ``Formulation.CUBE_DX_BF16``):
     whole pixel tiles only (an edge tile's copy of the mad, made by ``loop_partition``, reads
     whole buffers as far as the schedule can tell, which a tensor intrinsic cannot match)."""
+
+    edge_tiles = False
+
+
+class PairedForward(_Pairs, CubeForward):
+    """The forward convolution on the cube in bf16 pairs (``conv_cc``, ``Formulation.CUBE_FWD_BF16``):
+    a paired dX phase's schedule, each row a weight row of 16 output channels times one broadcast
+    pair of input channels; whole pixel tiles only."""
 
     edge_tiles = False
 

@@ -165,8 +165,8 @@ class CubeInputGrad(CpuMad):
             sch.reorder(c1_o, n, j_o, i_o, c1_i, lane_groups, *reduction, j_i, i_i, c0)
             task = sch.fuse(c1_o, n, j_o)
             sch.parallel(task)
+            self._write_back_in_task(block, task)  # (first: a tensorized tile's block is replaced)
             self.register_tile(block, [j_i, i_i], c0, co1)
-            self._write_back_in_task(block, task)
             return
         # The columns in tiles of TW and one narrower tile at the end: two copies of the mad.
         sch.reorder(c1_o, n, j_o, i, c1_i, lane_groups, *reduction, j_i, c0)

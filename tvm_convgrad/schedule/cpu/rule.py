@@ -51,7 +51,7 @@ from ...isa import IsaPlan, isa_plan
 from ..base import Config, Rule, mads
 from ..common import inline_layout_stages, stage_blocks, target_cores
 from .amx import AmxFilterGrad
-from .bf16 import PairedCoutLanesFilterGrad, PairedFilterGrad, PairedInputGrad
+from .bf16 import PairedCoutLanesFilterGrad, PairedFilterGrad, PairedForward, PairedInputGrad
 from .cube import CubeFilterGrad, CubeForward, CubeInputGrad
 from .depthwise import DepthwiseFilterGrad, DepthwiseInputGrad
 from .lanes import CoutLanesFilterGrad, PixelLanesInputGrad
@@ -71,6 +71,7 @@ FORMULATIONS: dict[Formulation, type[CpuMad]] = {
     Formulation.DEPTHWISE_DW: DepthwiseFilterGrad,
     Formulation.DEPTHWISE_DX: DepthwiseInputGrad,
     Formulation.CUBE_FWD: CubeForward,
+    Formulation.CUBE_FWD_BF16: PairedForward,
 }
 """The class that schedules each kind of mad."""
 
