@@ -17,7 +17,7 @@ def _commands() -> list[str]:
 def test_readme_has_the_two_setup_commands():
     main, tests = _commands()
     assert main.endswith("tvm-convgrad demo") and "pip install -e ." in main
-    assert tests.endswith("python -m pytest -q") and '".[test]"' in tests
+    assert tests.endswith("python -m pytest -q -n auto --maxprocesses 4") and '".[test]"' in tests  # (pytest-xdist, the test extra's)
 
 
 def test_ci_runs_the_readme_test_command():
