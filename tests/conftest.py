@@ -3,16 +3,30 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
-import numpy as np
-import psutil
-import pytest
 
-from tvm_convgrad import isa_target
-from tvm_convgrad.isa import host_can_run, isa_plan
-from tvm_convgrad.params import ConvGeometry, ConvGradParams
-from tvm_convgrad.tools.verify import error_bound
+def _share_the_cores_among_workers():
+    """Under pytest-xdist, each worker's thread pools (TVM's, PyTorch's OpenMP) get its share of
+    the cores, unless the user set them: pools of every core in every worker spin against each
+    other (a notebook's training loop took 10x as long), before anything starts them."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
+        share = str(max(1, len(os.sched_getaffinity(0)) // workers))
+        os.environ["TVM_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = share
+
+
+_share_the_cores_among_workers()
+
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402
+import pytest  # noqa: E402
+
+from tvm_convgrad import isa_target  # noqa: E402
+from tvm_convgrad.isa import host_can_run, isa_plan  # noqa: E402
+from tvm_convgrad.params import ConvGeometry, ConvGradParams  # noqa: E402
+from tvm_convgrad.tools.verify import error_bound  # noqa: E402
 
 try:
     import torch
