@@ -7,14 +7,18 @@ import os
 import sys
 
 
+def worker_cores() -> int:
+    """This test process's share of the cores: all of them, or under pytest-xdist the cores
+    divided among the workers (a test that starts a process per core starts this many)."""
+    return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
 def _share_the_cores_among_workers():
     """Under pytest-xdist, each worker's thread pools (TVM's, PyTorch's OpenMP) get its share of
     the cores, unless the user set them: pools of every core in every worker spin against each
     other (a notebook's training loop took 10x as long), before anything starts them."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers > 1 and "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
-        share = str(max(1, len(os.sched_getaffinity(0)) // workers))
-        os.environ["TVM_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = share
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["TVM_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(worker_cores())
 
 
 _share_the_cores_among_workers()

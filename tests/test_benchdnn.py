@@ -22,9 +22,9 @@ import pytest
 
 import benchdnn_shapes
 from benchdnn_shapes import BenchdnnError, parse_descriptor, problems, shape_files
-from conftest import slow
+from conftest import slow, worker_cores
 from random_cases import inputs_and_expected, valid_result
-from tvm_convgrad import build, usable_cores
+from tvm_convgrad import build
 
 OPS = ("conv_v2", "data", "deconv")
 MAX_MACS = 3e8
@@ -68,9 +68,9 @@ def _sweep(selected: list[tuple[object, int]], dtype: str = "float32") -> None:
 
 
 def _sweep_in_children() -> None:
-    """The slow tier's work (:func:`_slow_calls`) split between a child process per core (the
-    builds are single-threaded): ``python tests/test_benchdnn.py PART PARTS``."""
-    parts = usable_cores()
+    """The slow tier's work (:func:`_slow_calls`) split between a child process per core of this
+    worker (the builds are single-threaded): ``python tests/test_benchdnn.py PART PARTS``."""
+    parts = worker_cores()
     children = [subprocess.Popen([sys.executable, __file__, str(k), str(parts)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 for k in range(parts)]  # fmt: skip
     failures = []
