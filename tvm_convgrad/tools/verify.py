@@ -132,9 +132,7 @@ def framework_expected(call: FrameworkCall, arrays: Sequence[np.ndarray]) -> np.
         x, w = reference.from_data_format(first, call.data_format), reference.from_weights_format(second, call.weights_format)
         bias = np.asarray(arrays[2], dtype=np.float64) if call.bias else None
         y = reference.conv_forward_nd(x, w, v.strides, v.pads_begin, v.dilations, v.groups, v.pads_end, bias)
-        src1 = iter(arrays[2 + call.bias :])
-        ops = [(p.alg, p.alpha, p.beta, next(src1) if p.is_binary else None) for p in call.post_ops]
-        return reference.post_ops(reference.to_data_format(y, call.data_format), ops)
+        return reference.post_ops(reference.to_data_format(y, call.data_format), _post_ops(call, arrays))
     if call.op in DATA_GRADIENTS:  # (diff_dst, weights) -> diff_src
         dy, w = reference.from_data_format(first, call.data_format), reference.from_weights_format(second, call.weights_format)
         dx = reference.conv_backward_data_nd(dy, w, v.spatial_in, v.strides, v.pads_begin, v.dilations, v.groups)
@@ -144,14 +142,20 @@ def framework_expected(call: FrameworkCall, arrays: Sequence[np.ndarray]) -> np.
     return reference.to_weights_format(gradient(first, second, v.kernel, v.strides, v.pads_begin, v.dilations, v.groups), call.weights_format)
 
 
+def _post_ops(call: FrameworkCall, arrays: Sequence[np.ndarray]) -> list[tuple]:
+    """A Convolution's post-ops as :func:`reference.post_ops` takes them: each binary one's
+    ``src1`` from the kernel's inputs after ``(src, weights[, bias])``, in order."""
+    src1 = iter(arrays[2 + call.bias :])
+    return [(p.alg, p.alpha, p.beta, next(src1) if p.is_binary else None) for p in call.post_ops]
+
+
 def post_op_bound(call: FrameworkCall, arrays: Sequence[np.ndarray], params: ConvGradParams, dtype: str) -> np.ndarray:
     """The allowed error of a Convolution with post-ops: the fp32 sums' bound carried through
     them (how far the post-ops' result moves when every sum moves by its bound either way: a
     ``div`` by a small ``src1`` magnifies it, a ``mul`` or a ``logistic`` shrinks it), each
     post-op's fp32 rounding, and the result's one rounding to ``dtype``."""
     sums = framework_expected(replace(call, post_ops=()), arrays[: 2 + call.bias])
-    src1 = iter(arrays[2 + call.bias :])
-    ops = [(p.alg, p.alpha, p.beta, next(src1) if p.is_binary else None) for p in call.post_ops]
+    ops = _post_ops(call, arrays)
     result = reference.post_ops(sums, ops)
     moved = 4 * reduction_length(params) * 2.0**-24 + 2.0**-24 * np.abs(sums)
     moved = np.maximum(np.abs(reference.post_ops(sums + moved, ops) - result), np.abs(reference.post_ops(sums - moved, ops) - result))
