@@ -13,11 +13,19 @@ def worker_cores() -> int:
     return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 
+USER_SET_THREADS = "TVM_CONVGRAD_TESTS_USER_THREADS"
+"""Whether the user of this run set ``TVM_NUM_THREADS`` or ``OMP_NUM_THREADS`` ("1" or ""), as the
+run's first process saw it: importing the package sets ``TVM_NUM_THREADS`` to every core, and
+pytest-xdist's workers inherit the controller's environment after its conftest imported it."""
+
+
 def _share_the_cores_among_workers():
     """Under pytest-xdist, each worker's thread pools (TVM's, PyTorch's OpenMP) get its share of
     the cores, unless the user set them: pools of every core in every worker spin against each
     other (a notebook's training loop took 10x as long), before anything starts them."""
-    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
+    if USER_SET_THREADS not in os.environ:  # the run's first process (xdist's controller, or pytest without it)
+        os.environ[USER_SET_THREADS] = "1" if {"TVM_NUM_THREADS", "OMP_NUM_THREADS"} & set(os.environ) else ""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and not os.environ[USER_SET_THREADS]:
         os.environ["TVM_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(worker_cores())
 
 

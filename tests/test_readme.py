@@ -5,7 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from conftest import needs_torch
+import os
+
+import pytest
+from conftest import USER_SET_THREADS, needs_torch, worker_cores
 
 ROOT = Path(__file__).parent.parent
 
@@ -25,6 +28,17 @@ def test_ci_runs_the_readme_test_command():
     ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith(("#", "set ", "cd "))]
     assert [line for line in ci if "torch" not in line] == steps
     assert ".venv/bin/pip install torch==2.13.0" in ci
+
+
+@pytest.mark.skipif(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2, reason="the README's command runs workers; this run has none")
+def test_each_worker_of_the_readme_command_has_its_share_of_the_cores():
+    """Under the README's command every worker's TVM and OpenMP pools (and what its tests start:
+    notebook kernels, benchdnn's children) get the worker's cores, not every core: the package's
+    import sets ``TVM_NUM_THREADS`` to every core in xdist's controller, whose environment the
+    workers inherit (a notebook took 7x as long beside a benchdnn worker)."""
+    if os.environ[USER_SET_THREADS]:
+        pytest.skip("the user set TVM_NUM_THREADS / OMP_NUM_THREADS for this run")
+    assert os.environ["TVM_NUM_THREADS"] == os.environ["OMP_NUM_THREADS"] == str(worker_cores())
 
 
 def test_readme_usage_snippet_runs(tmp_path, monkeypatch, capsys):
