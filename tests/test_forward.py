@@ -205,3 +205,30 @@ def test_a_framework_forward_writes_its_output_inside_the_mads_tasks():
         task = sch.get(sch.get_loops(sch.get_sblock(result.op.name))[0])  # the output's outermost loop
         assert (f'"{CONV_CC}_update"' in str(task)) == inside, result.op.name
         assert check_kernel(build(result)).ok
+
+
+@pytest.mark.parametrize("data_format, dtype, post_ops", [("NXC", "float32", (("add", 0.0, 0.0, "full"), ("relu", 0.0, 0.0, None))),
+                                                          ("NCX", "bfloat16", ())])  # fmt: skip
+def test_short_rows_run_in_pixel_tiles_across_the_rows(monkeypatch, data_format, dtype, post_ops):
+    """A 7-column output on AVX2 (row tiles of 5 and an edge of 2) runs each image's 49 pixels as
+    one axis in tiles of 5 that cross the rows (:meth:`~tvm_convgrad.schedule.cpu.cube.CubeInputGrad._flat_pixel_tiles`),
+    its dst written inside the tasks: exact, strided, a partial block, bias and post-ops."""
+    from tvm_convgrad import isa_target
+    from tvm_convgrad.isa import host_can_run
+    from tvm_convgrad.schedule.cpu import cube
+
+    target = isa_target("avx2")
+    taken = []
+    monkeypatch.setattr(cube, "FLAT_TASKS_PER_CORE", 0)  # whatever the cores
+    flat = cube.CubeInputGrad._flat_pixel_tiles
+    monkeypatch.setattr(cube.CubeInputGrad, "_flat_pixel_tiles", lambda self, *a: taken.append(a[-1]) or flat(self, *a))
+    case = Case("fwd", 3, 24, 40, 1, (13, 13), (7, 7), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), data_format=data_format,
+                weights_format="XIO" if data_format == "NXC" else "OIX", dtype=dtype, effective_pads=(1, 1), bias=True, post_ops=post_ops)  # fmt: skip
+    kernel = build(framework_call(case, *placeholders(case)), target=target, schedules=None)
+    assert taken == [49]
+    if not host_can_run(target):
+        pytest.skip("this host cannot run AVX2 code")
+    inputs = arrays(case, seed=9)
+    result = kernel(*inputs).astype(np.float64)
+    bound = post_op_bound(kernel.call, inputs, kernel.params, dtype)
+    assert (np.abs(result - expected(case, *inputs)) / bound).max() <= 1.0

@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 import tvm
-from tvm import s_tir
+from tvm import s_tir, tirx
 
 from ...dsl.compute.stages import GRADS_2_MATRIX, KERNEL_H, KERNEL_W, W_COL, W_CONV
 from ...layout import C0
@@ -28,11 +28,12 @@ from ..common import buffer_bytes, elements, loop_extent
 from .loops import CpuMad, sum_parts, whole_tiles_and_edge
 from .tiles import CHUNK_STEPS, MAX_TILE_PIXELS, chunk, dx_tile, largest_divisor
 
-__all__ = ["PACK_IN_CACHE", "PACK_PER_CHUNK", "WEIGHTS_IN_CACHE", "CubeFilterGrad", "CubeForward", "CubeInputGrad"]
+__all__ = ["FLAT_TASKS_PER_CORE", "PACK_IN_CACHE", "PACK_PER_CHUNK", "WEIGHTS_IN_CACHE", "CubeFilterGrad", "CubeForward", "CubeInputGrad"]
 
 WEIGHTS_IN_CACHE = 512 * 1024  # bytes of w_col kept in a core's L2 while dX walks the pixels
 PACK_PER_CHUNK = True  # dW: pack each chunk's dy inside the chunk loop when it fits PACK_IN_CACHE
 PACK_IN_CACHE = 768 * 1024
+FLAT_TASKS_PER_CORE = 4  # flat pixel tiles (one image per task) where there are this many tasks per core
 
 
 class CubeFilterGrad(CpuMad):
@@ -135,6 +136,7 @@ class CubeInputGrad(CpuMad):
     weights = W_COL  # the pack of the weights (the vector operand)
     images_first_by_traffic = False  # the images outside the channel-block groups where that moves fewer bytes
     write_back_in_task = False  # the result stage computed inside the mad's parallel task (one mad, one consumer)
+    flat_pixels = False  # where a row needs an edge tile: an image's pixels one axis, tiled across rows (:meth:`_flat_pixel_tiles`)
 
     def schedule(self, block):
         """dX phase: pixel tiles ``(j_i x i_i)`` x 16 lanes (or a part of them, :func:`dx_tile`),
@@ -148,29 +150,28 @@ class CubeInputGrad(CpuMad):
         sch = self.sch
         weight_bytes = buffer_bytes(sch, self.weights)
         *_, n, c1, j, i, c0, co1, mh, mw, co0 = sch.get_loops(block)
-        blocks = loop_extent(sch, c1)
+        blocks, rows, cols = loop_extent(sch, c1), loop_extent(sch, j), loop_extent(sch, i)
         group = largest_divisor(blocks, WEIGHTS_IN_CACHE // max(1, weight_bytes // blocks))
-        c1_o, c1_i = self.split(c1, group, blocks)
-        if self.images_first_by_traffic and not self.tunable and self._images_first(block, weight_bytes, blocks // group, loop_extent(sch, n)):
-            sch.reorder(n, c1_o)
-            c1_o, n = n, c1_o  # (the loops keep their roles below: the outer two fuse into the parallel loop)
-        cols = loop_extent(sch, i)
-        th, tw, v = dx_tile(loop_extent(sch, j), cols, self.plan, whole=not self.edge_tiles)
+        th, tw, v = dx_tile(rows, cols, self.plan, whole=not self.edge_tiles)
+        if self.flat_pixels and cols % tw and not self.tunable and blocks // group * loop_extent(sch, n) >= FLAT_TASKS_PER_CORE * self.cores:
+            self._flat_pixel_tiles(block, group, weight_bytes, rows * cols)
+            return
+        outer, c1_i = self._channel_groups(block, n, c1, group, weight_bytes)
         most = min(MAX_TILE_PIXELS, self.plan.accumulators // v)
         j_o, j_i = self.split(j, th, most)
         lane_groups, c0 = sch.split(c0, [None, v * self.plan.lanes])
         reduction = [co1, mh, mw, co0]
         if cols % tw == 0 or self.tunable:
             i_o, i_i = self.split(i, tw, most)
-            sch.reorder(c1_o, n, j_o, i_o, c1_i, lane_groups, *reduction, j_i, i_i, c0)
-            task = sch.fuse(c1_o, n, j_o)
+            sch.reorder(*outer, j_o, i_o, c1_i, lane_groups, *reduction, j_i, i_i, c0)
+            task = sch.fuse(*outer, j_o)
             sch.parallel(task)
             self._write_back_in_task(block, task)  # (first: a tensorized tile's block is replaced)
             self.register_tile(block, [j_i, i_i], c0, co1)
             return
         # The columns in tiles of TW and one narrower tile at the end: two copies of the mad.
-        sch.reorder(c1_o, n, j_o, i, c1_i, lane_groups, *reduction, j_i, c0)
-        task = sch.fuse(c1_o, n, j_o)
+        sch.reorder(*outer, j_o, i, c1_i, lane_groups, *reduction, j_i, c0)
+        task = sch.fuse(*outer, j_o)
         sch.parallel(task)
         self._write_back_in_task(block, task)
         for copy, tiles, i_i, below in whole_tiles_and_edge(sch, i, cols, tw):
@@ -178,6 +179,40 @@ class CubeInputGrad(CpuMad):
             sch.reorder(*tiles, c1_i, lane_groups, co1, mh, mw, co0, j_i, i_i, c0)
             self.register_tile(copy, [j_i, i_i], c0, co1)
 
+    def _channel_groups(self, block, n, c1, group: int, weight_bytes: int):
+        """``([outer two loops], c1_i)``: the channel blocks split into groups of ``group``; the
+        group loop and the image loop ``n`` are the outer two, the groups outside unless the
+        images outside read fewer bytes (:meth:`_images_first`); they make the parallel tasks."""
+        sch = self.sch
+        blocks = loop_extent(sch, c1)
+        c1_o, c1_i = self.split(c1, group, blocks)
+        if self.images_first_by_traffic and not self.tunable and self._images_first(block, weight_bytes, blocks // group, loop_extent(sch, n)):
+            return [n, c1_o], c1_i
+        return [c1_o, n], c1_i
+
+    def _flat_pixel_tiles(self, block, group: int, weight_bytes: int, pixels: int):
+        """Each task one image (of a channel-block group), its ``pixels`` (rows x cols) one axis
+        (the block's ``(j, i)`` made one iterator ``p = j*cols + i``), tiled by :func:`dx_tile`
+        across the rows (a brgemm's M): on a short row (7 columns) a row tile and its narrow edge
+        tile leave the FMA pipes half idle; here only an image's last tile is narrower. A tile's
+        pixels' x offsets are invariant in the reduction, so its hot loop is a row tile's."""
+        sch = self.sch
+        spatial = len(sch.get(block).iter_vars) - 4  # (..., n, c1, j, i, c0 | co1, mh, mw, co0)
+        cols = loop_extent(sch, sch.get_loops(block)[-6])
+        sch.transform_block_layout(block, tirx.IndexMap.from_func(
+            lambda *v: (*v[: spatial - 3], v[spatial - 3] * cols + v[spatial - 2], *v[spatial - 1 :]), ndim=spatial + 4))
+        *_, n, c1, p, c0, co1, mh, mw, co0 = sch.get_loops(block)
+        outer, c1_i = self._channel_groups(block, n, c1, group, weight_bytes)
+        _, tw, v = dx_tile(1, pixels, self.plan, whole=False)
+        lane_groups, c0 = sch.split(c0, [None, v * self.plan.lanes])
+        sch.reorder(*outer, p, c1_i, lane_groups, co1, mh, mw, co0, c0)
+        task = sch.fuse(*outer)
+        sch.parallel(task)
+        self._write_back_in_task(block, task)  # (a task's pixels are whole images: its dst region is a box)
+        for copy, tiles, p_i, below in whole_tiles_and_edge(sch, p, pixels, tw):
+            c1_i, lane_groups, co1, mh, mw, co0, c0 = below
+            sch.reorder(*tiles, c1_i, lane_groups, co1, mh, mw, co0, p_i, c0)
+            self.register_tile(copy, [p_i], c0, co1)
 
     def _write_back_in_task(self, block, task):
         """The result stage (and the layout stage folded into it) of a mad that is its only
@@ -219,3 +254,4 @@ class CubeForward(CubeInputGrad):
     weights = W_CONV
     images_first_by_traffic = True
     write_back_in_task = True
+    flat_pixels = True
