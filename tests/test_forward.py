@@ -207,12 +207,13 @@ def test_a_framework_forward_writes_its_output_inside_the_mads_tasks():
         assert check_kernel(build(result)).ok
 
 
-@pytest.mark.parametrize("data_format, dtype, post_ops", [("NXC", "float32", (("add", 0.0, 0.0, "full"), ("relu", 0.0, 0.0, None))),
-                                                          ("NCX", "bfloat16", ())])  # fmt: skip
-def test_short_rows_run_in_pixel_tiles_across_the_rows(monkeypatch, data_format, dtype, post_ops):
+@pytest.mark.parametrize("op, data_format, dtype, post_ops", [("fwd", "NXC", "float32", (("add", 0.0, 0.0, "full"), ("relu", 0.0, 0.0, None))),
+                                                              ("fwd", "NCX", "bfloat16", ()), ("data", "NXC", "float32", ())])  # fmt: skip
+def test_short_rows_run_in_pixel_tiles_across_the_rows(monkeypatch, op, data_format, dtype, post_ops):
     """A 7-column output on AVX2 (row tiles of 5 and an edge of 2) runs each image's 49 pixels as
-    one axis in tiles of 5 that cross the rows (:meth:`~tvm_convgrad.schedule.cpu.cube.CubeInputGrad._flat_pixel_tiles`),
-    its dst written inside the tasks: exact, strided, a partial block, bias and post-ops."""
+    one axis in tiles of 5 that cross the rows (:meth:`~tvm_convgrad.schedule.cpu.cube.CubeInputGrad._flat_pixel_tiles`):
+    the forward (strided, a partial block, bias and post-ops, its dst written inside the tasks)
+    and the data gradient of a 7x7 map, exact."""
     from tvm_convgrad import isa_target
     from tvm_convgrad.isa import host_can_run
     from tvm_convgrad.schedule.cpu import cube
@@ -222,13 +223,17 @@ def test_short_rows_run_in_pixel_tiles_across_the_rows(monkeypatch, data_format,
     monkeypatch.setattr(cube, "FLAT_TASKS_PER_CORE", 0)  # whatever the cores
     flat = cube.CubeInputGrad._flat_pixel_tiles
     monkeypatch.setattr(cube.CubeInputGrad, "_flat_pixel_tiles", lambda self, *a: taken.append(a[-1]) or flat(self, *a))
-    case = Case("fwd", 3, 24, 40, 1, (13, 13), (7, 7), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), data_format=data_format,
-                weights_format="XIO" if data_format == "NXC" else "OIX", dtype=dtype, effective_pads=(1, 1), bias=True, post_ops=post_ops)  # fmt: skip
+    size, strides, extra = ((13, 13), (2, 2), {"bias": True, "post_ops": post_ops}) if op == "fwd" else ((7, 7), (1, 1), {})
+    case = Case(op, 3, 40, 24, 1, size, (7, 7), (3, 3), strides, (1, 1), (1, 1), (1, 1), data_format=data_format,
+                weights_format="XIO" if data_format == "NXC" else "OIX", dtype=dtype, effective_pads=(1, 1), **extra)  # fmt: skip
     kernel = build(framework_call(case, *placeholders(case)), target=target, schedules=None)
     assert taken == [49]
     if not host_can_run(target):
         pytest.skip("this host cannot run AVX2 code")
     inputs = arrays(case, seed=9)
     result = kernel(*inputs).astype(np.float64)
-    bound = post_op_bound(kernel.call, inputs, kernel.params, dtype)
-    assert (np.abs(result - expected(case, *inputs)) / bound).max() <= 1.0
+    if op == "fwd":
+        bound = post_op_bound(kernel.call, inputs, kernel.params, dtype)
+        assert (np.abs(result - expected(case, *inputs)) / bound).max() <= 1.0
+    else:
+        check(result, expected(case, *inputs), kernel, case.name())

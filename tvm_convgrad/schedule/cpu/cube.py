@@ -11,7 +11,8 @@
   output pixels of one 16-channel block (:func:`.tiles.dx_tile`), the reduction
   ``(co1, taps, co0)`` inside, each step one w_col row times ``TH*TW`` broadcast dy values. The
   channel blocks are taken in groups whose weights fit a core's cache, the pixels streaming past
-  once per group.
+  once per group. Where a row would need a narrower edge tile (7 columns on AVX2: 5 + 2), an
+  image's pixels are one axis and the tiles run on across its rows.
 * the forward convolution (:class:`CubeForward`, ``conv_cc``): the same GEMM as a dX phase (pixel
   tiles x 16 output channels, the reduction ``(ci1, kh, kw, ci0)`` inside), its x read at
   ``j*stride + tap*dilation``: the broadcast operand, so a stride costs no vector shuffle.
@@ -136,7 +137,7 @@ class CubeInputGrad(CpuMad):
     weights = W_COL  # the pack of the weights (the vector operand)
     images_first_by_traffic = False  # the images outside the channel-block groups where that moves fewer bytes
     write_back_in_task = False  # the result stage computed inside the mad's parallel task (one mad, one consumer)
-    flat_pixels = False  # where a row needs an edge tile: an image's pixels one axis, tiled across rows (:meth:`_flat_pixel_tiles`)
+    flat_pixels = True  # where a row needs an edge tile: an image's pixels one axis, tiled across rows (:meth:`_flat_pixel_tiles`)
 
     def schedule(self, block):
         """dX phase: pixel tiles ``(j_i x i_i)`` x 16 lanes (or a part of them, :func:`dx_tile`),
@@ -153,8 +154,8 @@ class CubeInputGrad(CpuMad):
         blocks, rows, cols = loop_extent(sch, c1), loop_extent(sch, j), loop_extent(sch, i)
         group = largest_divisor(blocks, WEIGHTS_IN_CACHE // max(1, weight_bytes // blocks))
         th, tw, v = dx_tile(rows, cols, self.plan, whole=not self.edge_tiles)
-        if self.flat_pixels and cols % tw and not self.tunable and blocks // group * loop_extent(sch, n) >= FLAT_TASKS_PER_CORE * self.cores:
-            self._flat_pixel_tiles(block, group, weight_bytes, rows * cols)
+        flat = self.flat_pixels and cols % tw and not self.tunable and blocks // group * loop_extent(sch, n) >= FLAT_TASKS_PER_CORE * self.cores
+        if flat and self._flat_pixel_tiles(block, group, weight_bytes, rows * cols):
             return
         outer, c1_i = self._channel_groups(block, n, c1, group, weight_bytes)
         most = min(MAX_TILE_PIXELS, self.plan.accumulators // v)
@@ -195,12 +196,20 @@ class CubeInputGrad(CpuMad):
         (the block's ``(j, i)`` made one iterator ``p = j*cols + i``), tiled by :func:`dx_tile`
         across the rows (a brgemm's M): on a short row (7 columns) a row tile and its narrow edge
         tile leave the FMA pipes half idle; here only an image's last tile is narrower. A tile's
-        pixels' x offsets are invariant in the reduction, so its hot loop is a row tile's."""
+        pixels' x offsets are invariant in the reduction, so its hot loop is a row tile's. False
+        (nothing changed) where the block's iterators cannot take the new layout."""
         sch = self.sch
         spatial = len(sch.get(block).iter_vars) - 4  # (..., n, c1, j, i, c0 | co1, mh, mw, co0)
-        cols = loop_extent(sch, sch.get_loops(block)[-6])
-        sch.transform_block_layout(block, tirx.IndexMap.from_func(
-            lambda *v: (*v[: spatial - 3], v[spatial - 3] * cols + v[spatial - 2], *v[spatial - 1 :]), ndim=spatial + 4))
+        *_, j, i, _, _, _, _, _ = loops = sch.get_loops(block)
+        bound = sch.get(loops[-1]).body.iter_values  # (the block's iterators, each bound to its own loop)
+        if not (bound[spatial - 3].same_as(sch.get(j).loop_var) and bound[spatial - 2].same_as(sch.get(i).loop_var)):
+            return False
+        cols = loop_extent(sch, i)
+        try:  # (a phase under an image's loop, :func:`.loops.phases_image_by_image`, is bound to it: no new layout; before any change)
+            sch.transform_block_layout(block, tirx.IndexMap.from_func(
+                lambda *v: (*v[: spatial - 3], v[spatial - 3] * cols + v[spatial - 2], *v[spatial - 1 :]), ndim=spatial + 4))
+        except s_tir.ScheduleError:
+            return False
         *_, n, c1, p, c0, co1, mh, mw, co0 = sch.get_loops(block)
         outer, c1_i = self._channel_groups(block, n, c1, group, weight_bytes)
         _, tw, v = dx_tile(1, pixels, self.plan, whole=False)
@@ -213,6 +222,7 @@ class CubeInputGrad(CpuMad):
             c1_i, lane_groups, co1, mh, mw, co0, c0 = below
             sch.reorder(*tiles, c1_i, lane_groups, co1, mh, mw, co0, p_i, c0)
             self.register_tile(copy, [p_i], c0, co1)
+        return True
 
     def _write_back_in_task(self, block, task):
         """The result stage (and the layout stage folded into it) of a mad that is its only
@@ -254,4 +264,3 @@ class CubeForward(CubeInputGrad):
     weights = W_CONV
     images_first_by_traffic = True
     write_back_in_task = True
-    flat_pixels = True
