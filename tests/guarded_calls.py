@@ -82,6 +82,8 @@ FIXED = {
     # ... short rows in pixel tiles that run on across the rows (AVX2: 7 columns, tiles of 5), a partial block, bias and a residual
     "fwd-nxc-flat-pixels": Case("fwd", 8, 24, 40, 1, (13, 13), (7, 7), (3, 3), (2, 2), bias=True,
                                 post_ops=(("add", 0.0, 0.0, "full"), ("relu", 0.0, 0.0, None)), **_PADS1),
+    # ... and the data gradient of a 7x7 map (a partial block of dx channels)
+    "dx-nxc-flat-pixels": Case("data", 8, 40, 24, 1, (7, 7), (7, 7), (3, 3), (1, 1), **_PADS1),
 }
 """Named calls every run includes (framework operator cases of ``tests/framework_cases.py``)."""
 
