@@ -79,8 +79,9 @@ FIXED = {
     # ... NCX: a per-image and a scalar operand broadcast, ReLU6
     "fwd-ncx-post-ops": Case("fwd", 2, 24, 20, 1, (9, 7), (9, 7), (3, 3), (1, 1), data_format="NCX", weights_format="OIX",
                              post_ops=(("sub", 0.0, 0.0, "image"), ("max", 0.0, 0.0, "scalar"), ("clip", 0.0, 6.0, None)), **_PADS1),
-    # ... short rows in pixel tiles that run on across the rows (AVX2: 7 columns, tiles of 5), a partial block, bias and a residual
-    "fwd-nxc-flat-pixels": Case("fwd", 8, 24, 40, 1, (13, 13), (7, 7), (3, 3), (2, 2), bias=True,
+    # ... short rows in pixel tiles that run on across the rows (AVX2: 14 columns), a strided x of ~900 KB per image read in
+    # four chunks of input channels over all the tiles, a partial block, bias and a residual
+    "fwd-nxc-flat-pixels": Case("fwd", 8, 256, 40, 1, (27, 27), (14, 14), (3, 3), (2, 2), bias=True,
                                 post_ops=(("add", 0.0, 0.0, "full"), ("relu", 0.0, 0.0, None)), **_PADS1),
     # ... and the data gradient of a 7x7 map (a partial block of dx channels)
     "dx-nxc-flat-pixels": Case("data", 8, 40, 24, 1, (7, 7), (7, 7), (3, 3), (1, 1), **_PADS1),

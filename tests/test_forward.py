@@ -212,8 +212,9 @@ def test_a_framework_forward_writes_its_output_inside_the_mads_tasks():
 def test_short_rows_run_in_pixel_tiles_across_the_rows(monkeypatch, op, data_format, dtype, post_ops):
     """A 7-column output on AVX2 (row tiles of 5 and an edge of 2) runs each image's 49 pixels as
     one axis in tiles of 5 that cross the rows (:meth:`~tvm_convgrad.schedule.cpu.cube.CubeInputGrad._flat_pixel_tiles`):
-    the forward (strided, a partial block, bias and post-ops, its dst written inside the tasks)
-    and the data gradient of a 7x7 map, exact."""
+    the forward (strided, its reduction in chunks of one input-channel block over all the
+    tiles, a partial block, bias and post-ops, its dst written inside the tasks) and the data
+    gradient of a 7x7 map, exact."""
     from tvm_convgrad import isa_target
     from tvm_convgrad.isa import host_can_run
     from tvm_convgrad.schedule.cpu import cube
@@ -221,13 +222,15 @@ def test_short_rows_run_in_pixel_tiles_across_the_rows(monkeypatch, op, data_for
     target = isa_target("avx2")
     taken = []
     monkeypatch.setattr(cube, "FLAT_TASKS_PER_CORE", 0)  # whatever the cores
-    flat = cube.CubeInputGrad._flat_pixel_tiles
+    monkeypatch.setattr(cube, "X_CHUNK_IN_CACHE", 1)  # a strided forward's reduction in chunks of one block
+    flat, chunks = cube.CubeInputGrad._flat_pixel_tiles, cube.CubeForward._reduction_chunks
     monkeypatch.setattr(cube.CubeInputGrad, "_flat_pixel_tiles", lambda self, *a: taken.append(a[-1]) or flat(self, *a))
+    monkeypatch.setattr(cube.CubeForward, "_reduction_chunks", lambda self, *a: taken.append(("chunks", chunks(self, *a))) or taken[-1][1])
     size, strides, extra = ((13, 13), (2, 2), {"bias": True, "post_ops": post_ops}) if op == "fwd" else ((7, 7), (1, 1), {})
     case = Case(op, 3, 40, 24, 1, size, (7, 7), (3, 3), strides, (1, 1), (1, 1), (1, 1), data_format=data_format,
                 weights_format="XIO" if data_format == "NXC" else "OIX", dtype=dtype, effective_pads=(1, 1), **extra)  # fmt: skip
     kernel = build(framework_call(case, *placeholders(case)), target=target, schedules=None)
-    assert taken == [49]
+    assert taken == ([49, ("chunks", 3)] if op == "fwd" else [49])  # (the forward: 40 input channels, three blocks)
     if not host_can_run(target):
         pytest.skip("this host cannot run AVX2 code")
     inputs = arrays(case, seed=9)
