@@ -34,7 +34,7 @@ __all__ = ["FLAT_TASKS_PER_CORE", "PACK_IN_CACHE", "PACK_PER_CHUNK", "WEIGHTS_IN
 WEIGHTS_IN_CACHE = 512 * 1024  # bytes of w_col kept in a core's L2 while dX walks the pixels
 PACK_PER_CHUNK = True  # dW: pack each chunk's dy inside the chunk loop when it fits PACK_IN_CACHE
 PACK_IN_CACHE = 768 * 1024
-X_CHUNK_IN_CACHE = 256 * 1024  # bytes of a strided forward's x per image per reduction chunk (:meth:`CubeForward._reduction_chunks`)
+X_CHUNK_IN_CACHE = 256 * 1024  # bytes of a strided forward's x per image and group weights per reduction chunk (:meth:`CubeForward._reduction_chunks`)
 FLAT_TASKS_PER_CORE = 4  # flat pixel tiles (one image per task) where there are this many tasks per core
 
 
@@ -212,7 +212,7 @@ class CubeInputGrad(CpuMad):
         except s_tir.ScheduleError:
             return False
         *_, n, c1, p, c0, co1, mh, mw, co0 = sch.get_loops(block)
-        images = loop_extent(sch, n)
+        images, group_weight_bytes = loop_extent(sch, n), weight_bytes * group // loop_extent(sch, c1)
         outer, c1_i = self._channel_groups(block, n, c1, group, weight_bytes)
         _, tw, v = dx_tile(1, pixels, self.plan, whole=False)
         lane_groups, c0 = sch.split(c0, [None, v * self.plan.lanes])
@@ -220,7 +220,7 @@ class CubeInputGrad(CpuMad):
         task = sch.fuse(*outer)
         sch.parallel(task)
         self._write_back_in_task(block, task)  # (a task's pixels are whole images: its dst region is a box)
-        chunks = self._reduction_chunks(block, loop_extent(sch, co1), images)
+        chunks = self._reduction_chunks(block, loop_extent(sch, co1), images, group_weight_bytes)
         for copy, tiles, p_i, below in whole_tiles_and_edge(sch, p, pixels, tw):
             c1_i, lane_groups, co1, mh, mw, co0, c0 = below
             chunk = []
@@ -230,7 +230,7 @@ class CubeInputGrad(CpuMad):
             self.register_tile(copy, [p_i], c0, (chunk or [co1])[0])
         return True
 
-    def _reduction_chunks(self, block, blocks: int, images: int) -> int:
+    def _reduction_chunks(self, block, blocks: int, images: int, group_weight_bytes: int) -> int:
         """In how many chunks of its ``blocks`` reduction channel blocks a flat task walks the
         reduction, each chunk over all the task's tiles (their sums kept in memory between
         chunks): 1, the whole reduction per tile in registers."""
@@ -277,17 +277,18 @@ class CubeForward(CubeInputGrad):
     images_first_by_traffic = True
     write_back_in_task = True
 
-    def _reduction_chunks(self, block, blocks: int, images: int) -> int:
+    def _reduction_chunks(self, block, blocks: int, images: int, group_weight_bytes: int) -> int:
         """A strided forward reads each image's x by stride phase, four planes (2x2) whose
         whole input-channel range a tile sweeps: an image's x outgrows the core's cache, and
-        each tile read its x from L3. In chunks of input-channel blocks whose x per image fits
-        :data:`X_CHUNK_IN_CACHE`, every tile of the task runs on a chunk before the next
-        (res4a_branch2b, N=8: ~20% faster); a stride-1 forward's x is read by nine taps per
-        load and keeps the whole reduction per tile."""
+        each tile read its x from L3. In chunks of input-channel blocks whose x per image and
+        weights of the task's channel group fit :data:`X_CHUNK_IN_CACHE` together, every tile of
+        the task runs on a chunk before the next (the stride-2 3x3 layers of ResNet-50, N=8:
+        res3a_branch2b 21-23 -> 17-20 ms); a stride-1 forward's x is read by nine taps per load
+        and keeps the whole reduction per tile."""
         sch = self.sch
         (x,) = [r.source for r in sch.get(block).reads if r.source.name == FMAP_PAD] or [None]
         if x is None or len(x.shape) != 7 or int(x.shape[2]) * int(x.shape[3]) == 1:
             return 1
-        x_image = elements(x) * tvm.DataType(x.dtype).bits // 8 // max(1, images)
-        return min(d for d in range(1, blocks + 1) if blocks % d == 0 and (x_image // d <= X_CHUNK_IN_CACHE or d == blocks))
+        working = elements(x) * tvm.DataType(x.dtype).bits // 8 // max(1, images) + group_weight_bytes
+        return min(d for d in range(1, blocks + 1) if blocks % d == 0 and (working // d <= X_CHUNK_IN_CACHE or d == blocks))
 
