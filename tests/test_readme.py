@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
-
-import os
 
 import pytest
 from conftest import USER_SET_THREADS, needs_torch, worker_cores

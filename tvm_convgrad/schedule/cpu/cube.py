@@ -156,7 +156,7 @@ class CubeInputGrad(CpuMad):
         group = largest_divisor(blocks, WEIGHTS_IN_CACHE // max(1, weight_bytes // blocks))
         th, tw, v = dx_tile(rows, cols, self.plan, whole=not self.edge_tiles)
         flat = self.flat_pixels and cols % tw and not self.tunable and blocks // group * loop_extent(sch, n) >= FLAT_TASKS_PER_CORE * self.cores
-        if flat and self._flat_pixel_tiles(block, group, weight_bytes, rows * cols):
+        if flat and self._flat_pixel_tiles(block, group, weight_bytes):
             return
         outer, c1_i = self._channel_groups(block, n, c1, group, weight_bytes)
         most = min(MAX_TILE_PIXELS, self.plan.accumulators // v)
@@ -192,8 +192,8 @@ class CubeInputGrad(CpuMad):
             return [n, c1_o], c1_i
         return [c1_o, n], c1_i
 
-    def _flat_pixel_tiles(self, block, group: int, weight_bytes: int, pixels: int):
-        """Each task one image (of a channel-block group), its ``pixels`` (rows x cols) one axis
+    def _flat_pixel_tiles(self, block, group: int, weight_bytes: int):
+        """Each task one image (of a channel-block group), its ``rows x cols`` pixels one axis
         (the block's ``(j, i)`` made one iterator ``p = j*cols + i``), tiled by :func:`dx_tile`
         across the rows (a brgemm's M): on a short row (7 columns) a row tile and its narrow edge
         tile leave the FMA pipes half idle; here only an image's last tile is narrower. A tile's
@@ -212,7 +212,7 @@ class CubeInputGrad(CpuMad):
         except s_tir.ScheduleError:
             return False
         *_, n, c1, p, c0, co1, mh, mw, co0 = sch.get_loops(block)
-        images, group_weight_bytes = loop_extent(sch, n), weight_bytes * group // loop_extent(sch, c1)
+        images, pixels, group_weight_bytes = loop_extent(sch, n), loop_extent(sch, p), weight_bytes * group // loop_extent(sch, c1)
         outer, c1_i = self._channel_groups(block, n, c1, group, weight_bytes)
         _, tw, v = dx_tile(1, pixels, self.plan, whole=False)
         lane_groups, c0 = sch.split(c0, [None, v * self.plan.lanes])
