@@ -16,7 +16,7 @@ if torch is not None:
     from tvm_convgrad import ConvGradError
     from tvm_convgrad.torch import Conv2d, conv2d, conv_call, forward_choices, input_grad_kernel, pads_of, set_forward, weight_grad_kernel
     from tvm_convgrad.torch import forward as forward_module
-    from tvm_convgrad.torch.kernels import forward_kernel
+    from tvm_convgrad.torch.kernels import call_plan, forward_kernel
     from tvm_convgrad.tools.verify import error_bound
 
 #        (N, C, H, W),    O,  kernel, stride, padding, dilation, groups, bias
@@ -43,6 +43,12 @@ def _close(ours: "torch.Tensor", reference: "torch.Tensor", kernel, what: str):
 def _call(x, layer, channels_last: bool):
     return conv_call(x.shape, layer.weight.shape, layer.stride, pads_of(layer.padding, layer.kernel_size, layer.stride, layer.dilation),
                      layer.dilation, layer.groups, x.dtype, channels_last)  # fmt: skip
+
+
+def _plan_key(x, layer):
+    """The arguments of :func:`call_plan` for ``layer`` on ``x`` (NCHW)."""
+    pads = pads_of(layer.padding, layer.kernel_size, layer.stride, layer.dilation)
+    return tuple(x.shape), tuple(layer.weight.shape), tuple(layer.stride), pads, tuple(layer.dilation), layer.groups, x.dtype, False
 
 
 _GRID = [(layer, dtype, cl) for layer in LAYERS for dtype in ("float32", "bfloat16", "float16") for cl in (False, True)]
@@ -90,18 +96,22 @@ def test_gradcheck_in_float64():
 def test_the_backward_pass_runs_the_package_kernels():
     input_grad_kernel.cache_clear()
     weight_grad_kernel.cache_clear()
+    call_plan.cache_clear()
     layer = Conv2d(32, 32, 3, padding=1)
     x = torch.rand(1, 32, 5, 5, requires_grad=True)
     layer(x).sum().backward()
     assert input_grad_kernel.cache_info().currsize == 1 and weight_grad_kernel.cache_info().currsize == 1
     layer(x).sum().backward()
-    assert input_grad_kernel.cache_info().hits == 1  # built once per signature
-    (kernel,) = [input_grad_kernel(_call(x, layer, False))]
-    assert kernel.call.op == "ConvolutionBackwardData" and kernel.formulation == "cube"
+    assert call_plan.cache_info().hits == 1  # worked out once per signature: the plan keeps its kernels
+    assert input_grad_kernel.cache_info().misses == 1 and weight_grad_kernel.cache_info().misses == 1  # built once
+    (plan,) = [call_plan(*_plan_key(x, layer))]
+    assert plan.input_grad is input_grad_kernel(_call(x, layer, False))
+    assert plan.input_grad.call.op == "ConvolutionBackwardData" and plan.input_grad.formulation == "cube"
 
 
 def test_only_the_gradients_asked_for_are_computed():
     input_grad_kernel.cache_clear()
+    call_plan.cache_clear()
     layer = Conv2d(8, 8, 3, padding=1)
     layer(torch.rand(1, 8, 5, 5)).sum().backward()  # the input needs no gradient
     assert input_grad_kernel.cache_info().currsize == 0 and layer.weight.grad is not None
@@ -204,6 +214,7 @@ def test_autocast_casts_the_inputs_as_it_casts_f_conv2d(path):
     """Both ways in: the eager path's casts and the operator's AutocastCPU kernel."""
     input_grad_kernel.cache_clear()
     weight_grad_kernel.cache_clear()
+    call_plan.cache_clear()
     torch.manual_seed(0)
     layer = Conv2d(16, 16, 3, padding=1)
     if path == "operator":

@@ -13,6 +13,10 @@ with the activations NCX for contiguous tensors and NXC for channels-last ones, 
 tensor's memory is passed as it lies (DLPack, no copy: a channels-last ``(N, C, H, W)`` tensor
 is the contiguous NHWC ``t.permute(0, 2, 3, 1)``). Kernels are built for this CPU (``llvm``,
 every usable core) and cached (:data:`CACHED_CALLS` signatures).
+
+A call's fixed costs are paid once per signature too: :func:`call_plan` works out its
+:class:`CallPlan` (the signature, the taps its dX / dW run on, its kernels once built), which the
+autograd node keeps, so a backward call is two kernel calls and two allocations.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ from ..compile import Kernel, build
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 
-__all__ = ["CACHED_CALLS", "DTYPES", "as_layout", "conv_call", "dtype_name", "forward_kernel", "input_grad_kernel", "memory_format",
-           "weight_grad_kernel"]  # fmt: skip
+__all__ = ["CACHED_CALLS", "DTYPES", "CallPlan", "as_layout", "call_plan", "conv_call", "dtype_name", "forward_kernel", "input_grad_kernel",
+           "memory_format", "weight_grad_kernel"]  # fmt: skip
 
 CACHED_CALLS = 128
 """Signatures whose kernels stay built (least recently used first out)."""
@@ -78,3 +82,39 @@ def weight_grad_kernel(call: Conv2dGradients) -> Kernel:
 def forward_kernel(call: Conv2dGradients, bias: bool) -> Kernel:
     """The forward of ``call``: ``(input, weight OIHW[, bias]) -> output``, activations in the call's layout."""
     return build(call.forward("torch_conv2d_forward", bias))
+
+
+class CallPlan:
+    """One signature's backward worked out once: ``call`` (its :class:`Conv2dGradients`), ``live``
+    (the call the kernels run: cropped to the taps that read the input, see
+    :meth:`Conv2dGradients.cropped`, else ``call``) and ``taps`` (the kernel ``(rows, columns)`` that
+    are live, None when all are); its kernels are built on first use and kept."""
+
+    __slots__ = ("call", "live", "taps", "_input_grad", "_weight_grad")
+
+    def __init__(self, call: Conv2dGradients):
+        crop = call.cropped()
+        self.call = call
+        self.live, self.taps = (call, None) if crop is None else (crop[0], crop[1:])
+        self._input_grad = self._weight_grad = None
+
+    @property
+    def input_grad(self) -> Kernel:
+        """dX of ``live``: ``(grad_output, weight OIHW[taps]) -> grad_input``."""
+        if self._input_grad is None:
+            self._input_grad = input_grad_kernel(self.live)
+        return self._input_grad
+
+    @property
+    def weight_grad(self) -> Kernel:
+        """dW of ``live``: ``(input, grad_output) -> grad_weight OIHW[taps]``."""
+        if self._weight_grad is None:
+            self._weight_grad = weight_grad_kernel(self.live)
+        return self._weight_grad
+
+
+@functools.lru_cache(maxsize=4 * CACHED_CALLS)
+def call_plan(input_shape: tuple, weight_shape: tuple, stride: tuple, pads: tuple, dilation: tuple, groups: int, dtype: torch.dtype,
+              channels_last: bool) -> CallPlan:  # fmt: skip
+    """The :class:`CallPlan` of a signature (every argument hashable: shapes, tuples, ints), made once."""
+    return CallPlan(conv_call(input_shape, weight_shape, stride, pads, dilation, groups, dtype, channels_last))

@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 from .forward import forward as choose_forward
-from .kernels import as_layout, conv_call, input_grad_kernel, memory_format, weight_grad_kernel
+from .kernels import CallPlan, as_layout, call_plan, conv_call, memory_format
 
 __all__ = ["Conv2dFunction", "conv2d", "conv2d_input_grad", "conv2d_op", "conv2d_weight_grad", "conv_call", "eager", "forward", "input_grad", "weight_grad"]
 
@@ -55,19 +55,41 @@ def _run(kernel, out: torch.Tensor, *args: torch.Tensor):
     kernel.function(*args, out)
 
 
+def _plan(input_shape, weight_shape, stride, pads, dilation, groups: int, dtype: torch.dtype, channels_last: bool) -> CallPlan:
+    return call_plan(tuple(input_shape), tuple(weight_shape), tuple(stride), tuple(pads), tuple(dilation), int(groups), dtype, bool(channels_last))
+
+
+def _input_grad(plan: CallPlan, grad_output: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """dX of ``plan``'s call (its live taps' weights only)."""
+    call = plan.live
+    if plan.taps is not None:
+        weight = weight[:, :, plan.taps[0], plan.taps[1]]
+    dy, w = _narrow(grad_output), _narrow(weight)
+    out = torch.empty(call.x_shape, dtype=dy.dtype, memory_format=memory_format(call.data_format == "NXC"))
+    _run(plan.input_grad, as_layout(out, call), as_layout(dy, call), w.contiguous())
+    return out if out.dtype == grad_output.dtype else out.to(grad_output.dtype)
+
+
+def _weight_grad(plan: CallPlan, grad_output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+    """dW of ``plan``'s call (0 for the taps that read only padding)."""
+    call, x, dy = plan.live, _narrow(input), _narrow(grad_output)
+    if plan.taps is None:
+        out = torch.empty(call.w_shape, dtype=x.dtype)
+        _run(plan.weight_grad, out, as_layout(x, call), as_layout(dy, call))
+    else:  # the live taps' dW into a zero one
+        out = torch.zeros(plan.call.w_shape, dtype=x.dtype)
+        live = torch.empty(call.w_shape, dtype=x.dtype)
+        _run(plan.weight_grad, live, as_layout(x, call), as_layout(dy, call))
+        out[:, :, plan.taps[0], plan.taps[1]] = live
+    return out if out.dtype == input.dtype else out.to(input.dtype)
+
+
 def input_grad(grad_output: torch.Tensor, weight: torch.Tensor, input_shape: list[int], stride: list[int], pads: list[int],
                dilation: list[int], groups: int, channels_last: bool) -> torch.Tensor:  # fmt: skip
     """dX ``(N, C, H, W)`` of ``grad_output`` through ``weight`` (the package's dX kernel; taps
     that read only padding left out, see ``Conv2dGradients.cropped``)."""
     _on_cpu(grad_output, weight)
-    call = conv_call(input_shape, weight.shape, stride, pads, dilation, groups, grad_output.dtype, channels_last)
-    if (crop := call.cropped()) is not None:
-        call, rows, cols = crop
-        weight = weight[:, :, rows, cols]
-    dy, w = _narrow(grad_output), _narrow(weight)
-    out = torch.empty(tuple(input_shape), dtype=dy.dtype, memory_format=memory_format(channels_last))
-    _run(input_grad_kernel(call), as_layout(out, call), as_layout(dy, call), w.contiguous())
-    return out.to(grad_output.dtype)
+    return _input_grad(_plan(input_shape, weight.shape, stride, pads, dilation, groups, grad_output.dtype, channels_last), grad_output, weight)
 
 
 def weight_grad(grad_output: torch.Tensor, input: torch.Tensor, weight_shape: list[int], stride: list[int], pads: list[int],
@@ -75,18 +97,7 @@ def weight_grad(grad_output: torch.Tensor, input: torch.Tensor, weight_shape: li
     """dW ``(O, C/groups, KH, KW)`` of ``grad_output`` and ``input`` (the package's dW kernel;
     0 for taps that read only padding, see ``Conv2dGradients.cropped``)."""
     _on_cpu(grad_output, input)
-    call = conv_call(input.shape, weight_shape, stride, pads, dilation, groups, input.dtype, channels_last)
-    x, dy = _narrow(input), _narrow(grad_output)
-    if (crop := call.cropped()) is None:
-        out = torch.empty(tuple(weight_shape), dtype=x.dtype)
-        _run(weight_grad_kernel(call), out, as_layout(x, call), as_layout(dy, call))
-    else:  # the live taps' dW into a zero one
-        call, rows, cols = crop
-        out = torch.zeros(tuple(weight_shape), dtype=x.dtype)
-        live = torch.empty(call.w_shape, dtype=x.dtype)
-        _run(weight_grad_kernel(call), live, as_layout(x, call), as_layout(dy, call))
-        out[:, :, rows, cols] = live
-    return out.to(input.dtype)
+    return _weight_grad(_plan(input.shape, weight_shape, stride, pads, dilation, groups, input.dtype, channels_last), grad_output, input)
 
 
 conv2d_input_grad = torch.library.custom_op("tvm_convgrad::conv2d_input_grad", mutates_args=())(input_grad)
@@ -157,15 +168,20 @@ def _profiled(function, name: str):
 def _backward(ctx, grad_output):
     input, weight = ctx.saved_tensors
     stride, pads, dilation, groups, channels_last = ctx.attrs
-    if not torch.is_grad_enabled() and eager(grad_output, input, weight):  # first order, eager: the kernels directly
-        dx, dw = _profiled(input_grad, "tvm_convgrad::conv2d_input_grad"), _profiled(weight_grad, "tvm_convgrad::conv2d_weight_grad")
-    else:  # traced, or create_graph=True: the operators, differentiable again
-        dx, dw = conv2d_input_grad, conv2d_weight_grad
     grad_input = grad_weight = grad_bias = None
-    if ctx.needs_input_grad[0]:
-        grad_input = dx(grad_output, weight, list(input.shape), stride, pads, dilation, groups, channels_last)
-    if ctx.needs_input_grad[1]:
-        grad_weight = dw(grad_output, input, list(weight.shape), stride, pads, dilation, groups, channels_last)
+    if not torch.is_grad_enabled() and eager(grad_output, input, weight):  # first order, eager: the kernels directly
+        _on_cpu(grad_output, input, weight)
+        plan = _plan(input.shape, weight.shape, stride, pads, dilation, groups, input.dtype, channels_last)  # (made at the first call)
+        dx, dw = _profiled(_input_grad, "tvm_convgrad::conv2d_input_grad"), _profiled(_weight_grad, "tvm_convgrad::conv2d_weight_grad")
+        if ctx.needs_input_grad[0]:
+            grad_input = dx(plan, grad_output.to(input.dtype), weight)
+        if ctx.needs_input_grad[1]:
+            grad_weight = dw(plan, grad_output.to(input.dtype), input)
+    else:  # traced, or create_graph=True: the operators, differentiable again
+        if ctx.needs_input_grad[0]:
+            grad_input = conv2d_input_grad(grad_output, weight, list(input.shape), stride, pads, dilation, groups, channels_last)
+        if ctx.needs_input_grad[1]:
+            grad_weight = conv2d_weight_grad(grad_output, input, list(weight.shape), stride, pads, dilation, groups, channels_last)
     if ctx.has_bias and ctx.needs_input_grad[2]:
         grad_bias = grad_output.sum((0, 2, 3))
     return grad_input, grad_weight, grad_bias, None, None, None, None
