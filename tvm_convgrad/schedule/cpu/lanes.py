@@ -23,8 +23,10 @@ class CoutLanesFilterGrad(CpuMad):
 
     def schedule(self, block):
         """dW with Cout on the lanes (``dw_cc_t[c, kh, kw, co]``): a tile is ``kw_i`` taps x
-        ``co1_i`` Cout vectors (:func:`.tiles.tap_tile`) of one ``(c, kh)``, fed by one broadcast x
-        value per tap and one dy vector per Cout block, summing ``(ho, wo)`` in registers.
+        ``co1_i`` Cout vectors, or x a part of one vector's registers (:func:`.tiles.tap_tile`), of
+        one ``(c, kh)``, fed by one broadcast x value per tap and one dy vector per register,
+        summing ``(ho, wo)`` in registers. The tasks walk the Cout parts outermost: consecutive
+        tasks (and each core's share of them) read the same slice of dy.
 
         With a batch, each image is a separate partial dW (``rfactor`` over ``n``): the images
         run one after another, and the partials (``N`` small dWs: this layout is for few input
@@ -36,22 +38,23 @@ class CoutLanesFilterGrad(CpuMad):
         c, kh, kw, co, n, ho, wo = sch.get_loops(block)
         row_bytes = loop_extent(sch, wo) * loop_extent(sch, co) * 4
         co1, co0 = sch.split(co, [None, 16])
-        taps, vectors = tap_tile(loop_extent(sch, kw), loop_extent(sch, co1), self.plan)
+        taps, vectors, registers = tap_tile(loop_extent(sch, kw), loop_extent(sch, co1), self.plan)
         kw_o, kw_i = self.split(kw, taps, taps)
         co1_o, co1_i = self.split(co1, vectors, vectors)
+        parts, co0 = sch.split(co0, [None, 16 * registers // self.plan.registers_per_row])
         band = largest_divisor(loop_extent(sch, ho), DY_BAND_BYTES // row_bytes)
         bands = [] if band == loop_extent(sch, ho) else list(sch.split(ho, [None, band]))
         rows = bands or [ho]  # (band, rows of a band), or the rows
         batched = loop_extent(sch, n) > 1
         if batched:
-            sch.reorder(n, *rows[:-1], c, kh, kw_o, co1_o, rows[-1], wo, kw_i, co1_i, co0)
+            sch.reorder(n, *rows[:-1], parts, co1_o, c, kh, kw_o, rows[-1], wo, kw_i, co1_i, co0)
             mad = sch.rfactor(n, 0)
-            n, *rows, c, kh, kw_o, co1_o, row, wo, kw_i, co1_i, co0 = sch.get_loops(mad)
+            n, *rows, parts, co1_o, c, kh, kw_o, row, wo, kw_i, co1_i, co0 = sch.get_loops(mad)
             rows.append(row)
         else:
-            sch.reorder(*rows[:-1], c, kh, kw_o, co1_o, n, rows[-1], wo, kw_i, co1_i, co0)
+            sch.reorder(*rows[:-1], parts, co1_o, c, kh, kw_o, n, rows[-1], wo, kw_i, co1_i, co0)
             mad = block
-        sch.parallel(sch.fuse(c, kh, kw_o, co1_o))
+        sch.parallel(sch.fuse(parts, co1_o, c, kh, kw_o))
         self.register_tile(mad, [kw_i, co1_i], co0, rows[0] if batched or bands else n)  # the outermost reduction loop
         if batched:
             sum_parts(sch, block)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from ...isa import IsaPlan
 
 __all__ = [
-    "CHUNK_STEPS", "FMA_LATENCY", "MAX_TAP_TILE", "MAX_TILE_PIXELS", "MAX_WO_UNROLL", "chunk", "depthwise_dw_tile", "depthwise_dx_tile",
-    "divisors", "dx_tile", "largest_divisor", "step_cycles", "tap_tile",
+    "CHUNK_STEPS", "FMA_LATENCY", "L2_BYTES_PER_CYCLE", "MAX_TAP_TILE", "MAX_TILE_PIXELS", "MAX_WO_UNROLL", "chunk", "depthwise_dw_tile",
+    "depthwise_dx_tile", "divisors", "dx_tile", "largest_divisor", "step_cycles", "tap_tile",
 ]  # fmt: skip
 
 MAX_TILE_PIXELS = 16  # dX pixels per tile: 16 rows of accumulators at most (AVX-512: 16 zmm of 32)
@@ -111,24 +111,39 @@ def depthwise_dx_tile(rows: int, cols: int, taps_h: int, taps_w: int, plan: IsaP
 
 
 
-def tap_tile(kernel_w: int, cout_blocks: int, plan: IsaPlan) -> tuple[int, int]:
-    """``(taps, vectors)`` of a Cout-on-lanes dW tile: the most accumulators whose registers
-    fit with their operands: ``taps * vectors`` accumulator rows, the ``vectors`` dy rows
-    (kept in registers when more than one tap reuses them) and the broadcast x value."""
+def tap_tile(kernel_w: int, cout_blocks: int, plan: IsaPlan) -> tuple[int, int, int]:
+    """``(taps, vectors, registers)`` of a Cout-on-lanes dW tile: ``taps`` (a divisor of the
+    kernel's width) x ``vectors`` Cout blocks of 16 lanes, or x ``registers`` of one block's row
+    (AVX2: one ymm, 8 lanes; ``vectors`` is then 1). Per step ``(ho, wo)`` a tile loads one dy
+    vector per register (from L2: an image's dy does not stay in L1) and broadcasts one x value
+    per tap; of the tiles whose accumulators and operands fit the registers, the one with the
+    most FMAs per estimated cycle (:func:`_tap_step_cycles`), then the most accumulators. E.g.
+    a 7x7 stem of 64 channels: AVX-512 7 taps x 2 zmm; AVX2 7 taps x 1 ymm (not 1 tap x 8 ymm,
+    whose dy stream from L2 outruns the FMAs)."""
     per_row = plan.registers_per_row
+    broadcast = 0 if plan.broadcast_operand else 1
+    options = []
+    for taps in divisors(kernel_w, MAX_TAP_TILE):
+        for part in plan.row_parts:
+            for vectors in divisors(cout_blocks, cout_blocks) if part == per_row else [1]:
+                dy = vectors * part
+                accumulators = taps * dy
+                if accumulators <= plan.accumulators and accumulators + (dy if taps > 1 else 0) + broadcast < plan.registers:
+                    options.append((accumulators / _tap_step_cycles(taps, dy, plan), accumulators, taps, vectors, part))
+    _, _, taps, vectors, part = max(options, default=(0, 1, 1, 1, per_row))
+    return taps, vectors, part
 
-    def registers(taps: int, vectors: int) -> int:
-        reused = vectors * per_row if taps > 1 else 0
-        return taps * vectors * per_row + reused + (0 if plan.broadcast_operand else 1)
 
-    fits = [
-        (taps * vectors, taps, vectors)
-        for taps in range(1, min(kernel_w, MAX_TAP_TILE) + 1) if kernel_w % taps == 0
-        for vectors in range(1, cout_blocks + 1) if cout_blocks % vectors == 0
-        if taps * vectors * per_row <= plan.accumulators and registers(taps, vectors) < plan.registers
-    ]  # fmt: skip
-    _, taps, vectors = max(fits, default=(1, 1, 1))
-    return taps, vectors
+L2_BYTES_PER_CYCLE = 32  # what a core's L2 delivers to its L1 (Zen, Skylake and later: 32-64 B)
+
+
+def _tap_step_cycles(taps: int, dy: int, plan: IsaPlan) -> float:
+    """Cycles of one step of a Cout-on-lanes dW tile of ``taps`` x ``dy`` registers: the FMAs on
+    two pipes, a chain's latency, the loads (``taps`` broadcasts and ``dy`` vectors), or the dy
+    bytes from L2, whichever is longest, plus one for the loop."""
+    loads_per_cycle = 2 if plan.broadcast_operand else 1.5
+    dy_bytes = dy * plan.vector_bits // 8
+    return max(taps * dy / 2, FMA_LATENCY, (taps + dy) / loads_per_cycle, dy_bytes / L2_BYTES_PER_CYCLE) + 1
 
 
 def chunk(batch: int, rows: int, cols: int, steps: int = CHUNK_STEPS) -> tuple[int, int]:
