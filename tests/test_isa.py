@@ -18,6 +18,7 @@ from tvm_convgrad import ConvGradError, build, isa_target
 from tvm_convgrad.tools.asm import hot_loops, innermost_loops
 from tvm_convgrad.tools.peak import build_fma_peak
 from tvm_convgrad.schedule.cpu import dx_tile
+from tvm_convgrad.schedule.cpu.tiles import tap_tile
 from tvm_convgrad.isa import PLANS, host_can_run, isa_plan
 from tvm_convgrad.tools.verify import check_kernel
 
@@ -91,6 +92,21 @@ def test_dx_tiles_per_isa():
     assert dx_tile(56, 56, avx512)[0] * dx_tile(56, 56, avx512)[1] >= 14  # 14-16 zmm rows
     assert dx_tile(56, 56, avx2) == (1, 6, 2)  # 6 pixels x 2 ymm, a 2-pixel edge tile per row
     assert dx_tile(7, 7, avx2) == (1, 5, 2)  # not 7 x 2 = 14 accumulators: they would spill
+
+
+def test_stem_dw_tiles_per_isa():
+    """A 7x7 stem's dW, 64 Cout on the lanes: AVX2 takes a kernel row's 7 taps on one ymm (half a
+    Cout row; 1 tap on 8 ymm reads 32 bytes of dy from L2 per FMA, which the FMAs outrun), AVX-512
+    the 7 taps on 2 zmm; every ISA's tile divides the kernel row and the Cout blocks and fits."""
+    assert tap_tile(7, 4, PLANS["avx2"]) == (7, 1, 1)
+    assert tap_tile(7, 4, PLANS["avx512"]) == (7, 2, 1)
+    assert tap_tile(3, 2, PLANS["avx2"]) == (3, 1, 2)  # a 3x3 stem of 32 channels: 3 taps x one 16-lane row
+    for plan in PLANS.values():
+        for kernel_w, blocks in [(7, 4), (3, 2), (5, 1), (1, 8), (11, 2)]:
+            taps, vectors, registers = tap_tile(kernel_w, blocks, plan)
+            assert kernel_w % taps == 0 and blocks % vectors == 0 and plan.registers_per_row % registers == 0
+            assert vectors == 1 or registers == plan.registers_per_row  # whole rows, or a part of one
+            assert taps * vectors * registers <= plan.accumulators
 
 
 def test_isa_target_names_an_isa():

@@ -115,6 +115,27 @@ def test_few_input_channels_change_the_lanes():
     assert check_kernel(dw).ok and check_kernel(dx).ok
 
 
+def test_packs_read_their_source_in_order_with_few_parallel_loops():
+    """The forward's XIO -> FracZ weight pack (``w_conv[co1, ci1, kh, kw, ci0, co0]``) walks the
+    weights as they lie (``kh, kw, ci1, ci0, co1`` above the ``co0`` lanes: each read a run of
+    Cout), parallel over the fewest outer loops that make PARALLEL_TASKS tasks (``kh, kw, ci1``:
+    72), the loops below serial; and the kernel is exact."""
+    from tvm import te
+
+    from tvm_convgrad.frontends import onednn
+    from tvm_convgrad.schedule.cpu.loops import PARALLEL_TASKS
+
+    src = te.placeholder((1, 14, 14, 128), "float32", name="src")
+    weights = te.placeholder((3, 3, 128, 128), "float32", name="weights")
+    kernel = build(onednn.convolution(src, weights, strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1]))
+    tir = kernel.inspect_source("tir")
+    pack = tir[: tir.index('T.sblock("w_conv")')].splitlines()[-4:-1]
+    assert re.search(r"for kh_kw_ci1_fused in T.parallel\(T.int64\(72\)\)", pack[0]), pack
+    assert re.search(r"for ci0, co1 in T.grid", pack[1]) and re.search(r"for co0 in T.vectorized\(T.int64\(16\)\)", pack[2]), pack
+    assert 3 * 3 * 8 >= PARALLEL_TASKS > 3 * 3
+    assert check_kernel(kernel).ok
+
+
 def test_tunable_rule_samples_tiles():
     workload = Workload.of(_dx(1, 32, 14, 14, 32, 3, 1, 1, name="tunable_dx"))
     target = resolve_target("llvm")
