@@ -136,6 +136,27 @@ def test_packs_read_their_source_in_order_with_few_parallel_loops():
     assert check_kernel(kernel).ok
 
 
+@pytest.mark.parametrize("stride, inside", [(1, True), (2, False)])
+def test_a_data_gradient_writes_its_output_inside_the_mads_tasks(stride, inside):
+    """A stride-1 dX's NXC diff_src (its one phase's only consumer) is laid out under the phase's
+    parallel loop while each task's sums are in cache; a strided dX's result, which its phases
+    produce together, stays a pass of its own."""
+    from tvm import te
+
+    from tvm_convgrad.dsl.compute.stages import DX_CC
+    from tvm_convgrad.frontends import onednn
+
+    target = resolve_target("llvm")
+    dy = te.placeholder((2, 14 // stride, 14 // stride, 32), "float32", name="diff_dst")
+    weights = te.placeholder((3, 3, 32, 32), "float32", name="weights")
+    dx = onednn.convolution_backward_data(dy, weights, [2, 14, 14, 32], strides=[stride, stride], pads_begin=[1, 1], pads_end=[1, 1],
+                                          dilations=[1, 1])  # fmt: skip
+    sch = schedule.rule_for(target).apply(Workload.of(dx).prim_func(target), target)
+    task = sch.get(sch.get_loops(sch.get_sblock(dx.op.name))[0])  # the output's outermost loop
+    assert (f'"{DX_CC}' in str(task)) == inside
+    assert check_kernel(build(dx)).ok
+
+
 def test_tunable_rule_samples_tiles():
     workload = Workload.of(_dx(1, 32, 14, 14, 32, 3, 1, 1, name="tunable_dx"))
     target = resolve_target("llvm")

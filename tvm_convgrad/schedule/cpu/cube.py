@@ -137,7 +137,7 @@ class CubeInputGrad(CpuMad):
     edge_tiles = True  # columns in tiles of TW and a narrower edge tile (else TW divides them)
     weights = W_COL  # the pack of the weights (the vector operand)
     images_first_by_traffic = False  # the images outside the channel-block groups where that moves fewer bytes
-    write_back_in_task = False  # the result stage computed inside the mad's parallel task (one mad, one consumer)
+    write_back_in_task = True  # the result stage computed inside the mad's parallel task (one mad, one consumer)
     flat_pixels = True  # where a row needs an edge tile: an image's pixels one axis, tiled across rows (:meth:`_flat_pixel_tiles`)
 
     def schedule(self, block):
@@ -240,7 +240,9 @@ class CubeInputGrad(CpuMad):
         """The result stage (and the layout stage folded into it) of a mad that is its only
         producer, moved into the mad's parallel task: each task's sums are written out (cast, bias,
         relayout) while they are in cache, instead of the whole mad's output making a second pass
-        through memory. Only where :attr:`write_back_in_task` is set (the forward)."""
+        through memory (a stride-1 dX of a 1x1 projection on a 28x28 map, N=32: 8.7 -> 4.6 ms).
+        Only where :attr:`write_back_in_task` is set; a strided dX's result, which its phases
+        produce together, stays where it is."""
         if not self.write_back_in_task or self.tunable:
             return
         sch = self.sch
@@ -275,7 +277,6 @@ class CubeForward(CubeInputGrad):
 
     weights = W_CONV
     images_first_by_traffic = True
-    write_back_in_task = True
 
     def _reduction_chunks(self, block, blocks: int, images: int, group_weight_bytes: int) -> int:
         """A strided forward reads each image's x by stride phase, four planes (2x2) whose
