@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import tvm
-from tvm import s_tir, tirx
+from tvm import s_tir, sym, tirx
 
 from ...dsl.compute.stages import FMAP_PAD, GRADS_2_MATRIX, KERNEL_H, KERNEL_W, W_COL, W_CONV
 from ...layout import C0
@@ -250,6 +250,8 @@ class CubeInputGrad(CpuMad):
         (sums,) = [w.source for w in sch.get(block).writes]
         if any(not w.source.same_as(sums) for p in sch.get_producers(consumer) for w in sch.get(p).writes):  # (the mad's init and update)
             return
+        if _reads_past(sch.get(consumer), sums):  # compute-at would keep only the consumer's iterations inside the sums' extent
+            return
         try:  # a consumer whose indices TVM cannot invert over the task (TBE's flat Ho*Wo, a grouped gather) stays where it is
             sch.reverse_compute_at(consumer, task)
         except (s_tir.ScheduleError, ValueError):  # (TVM reports a region it cannot solve as a ValueError, before any change)
@@ -268,6 +270,24 @@ class CubeInputGrad(CpuMad):
         reads = [r.source for r in self.sch.get(block).reads]
         input_bytes = sum(elements(b) * tvm.DataType(b.dtype).bits // 8 for b in reads) - weight_bytes
         return groups > 1 and images > 1 and images * weight_bytes < groups * input_bytes
+
+
+def _reads_past(stmt, buffer) -> bool:
+    """Whether the block ``stmt`` reads ``buffer`` at an index past its extent anywhere in the
+    block's domain (a guarded read: a strided dX's one live phase under a result whose other rows
+    are bias or zero only). ``reverse_compute_at`` bounds the consumer's loops by the region it
+    reads, so such rows would never be written."""
+    analyzer = sym.Analyzer()
+    for iv in stmt.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    for read in stmt.reads:
+        if not read.source.same_as(buffer):
+            continue
+        for index, extent in zip(read.region, buffer.shape):
+            low, high = analyzer.const_int_bound(index.min), analyzer.const_int_bound(index.min + index.extent - 1)
+            if low.min_value < 0 or high.max_value >= int(extent):
+                return True
+    return False
 
 
 class CubeForward(CubeInputGrad):
