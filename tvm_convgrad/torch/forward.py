@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
-from .kernels import DTYPES, as_layout, call_plan, forward_kernel, memory_format
+from .kernels import DTYPES, as_layout, forward_kernel, memory_format, plan_for
 
 __all__ = ["MARGIN", "MODES", "ROUNDS", "forward", "forward_choices", "get_forward", "ours", "pytorch", "set_forward"]
 
@@ -99,7 +99,7 @@ def forward(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     if _mode == "pytorch" or input.dtype not in DTYPES or input.device.type != "cpu" or weight.dtype != input.dtype \
             or (bias is not None and bias.dtype != input.dtype):  # fmt: skip
         return pytorch(input, weight, bias, stride, pads, dilation, groups)
-    call = call_plan(tuple(input.shape), tuple(weight.shape), tuple(stride), tuple(pads), tuple(dilation), groups, input.dtype, channels_last).call
+    call = plan_for(input.shape, weight.shape, stride, pads, dilation, groups, input.dtype, channels_last).call
     if _mode == "ours":
         return ours(call, input, weight, bias)
     key = (call, bias is not None)

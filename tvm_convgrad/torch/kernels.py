@@ -30,7 +30,7 @@ from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 
 __all__ = ["CACHED_CALLS", "DTYPES", "CallPlan", "as_layout", "call_plan", "conv_call", "dtype_name", "forward_kernel", "input_grad_kernel",
-           "memory_format", "weight_grad_kernel"]  # fmt: skip
+           "memory_format", "plan_for", "weight_grad_kernel"]  # fmt: skip
 
 CACHED_CALLS = 128
 """Signatures whose kernels stay built (least recently used first out)."""
@@ -118,3 +118,8 @@ def call_plan(input_shape: tuple, weight_shape: tuple, stride: tuple, pads: tupl
               channels_last: bool) -> CallPlan:  # fmt: skip
     """The :class:`CallPlan` of a signature (every argument hashable: shapes, tuples, ints), made once."""
     return CallPlan(conv_call(input_shape, weight_shape, stride, pads, dilation, groups, dtype, channels_last))
+
+
+def plan_for(input_shape, weight_shape, stride, pads, dilation, groups: int, dtype: torch.dtype, channels_last: bool) -> CallPlan:
+    """:func:`call_plan` of a call's arguments as the operators pass them (lists, sizes)."""
+    return call_plan(tuple(input_shape), tuple(weight_shape), tuple(stride), tuple(pads), tuple(dilation), int(groups), dtype, bool(channels_last))

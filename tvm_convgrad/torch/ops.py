@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 from .forward import forward as choose_forward
-from .kernels import CallPlan, as_layout, call_plan, conv_call, memory_format
+from .kernels import CallPlan, as_layout, conv_call, memory_format, plan_for
 
 __all__ = ["Conv2dFunction", "conv2d", "conv2d_input_grad", "conv2d_op", "conv2d_weight_grad", "conv_call", "eager", "forward", "input_grad", "weight_grad"]
 
@@ -53,10 +53,6 @@ def _narrow(t: torch.Tensor) -> torch.Tensor:
 
 def _run(kernel, out: torch.Tensor, *args: torch.Tensor):
     kernel.function(*args, out)
-
-
-def _plan(input_shape, weight_shape, stride, pads, dilation, groups: int, dtype: torch.dtype, channels_last: bool) -> CallPlan:
-    return call_plan(tuple(input_shape), tuple(weight_shape), tuple(stride), tuple(pads), tuple(dilation), int(groups), dtype, bool(channels_last))
 
 
 def _input_grad(plan: CallPlan, grad_output: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -89,7 +85,7 @@ def input_grad(grad_output: torch.Tensor, weight: torch.Tensor, input_shape: lis
     """dX ``(N, C, H, W)`` of ``grad_output`` through ``weight`` (the package's dX kernel; taps
     that read only padding left out, see ``Conv2dGradients.cropped``)."""
     _on_cpu(grad_output, weight)
-    return _input_grad(_plan(input_shape, weight.shape, stride, pads, dilation, groups, grad_output.dtype, channels_last), grad_output, weight)
+    return _input_grad(plan_for(input_shape, weight.shape, stride, pads, dilation, groups, grad_output.dtype, channels_last), grad_output, weight)
 
 
 def weight_grad(grad_output: torch.Tensor, input: torch.Tensor, weight_shape: list[int], stride: list[int], pads: list[int],
@@ -97,7 +93,7 @@ def weight_grad(grad_output: torch.Tensor, input: torch.Tensor, weight_shape: li
     """dW ``(O, C/groups, KH, KW)`` of ``grad_output`` and ``input`` (the package's dW kernel;
     0 for taps that read only padding, see ``Conv2dGradients.cropped``)."""
     _on_cpu(grad_output, input)
-    return _weight_grad(_plan(input.shape, weight_shape, stride, pads, dilation, groups, input.dtype, channels_last), grad_output, input)
+    return _weight_grad(plan_for(input.shape, weight_shape, stride, pads, dilation, groups, input.dtype, channels_last), grad_output, input)
 
 
 conv2d_input_grad = torch.library.custom_op("tvm_convgrad::conv2d_input_grad", mutates_args=())(input_grad)
@@ -171,12 +167,13 @@ def _backward(ctx, grad_output):
     grad_input = grad_weight = grad_bias = None
     if not torch.is_grad_enabled() and eager(grad_output, input, weight):  # first order, eager: the kernels directly
         _on_cpu(grad_output, input, weight)
-        plan = _plan(input.shape, weight.shape, stride, pads, dilation, groups, input.dtype, channels_last)  # (made at the first call)
+        plan = plan_for(input.shape, weight.shape, stride, pads, dilation, groups, input.dtype, channels_last)  # (made at the first call)
         dx, dw = _profiled(_input_grad, "tvm_convgrad::conv2d_input_grad"), _profiled(_weight_grad, "tvm_convgrad::conv2d_weight_grad")
+        dy = grad_output.to(input.dtype)
         if ctx.needs_input_grad[0]:
-            grad_input = dx(plan, grad_output.to(input.dtype), weight)
+            grad_input = dx(plan, dy, weight)
         if ctx.needs_input_grad[1]:
-            grad_weight = dw(plan, grad_output.to(input.dtype), input)
+            grad_weight = dw(plan, dy, input)
     else:  # traced, or create_graph=True: the operators, differentiable again
         if ctx.needs_input_grad[0]:
             grad_input = conv2d_input_grad(grad_output, weight, list(input.shape), stride, pads, dilation, groups, channels_last)
