@@ -58,6 +58,17 @@ FIXED = {
     # a strided depthwise dX whose result rows (40) are ragged: a serial row under the parallel loops
     "dx-depthwise-s2-ragged": Case("data", 2, 32, 32, 32, (40, 40), (20, 20), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), data_format="NCX",
                                    weights_format="OIX", effective_pads=(1, 1)),  # fmt: skip
+    # a stride-1 depthwise dX plane by plane: each task packs its plane of dy, runs its tiles and writes its dx
+    # plane (13x11; NXC 9x7)
+    "dx-depthwise-planes": Case("data", 4, 32, 32, 32, (13, 11), (13, 11), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
+                                weights_format="OIX", effective_pads=(1, 1)),  # fmt: skip
+    "dx-depthwise-planes-nxc": Case("data", 4, 48, 48, 48, (9, 7), (9, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
+    # depthwise dW with x and dy packed image by image inside the tasks (24 channels: a partial block); a 3x1
+    # kernel of 40 channels, strided (AVX2: a tile takes a whole 16-lane row, three tasks: rfactor parts of the rows)
+    "dw-depthwise-per-image": Case("conv_v2", 3, 24, 24, 24, (13, 11), (13, 11), (3, 3), (1, 1), data_format="NCX", weights_format="OIX",
+                                   **_PADS1),  # fmt: skip
+    "dw-depthwise-per-image-rfactor": Case("conv_v2", 3, 40, 40, 40, (9, 10), (5, 10), (3, 1), (2, 1), (1, 0), (1, 0), (1, 1),
+                                           data_format="NCX", weights_format="OIX", effective_pads=(1, 0)),  # fmt: skip
     # a 1x1 dW in OIX: its unit tap loops join the input-channel loop, written 16 lanes at a time
     "dw-1x1-oix": Case("conv_v2", 2, 40, 24, 1, (7, 7), (7, 7), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
                        weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip

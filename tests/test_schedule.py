@@ -157,6 +157,64 @@ def test_a_data_gradient_writes_its_output_inside_the_mads_tasks(stride, inside)
     assert check_kernel(build(dx)).ok
 
 
+def _outermost_loop(sch, block_name: str):
+    return sch.get(sch.get_loops(sch.get_sblock(block_name))[0])
+
+
+@pytest.mark.parametrize("channels, stride, inside", [(32, 1, True), (24, 1, False), (32, 2, False)])
+def test_a_depthwise_data_gradient_runs_plane_by_plane(channels, stride, inside):
+    """A stride-1 depthwise dX (NCX) packs each (image, channel block) plane of dy, runs its
+    tiles and writes its plane of diff_src inside one parallel task; a partial last block (whose
+    channels TVM cannot bound per task) and a strided dX keep their passes, exact either way."""
+    from tvm import te
+
+    from tvm_convgrad.dsl.compute.stages import DX_DW, DY_DW
+    from tvm_convgrad.frontends import onednn
+
+    target = resolve_target("llvm")
+    size = 14 // stride
+    dy = te.placeholder((8, channels, size, size), "float32", name="diff_dst")
+    weights = te.placeholder((channels, 1, 3, 3), "float32", name="weights")
+    dx = onednn.convolution_backward_data(dy, weights, [8, channels, 14, 14], strides=[stride, stride], pads_begin=[1, 1], pads_end=[1, 1],
+                                          dilations=[1, 1], groups=channels, data_format="NCX", weights_format="OIX")  # fmt: skip
+    sch = schedule.rule_for(target).apply(Workload.of(dx).prim_func(target), target)
+    task = _outermost_loop(sch, f"{DX_DW}_0_0_update")
+    assert _outermost_loop(sch, dx.op.name).same_as(task) == inside
+    assert _outermost_loop(sch, DY_DW).same_as(task) == inside
+    assert check_kernel(build(dx)).ok
+
+
+@pytest.mark.parametrize("kernel, stride", [((3, 3), 1), ((3, 1), 2)])
+def test_a_depthwise_weight_gradient_packs_image_by_image(kernel, stride):
+    """A depthwise dW (NCX) packs x and dy for one image of its channel lanes inside its tasks,
+    under the image loop (a 3x1 kernel of 40 channels on AVX2: three tasks, the rows in rfactor
+    parts); exact."""
+    from tvm import te
+
+    from tvm_convgrad.dsl.compute.stages import DW_DW, FMAP_DW, GRADS_DW
+    from tvm_convgrad.frontends import onednn
+
+    avx2 = isa_target("avx2")
+    target = resolve_target(avx2)
+    src = te.placeholder((3, 40, 13, 11), "float32", name="src")
+    ho = (13 + 2 - kernel[0]) // stride + 1
+    wo = (11 + 2 * (kernel[1] // 2) - kernel[1]) + 1
+    dy = te.placeholder((3, 40, ho, wo), "float32", name="diff_dst")
+    pads = [1, kernel[1] // 2]
+    dw = onednn.convolution_backward_weights(src, dy, [40, 1, *kernel], strides=[stride, 1], pads_begin=pads, pads_end=pads,
+                                             dilations=[1, 1], groups=40, data_format="NCX", weights_format="OIX")  # fmt: skip
+    sch = schedule.rule_for(target).apply(Workload.of(dw).prim_func(target), target)
+    rfactor = f'"{DW_DW}_rf' in str(sch.mod)
+    mad = sch.get_loops(sch.get_sblock(f"{DW_DW}_rf_update" if rfactor else f"{DW_DW}_update"))
+    for pack in (FMAP_DW, GRADS_DW):  # under the mad's loops down to its image loop
+        loops = sch.get_loops(sch.get_sblock(pack))
+        shared = next(k for k, (a, b) in enumerate(zip([*loops, None], mad)) if a is None or not sch.get(a).same_as(sch.get(b)))
+        assert shared >= 2 and sch.get(mad[shared - 1]).extent == 3, (pack, shared)
+    assert rfactor == (kernel == (3, 1))
+    if host_can_run(avx2):
+        assert check_kernel(build(dw, target=avx2)).ok
+
+
 def test_tunable_rule_samples_tiles():
     workload = Workload.of(_dx(1, 32, 14, 14, 32, 3, 1, 1, name="tunable_dx"))
     target = resolve_target("llvm")

@@ -168,14 +168,14 @@ class CubeInputGrad(CpuMad):
             sch.reorder(*outer, j_o, i_o, c1_i, lane_groups, *reduction, j_i, i_i, c0)
             task = sch.fuse(*outer, j_o)
             sch.parallel(task)
-            self._write_back_in_task(block, task)  # (first: a tensorized tile's block is replaced)
+            self.write_back_in(block, task)  # (first: a tensorized tile's block is replaced)
             self.register_tile(block, [j_i, i_i], c0, co1)
             return
         # The columns in tiles of TW and one narrower tile at the end: two copies of the mad.
         sch.reorder(*outer, j_o, i, c1_i, lane_groups, *reduction, j_i, c0)
         task = sch.fuse(*outer, j_o)
         sch.parallel(task)
-        self._write_back_in_task(block, task)
+        self.write_back_in(block, task)
         for copy, tiles, i_i, below in whole_tiles_and_edge(sch, i, cols, tw):
             c1_i, lane_groups, co1, mh, mw, co0, j_i, c0 = below
             sch.reorder(*tiles, c1_i, lane_groups, co1, mh, mw, co0, j_i, i_i, c0)
@@ -219,7 +219,7 @@ class CubeInputGrad(CpuMad):
         sch.reorder(*outer, p, c1_i, lane_groups, co1, mh, mw, co0, c0)
         task = sch.fuse(*outer)
         sch.parallel(task)
-        self._write_back_in_task(block, task)  # (a task's pixels are whole images: its dst region is a box)
+        self.write_back_in(block, task)  # (a task's pixels are whole images: its dst region is a box)
         chunks = self._reduction_chunks(block, loop_extent(sch, co1), images, group_weight_bytes)
         for copy, tiles, p_i, below in whole_tiles_and_edge(sch, p, pixels, tw):
             c1_i, lane_groups, co1, mh, mw, co0, c0 = below
@@ -236,33 +236,6 @@ class CubeInputGrad(CpuMad):
         chunks): 1, the whole reduction per tile in registers."""
         return 1
 
-    def _write_back_in_task(self, block, task):
-        """The result stage (and the layout stage folded into it) of a mad that is its only
-        producer, moved into the mad's parallel task: each task's sums are written out (cast, bias,
-        relayout) while they are in cache, instead of the whole mad's output making a second pass
-        through memory (a stride-1 dX of a 1x1 projection on a 28x28 map, N=32: 8.7 -> 4.6 ms).
-        Only where :attr:`write_back_in_task` is set; a strided dX's result, which its phases
-        produce together, stays where it is."""
-        if not self.write_back_in_task or self.tunable:
-            return
-        sch = self.sch
-        (consumer,) = sch.get_consumers(block)
-        (sums,) = [w.source for w in sch.get(block).writes]
-        if any(not w.source.same_as(sums) for p in sch.get_producers(consumer) for w in sch.get(p).writes):  # (the mad's init and update)
-            return
-        if _reads_past(sch.get(consumer), sums):  # compute-at would keep only the consumer's iterations inside the sums' extent
-            return
-        try:  # a consumer whose indices TVM cannot invert over the task (TBE's flat Ho*Wo, a grouped gather) stays where it is
-            sch.reverse_compute_at(consumer, task)
-        except (s_tir.ScheduleError, ValueError):  # (TVM reports a region it cannot solve as a ValueError, before any change)
-            return
-        inner = sch.get_loops(consumer)[1:]
-        if inner and loop_extent(sch, inner[-1]) % 8 == 0:
-            lanes = inner[-1]
-            _, lanes = sch.split(lanes, [None, 8])
-            sch.vectorize(lanes)
-        self.placed.add(sch.get(consumer).name_hint)
-
     def _images_first(self, block, weight_bytes: int, groups: int, images: int) -> bool:
         """Whether walking the images outside the channel-block groups reads fewer bytes: every
         group streams all of the input past its weights (``groups x input``), every image all the
@@ -270,24 +243,6 @@ class CubeInputGrad(CpuMad):
         reads = [r.source for r in self.sch.get(block).reads]
         input_bytes = sum(elements(b) * tvm.DataType(b.dtype).bits // 8 for b in reads) - weight_bytes
         return groups > 1 and images > 1 and images * weight_bytes < groups * input_bytes
-
-
-def _reads_past(stmt, buffer) -> bool:
-    """Whether the block ``stmt`` reads ``buffer`` at an index past its extent anywhere in the
-    block's domain (a guarded read: a strided dX's one live phase under a result whose other rows
-    are bias or zero only). ``reverse_compute_at`` bounds the consumer's loops by the region it
-    reads, so such rows would never be written."""
-    analyzer = sym.Analyzer()
-    for iv in stmt.iter_vars:
-        analyzer.bind(iv.var, iv.dom)
-    for read in stmt.reads:
-        if not read.source.same_as(buffer):
-            continue
-        for index, extent in zip(read.region, buffer.shape):
-            low, high = analyzer.const_int_bound(index.min), analyzer.const_int_bound(index.min + index.extent - 1)
-            if low.min_value < 0 or high.max_value >= int(extent):
-                return True
-    return False
 
 
 class CubeForward(CubeInputGrad):
