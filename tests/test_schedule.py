@@ -161,11 +161,12 @@ def _outermost_loop(sch, block_name: str):
     return sch.get(sch.get_loops(sch.get_sblock(block_name))[0])
 
 
-@pytest.mark.parametrize("channels, stride, inside", [(32, 1, True), (24, 1, False), (32, 2, False)])
+@pytest.mark.parametrize("channels, stride, inside", [(32, 1, True), (24, 1, False), (32, 2, True), (24, 2, True)])
 def test_a_depthwise_data_gradient_runs_plane_by_plane(channels, stride, inside):
-    """A stride-1 depthwise dX (NCX) packs each (image, channel block) plane of dy, runs its
-    tiles and writes its plane of diff_src inside one parallel task; a partial last block (whose
-    channels TVM cannot bound per task) and a strided dX keep their passes, exact either way."""
+    """A depthwise dX (NCX) packs each (image, channel block) plane of dy, runs its tiles (every
+    stride phase's) and writes its plane of diff_src inside one parallel task; exact. A stride-1
+    dX with a partial last block (whose channels TVM cannot bound per task as a write-back of
+    the one phase) keeps its passes; the strided one (its phases under the result's task) not."""
     from tvm import te
 
     from tvm_convgrad.dsl.compute.stages import DX_DW, DY_DW

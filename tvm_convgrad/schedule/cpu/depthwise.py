@@ -4,15 +4,15 @@ once, instead of multiplying FracZ_g blocks that are 15/16 zeros.
 
 from __future__ import annotations
 
-from tvm import s_tir
+from tvm import s_tir, tirx
 
-from ...dsl.compute.stages import DY_DW, FMAP_DW, GRADS_DW
+from ...dsl.compute.stages import DX_DW, DX_PHASE_PREFIXES, DY_DW, FMAP_DW, GRADS_DW
 from ...layout import C0
-from ..common import loop_extent
-from .loops import CpuMad, sum_parts
+from ..common import loop_extent, stage_blocks
+from .loops import CpuMad, restore_unit_loops, sum_parts
 from .tiles import MAX_TILE_PIXELS, MAX_WO_UNROLL, depthwise_dw_tile, depthwise_dx_tile, largest_divisor
 
-__all__ = ["PACKS_PER_IMAGE", "PLANES_PER_CORE", "DepthwiseFilterGrad", "DepthwiseInputGrad"]
+__all__ = ["PACKS_PER_IMAGE", "PLANES_PER_CORE", "DepthwiseFilterGrad", "DepthwiseInputGrad", "phases_plane_by_plane"]
 
 PACKS_PER_IMAGE = True  # depthwise dW: x and dy packed image by image inside the tasks
 PLANES_PER_CORE = 4  # a one-phase dX runs plane by plane where there are this many planes per core
@@ -117,7 +117,8 @@ class DepthwiseInputGrad(CpuMad):
                     sch.vectorize(sch.get_loops(pack)[-1])  # (its C0 lanes)
                     self.placed.add(DY_DW)
             return
-        sch.parallel(sch.fuse(n, c1, lane_groups, j_o))
+        if not any(sch.get(lp).kind == tirx.ForKind.PARALLEL for lp in outer):  # (under a plane's task: phases_plane_by_plane)
+            sch.parallel(sch.fuse(n, c1, lane_groups, j_o))
         self.register_tile(block, [j_i, i_i], c0, q)
 
     def _writes_back_per_plane(self, block, n, c1) -> bool:
@@ -134,3 +135,68 @@ class DepthwiseInputGrad(CpuMad):
         except (s_tir.ScheduleError, ValueError):
             return False
         return True
+
+
+def phases_plane_by_plane(sch: s_tir.Schedule, cores: int) -> set[str]:
+    """A strided depthwise dX plane by plane: each parallel task is one image's block of 16
+    channels of the result, under which its dy plane is packed and every stride phase computes
+    its part of the plane (:class:`DepthwiseInputGrad` tiles them without a parallel loop of
+    their own), so the phases' outputs stay in the core's cache until the result interleaves
+    them (MobileNetV2's 96-channel stride-2 layer on 56x56, N=32: the phases image by image,
+    each a parallel loop, read and wrote 38 MB of phase outputs through memory).
+
+    Where the result's channels are one loop (NCX or NXC) and there are :data:`PLANES_PER_CORE`
+    planes per core; tried on a copy first (a partial last block of channels cannot be bounded
+    per task). Returns the stages it placed (the dy pack, the result), none where it did not."""
+    blocks = stage_blocks(sch)
+    phases = [sch.get(b).name_hint for b in blocks if sch.get(b).name_hint.startswith(DX_DW)]
+    if len(phases) < 2 or any(sch.get(b).name_hint.startswith(DX_PHASE_PREFIXES) and not sch.get(b).name_hint.startswith(DX_DW) for b in blocks):
+        return set()
+    consumers = {sch.get(c).name_hint for p in phases for c in sch.get_consumers(sch.get_sblock(p))}
+    if len(consumers) != 1:
+        return set()
+    (result,) = consumers
+    probe = sch.copy()
+    try:
+        if not _planes(probe, result, phases, cores):
+            return set()
+    except (s_tir.ScheduleError, ValueError):
+        return set()
+    _planes(sch, result, phases, cores)
+    return {result, DY_DW}
+
+
+def _planes(sch: s_tir.Schedule, result: str, phases: list[str], cores: int) -> bool:
+    """:func:`phases_plane_by_plane` on ``sch`` (False, unchanged, where it does not apply)."""
+    block = sch.get_sblock(result)
+    stmt = sch.get(block)
+    loops = sch.get_loops(block)
+    realize = sch.get(loops[-1]).body
+    loop_of = {iv.var: lp for iv, lp in zip(stmt.iter_vars, loops)} if len(loops) == len(stmt.iter_vars) else {}
+    (read,) = [r for r in stmt.reads if r.source.name == phases[0]] or [None]
+    if read is None or len(loops) != 4 or not all(isinstance(v, tirx.Var) for v in realize.iter_values):
+        return False
+    channel = [iv.var for iv in stmt.iter_vars if iv.var in set(tirx.analysis.undefined_vars(read.region[1].min))]
+    if len(channel) != 1 or channel[0] not in loop_of:
+        return False
+    n, *spatial = loops
+    channel_loop = loop_of[channel[0]]
+    if sch.get(channel_loop).same_as(sch.get(n)) or loop_extent(sch, n) * -(-loop_extent(sch, channel_loop) // C0) < PLANES_PER_CORE * cores:
+        return False
+    rest = [lp for lp in spatial if not sch.get(lp).same_as(sch.get(channel_loop))]
+    channels_first = sch.get(spatial[0]).same_as(sch.get(channel_loop))
+    c1, c0 = sch.split(channel_loop, [None, C0])
+    sch.reorder(n, c1, *([c0, *rest] if channels_first else [*rest, c0]))
+    task = sch.fuse(n, c1)
+    sch.parallel(task)
+    for phase in phases:
+        sch.compute_at(sch.get_sblock(phase), task)
+        restore_unit_loops(sch, sch.get_sblock(phase))
+    for pack in stage_blocks(sch):
+        if sch.get(pack).name_hint == DY_DW:  # (none where the phases read dy in place, converting)
+            sch.compute_at(pack, task)
+            sch.vectorize(sch.get_loops(pack)[-1])  # (its C0 lanes)
+    inner = sch.get_loops(block)[-1]
+    if loop_extent(sch, inner) % 8 == 0:
+        sch.vectorize(sch.split(inner, [None, 8])[1])
+    return True

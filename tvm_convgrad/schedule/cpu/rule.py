@@ -53,7 +53,7 @@ from ..common import inline_layout_stages, stage_blocks, target_cores
 from .amx import AmxFilterGrad
 from .bf16 import PairedCoutLanesFilterGrad, PairedFilterGrad, PairedForward, PairedInputGrad
 from .cube import CubeFilterGrad, CubeForward, CubeInputGrad
-from .depthwise import DepthwiseFilterGrad, DepthwiseInputGrad
+from .depthwise import DepthwiseFilterGrad, DepthwiseInputGrad, phases_plane_by_plane
 from .lanes import CoutLanesFilterGrad, PixelLanesInputGrad
 from .loops import PHASES_PER_IMAGE, CpuMad, elementwise, phases_image_by_image, planar_pack
 
@@ -101,8 +101,8 @@ class CpuRule(Rule):
             for block in stage_blocks(sch):
                 if CONVERT_IN_PLACE in sch.get(block).annotations:
                     sch.compute_inline(block)
-        per_image = phases_image_by_image(sch) if PHASES_PER_IMAGE else set()
-        placed: set[str] = set()
+        placed: set[str] = phases_plane_by_plane(sch, config.cores) if not tunable else set()
+        per_image = phases_image_by_image(sch) if PHASES_PER_IMAGE and not placed else set()
         found = mads(sch)
         on_mads = {sch.get(mad).name_hint for mad, _ in found}
         others = [sch.get(b).name_hint for b in stage_blocks(sch) if sch.get(b).name_hint not in on_mads]  # before rfactor adds any
