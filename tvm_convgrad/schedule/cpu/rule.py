@@ -35,8 +35,10 @@ divisor among them): the dW cube's Cout rows per tile and its reduction chunk (i
 bands), the dX cube's pixel tiles and channel-block groups, the transposed dW's taps x Cout
 vectors, the pixel-lane dX's rows, the depthwise tiles' lanes, pixels and unrolled columns.
 
-A strided dX of a batch whose dy outgrows the cache runs image by image: every phase (and the
-dy pack) under the result's batch loop (:func:`.loops.phases_image_by_image`).
+A strided depthwise dX runs plane by plane: every phase and the dy pack under a task of the
+result's image x 16 channels (:func:`.depthwise.phases_plane_by_plane`). Another strided dX of a
+batch whose dy outgrows the cache runs image by image: every phase (and the dy pack) under the
+result's batch loop (:func:`.loops.phases_image_by_image`).
 """
 
 from __future__ import annotations
