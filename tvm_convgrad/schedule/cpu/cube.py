@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import tvm
-from tvm import s_tir, sym, tirx
+from tvm import s_tir, tirx
 
 from ...dsl.compute.stages import FMAP_PAD, GRADS_2_MATRIX, KERNEL_H, KERNEL_W, W_COL, W_CONV
 from ...layout import C0
@@ -108,11 +108,7 @@ class CubeFilterGrad(CpuMad):
             pack = sch.get_sblock(stage)
         except Exception:  # read in place (inlined): nothing to move
             return
-        sch.compute_at(pack, loop)
-        if not self.tunable:  # (tunable: the loops compute_at makes depend on the sampled chunk, and
-            *_, lanes = sch.get_loops(pack)  # a trace must give the same loops on every replay;
-            sch.vectorize(lanes)  # LLVM vectorizes the contiguous 16-lane conversion by itself)
-        self.placed.add(stage)
+        self.pack_at(pack, loop)  # (tunable: LLVM vectorizes the contiguous 16-lane conversion by itself)
 
     def _split_reduction(self, block, tiles, reduce, longest, co0, c0):
         """Too few tiles for the cores: each core sums a part of the reduction (``rfactor``);

@@ -9,7 +9,7 @@ from tvm import s_tir, tirx
 from ...dsl.compute.stages import DX_DW, DX_PHASE_PREFIXES, DY_DW, FMAP_DW, GRADS_DW
 from ...layout import C0
 from ..common import loop_extent, stage_blocks
-from .loops import CpuMad, restore_unit_loops, sum_parts
+from .loops import CpuMad, pack_under, producers_named, restore_unit_loops, sum_parts
 from .tiles import MAX_TILE_PIXELS, MAX_WO_UNROLL, depthwise_dw_tile, depthwise_dx_tile, largest_divisor
 
 __all__ = ["PACKS_PER_IMAGE", "PLANES_PER_CORE", "DepthwiseFilterGrad", "DepthwiseInputGrad", "phases_plane_by_plane"]
@@ -69,16 +69,12 @@ class DepthwiseFilterGrad(CpuMad):
 
     def _packs(self, mad) -> list:
         """The mad's x and dy packs (none where it reads its inputs in place, converting)."""
-        return [p for p in self.sch.get_producers(mad) if self.sch.get(p).name_hint in (FMAP_DW, GRADS_DW)]
+        return producers_named(self.sch, mad, (FMAP_DW, GRADS_DW))
 
     def _pack_per_image(self, mad, image):
         """The x and dy packs of what the mad reads under its ``image`` loop, computed there."""
-        sch = self.sch
         for pack in self._packs(mad):
-            name = sch.get(pack).name_hint
-            sch.compute_at(pack, image)
-            sch.vectorize(sch.get_loops(pack)[-1])  # (its C0 lanes)
-            self.placed.add(name)
+            self.pack_at(pack, image)
 
 
 class DepthwiseInputGrad(CpuMad):
@@ -111,11 +107,8 @@ class DepthwiseInputGrad(CpuMad):
             sch.parallel(task)
             self.register_tile(block, [j_i, i_i], c0, q)
             self.write_back_in(block, task)
-            for pack in sch.get_producers(block):
-                if sch.get(pack).name_hint == DY_DW:
-                    sch.compute_at(pack, task)
-                    sch.vectorize(sch.get_loops(pack)[-1])  # (its C0 lanes)
-                    self.placed.add(DY_DW)
+            for pack in producers_named(sch, block, (DY_DW,)):
+                self.pack_at(pack, task)
             return
         if not any(sch.get(lp).kind == tirx.ForKind.PARALLEL for lp in outer):  # (under a plane's task: phases_plane_by_plane)
             sch.parallel(sch.fuse(n, c1, lane_groups, j_o))
@@ -124,9 +117,7 @@ class DepthwiseInputGrad(CpuMad):
     def _writes_back_per_plane(self, block, n, c1) -> bool:
         """Whether the result can be written inside tasks of one ``(n, c1)`` plane each (tried on
         a copy of the schedule: TVM cannot bound a partial last block's channels per task)."""
-        if not self.write_back_in_task or self.tunable:
-            return False
-        consumer = self.sole_consumer(block)
+        consumer = self.write_back_stage(block)
         if consumer is None:
             return False
         probe = self.sch.copy()
@@ -192,10 +183,9 @@ def _planes(sch: s_tir.Schedule, result: str, phases: list[str], cores: int) -> 
     for phase in phases:
         sch.compute_at(sch.get_sblock(phase), task)
         restore_unit_loops(sch, sch.get_sblock(phase))
-    for pack in stage_blocks(sch):
-        if sch.get(pack).name_hint == DY_DW:  # (none where the phases read dy in place, converting)
-            sch.compute_at(pack, task)
-            sch.vectorize(sch.get_loops(pack)[-1])  # (its C0 lanes)
+    packs = {sch.get(p).name_hint for phase in phases for p in producers_named(sch, sch.get_sblock(phase), (DY_DW,))}
+    for pack in packs:  # (none where the phases read dy in place, converting)
+        pack_under(sch, sch.get_sblock(pack), task)
     inner = sch.get_loops(block)[-1]
     if loop_extent(sch, inner) % 8 == 0:
         sch.vectorize(sch.split(inner, [None, 8])[1])

@@ -15,8 +15,8 @@ from ...dsl.compute.stages import DX_PHASE_PREFIXES, DY_PACKS
 from ..common import elements, loop_extent, stage_blocks
 
 __all__ = [
-    "PARALLEL_TASKS", "PER_IMAGE_ABOVE", "PHASES_PER_IMAGE", "CpuMad", "elementwise", "in_source_order", "phases_image_by_image", "planar_pack",
-    "reads_past", "restore_unit_loops", "sum_parts", "whole_tiles_and_edge",
+    "PARALLEL_TASKS", "PER_IMAGE_ABOVE", "PHASES_PER_IMAGE", "CpuMad", "elementwise", "in_source_order", "pack_under", "phases_image_by_image",
+    "planar_pack", "producers_named", "reads_past", "restore_unit_loops", "sum_parts", "whole_tiles_and_edge",
 ]  # fmt: skip
 
 PHASES_PER_IMAGE = True  # strided dX of a batch: the phases image by image (:func:`phases_image_by_image`)
@@ -70,6 +70,19 @@ class CpuMad(ABC):
             return None
         return consumer
 
+    def write_back_stage(self, block):
+        """The stage :meth:`write_back_in` would move: :meth:`sole_consumer`, where
+        :attr:`write_back_in_task` is set and the schedule is not a tunable one; else None."""
+        if not self.write_back_in_task or self.tunable:
+            return None
+        return self.sole_consumer(block)
+
+    def pack_at(self, pack, loop):
+        """The stage ``pack`` computed under ``loop`` (:func:`pack_under`; its lanes left to LLVM
+        in a tunable schedule, whose trace must give the same loops on every replay), placed."""
+        pack_under(self.sch, pack, loop, vectorize=not self.tunable)
+        self.placed.add(self.sch.get(pack).name_hint)
+
     def write_back_in(self, block, task) -> bool:
         """The result stage (and the layout stage folded into it) of a mad that is its only
         producer, moved into the mad's parallel ``task`` loop: each task's sums are written out
@@ -77,10 +90,8 @@ class CpuMad(ABC):
         second pass through memory (a stride-1 dX of a 1x1 projection on a 28x28 map, N=32: 8.7
         -> 4.6 ms). Only where :attr:`write_back_in_task` is set and :meth:`sole_consumer` finds
         the stage. Returns whether it moved."""
-        if not self.write_back_in_task or self.tunable:
-            return False
         sch = self.sch
-        consumer = self.sole_consumer(block)
+        consumer = self.write_back_stage(block)
         if consumer is None:
             return False
         try:  # a consumer whose indices TVM cannot invert over the task (TBE's flat Ho*Wo, a grouped gather) stays where it is
@@ -119,6 +130,20 @@ class CpuMad(ABC):
             self.sch.unroll(loop)
         self.sch.vectorize(lanes)
         self.sch.decompose_reduction(block, first_reduce)
+
+
+def pack_under(sch: s_tir.Schedule, pack, loop, vectorize: bool = True):
+    """A pack stage computed under ``loop`` (what the stages there read of it, made there, while
+    it is in cache), its innermost loop (its C0 lanes) vectorized."""
+    sch.compute_at(pack, loop)
+    if vectorize:
+        sch.vectorize(sch.get_loops(pack)[-1])
+
+
+def producers_named(sch: s_tir.Schedule, block, names) -> list:
+    """The producers of ``block`` whose stage names are among ``names`` (none of a pack that was
+    inlined: an input read in place, converting)."""
+    return [p for p in sch.get_producers(block) if sch.get(p).name_hint in names]
 
 
 def reads_past(stmt, buffer) -> bool:
