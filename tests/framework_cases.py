@@ -70,8 +70,8 @@ class Case:
         if self.op == "deconv":  # IOX (IC, OC/G, *K) / XOI (*K, OC/G, IC)
             i, o = self.x_channels, self.dy_channels // self.groups
             return (i, o, *self.kernel) if self.weights_format == "IOX" else (*self.kernel, o, i)
-        o, i = self.dy_channels, self.x_channels // self.groups  # OIX / XIO
-        return (o, i, *self.kernel) if self.weights_format == "OIX" else (*self.kernel, i, o)
+        o, i = self.dy_channels, self.x_channels // self.groups  # OIX / XIO / OXI
+        return {"OIX": (o, i, *self.kernel), "OXI": (o, *self.kernel, i)}.get(self.weights_format, (*self.kernel, i, o))
 
     def layout_shape(self, channels: int, size: tuple) -> tuple:
         return (self.batch, channels, *size) if self.data_format == "NCX" else (self.batch, *size, channels)

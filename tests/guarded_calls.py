@@ -101,6 +101,12 @@ FIXED = {
                                 post_ops=(("add", 0.0, 0.0, "full"), ("relu", 0.0, 0.0, None)), **_PADS1),
     # ... and the data gradient of a 7x7 map (a partial block of dx channels)
     "dx-nxc-flat-pixels": Case("data", 8, 40, 24, 1, (7, 7), (7, 7), (3, 3), (1, 1), **_PADS1),
+    # OXI weights (PyTorch's channels-last weights, read and written in place): partial channel blocks on both sides, groups
+    "dx-nxc-oxi": Case("data", 2, 40, 24, 1, (9, 7), (5, 4), (3, 3), (2, 2), weights_format="OXI", **_PADS1),
+    "dw-nxc-oxi": Case("conv_v2", 2, 40, 24, 2, (9, 7), (9, 7), (3, 3), (1, 1), weights_format="OXI", **_PADS1),
+    "dw-ncx-oxi-bf16": Case("conv_v2", 2, 24, 40, 1, (9, 7), (5, 4), (3, 3), (2, 2), data_format="NCX", weights_format="OXI",
+                            dtype="bfloat16", **_PADS1),
+    "fwd-nxc-oxi": Case("fwd", 2, 40, 24, 1, (9, 7), (9, 7), (3, 3), (1, 1), weights_format="OXI", bias=True, **_PADS1),
 }
 """Named calls every run includes (framework operator cases of ``tests/framework_cases.py``)."""
 

@@ -60,6 +60,9 @@ def _sweep() -> list[Case]:
             mode = "none" if given == "none" else mode  # auto_pad needs the diff_src size
             cases.append(_case(rng, op, rank, next(groups), mode, data_format, weights_format, next(dtypes), given))
     cases.append(_case(rng, "data", 2, 1, "SAME_LOWER", "NXC", "XIO", "float32", "input"))  # the odd spelling
+    for rank, data_format in itertools.product((1, 2, 3), ("NXC", "NCX")):  # the package's OXI (PyTorch's channels-last weights)
+        given = next(givens)
+        cases.append(_case(rng, "data", rank, next(groups), "none" if given == "none" else next(pads), data_format, "OXI", next(dtypes), given))
     return cases
 
 
@@ -71,7 +74,9 @@ def test_sweep_covers_the_parameter_space():
     assert {c.dtype for c in SWEEP} == {"float32", "float16", "bfloat16"}
     assert {c.auto_pad.lower() for c in SWEEP} == {"none", "same_upper", "same_lower", "valid"}
     assert {c.shape_given for c in SWEEP} == {"input", "attr", "none"}
-    assert {(c.op, c.data_format, c.weights_format) for c in SWEEP} == set(itertools.product(("data", "data_v1"), ("NXC", "NCX"), ("XIO", "OIX")))
+    assert {(c.op, c.data_format, c.weights_format) for c in SWEEP} == set(itertools.product(("data", "data_v1"), ("NXC", "NCX"), ("XIO", "OIX"))) | {
+        ("data", df, "OXI") for df in ("NXC", "NCX")
+    }
     assert any(c.groups > 1 and c.x_channels == c.groups for c in SWEEP)  # depthwise
     assert any(c.output_padding and any(c.output_padding) for c in SWEEP)
     assert any(max(c.strides) > 1 and max(c.dilations) > 1 for c in SWEEP)
@@ -141,7 +146,7 @@ def test_a_strided_3d_batch_runs_its_phases_image_by_image():
                     data_format=data_format, weights_format="XIO", dtype=dtype, effective_pads=(0, 0, 0))  # fmt: skip
         result = call(case, *placeholders(case))
         kernel = build(result)
-        assert kernel.formulation == "cube"
+        assert kernel.formulation == ("cube-bf16" if dtype == "bfloat16" and kernel.isa.bf16_dot else "cube")  # (the pair form on vdpbf16ps)
         assert "dx_cc_1_1_1" in kernel.inspect_source("tir")
         inputs = arrays(case, seed=3)
         check(kernel(*inputs), expected(case, *inputs), kernel, case.name())
@@ -211,7 +216,7 @@ ERRORS = [
     ({"shape": [1, 7, 8]}, "dst_shape", "must have 4 elements"),
     ({"w": ((3, 3, 3, 8, 8), "float32")}, "weights.shape", "rank of diff_dst"),
     ({"data_format": "NHWC"}, "data_format", "['NXC', 'NCX']"),
-    ({"weights_format": "HWIO"}, "weights_format", "['XIO', 'OIX']"),
+    ({"weights_format": "HWIO"}, "weights_format", "['XIO', 'OIX', 'OXI']"),
     ({"auto_pad": "same"}, "auto_pad", "same_upper"),
     ({"strides": [2]}, "strides", "list of 2 ints"),
     ({"strides": [0, 2]}, "strides", ">= 1"),

@@ -93,6 +93,8 @@ def _sweep() -> list[Case]:
     # odd spellings and the defaults
     cases.append(_conv_case(rng, "conv", 2, 1, "SAME_UPPER", "NXC", "XIO", "float32"))
     cases.append(_deconv_case(rng, 2, 2, "none", "NXC", "XOI", "float32", True))
+    for rank, data_format in itertools.product((1, 2, 3), ("NXC", "NCX")):  # the package's OXI (PyTorch's channels-last weights)
+        cases.append(_conv_case(rng, "conv_v2", rank, next(groups), next(pads), data_format, "OXI", next(dtypes)))
     return cases
 
 
@@ -109,7 +111,7 @@ def test_sweep_covers_the_parameter_space():
     assert {c.auto_pad.lower() for c in SWEEP} == {"none", "same_upper", "same_lower", "valid"}
     assert {(c.op, c.data_format, c.weights_format) for c in SWEEP} >= {
         (op, df, wf) for op in ("conv", "conv_v2") for df in ("NXC", "NCX") for wf in ("XIO", "OIX")
-    } | {("deconv", df, wf) for df in ("NXC", "NCX") for wf in ("XOI", "IOX")}
+    } | {("deconv", df, wf) for df in ("NXC", "NCX") for wf in ("XOI", "IOX")} | {("conv_v2", df, "OXI") for df in ("NXC", "NCX")}
     assert any(c.groups > 1 and c.x_channels == c.groups for c in SWEEP if c.op != "deconv")  # depthwise
     assert any(c.x_channels == c.groups > 1 for c in SWEEP if c.op == "deconv")  # one src channel per group
     assert any(c.output_padding and any(c.output_padding) for c in SWEEP)

@@ -21,7 +21,7 @@ from tvm_convgrad.relax import ConvGradients, SetupTrainer, conv2d_gradients
 needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch is not installed (pip install torch==2.13.0)")
 
 # (weight shape in its layout, conv2d attributes): a stem with asymmetric pads, an NHWC/HWIO strided
-# conv, a dilated depthwise conv, an NHWC/OHWI grouped conv (a permuted weight layout), a 1x1
+# conv, a dilated depthwise conv, an NHWC/OHWI grouped conv (OHWI read in place: OXI), a 1x1
 _LAYERS = [
     ((8, 3, 3, 3), dict(padding=(1, 0, 2, 1))),
     ((3, 3, 8, 16), dict(strides=2, padding=1, data_layout="NHWC", kernel_layout="HWIO")),

@@ -5,6 +5,8 @@ against PyTorch autograd in float64 (the same rounded inputs), over strides, pad
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -257,6 +259,32 @@ def test_eager_calls_run_the_kernels_without_the_operators_dispatch():
     with FakeTensorMode() as mode:
         fake = conv2d(mode.from_tensor(x), mode.from_tensor(w), None, 2, 1, 1, 2)
     assert fake.shape == (2, 16, 5, 5) and "tvm_convgrad" in str(fake.grad_fn)
+
+
+@pytest.mark.parametrize("forward", ["ours", "pytorch"])
+@pytest.mark.parametrize("padding, dilation", [(1, 1), ((5, 4), (5, 4))])  # (5, 4): live taps cropped in rows (LAYERS' last)
+def test_a_channels_last_weight_is_used_and_its_gradient_written_in_place(forward, padding, dilation, forward_mode):
+    """A channels-last layer's weight lies OHWI in memory: the kernels read it there (OXI, no
+    transposing copy) and write its gradient in the parameter's own layout (no copy in
+    ``AccumulateGrad``, which copies a gradient whose strides differ from its parameter's) — the
+    forward too where it is the package's; the results equal a contiguous layer's."""
+    forward_mode(forward)
+    torch.manual_seed(0)
+    stock = Conv2d(24, 32, 3, padding=padding, dilation=dilation, bias=False)
+    layer = copy.deepcopy(stock).to(memory_format=torch.channels_last)
+    x = torch.rand(2, 24, 5, 9)
+    results = []
+    for model, memory in ((stock, torch.contiguous_format), (layer, torch.channels_last)):
+        xi = x.clone(memory_format=memory).requires_grad_()
+        with torch.profiler.profile(record_shapes=True) as profile:
+            y = model(xi)
+            y.backward(torch.ones_like(y))
+        results.append((y, xi.grad, model.weight.grad))
+    weight_copies = [e for e in profile.events() if e.name == "aten::copy_" and list(e.input_shapes[0]) == [32, 24, 3, 3]]
+    assert not weight_copies, f"{len(weight_copies)} copies of the weight"
+    assert layer.weight.grad.stride() == layer.weight.stride() != stock.weight.stride()
+    for ours, contiguous in zip(results[1], results[0]):
+        torch.testing.assert_close(ours, contiguous, rtol=1e-6, atol=1e-5)
 
 
 def test_an_unsupported_type_fails_in_the_backward_with_a_clear_error():

@@ -278,13 +278,17 @@ def to_data_format(a: np.ndarray, data_format: str) -> np.ndarray:
 
 
 def from_weights_format(w: np.ndarray, weights_format: str) -> np.ndarray:
-    """XIO (XOI) -> OIX (IOX): the inverse of :func:`to_weights_format`."""
+    """XIO (XOI) or OXI -> OIX (IOX): the inverse of :func:`to_weights_format`."""
+    if weights_format == "OXI":
+        return np.moveaxis(w, -1, 1)
     return w if weights_format in ("OIX", "IOX") else np.moveaxis(w, (-1, -2), (0, 1))
 
 
 def to_weights_format(w: np.ndarray, weights_format: str) -> np.ndarray:
-    """OIX (or the deconvolution's IOX) -> XIO (XOI): the two channel axes last, swapped; OIX /
-    IOX unchanged."""
+    """OIX (or the deconvolution's IOX) -> XIO (XOI): the two channel axes last, swapped; -> OXI:
+    I last; OIX / IOX unchanged."""
+    if weights_format == "OXI":
+        return np.moveaxis(w, 1, -1)
     return w if weights_format in ("OIX", "IOX") else np.moveaxis(w, (0, 1), (-1, -2))
 
 

@@ -3,7 +3,7 @@ the training clients (``tvm_convgrad.torch``, ``tvm_convgrad.relax``) and the me
 
 A :class:`Conv2dGradients` is what the kernels depend on: the NCHW / OIHW shapes, strides, the four
 pads ``(top, bottom, left, right)``, dilation, groups, type, and the layouts the tensors are in
-(NCX or NXC activations, OIX or XIO weights). :meth:`~Conv2dGradients.input_grad` is
+(NCX or NXC activations, OIX, XIO or OXI weights). :meth:`~Conv2dGradients.input_grad` is
 ``ConvolutionBackwardData(dy, w) -> dx``, :meth:`~Conv2dGradients.weight_grad`
 ``ConvolutionBackwardWeights(x, dy) -> dw``, :meth:`~Conv2dGradients.forward` ``Convolution(x, w[, b])
 -> y`` (the step's third GEMM), all in those layouts.
@@ -16,6 +16,7 @@ from typing import Sequence
 
 from tvm import te
 
+from ..params.framework import weights_index
 from ..params.geometry import live_taps, out_size
 from ..params.post_ops import PostOp
 from . import onednn
@@ -51,7 +52,7 @@ class Conv2dGradients:
     def weights(self) -> tuple[int, int, int, int]:
         """The weight shape in its layout."""
         o, i, kh, kw = self.w_shape
-        return (kh, kw, i, o) if self.weights_format == "XIO" else (o, i, kh, kw)
+        return weights_index(self.weights_format, o, i, (kh, kw))
 
     def attrs(self) -> dict:
         pt, pb, pl, pr = self.pads

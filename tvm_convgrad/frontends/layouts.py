@@ -23,7 +23,7 @@ from .. import layout
 from ..dsl.compute.common import masked
 from ..dsl.compute.stages import LAYOUT_ADAPTER, LAYOUT_IN_TAG, LAYOUT_OUT_TAG
 from ..layout import C0, ceil_div
-from ..params.framework import ConvView
+from ..params.framework import ConvView, weights_index
 from ..params.post_ops import PostOp
 from .post_ops import apply_post_ops
 
@@ -102,7 +102,7 @@ def weight_stage(
 
 
 def as_fracz(weights: te.Tensor, view: ConvView, weights_format: str, name: str) -> te.Tensor:
-    """The forward weight (``weights_format`` OIX ``(O, I, *K)`` or XIO ``(*K, I, O)``) as the dX
+    """The forward weight (``weights_format`` OIX ``(O, I, *K)``, XIO ``(*K, I, O)`` or OXI ``(O, *K, I)``) as the dX
     compute's FracZ_g ``(KD*g_extend*cin1_g*KH*KW, cout1_g, 16, 16)``: entry ``[row, co1, co0,
     ci0]`` holds the weight of extended group ``e``'s column ``co1*16 + co0`` (slot ``j``, output
     channel ``(e*multiple + j)*cout_g + col % cout_g``) and input lane ``c1*16 + ci0`` of that slot,
@@ -132,8 +132,7 @@ def as_fracz(weights: te.Tensor, view: ConvView, weights_format: str, name: str)
         co = tirx.min(co, view.cout - 1) if conds else co
         ci = tirx.min(ci, ext.cin_g - 1) if conds else ci
         taps = ((kd, kh, kw), (kh, kw), (kw,))[3 - rank]
-        index = (co, ci, *taps) if weights_format == "OIX" else (*taps, ci, co)
-        read = weights[index]
+        read = weights[weights_index(weights_format, co, ci, taps)]
         return masked(read, tirx.all(*conds)) if conds else read
 
     shape = (geom.kd * geom.c1_x * kernel_h * kernel_w, ext.cout1_g, C0, C0)

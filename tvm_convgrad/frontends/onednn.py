@@ -11,7 +11,10 @@ Each takes ``te.placeholder`` tensors in the framework layout (``data_format`` N
 or NCX ``(N, C, *X)``, X = 1-3 spatial axes) and returns the weight-gradient ``te.Tensor`` in
 ``filter_format`` / ``weights_format``, ready for :func:`tvm_convgrad.build`; the kernel takes and
 returns numpy arrays in those layouts (``ml_dtypes.bfloat16`` arrays for bf16). Semantics,
-attribute defaults, auto_pad formulas and error rules: ``framework_ops/*.md``.
+attribute defaults, auto_pad formulas and error rules: ``framework_ops/*.md``. Besides oneDNN's
+XIO and OIX, the convolution's operators take the package's OXI weights ``(O, *K, I)``
+(:data:`~tvm_convgrad.params.framework.WEIGHTS_FORMATS`): PyTorch's channels-last weights and
+TVM's OHWI kernels, read and written in place.
 
 How: layout stages (:mod:`.layouts`) around the TBE dW compute (:mod:`tvm_convgrad.dsl.compute`):
 x and dy become 5HD (rank 1: H = 1) or NDC1HWC0 (rank 3: the compute's depth axis), the compute's
@@ -34,7 +37,7 @@ from ..dsl import attach
 from ..dsl.compute import conv2d_backprop_filter_compute, conv2d_backprop_input_compute, conv_compute
 from ..dsl.compute.stages import DIFF_SRC, DIFF_WEIGHTS, DST, DY_5HD, FMAP_5HD, SRC_5HD, WEIGHTS_FRACZ
 from ..params import FORWARD_OP, INPUT_OP
-from ..params.framework import ConvView, FrameworkCall
+from ..params.framework import ConvView, FrameworkCall, split_weights
 from ..params.onednn import backward_data_view, deconv_view, forward_view, onednn_view
 from ..params.post_ops import PostOp
 from .layouts import as_5hd, as_fracz, data_stage, weight_stage
@@ -44,7 +47,13 @@ __all__ = [
     "convolution_backward_weights",
 ]  # fmt: skip
 
-_CHANNELS_FIRST = ("OIX", "IOX")  # (O, I, *K) / (I, O, *K): the conv view's (o, i, k) in that order
+_COUT_INNERMOST = ("XIO", "XOI")  # (*K, I, O) / (*K, O, I): the conv view's (k, i, o) in that order
+_AS_CONVOLUTION = {"IOX": "OIX", "XOI": "XIO"}  # a deconvolution's weights: the conv view's own, roles swapped
+
+
+def _conv_view_weight(weights_format: str, *index) -> tuple:
+    """``(o, i, taps)`` of the conv view at an index of a weight in ``weights_format``."""
+    return split_weights(index, _AS_CONVOLUTION.get(weights_format, weights_format))
 
 
 def _filter_grad(op: str, x: te.Tensor, dy: te.Tensor, view: ConvView, data_format: str, weights_format: str, shape, kernel_name: str,
@@ -54,12 +63,9 @@ def _filter_grad(op: str, x: te.Tensor, dy: te.Tensor, view: ConvView, data_form
     of the conv view). A bf16 result carries the builder of its bf16-pair form (``bf16_pairs``;
     ``amx``: in the AMX tile plan's layout), which a ``vdpbf16ps`` (AMX) target builds instead."""
     params = view.params(kernel_name)
-    channels_first = weights_format in _CHANNELS_FIRST  # else Cout innermost: the pair tile turned to write rows of it
-    dw = conv2d_backprop_filter_compute(as_5hd(x, data_format, FMAP_5HD), as_5hd(dy, data_format, DY_5HD), params, bf16_pairs, not channels_first, amx)
-    if channels_first:
-        to_oix = lambda o, i, *k: (o, i, k)  # noqa: E731
-    else:
-        to_oix = lambda *index: (index[-1], index[-2], index[:-2])  # noqa: E731
+    cout_innermost = weights_format in _COUT_INNERMOST  # the pair tile turned to write rows of it
+    dw = conv2d_backprop_filter_compute(as_5hd(x, data_format, FMAP_5HD), as_5hd(dy, data_format, DY_5HD), params, bf16_pairs, cout_innermost, amx)
+    to_oix = partial(_conv_view_weight, weights_format)
     attrs = {"kernel_name": kernel_name, "flops": params.flops, "weights_format": weights_format}
     result = weight_stage(dw, view, shape, to_oix, view.dtype, DIFF_WEIGHTS, attrs)
     paired = partial(_filter_grad, op, x, dy, view, data_format, weights_format, shape, kernel_name, inputs, True) if _pairs_apply(view, bf16_pairs) else None
@@ -91,7 +97,7 @@ def convolution_backprop_filters(
         1-3 spatial axes, both float32, float16 or bfloat16.
     filter_shape : list | 1-D int array, optional
         The operator's optional input 2: the weight shape in ``filter_format`` (XIO
-        ``[*K, C_in/G, C_out]``, OIX ``[C_out, C_in/G, *K]``). It wins over ``filter_shape_attr``,
+        ``[*K, C_in/G, C_out]``, OIX ``[C_out, C_in/G, *K]``, OXI ``[C_out, *K, C_in/G]``). It wins over ``filter_shape_attr``,
         the attribute (all zeros = unset); one of them is required.
     strides, dilations : one int >= 1 per spatial axis (dilation 1 = dense).
     pads_begin, pads_end : one int >= 0 per spatial axis; ignored unless ``auto_pad`` is ``none``.
@@ -228,7 +234,8 @@ def convolution_backward_data(
         ``[N, *S_out, C_out]`` (NXC; NCX: channels second), 1-3 spatial axes, float32, float16
         or bfloat16.
     weights : te.Tensor
-        The forward weight, XIO ``[*K, C_in/G, C_out]`` or OIX ``[C_out, C_in/G, *K]``, the same type.
+        The forward weight, XIO ``[*K, C_in/G, C_out]``, OIX ``[C_out, C_in/G, *K]`` or OXI
+        ``[C_out, *K, C_in/G]``, the same type.
     dst_shape : list | 1-D int array, optional
         The operator's optional input 2: the diff_src shape in ``data_format`` (oneDNN names it
         ``dst_shape``: the op's output). It wins over ``dst_shape_attr`` (all zeros = unset);
@@ -306,7 +313,7 @@ def convolution(
         ``[N, *S_in, IC]`` (NXC; NCX: channels second), 1-3 spatial axes, float32, float16 or
         bfloat16.
     weights : te.Tensor
-        XIO ``[*K, IC/G, OC]`` or OIX ``[OC, IC/G, *K]``, the same type.
+        XIO ``[*K, IC/G, OC]``, OIX ``[OC, IC/G, *K]`` or OXI ``[OC, *K, IC/G]``, the same type.
     bias : te.Tensor, optional
         ``[OC]``, the same type.
     strides, dilations, pads_begin, pads_end, auto_pad, groups : as

@@ -32,13 +32,17 @@ from .geometry import FILTER_OP, FORWARD_OP, INPUT_OP, ConvGeometry, ConvGradPar
 from .rules import Rules, is_int
 
 __all__ = [
-    "AUTO_PADS", "CODES", "DATA_FORMATS", "DATA_GRADIENTS", "DTYPES", "ConvView", "FrameworkCall", "activations", "auto_pad_mode", "auto_pads",
-    "check_channels_and_batch", "check_spatial", "format_choice", "groups_attr", "one_dtype", "per_axis", "split_format", "weights_shape",
-    "window_attrs", "with_pads",
+    "AUTO_PADS", "CODES", "DATA_FORMATS", "DATA_GRADIENTS", "DTYPES", "WEIGHTS_FORMATS", "ConvView", "FrameworkCall", "activations", "auto_pad_mode", "auto_pads",
+    "check_channels_and_batch", "check_spatial", "format_choice", "groups_attr", "one_dtype", "per_axis", "split_format", "split_weights",
+    "weights_index", "weights_shape", "window_attrs", "with_pads",
 ]  # fmt: skip
 
 DTYPES = ("float32", "float16", "bfloat16")
 DATA_FORMATS = ("NXC", "NCX")
+WEIGHTS_FORMATS = ("XIO", "OIX", "OXI")
+"""A convolution's weight layouts: oneDNN Graph's XIO ``(*K, I, O)`` and OIX ``(O, I, *K)``, and the
+package's OXI ``(O, *K, I)`` — PyTorch's channels-last weight (``(O, I, KH, KW)`` with I innermost in
+memory) and TVM's OHWI kernel layout, read in place instead of copied to OIX."""
 AUTO_PADS = ("none", "same_upper", "same_lower", "valid")
 CODES = {"type": None, "length": None, "value": None}
 DATA_GRADIENTS = ("ConvolutionBackwardData", "ConvolutionBackpropData")
@@ -161,6 +165,25 @@ def window_attrs(r: Rules, nd: int, strides: Any, dilations: Any, pads_begin: An
     """strides, dilations (>= 1) and pads_begin, pads_end (>= 0): one int per spatial axis each."""
     return (per_axis(r, "strides", strides, nd, 1), per_axis(r, "dilations", dilations, nd, 1),
             per_axis(r, "pads_begin", pads_begin, nd, 0), per_axis(r, "pads_end", pads_end, nd, 0))  # fmt: skip
+
+
+def split_weights(shape: tuple[int, ...], weights_format: str) -> tuple[int, int, tuple[int, ...]]:
+    """``(O, I, kernel)`` of a weight shape in a :data:`WEIGHTS_FORMATS` layout."""
+    if weights_format == "XIO":
+        return shape[-1], shape[-2], tuple(shape[:-2])
+    if weights_format == "OXI":
+        return shape[0], shape[-1], tuple(shape[1:-1])
+    return shape[0], shape[1], tuple(shape[2:])
+
+
+def weights_index(weights_format: str, o, i, taps: Sequence) -> tuple:
+    """The index of weight ``(o, i, *taps)`` in a :data:`WEIGHTS_FORMATS` layout; its inverse is
+    :func:`split_weights` applied to an index."""
+    if weights_format == "XIO":
+        return (*taps, i, o)
+    if weights_format == "OXI":
+        return (o, *taps, i)
+    return (o, i, *taps)
 
 
 def split_format(shape: tuple[int, ...], data_format: str) -> tuple[int, int, tuple[int, ...]]:

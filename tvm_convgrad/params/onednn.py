@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from .framework import (
-    CODES, DATA_FORMATS, DTYPES, ConvView, activations, auto_pad_mode, auto_pads, check_channels_and_batch, check_spatial, format_choice, groups_attr,
-    one_dtype, per_axis, shape_given, split_format, weights_shape, window_attrs, with_pads,
+    CODES, DATA_FORMATS, DTYPES, WEIGHTS_FORMATS, ConvView, activations, auto_pad_mode, auto_pads, check_channels_and_batch, check_spatial, format_choice, groups_attr,
+    one_dtype, per_axis, shape_given, split_format, split_weights, weights_shape, window_attrs, with_pads,
 )  # fmt: skip
 from .post_ops import PostOp, post_op_rules
 from .rules import Rules
@@ -40,14 +40,14 @@ def onednn_view(
     x_shape, dy_shape, dtype = activations(r, (names["x"], x), (names["dy"], dy))
     rank, nd = len(x_shape), len(x_shape) - 2
     data_format = format_choice(r, "data_format", data_format, DATA_FORMATS)
-    weights_format = format_choice(r, names["format"], weights_format, ("XIO", "OIX"))
+    weights_format = format_choice(r, names["format"], weights_format, WEIGHTS_FORMATS)
     mode = auto_pad_mode(r, auto_pad)
     strides, dilations, pads_begin, pads_end = window_attrs(r, nd, strides, dilations, pads_begin, pads_end)
     shape = weights_shape(r, (names["shape"], names["shape_attr"]), shape_input, shape_attr, rank)
     groups = groups_attr(r, groups)
     batch, cin, s_in = split_format(x_shape, data_format)
     dy_batch, cout, s_out = split_format(dy_shape, data_format)
-    o, i, kernel = (shape[-1], shape[-2], shape[:-2]) if weights_format == "XIO" else (shape[0], shape[1], shape[2:])
+    o, i, kernel = split_weights(shape, weights_format)
     named = {"cin": f"{names['x']} channels", "cout": f"{names['dy']} channels", "in": names["x"], "out": names["dy"]}
     view = ConvView(batch, cin, cout, groups, s_in, s_out, tuple(kernel), strides, pads_begin, pads_end, dilations, dtype)
     check_channels_and_batch(r, view, named)
@@ -143,13 +143,13 @@ def backward_data_view(
     dy_shape, w_shape, dtype = activations(r, (names["dy"], diff_dst), (names["w"], weights))
     rank, nd = len(dy_shape), len(dy_shape) - 2
     data_format = format_choice(r, "data_format", data_format, DATA_FORMATS)
-    weights_format = format_choice(r, names["format"], weights_format, ("XIO", "OIX"))
+    weights_format = format_choice(r, names["format"], weights_format, WEIGHTS_FORMATS)
     mode = auto_pad_mode(r, auto_pad)
     strides, dilations, pads_begin, pads_end = window_attrs(r, nd, strides, dilations, pads_begin, pads_end)
     padding = _output_padding(r, output_padding, strides, nd)
     groups = groups_attr(r, groups)
     batch, cout, s_out = split_format(dy_shape, data_format)
-    o, i, kernel = (w_shape[-1], w_shape[-2], w_shape[:-2]) if weights_format == "XIO" else (w_shape[0], w_shape[1], w_shape[2:])
+    o, i, kernel = split_weights(w_shape, weights_format)
     if any(k < 1 for k in kernel):
         r.fail(f"{names['w']}.shape", w_shape, "every kernel extent must be >= 1")
     if o != cout:
@@ -197,20 +197,20 @@ def forward_view(
     post_ops: Any = None,
 ) -> tuple[ConvView, str, str, tuple[int, ...], tuple[PostOp, ...]]:
     """Convolution (the forward): ``(view, data_format, weights_format, dst shape, post_ops)``. ``src`` is
-    ``(N, *S_in, IC)`` (NXC) or ``(N, IC, *S_in)`` (NCX), the weights XIO ``(*K, IC/G, OC)`` or OIX
-    ``(OC, IC/G, *K)`` of the same rank and type, ``bias`` (optional) ``(OC,)`` of that type;
+    ``(N, *S_in, IC)`` (NXC) or ``(N, IC, *S_in)`` (NCX), the weights XIO ``(*K, IC/G, OC)``, OIX
+    ``(OC, IC/G, *K)`` or OXI ``(OC, *K, IC/G)`` of the same rank and type, ``bias`` (optional) ``(OC,)`` of that type;
     ``S_out = floor((S_in + pb + pe - (K-1)*d - 1) / s) + 1`` (auto_pad: the pads from S_in);
     ``post_ops`` as :func:`~tvm_convgrad.params.post_ops.post_op_rules` admits them on that dst."""
     r = Rules(op, CODES)
     src_shape, w_shape, dtype = activations(r, ("src", src), ("weights", weights))
     rank, nd = len(src_shape), len(src_shape) - 2
     data_format = format_choice(r, "data_format", data_format, DATA_FORMATS)
-    weights_format = format_choice(r, "weights_format", weights_format, ("XIO", "OIX"))
+    weights_format = format_choice(r, "weights_format", weights_format, WEIGHTS_FORMATS)
     mode = auto_pad_mode(r, auto_pad)
     strides, dilations, pads_begin, pads_end = window_attrs(r, nd, strides, dilations, pads_begin, pads_end)
     groups = groups_attr(r, groups)
     batch, cin, s_in = split_format(src_shape, data_format)
-    o, i, kernel = (w_shape[-1], w_shape[-2], w_shape[:-2]) if weights_format == "XIO" else (w_shape[0], w_shape[1], w_shape[2:])
+    o, i, kernel = split_weights(w_shape, weights_format)
     if any(k < 1 for k in kernel):
         r.fail("weights.shape", w_shape, "every kernel extent must be >= 1")
     if i * groups != cin:

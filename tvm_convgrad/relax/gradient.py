@@ -39,13 +39,13 @@ OP = "relax.nn.conv2d"
 SCHEDULED = "tirx.is_scheduled"
 DTYPES = ("float32", "float16", "bfloat16")
 _NATIVE_DATA = {"NCHW": "NCX", "NHWC": "NXC"}
-_NATIVE_KERNEL = {"OIHW": "OIX", "HWIO": "XIO"}
+_NATIVE_KERNEL = {"OIHW": "OIX", "HWIO": "XIO", "OHWI": "OXI"}
 
 
 @dataclass(frozen=True)
 class Conv2dCall:
     """A ``relax.nn.conv2d`` call: its gradients in the operators' terms (the nearest native layouts:
-    NCHW / NHWC activations, OIHW / HWIO weights) and the layouts its own tensors are in."""
+    NCHW / NHWC activations, OIHW / HWIO / OHWI weights) and the layouts its own tensors are in."""
 
     gradients: Conv2dGradients
     data_layout: str
@@ -71,9 +71,9 @@ class Conv2dCall:
 
     @property
     def native_layouts(self) -> tuple[str, str]:
-        """The Relax spelling of the layouts the kernels read: ``(NCHW | NHWC, OIHW | HWIO)``."""
+        """The Relax spelling of the layouts the kernels read: ``(NCHW | NHWC, OIHW | HWIO | OHWI)``."""
         g = self.gradients
-        return ("NHWC" if g.data_format == "NXC" else "NCHW"), ("HWIO" if g.weights_format == "XIO" else "OIHW")
+        return ("NHWC" if g.data_format == "NXC" else "NCHW"), {v: k for k, v in _NATIVE_KERNEL.items()}[g.weights_format]
 
 
 def _shape(expr: relax.Expr, name: str) -> tuple[int, ...]:

@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 from .forward import forward as choose_forward
-from .kernels import CallPlan, as_layout, conv_call, memory_format, plan_for
+from .kernels import CallPlan, as_layout, as_weights, conv_call, empty_weights, is_channels_last, memory_format, plan_for
 
 __all__ = ["Conv2dFunction", "conv2d", "conv2d_input_grad", "conv2d_op", "conv2d_weight_grad", "conv_call", "eager", "forward", "input_grad", "weight_grad"]
 
@@ -38,7 +38,7 @@ OP = "tvm_convgrad.torch.conv2d"
 def forward(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, pads, dilation, groups: int) -> torch.Tensor:
     """The convolution with ``pads = (top, bottom, left, right)``: PyTorch's, or the package's
     kernel where :mod:`.forward` chooses it (``"auto"``: where it is faster for the layer)."""
-    return choose_forward(input, weight, bias, stride, pads, dilation, groups, _channels_last(input))
+    return choose_forward(input, weight, bias, stride, pads, dilation, groups, is_channels_last(input))
 
 
 def _on_cpu(*tensors: torch.Tensor):
@@ -62,20 +62,20 @@ def _input_grad(plan: CallPlan, grad_output: torch.Tensor, weight: torch.Tensor)
         weight = weight[:, :, plan.taps[0], plan.taps[1]]
     dy, w = _narrow(grad_output), _narrow(weight)
     out = torch.empty(call.x_shape, dtype=dy.dtype, memory_format=memory_format(call.data_format == "NXC"))
-    _run(plan.input_grad, as_layout(out, call), as_layout(dy, call), w.contiguous())
+    _run(plan.input_grad, as_layout(out, call), as_layout(dy, call), as_weights(w, call))
     return out if out.dtype == grad_output.dtype else out.to(grad_output.dtype)
 
 
 def _weight_grad(plan: CallPlan, grad_output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
-    """dW of ``plan``'s call (0 for the taps that read only padding)."""
+    """dW of ``plan``'s call (0 for the taps that read only padding), in the call's weight layout."""
     call, x, dy = plan.live, _narrow(input), _narrow(grad_output)
     if plan.taps is None:
-        out = torch.empty(call.w_shape, dtype=x.dtype)
-        _run(plan.weight_grad, out, as_layout(x, call), as_layout(dy, call))
+        out = empty_weights(call.w_shape, x.dtype, call)
+        _run(plan.weight_grad, as_weights(out, call), as_layout(x, call), as_layout(dy, call))
     else:  # the live taps' dW into a zero one
-        out = torch.zeros(plan.call.w_shape, dtype=x.dtype)
-        live = torch.empty(call.w_shape, dtype=x.dtype)
-        _run(plan.weight_grad, live, as_layout(x, call), as_layout(dy, call))
+        out = empty_weights(plan.call.w_shape, x.dtype, call, zero=True)
+        live = empty_weights(call.w_shape, x.dtype, call)
+        _run(plan.weight_grad, as_weights(live, call), as_layout(x, call), as_layout(dy, call))
         out[:, :, plan.taps[0], plan.taps[1]] = live
     return out if out.dtype == input.dtype else out.to(input.dtype)
 
@@ -85,7 +85,8 @@ def input_grad(grad_output: torch.Tensor, weight: torch.Tensor, input_shape: lis
     """dX ``(N, C, H, W)`` of ``grad_output`` through ``weight`` (the package's dX kernel; taps
     that read only padding left out, see ``Conv2dGradients.cropped``)."""
     _on_cpu(grad_output, weight)
-    return _input_grad(plan_for(input_shape, weight.shape, stride, pads, dilation, groups, grad_output.dtype, channels_last), grad_output, weight)
+    plan = plan_for(input_shape, weight.shape, stride, pads, dilation, groups, grad_output.dtype, channels_last, is_channels_last(weight))
+    return _input_grad(plan, grad_output, weight)
 
 
 def weight_grad(grad_output: torch.Tensor, input: torch.Tensor, weight_shape: list[int], stride: list[int], pads: list[int],
@@ -122,14 +123,10 @@ def eager(*tensors: Optional[torch.Tensor]) -> bool:
     )
 
 
-def _channels_last(t: torch.Tensor) -> bool:
-    return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
-
-
 @conv2d_op.register_fake
 def _(input, weight, bias, stride, pads, dilation, groups):
     shape = Conv2dGradients(tuple(input.shape), tuple(weight.shape), tuple(stride), tuple(pads), tuple(dilation), groups, "float32").y_shape
-    return torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=memory_format(_channels_last(input)))
+    return torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=memory_format(is_channels_last(input)))
 
 
 @conv2d_input_grad.register_fake
@@ -145,7 +142,7 @@ def _(grad_output, input, weight_shape, stride, pads, dilation, groups, channels
 def _setup_context(ctx, inputs, output):
     input, weight, bias, stride, pads, dilation, groups = inputs
     ctx.save_for_backward(input, weight)
-    ctx.attrs = (list(stride), list(pads), list(dilation), int(groups), _channels_last(input))
+    ctx.attrs = (list(stride), list(pads), list(dilation), int(groups), is_channels_last(input))
     ctx.has_bias = bias is not None
 
 
@@ -167,7 +164,7 @@ def _backward(ctx, grad_output):
     grad_input = grad_weight = grad_bias = None
     if not torch.is_grad_enabled() and eager(grad_output, input, weight):  # first order, eager: the kernels directly
         _on_cpu(grad_output, input, weight)
-        plan = plan_for(input.shape, weight.shape, stride, pads, dilation, groups, input.dtype, channels_last)  # (made at the first call)
+        plan = plan_for(input.shape, weight.shape, stride, pads, dilation, groups, input.dtype, channels_last, is_channels_last(weight))
         dx, dw = _profiled(_input_grad, "tvm_convgrad::conv2d_input_grad"), _profiled(_weight_grad, "tvm_convgrad::conv2d_weight_grad")
         dy = grad_output.to(input.dtype)
         if ctx.needs_input_grad[0]:
