@@ -106,6 +106,10 @@ FIXED = {
     "dw-nxc-oxi": Case("conv_v2", 2, 40, 24, 2, (9, 7), (9, 7), (3, 3), (1, 1), weights_format="OXI", **_PADS1),
     "dw-ncx-oxi-bf16": Case("conv_v2", 2, 24, 40, 1, (9, 7), (5, 4), (3, 3), (2, 2), data_format="NCX", weights_format="OXI",
                             dtype="bfloat16", **_PADS1),
+    # a dW of one chunk (7x7, one image): its result written per (Cout blocks, Cin block) inside the tasks (AVX-512)
+    "dw-one-chunk-write-back": Case("conv_v2", 1, 64, 32, 1, (7, 7), (7, 7), (3, 3), (1, 1), data_format="NCX", weights_format="OIX", **_PADS1),
+    "dw-one-chunk-write-back-oxi-bf16": Case("conv_v2", 1, 48, 32, 1, (7, 7), (7, 7), (3, 3), (1, 1), weights_format="OXI", dtype="bfloat16",
+                                             **_PADS1),
     "fwd-nxc-oxi": Case("fwd", 2, 40, 24, 1, (9, 7), (9, 7), (3, 3), (1, 1), weights_format="OXI", bias=True, **_PADS1),
 }
 """Named calls every run includes (framework operator cases of ``tests/framework_cases.py``)."""

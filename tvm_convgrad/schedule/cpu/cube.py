@@ -35,11 +35,14 @@ WEIGHTS_IN_CACHE = 512 * 1024  # bytes of w_col kept in a core's L2 while dX wal
 PACK_PER_CHUNK = True  # dW: pack each chunk's dy inside the chunk loop when it fits PACK_IN_CACHE
 PACK_IN_CACHE = 768 * 1024
 X_CHUNK_IN_CACHE = 256 * 1024  # bytes of a strided forward's x per image and group weights per reduction chunk (:meth:`CubeForward._reduction_chunks`)
+DW_WRITE_BACK = True  # dW of one chunk: the result written per Cin block of a task, from cache (:meth:`CpuMad.write_back_in`)
 FLAT_TASKS_PER_CORE = 4  # flat pixel tiles (one image per task) where there are this many tasks per core
 
 
 class CubeFilterGrad(CpuMad):
     """dW on the cube (``dw_cc``)."""
+
+    write_back_in_task = True
 
     ragged_parts = True  # too few tiles: the reduction in one part per core, the last one shorter (else parts that divide it)
 
@@ -98,6 +101,11 @@ class CubeFilterGrad(CpuMad):
         chunk_bytes = images * bands * cols * owned_out * C0 * 4  # the fp32 dy one chunk of a core reads
         if PACK_PER_CHUNK and chunk_first and chunk_bytes <= PACK_IN_CACHE:
             self._pack_per_chunk(GRADS_2_MATRIX, (chunk_loops or [core])[-1])
+        # One chunk: each (Cout blocks, Cin block)'s sums are whole after its taps, and written out from cache there. Not where
+        # the rows are predicated (AVX2's 6 + 6 + 4): TVM bounds the result's region by the unpredicated rows (18), past the
+        # block, so a task would write a neighbour block's rows before their sums are done.
+        if DW_WRITE_BACK and one_chunk and chunk_first and C0 % most == 0:
+            self.write_back_in(block, c1 if cores_own_out else owned)  # (first: a tensorized tile's block is replaced)
         self.tile_body(block, (chunk_loops or steps)[0])
 
     def _pack_per_chunk(self, stage: str, loop):
