@@ -210,6 +210,34 @@ def test_a_framework_forward_writes_its_output_inside_the_mads_tasks():
         assert check_kernel(build(result)).ok
 
 
+@pytest.mark.parametrize("channels, aliased", [(1024, True), (768, False)])
+def test_a_tile_reading_pixels_one_l1_set_apart_takes_few_pixels(channels, aliased):
+    """A 1x1 forward reads its NXC src in place: with 1024 fp32 channels each pixel's row is 4 KB
+    after the last, every pixel of a tile in one L1 set, so the tile takes at most
+    ``ALIASED_TILE_PIXELS`` (the set's ways less the weights' line; 1 x 14 pixels ran at half
+    the speed of 1 x 7 on Zen 4); with 768 channels (3 KB apart) the pixels spread over the sets
+    and the tile is the usual one. Scheduled for AVX-512 on any host, run where the host can."""
+    from tvm import tirx
+
+    from tvm_convgrad import isa_target
+    from tvm_convgrad.compile.target import resolve_target
+    from tvm_convgrad.compile.workload import Workload
+    from tvm_convgrad.isa import host_can_run
+    from tvm_convgrad.schedule import rule_for
+    from tvm_convgrad.schedule.cpu.tiles import ALIASED_TILE_PIXELS
+
+    target = resolve_target(isa_target("avx512"))
+    src = te.placeholder((2, 14, 14, channels), "float32", name="src")
+    weights = te.placeholder((1, 1, channels, 32), "float32", name="weights")
+    dst = onednn.convolution(src, weights, strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], dilations=[1, 1])
+    sch = rule_for(target).apply(Workload.of(dst).prim_func(target), target)
+    unrolled = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock(f"{CONV_CC}_update"))]
+    pixels = np.prod([int(lp.extent) for lp in unrolled if lp.kind == tirx.ForKind.UNROLLED])
+    assert (pixels <= 7) == aliased and ALIASED_TILE_PIXELS <= 7, pixels  # (the 8 ways of a set, one for the weights)
+    if host_can_run(target):
+        assert check_kernel(build(dst, target=target)).ok
+
+
 @pytest.mark.parametrize("op, data_format, dtype, post_ops", [("fwd", "NXC", "float32", (("add", 0.0, 0.0, "full"), ("relu", 0.0, 0.0, None))),
                                                               ("fwd", "NCX", "bfloat16", ()), ("data", "NXC", "float32", ())])  # fmt: skip
 def test_short_rows_run_in_pixel_tiles_across_the_rows(monkeypatch, op, data_format, dtype, post_ops):

@@ -27,7 +27,7 @@ from ...dsl.compute.stages import FMAP_PAD, GRADS_2_MATRIX, KERNEL_H, KERNEL_W, 
 from ...layout import C0
 from ..common import buffer_bytes, elements, loop_extent
 from .loops import CpuMad, sum_parts, whole_tiles_and_edge
-from .tiles import CHUNK_STEPS, MAX_TILE_PIXELS, chunk, dx_tile, largest_divisor
+from .tiles import ALIASED_TILE_PIXELS, CHUNK_STEPS, L1_SET_STRIDE, MAX_TILE_PIXELS, chunk, dx_tile, largest_divisor
 
 __all__ = ["FLAT_TASKS_PER_CORE", "PACK_IN_CACHE", "PACK_PER_CHUNK", "WEIGHTS_IN_CACHE", "X_CHUNK_IN_CACHE", "CubeFilterGrad", "CubeForward", "CubeInputGrad"]
 
@@ -158,7 +158,7 @@ class CubeInputGrad(CpuMad):
         *_, n, c1, j, i, c0, co1, mh, mw, co0 = sch.get_loops(block)
         blocks, rows, cols = loop_extent(sch, c1), loop_extent(sch, j), loop_extent(sch, i)
         group = largest_divisor(blocks, WEIGHTS_IN_CACHE // max(1, weight_bytes // blocks))
-        th, tw, v = dx_tile(rows, cols, self.plan, whole=not self.edge_tiles)
+        th, tw, v = dx_tile(rows, cols, self.plan, whole=not self.edge_tiles, max_pixels=self._max_tile_pixels(block))
         flat = self.flat_pixels and cols % tw and not self.tunable and blocks // group * loop_extent(sch, n) >= FLAT_TASKS_PER_CORE * self.cores
         if flat and self._flat_pixel_tiles(block, group, weight_bytes):
             return
@@ -184,6 +184,17 @@ class CubeInputGrad(CpuMad):
             c1_i, lane_groups, co1, mh, mw, co0, j_i, c0 = below
             sch.reorder(*tiles, c1_i, lane_groups, co1, mh, mw, co0, j_i, i_i, c0)
             self.register_tile(copy, [j_i, i_i], c0, co1)
+
+    def _max_tile_pixels(self, block) -> int:
+        """:data:`.tiles.ALIASED_TILE_PIXELS` where the broadcast operand (the mad's read other than
+        its weights) is a framework activation read in place whose pixel rows lie a multiple of
+        :data:`.tiles.L1_SET_STRIDE` apart, else :data:`.tiles.MAX_TILE_PIXELS`."""
+        for read in self.sch.get(block).reads:
+            buf = read.source
+            if buf.name != self.weights and int(buf.shape[-1]) != C0:  # (packed: 16-lane rows, 64 bytes apart)
+                if int(buf.shape[-1]) * tvm.DataType(buf.dtype).bits // 8 % L1_SET_STRIDE == 0:
+                    return ALIASED_TILE_PIXELS
+        return MAX_TILE_PIXELS
 
     def _channel_groups(self, block, n, c1, group: int, weight_bytes: int):
         """``([outer two loops], c1_i)``: the channel blocks split into groups of ``group``; the
@@ -218,7 +229,7 @@ class CubeInputGrad(CpuMad):
         *_, n, c1, p, c0, co1, mh, mw, co0 = sch.get_loops(block)
         images, pixels, group_weight_bytes = loop_extent(sch, n), loop_extent(sch, p), weight_bytes * group // loop_extent(sch, c1)
         outer, c1_i = self._channel_groups(block, n, c1, group, weight_bytes)
-        _, tw, v = dx_tile(1, pixels, self.plan, whole=False)
+        _, tw, v = dx_tile(1, pixels, self.plan, whole=False, max_pixels=self._max_tile_pixels(block))
         lane_groups, c0 = sch.split(c0, [None, v * self.plan.lanes])
         sch.reorder(*outer, p, c1_i, lane_groups, co1, mh, mw, co0, c0)
         task = sch.fuse(*outer)

@@ -11,11 +11,18 @@ from __future__ import annotations
 from ...isa import IsaPlan
 
 __all__ = [
-    "CHUNK_STEPS", "FMA_LATENCY", "L2_BYTES_PER_CYCLE", "MAX_TAP_TILE", "MAX_TILE_PIXELS", "MAX_WO_UNROLL", "chunk", "depthwise_dw_tile",
+    "ALIASED_TILE_PIXELS", "CHUNK_STEPS", "FMA_LATENCY", "L1_SET_STRIDE", "L2_BYTES_PER_CYCLE", "MAX_TAP_TILE", "MAX_TILE_PIXELS", "MAX_WO_UNROLL", "chunk", "depthwise_dw_tile",
     "depthwise_dx_tile", "divisors", "dx_tile", "largest_divisor", "step_cycles", "tap_tile",
 ]  # fmt: skip
 
 MAX_TILE_PIXELS = 16  # dX pixels per tile: 16 rows of accumulators at most (AVX-512: 16 zmm of 32)
+L1_SET_STRIDE = 4096  # bytes between two addresses in the same L1 set (32 KB, 8 ways: every x86 core these kernels target)
+ALIASED_TILE_PIXELS = 7
+"""Pixels per tile where the broadcast operand's pixel rows lie a multiple of :data:`L1_SET_STRIDE`
+apart (an NXC input of 1024 or 2048 fp32 channels read in place): each step reads one line per
+pixel, all in one L1 set, and more lines than its 8 ways (one kept for the weights' line) evict
+each other every step. A 1x1 forward of 1024 -> 512 channels on 14x14, N=8 (AVX-512): 1 x 14
+pixels 15.8 ms, 1 x 7 8.6."""
 MAX_TAP_TILE = 7  # transposed dW: taps per tile
 MAX_WO_UNROLL = 4  # depthwise dW: output columns per tile step
 CHUNK_STEPS = 1600  # reduction steps (n, ho, wo) per dW chunk: ~1.6 MB of fmap per 16 Cin blocks
@@ -43,7 +50,7 @@ def step_cycles(pixels: int, vectors: int, plan: IsaPlan) -> float:
     return max(pixels * vectors / 2, FMA_LATENCY, (pixels + vectors) / loads_per_cycle) + 1
 
 
-def dx_tile(rows: int, cols: int, plan: IsaPlan, whole: bool = False) -> tuple[int, int, int]:
+def dx_tile(rows: int, cols: int, plan: IsaPlan, whole: bool = False, max_pixels: int = MAX_TILE_PIXELS) -> tuple[int, int, int]:
     """dX register tile ``(TH, TW, V)`` for a phase of ``rows x cols`` pixels: ``TH x TW`` pixels
     by ``V`` vector registers of each pixel's 16-lane row (``V`` divides the registers a row
     takes; ``TH*TW*V`` accumulators within the plan's budget). ``TH`` divides the rows; where
@@ -54,7 +61,8 @@ def dx_tile(rows: int, cols: int, plan: IsaPlan, whole: bool = False) -> tuple[i
     tiles: enough accumulators to hide the FMA latency, few loads per FMA, few tiles per row);
     within 5% of the fewest, single-row tiles without an edge first. E.g. AVX-512 16 pixels
     (2 x 8 at 56 columns, 1 x 14 at 14), AVX2 1 x 6 x 2 ymm (and a 1 x 2 edge at 56 columns),
-    1 x 5 x 2 on 7x7 phases. ``whole``: only tiles whose ``TW`` divides the columns (no edge)."""
+    1 x 5 x 2 on 7x7 phases. ``whole``: only tiles whose ``TW`` divides the columns (no edge);
+    ``max_pixels``: at most that many pixels (see :data:`ALIASED_TILE_PIXELS`)."""
     per_row = plan.registers_per_row
 
     def cost(th: int, tw: int, v: int) -> float:
@@ -65,8 +73,8 @@ def dx_tile(rows: int, cols: int, plan: IsaPlan, whole: bool = False) -> tuple[i
     options = [
         (cost(th, tw, v), th, tw, v)
         for v in plan.row_parts
-        for th in divisors(rows, MAX_TILE_PIXELS)
-        for tw in range(1, min(cols, MAX_TILE_PIXELS // th) + 1)
+        for th in divisors(rows, max_pixels)
+        for tw in range(1, min(cols, max_pixels // th) + 1)
         if th * tw * v <= plan.accumulators and (cols % tw == 0 or not whole)
     ]  # fmt: skip
     fewest = min(option[0] for option in options)
