@@ -85,27 +85,30 @@ class CubeFilterGrad(CpuMad):
         # do the same but put each tile in a scope that cannot zero its accumulators before
         # chunks outside it.
         most = self.plan.rows(C0)
-        rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0) if self.tunable else most, most)
         chunk_first = cores_own_out or blocks_in % cores == 0
         if cores_own_out:
             sch.reorder(g, co1, c1)
             core, owned = sch.split(sch.fuse(g, co1), [cores, None])
-            sch.reorder(core, *chunk_loops, owned, c1, tap_h, tap_w, rows_o, *steps, co0, c0)
+            below = [*steps]
+            sch.reorder(core, *chunk_loops, owned, c1, tap_h, tap_w, co0, *below, c0)
         elif blocks_in % cores == 0:
             core, owned = sch.split(c1, [cores, None])
-            sch.reorder(core, *chunk_loops, g, co1, owned, tap_h, tap_w, rows_o, *steps, co0, c0)
+            below = [*steps]
+            sch.reorder(core, *chunk_loops, g, co1, owned, tap_h, tap_w, co0, *below, c0)
         else:  # no even split: every tile a task, its whole reduction inside
-            sch.reorder(g, co1, c1, tap_h, tap_w, rows_o, *chunk_loops, *steps, co0, c0)
+            below = [*chunk_loops, *steps]
+            sch.reorder(g, co1, c1, tap_h, tap_w, co0, *below, c0)
             core = sch.fuse(g, co1, c1)
         sch.parallel(core)
         chunk_bytes = images * bands * cols * owned_out * C0 * 4  # the fp32 dy one chunk of a core reads
         if PACK_PER_CHUNK and chunk_first and chunk_bytes <= PACK_IN_CACHE:
             self._pack_per_chunk(GRADS_2_MATRIX, (chunk_loops or [core])[-1])
-        # One chunk: each (Cout blocks, Cin block)'s sums are whole after its taps, and written out from cache there. Not where
-        # the rows are predicated (AVX2's 6 + 6 + 4): TVM bounds the result's region by the unpredicated rows (18), past the
-        # block, so a task would write a neighbour block's rows before their sums are done.
-        if DW_WRITE_BACK and one_chunk and chunk_first and C0 % most == 0:
+        # One chunk: each (Cout blocks, Cin block)'s sums are whole after its taps, and written out from cache there;
+        # before the rows are split (AVX2's 6 + 6 + 4, predicated), while the region TVM bounds is the block's 16 rows.
+        if DW_WRITE_BACK and one_chunk and chunk_first:
             self.write_back_in(block, c1 if cores_own_out else owned)  # (first: a tensorized tile's block is replaced)
+        rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0) if self.tunable else most, most)
+        sch.reorder(rows_o, *below, co0)
         self.tile_body(block, (chunk_loops or steps)[0])
 
     def _pack_per_chunk(self, stage: str, loop):
