@@ -15,8 +15,8 @@ lies (DLPack, no copy: a channels-last ``(N, C, H, W)`` tensor is the contiguous
 ``t.permute(0, 2, 3, 1)``, a channels-last ``(O, I, KH, KW)`` weight the contiguous OHWI one) and
 a weight gradient comes out in its parameter's layout (no copy in ``AccumulateGrad``: PyTorch
 copies a gradient whose strides differ from its parameter's). Transposing a 512 x 512 x 3 x 3
-weight costs a copy of 1.5 ms, and 10-20 ms at times inside a training step (Zen 4). Kernels are built for this CPU (``llvm``,
-every usable core) and cached (:data:`CACHED_CALLS` signatures).
+weight costs a copy of 1.5 ms, and 10-20 ms at times inside a training step (Zen 4). Kernels are
+built for this CPU (``llvm``, every usable core) and cached (:data:`CACHED_CALLS` signatures).
 
 A call's fixed costs are paid once per signature too: :func:`call_plan` works out its
 :class:`CallPlan` (the signature, the taps its dX / dW run on, its kernels once built), which the

@@ -86,17 +86,16 @@ class CubeFilterGrad(CpuMad):
         # chunks outside it.
         most = self.plan.rows(C0)
         chunk_first = cores_own_out or blocks_in % cores == 0
+        # The Cout rows stay one loop (co0) until the result is placed; they are split into row groups at the end.
+        below = steps if cores_own_out or blocks_in % cores == 0 else [*chunk_loops, *steps]  # the loops between co0 and c0
         if cores_own_out:
             sch.reorder(g, co1, c1)
             core, owned = sch.split(sch.fuse(g, co1), [cores, None])
-            below = [*steps]
             sch.reorder(core, *chunk_loops, owned, c1, tap_h, tap_w, co0, *below, c0)
         elif blocks_in % cores == 0:
             core, owned = sch.split(c1, [cores, None])
-            below = [*steps]
             sch.reorder(core, *chunk_loops, g, co1, owned, tap_h, tap_w, co0, *below, c0)
         else:  # no even split: every tile a task, its whole reduction inside
-            below = [*chunk_loops, *steps]
             sch.reorder(g, co1, c1, tap_h, tap_w, co0, *below, c0)
             core = sch.fuse(g, co1, c1)
         sch.parallel(core)
