@@ -40,6 +40,7 @@ SCHEDULED = "tirx.is_scheduled"
 DTYPES = ("float32", "float16", "bfloat16")
 _NATIVE_DATA = {"NCHW": "NCX", "NHWC": "NXC"}
 _NATIVE_KERNEL = {"OIHW": "OIX", "HWIO": "XIO", "OHWI": "OXI"}
+_RELAX_KERNEL = {fmt: layout for layout, fmt in _NATIVE_KERNEL.items()}
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class Conv2dCall:
     def native_layouts(self) -> tuple[str, str]:
         """The Relax spelling of the layouts the kernels read: ``(NCHW | NHWC, OIHW | HWIO | OHWI)``."""
         g = self.gradients
-        return ("NHWC" if g.data_format == "NXC" else "NCHW"), {v: k for k, v in _NATIVE_KERNEL.items()}[g.weights_format]
+        return ("NHWC" if g.data_format == "NXC" else "NCHW"), _RELAX_KERNEL[g.weights_format]
 
 
 def _shape(expr: relax.Expr, name: str) -> tuple[int, ...]:

@@ -70,12 +70,18 @@ def is_channels_last(t: torch.Tensor) -> bool:
     return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
 
 
+def _in_memory_order(tensor: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """A 4-D tensor's dimensions in its memory's order, contiguous: ``(0, 2, 3, 1)`` of a
+    channels-last one (a view when it is channels-last already, else one copy), as it is else."""
+    if channels_last:
+        return tensor.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
+    return tensor.contiguous()
+
+
 def as_weights(weight: torch.Tensor, call: Conv2dGradients) -> torch.Tensor:
     """``weight`` (OIHW logical) as the kernels' layout: OHWI memory for an OXI call (a view when
     the weight is channels-last already, else one copy), OIHW contiguous otherwise."""
-    if call.weights_format == "OXI":
-        return weight.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
-    return weight.contiguous()
+    return _in_memory_order(weight, call.weights_format == "OXI")
 
 
 def empty_weights(shape, dtype: torch.dtype, call: Conv2dGradients, zero: bool = False) -> torch.Tensor:
@@ -87,9 +93,7 @@ def empty_weights(shape, dtype: torch.dtype, call: Conv2dGradients, zero: bool =
 def as_layout(tensor: torch.Tensor, call: Conv2dGradients) -> torch.Tensor:
     """``tensor`` (NCHW logical) as the kernels' layout: NHWC memory for a channels-last call (a
     view when the tensor is channels-last already, else one copy), NCHW contiguous otherwise."""
-    if call.data_format == "NXC":
-        return tensor.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
-    return tensor.contiguous()
+    return _in_memory_order(tensor, call.data_format == "NXC")
 
 
 @functools.lru_cache(maxsize=CACHED_CALLS)
