@@ -16,7 +16,7 @@ from tvm_convgrad.compile import numpy_dtype
 from tvm_convgrad.frontends import dsp, onednn
 from tvm_convgrad.tools.verify import error_bound
 
-__all__ = ["DATA_OPS", "FORWARD_OP", "Case", "DspCase", "dsp_params", "arrays", "call", "check", "expected", "placeholders", "torch_result"]
+__all__ = ["DATA_OPS", "FORWARD_OP", "Case", "DspCase", "dsp_params", "arrays", "call", "check", "expected", "oracles", "placeholders", "torch_result"]
 
 DATA_OPS = ("data", "data_v1")
 """The input-gradient operators: ``data`` (ConvolutionBackwardData), ``data_v1`` (ConvolutionBackpropData)."""
@@ -182,6 +182,12 @@ def _pads_end(case: Case) -> list[int]:
 def _forward_pads(case: Case) -> list[int]:
     """F.pad's list for x: (pads_begin, an end that reaches every window), last axis first."""
     return [p for b, e in reversed(list(zip(case.effective_pads, _pads_end(case)))) for p in (b, e)]
+
+
+def oracles(case: Case, *inputs: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """The results to check an operator against: the float64 reference, and PyTorch's where it
+    is installed (the README's test command runs without it)."""
+    return [("reference", expected(case, *inputs))] + ([("PyTorch", torch_result(case, *inputs))] if torch is not None else [])
 
 
 def torch_result(case: Case, *inputs: np.ndarray) -> np.ndarray:
