@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tvm_convgrad import build, dsl, layout
-from tvm_convgrad.dsl.compute.phases import axis_phases
+from tvm_convgrad.dsl.compute.phases import LIVE_TAPS_SPLIT_BELOW, MAX_REGIONS, axis_phases, live_tap_regions
 from tvm_convgrad.tvm import placeholder
 from tvm_convgrad.tools.verify import check_kernel
 
@@ -57,3 +57,50 @@ def test_no_tap_reaches_any_pixel():
     result = kernel(np.ones((1, 1, 16, 16), "float16"), np.ones((1, 1, 1, 1, 16), "float16"))
     assert result.shape == layout.shape_dx_result((1, 16, 1, 1)) and not result.any()
     assert check_kernel(kernel).ok
+
+
+def _dy_extent(size, kernel, stride, pad, dilation):
+    """dy's positions along the axis (pads ``pad`` before and after)."""
+    return (size + 2 * pad - (kernel - 1) * dilation - 1) // stride + 1
+
+
+@pytest.mark.parametrize("size, kernel, stride, pad, dilation", [
+    (size, kernel, stride, pad, dilation)
+    for size, kernel, stride, pad, dilation in itertools.product((5, 10, 14), (2, 3, 5), (1, 2, 3), (0, 2, 6, 12), (1, 2, 4, 6, 12))
+    if _dy_extent(size, kernel, stride, pad, dilation) > 0
+])  # fmt: skip
+def test_live_tap_regions_keep_exactly_the_taps_that_read_dy(size, kernel, stride, pad, dilation):
+    """Regions or phases, every (output, tap) pair that reads real dy is there exactly once, and no
+    pair the stride phases do not have; a split axis has at most ``MAX_REGIONS`` regions and
+    multiplies fewer pairs than its phases; each output lies in one region at most."""
+    extent = _dy_extent(size, kernel, stride, pad, dilation)
+    phases = axis_phases(size, kernel, stride, pad, dilation)
+    regions = live_tap_regions(phases, stride, extent)
+    live = {(h, k, y) for h, k, y in _brute(size, kernel, stride, pad, dilation) if 0 <= y < extent}
+    pairs = [(r.first + j * stride, r.tap(m), r.dy_index(j, m, 0)) for r in regions for j in range(r.count) for m in range(r.taps)]
+    assert live <= set(pairs) and len(pairs) == len(set(pairs))
+    if regions is not phases:
+        assert len(regions) <= MAX_REGIONS and len(pairs) < LIVE_TAPS_SPLIT_BELOW * sum(p.count * p.taps for p in phases)
+        brute = {(h, k, y) for h, k, y in _brute(size, kernel, stride, pad, dilation)}
+        assert set(pairs) <= brute, "a region meets a tap its stride phase does not"
+    outputs = [r.first + j * stride for r in regions for j in range(r.count)]
+    assert len(outputs) == len(set(outputs)) and all(o < size for o in outputs)
+
+
+def test_an_atrous_axis_runs_as_its_interior_and_borders():
+    """DeepLab's ASPP rate 6 on 14 rows: rows 0-5 meet taps 0-1, rows 6-7 all three, rows 8-13 taps
+    1-2; a rate-12 axis keeps one tap for its ten inner rows; a 3x3 at pad 1 is not split."""
+    regions = live_tap_regions(axis_phases(14, 3, 1, 6, 6), 1, 14)
+    assert [(r.first, r.count, r.tap0, r.taps) for r in regions] == [(0, 6, 0, 2), (6, 2, 0, 3), (8, 6, 1, 2)]
+    assert [(r.first, r.count, r.tap0, r.taps) for r in live_tap_regions(axis_phases(14, 3, 1, 12, 12), 1, 14)] == [(0, 2, 0, 2), (2, 10, 1, 1), (12, 2, 1, 2)]
+    plain = axis_phases(14, 3, 1, 1, 1)
+    assert live_tap_regions(plain, 1, 14) is plain
+
+
+def test_a_kernel_as_large_as_its_map_splits_into_few_regions():
+    """benchdnn's ``shapes_3d`` 192^3 kernel on a 192^3 map (one output): each row meets one tap of
+    its own; merged into ``MAX_REGIONS`` runs of consecutive rows, each with the taps of its
+    rows (a fifth of the products), not 192 one-tap regions."""
+    regions = live_tap_regions(axis_phases(192, 192, 1, 0, 1), 1, 1)
+    assert len(regions) == MAX_REGIONS and sum(r.count for r in regions) == 192
+    assert all(r.tap0 == r.first and r.taps == r.count for r in regions)  # row h meets tap h

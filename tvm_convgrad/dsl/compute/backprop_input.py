@@ -6,7 +6,9 @@ split by stride phase (sub-pixel decomposition): the rows ``h`` with ``(h + pad)
 only meet the taps ``kh`` with ``kh*dil % stride == r``, and for them ``dyd`` lands on real dy rows
 ``y = j + base_r - m*(dil/g)`` (``h = h_r + j*stride``, ``kh = kh0_r + m*(stride/g)``,
 ``g = gcd(dil, stride)``). Each phase is a stride-1 correlation over a zero-padded dy with a
-constant offset per tap; stride 1 is the single phase ``r = 0``. See :mod:`.phases`.
+constant offset per tap; stride 1 is the single phase ``r = 0``. Where an axis's taps mostly read
+dy's zero padding (atrous layers), each phase is split further into live-tap regions (the interior
+and the borders, each with only the taps that reach real dy). See :mod:`.phases`.
 
 Stages, inputs fp16, reduction fp32:
 
@@ -53,8 +55,8 @@ from ...params import ConvGradParams
 from .common import ACC, guarded, masked
 from .depthwise import depthwise, depthwise_input_phases
 from .pairs import pair, pair_dot
-from .phases import AxisPhase, DepthFold, DyWindow, axis_phases, depth_fold, dy_window, phase_stage_name
-from .stages import C_DDR, DX_PX, DX_TAG, DY_PAD, DY_ROWS, FORMULATION, MAD_TAG, W_COL, W_T, Formulation
+from .phases import AxisPhase, DepthFold, DyWindow, axis_phases, depth_fold, dy_window, live_tap_regions, phase_stage_name
+from .stages import C_DDR, DX_PX, DX_TAG, DY_PAD, DY_ROWS, FORMULATION, MAD_TAG, PHASE_STRIDES, W_COL, W_T, Formulation
 
 __all__ = ["AxisPhase", "axis_phases", "conv2d_backprop_input_compute", "phase_stage_name", "pixel_lanes_input_grad"]
 
@@ -77,8 +79,8 @@ def conv2d_backprop_input_compute(
     runs; the depthwise and pixel-lane formulations ignore it."""
     g = params.geom
     (sh, sw), (dil_h, dil_w), (pu, _, pl, _) = g.strides, g.dilations, g.pads
-    rows = axis_phases(g.h, g.kh, sh, pu, dil_h)
-    cols = axis_phases(g.w, g.kw, sw, pl, dil_w)
+    rows = live_tap_regions(axis_phases(g.h, g.kh, sh, pu, dil_h), sh, g.ho)
+    cols = live_tap_regions(axis_phases(g.w, g.kw, sw, pl, dil_w), sw, g.wo)
 
     window = dy_window(rows, cols, g.ho, g.wo)
     pairs = bf16_pairs and dy.dtype == "bfloat16" and filters.dtype == "bfloat16"
@@ -103,8 +105,8 @@ def conv2d_backprop_input_compute(
         value = tirx.const(0.0, ACC)
         for pd, ph, pw, mad in reversed(phases):  # each pixel reads its own phase
             row = n if pd is None else image * pd.count + plane // g.depth.stride
-            here = read(mad, row, c1, h // sh, w // sw, c0)
-            conds = ([h % sh == ph.first] if sh > 1 else []) + ([w % sw == pw.first] if sw > 1 else [])
+            here = read(mad, row, c1, ph.index(h, sh), pw.index(w, sw), c0)
+            conds = ph.holds(h, sh, g.h) + pw.holds(w, sw, g.w)
             conds += [plane % g.depth.stride == pd.first] if pd is not None and g.depth.stride > 1 else []
             value = te.if_then_else(tirx.all(*conds), here, value) if conds else here
         if bias is not None:
@@ -192,7 +194,7 @@ def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows
         batch = g.batch * (1 if pd is None else pd.count)
         kind = Formulation.CUBE_DX_BF16 if pairs else Formulation.CUBE_DX
         return te.compute((batch, g.c1_x, ph.count, pw.count, C0), mad, name=phase_stage_name(ph, pw, pd=pd), tag=MAD_TAG,
-                          attrs={FORMULATION: kind.value})  # fmt: skip
+                          attrs={FORMULATION: kind.value, PHASE_STRIDES: list(g.strides)})  # fmt: skip
 
     if fold is None:
         phases = [(ph, pw, phase_mad(ph, pw)) for ph in rows for pw in cols]

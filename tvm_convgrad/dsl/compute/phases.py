@@ -6,6 +6,12 @@ dy. The rows ``h`` with ``(h + pad) % stride == r`` only meet the taps ``kh`` wi
 ``y = j + base_r - m*(dil/g)`` (``h = h_r + j*stride``, ``kh = kh0_r + m*(stride/g)``,
 ``g = gcd(dil, stride)``): each phase is a stride-1 correlation over a zero-padded dy with a
 constant offset per tap. Every dX formulation (cube, pixel lanes, depthwise) uses these.
+
+**Live-tap regions.** Where an axis's taps mostly read dy's zero padding (an atrous layer:
+dilation 12 on a 14-row map leaves 2 of a border tap's 14 rows on dy), each phase is split
+further into runs of consecutive outputs that meet the same taps on real dy (the interior, the
+borders), and each run keeps only those taps (:func:`live_tap_regions`): a run is a phase of its
+own (``first`` its first output), so the mads multiply no padding and dy needs no padding at all.
 """
 
 from __future__ import annotations
@@ -16,7 +22,10 @@ from dataclasses import dataclass
 from .common import inside
 from .stages import DX_CC, phase_name
 
-__all__ = ["AxisPhase", "DepthFold", "DyWindow", "axis_phases", "depth_fold", "dy_window", "phase_stage_name"]
+__all__ = ["AxisPhase", "DepthFold", "DyWindow", "LIVE_TAPS_SPLIT_BELOW", "MAX_REGIONS", "axis_phases", "depth_fold", "dy_window", "live_tap_regions", "phase_stage_name"]
+
+LIVE_TAPS_SPLIT_BELOW = 0.8  # an axis whose phases multiply real dy in fewer of their (output, tap) pairs runs as regions
+MAX_REGIONS = 5  # ... of at most this many regions (a 3x3 atrous axis has 3, a 5x5 one 5)
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,23 @@ class AxisPhase:
         """Where output ``j`` meets tap ``m`` in dy stored with ``pad_before`` zeros in front."""
         return j + self.base + pad_before - m * self.dy_step
 
+    def live_taps(self, j: int, extent: int) -> range:
+        """The taps ``m`` at which output ``j`` reads real dy (of ``extent`` positions)."""
+        low = max(0, -(-(j + self.base - extent + 1) // self.dy_step))
+        return range(low, min(self.taps, (j + self.base) // self.dy_step + 1) if j + self.base >= 0 else 0)
+
+    def holds(self, position, stride: int, size: int) -> list:
+        """Conditions for output ``position`` (of ``size``) to belong to this phase; only those
+        that can fail."""
+        conds = [position % stride == self.first % stride] if stride > 1 else []
+        conds += [position >= self.first] if self.first >= stride else []
+        conds += [position < self.first + self.count * stride] if self.first + self.count * stride < size else []
+        return conds
+
+    def index(self, position, stride: int):
+        """The ``j`` of output ``position`` (one this phase holds)."""
+        return position // stride - self.first // stride
+
 
 def axis_phases(size: int, kernel: int, stride: int, pad_before: int, dilation: int) -> list[AxisPhase]:
     """The stride phases of one axis that have output positions and taps, ordered by ``first``."""
@@ -59,6 +85,55 @@ def axis_phases(size: int, kernel: int, stride: int, pad_before: int, dilation: 
         base = (first + pad_before - tap0 * dilation) // stride  # exact: the division has no remainder
         phases.append(AxisPhase(first, -(-(size - first) // stride), tap0, taps, stride // g, base, dilation // g))
     return phases
+
+
+def live_tap_regions(phases: list[AxisPhase], stride: int, extent: int) -> list[AxisPhase]:
+    """``phases`` split into runs of outputs with the same live taps (reading dy's ``extent``
+    real positions), each keeping only those taps, where that multiplies fewer than
+    :data:`LIVE_TAPS_SPLIT_BELOW` of the phases' (output, tap) pairs; runs without a live tap are
+    dropped (their outputs are 0). At most :data:`MAX_REGIONS` regions: beyond that, neighbouring
+    runs of a phase are merged, the merge that adds the fewest pairs first (a merged run keeps
+    the taps either reads, some of its outputs' on padding). Otherwise ``phases`` unchanged."""
+    total = sum(p.count * p.taps for p in phases)
+    if len(phases) >= MAX_REGIONS or sum(len(p.live_taps(j, extent)) for p in phases for j in range(p.count)) >= LIVE_TAPS_SPLIT_BELOW * total:
+        return phases
+    runs = [(k, j, j + 1, p.live_taps(j, extent)) for k, p in enumerate(phases) for j in range(p.count)]
+    runs = _merged(runs, lambda a, b: a[3] == b[3])  # (phase, first j, end j, taps): equal neighbours first
+    while len(runs) > MAX_REGIONS:
+        _, at = min((_pairs(_union(a, b)) - _pairs(a) - _pairs(b), i) for i, (a, b) in enumerate(zip(runs, runs[1:])) if a[0] == b[0])
+        runs[at : at + 2] = [_union(runs[at], runs[at + 1])]
+    if sum(_pairs(run) for run in runs) >= LIVE_TAPS_SPLIT_BELOW * total:
+        return phases
+    regions = []
+    for k, start, end, taps in runs:
+        p = phases[k]
+        if taps:
+            m = taps.start
+            regions.append(AxisPhase(p.first + start * stride, end - start, p.tap(m), len(taps), p.tap_step, p.base + start - m * p.dy_step, p.dy_step))
+    return sorted(regions, key=lambda r: r.first)
+
+
+def _merged(runs: list, same) -> list:
+    """Neighbouring runs of one phase for which ``same`` holds made one."""
+    out = []
+    for run in runs:
+        if out and out[-1][0] == run[0] and same(out[-1], run):
+            out[-1] = _union(out[-1], run)
+        else:
+            out.append(run)
+    return out
+
+
+def _union(a, b):
+    """Two neighbouring runs of one phase as one, with the taps either reads."""
+    taps = [t for t in (a[3], b[3]) if t]
+    span = range(min(t.start for t in taps), max(t.stop for t in taps)) if taps else range(0)
+    return a[0], a[1], b[2], span
+
+
+def _pairs(run) -> int:
+    """The (output, tap) pairs a run multiplies."""
+    return (run[2] - run[1]) * len(run[3])
 
 
 def phase_stage_name(ph: AxisPhase, pw: AxisPhase, prefix: str = DX_CC, pd: AxisPhase | None = None) -> str:

@@ -161,7 +161,8 @@ class CubeInputGrad(CpuMad):
         blocks, rows, cols = loop_extent(sch, c1), loop_extent(sch, j), loop_extent(sch, i)
         group = largest_divisor(blocks, WEIGHTS_IN_CACHE // max(1, weight_bytes // blocks))
         th, tw, v = dx_tile(rows, cols, self.plan, whole=not self.edge_tiles, max_pixels=self._max_tile_pixels(block))
-        flat = self.flat_pixels and cols % tw and not self.tunable and blocks // group * loop_extent(sch, n) >= FLAT_TASKS_PER_CORE * self.cores
+        under = self.under_task(block)
+        flat = self.flat_pixels and cols % tw and not self.tunable and not under and blocks // group * loop_extent(sch, n) >= FLAT_TASKS_PER_CORE * self.cores
         if flat and self._flat_pixel_tiles(block, group, weight_bytes):
             return
         outer, c1_i = self._channel_groups(block, n, c1, group, weight_bytes)
@@ -172,20 +173,23 @@ class CubeInputGrad(CpuMad):
         if cols % tw == 0 or self.tunable:
             i_o, i_i = self.split(i, tw, most)
             sch.reorder(*outer, j_o, i_o, c1_i, lane_groups, *reduction, j_i, i_i, c0)
-            task = sch.fuse(*outer, j_o)
-            sch.parallel(task)
-            self.write_back_in(block, task)  # (first: a tensorized tile's block is replaced)
+            self._tasks(block, sch.fuse(*outer, j_o), under)  # (first: a tensorized tile's block is replaced)
             self.register_tile(block, [j_i, i_i], c0, co1)
             return
         # The columns in tiles of TW and one narrower tile at the end: two copies of the mad.
         sch.reorder(*outer, j_o, i, c1_i, lane_groups, *reduction, j_i, c0)
-        task = sch.fuse(*outer, j_o)
-        sch.parallel(task)
-        self.write_back_in(block, task)
+        self._tasks(block, sch.fuse(*outer, j_o), under)
         for copy, tiles, i_i, below in whole_tiles_and_edge(sch, i, cols, tw):
             c1_i, lane_groups, co1, mh, mw, co0, j_i, c0 = below
             sch.reorder(*tiles, c1_i, lane_groups, co1, mh, mw, co0, j_i, i_i, c0)
             self.register_tile(copy, [j_i, i_i], c0, co1)
+
+    def _tasks(self, block, task, under: bool):
+        """``task`` made the mad's parallel loop, the result written back in it where it can be;
+        left serial where the mad already runs ``under`` a task of its result's."""
+        if not under:
+            self.sch.parallel(task)
+            self.write_back_in(block, task)
 
     def _max_tile_pixels(self, block) -> int:
         """:data:`.tiles.ALIASED_TILE_PIXELS` where the broadcast operand (the mad's read other than

@@ -9,7 +9,7 @@ from tvm import s_tir, tirx
 from ...dsl.compute.stages import DX_DW, DX_PHASE_PREFIXES, DY_DW, FMAP_DW, GRADS_DW
 from ...layout import C0
 from ..common import loop_extent, stage_blocks
-from .loops import CpuMad, pack_under, producers_named, restore_unit_loops, sum_parts
+from .loops import CpuMad, channel_block_task, pack_under, producers_named, restore_unit_loops, sum_parts
 from .tiles import MAX_TILE_PIXELS, MAX_WO_UNROLL, depthwise_dw_tile, depthwise_dx_tile, largest_divisor
 
 __all__ = ["PACKS_PER_IMAGE", "PLANES_PER_CORE", "DepthwiseFilterGrad", "DepthwiseInputGrad", "phases_plane_by_plane"]
@@ -160,26 +160,10 @@ def phases_plane_by_plane(sch: s_tir.Schedule, cores: int) -> set[str]:
 def _planes(sch: s_tir.Schedule, result: str, phases: list[str], cores: int) -> bool:
     """:func:`phases_plane_by_plane` on ``sch`` (False, unchanged, where it does not apply)."""
     block = sch.get_sblock(result)
-    stmt = sch.get(block)
-    loops = sch.get_loops(block)
-    realize = sch.get(loops[-1]).body
-    loop_of = {iv.var: lp for iv, lp in zip(stmt.iter_vars, loops)} if len(loops) == len(stmt.iter_vars) else {}
-    (read,) = [r for r in stmt.reads if r.source.name == phases[0]] or [None]
-    if read is None or len(loops) != 4 or not all(isinstance(v, tirx.Var) for v in realize.iter_values):
+    found = channel_block_task(sch, block, phases[0], PLANES_PER_CORE * cores)
+    if found is None:
         return False
-    channel = [iv.var for iv in stmt.iter_vars if iv.var in set(tirx.analysis.undefined_vars(read.region[1].min))]
-    if len(channel) != 1 or channel[0] not in loop_of:
-        return False
-    n, *spatial = loops
-    channel_loop = loop_of[channel[0]]
-    if sch.get(channel_loop).same_as(sch.get(n)) or loop_extent(sch, n) * -(-loop_extent(sch, channel_loop) // C0) < PLANES_PER_CORE * cores:
-        return False
-    rest = [lp for lp in spatial if not sch.get(lp).same_as(sch.get(channel_loop))]
-    channels_first = sch.get(spatial[0]).same_as(sch.get(channel_loop))
-    c1, c0 = sch.split(channel_loop, [None, C0])
-    sch.reorder(n, c1, *([c0, *rest] if channels_first else [*rest, c0]))
-    task = sch.fuse(n, c1)
-    sch.parallel(task)
+    task, _, _ = found
     for phase in phases:
         sch.compute_at(sch.get_sblock(phase), task)
         restore_unit_loops(sch, sch.get_sblock(phase))

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from tvm import s_tir, sym, tirx
 
 from ...dsl.compute.stages import DX_PHASE_PREFIXES, DY_PACKS
+from ...layout import C0
 from ..common import elements, loop_extent, stage_blocks
 
 __all__ = [
-    "PARALLEL_TASKS", "PER_IMAGE_ABOVE", "PHASES_PER_IMAGE", "CpuMad", "elementwise", "in_source_order", "pack_under", "phases_image_by_image",
+    "PARALLEL_TASKS", "PER_IMAGE_ABOVE", "PHASES_PER_IMAGE", "CpuMad", "channel_block_task", "elementwise", "in_source_order", "pack_under", "phases_image_by_image",
     "planar_pack", "producers_named", "reads_past", "restore_unit_loops", "sum_parts", "whole_tiles_and_edge",
 ]  # fmt: skip
 
@@ -53,6 +54,11 @@ class CpuMad(ABC):
     @abstractmethod
     def schedule(self, block) -> None:
         """Schedule ``block`` (the mad) in place."""
+
+    def under_task(self, block) -> bool:
+        """Whether ``block`` already runs inside a parallel task (a live-tap region's mad under its
+        result's, :func:`.regions.regions_one_by_one`): its own loops then stay serial."""
+        return any(self.sch.get(lp).kind == tirx.ForKind.PARALLEL for lp in self.sch.get_loops(block))
 
     def sole_consumer(self, block):
         """The stage that reads ``block``'s sums, where the mad is its only producer and it reads
@@ -258,6 +264,39 @@ def planar_pack(sch: s_tir.Schedule, block, shared: int = 0):
     sch.parallel(sch.fuse(*n, c1, i))
     sch.unroll(c0)
 
+
+
+def channel_block_task(sch: s_tir.Schedule, block, phase: str, min_tasks: int = 1, images_outer: bool = True, blocks: int = 1):
+    """A dX result ``block`` (unscheduled: an image loop, then its channels and two pixel axes in
+    the layout's order) as parallel tasks of one image's block of 16 channels (``blocks`` of
+    them): the channel loop (the one indexing the C1 axis of the block's read of ``phase``) split
+    by ``16*blocks``, the image and
+    channel-block loops fused outermost and parallel; below the task the C0 loop first for a
+    channels-first result (NCX), last otherwise (NXC). Returns ``(task, the task's channel loop,
+    [the pixel loops])``, or None, unchanged, where the block is not of that form or makes fewer than
+    ``min_tasks``."""
+    stmt = sch.get(block)
+    loops = sch.get_loops(block)
+    realize = sch.get(loops[-1]).body
+    loop_of = {iv.var: lp for iv, lp in zip(stmt.iter_vars, loops)} if len(loops) == len(stmt.iter_vars) else {}
+    (read,) = [r for r in stmt.reads if r.source.name == phase] or [None]
+    if read is None or len(loops) != 4 or not all(isinstance(v, tirx.Var) for v in realize.iter_values):
+        return None
+    channel = [iv.var for iv in stmt.iter_vars if iv.var in set(tirx.analysis.undefined_vars(read.region[1].min))]
+    if len(channel) != 1 or channel[0] not in loop_of:
+        return None
+    n, *spatial = loops
+    channel_loop = loop_of[channel[0]]
+    if sch.get(channel_loop).same_as(sch.get(n)) or loop_extent(sch, n) * -(-loop_extent(sch, channel_loop) // (C0 * blocks)) < min_tasks:
+        return None
+    rest = [lp for lp in spatial if not sch.get(lp).same_as(sch.get(channel_loop))]
+    channels_first = sch.get(spatial[0]).same_as(sch.get(channel_loop))
+    c1, c0 = sch.split(channel_loop, [None, C0 * blocks])
+    outer = [n, c1] if images_outer else [c1, n]
+    sch.reorder(*outer, *([c0, *rest] if channels_first else [*rest, c0]))
+    task = sch.fuse(*outer)
+    sch.parallel(task)
+    return task, c0, rest
 
 
 def whole_tiles_and_edge(sch: s_tir.Schedule, loop, extent: int, tile: int):

@@ -58,6 +58,7 @@ from .cube import CubeFilterGrad, CubeForward, CubeInputGrad
 from .depthwise import DepthwiseFilterGrad, DepthwiseInputGrad, phases_plane_by_plane
 from .lanes import CoutLanesFilterGrad, PixelLanesInputGrad
 from .loops import PHASES_PER_IMAGE, CpuMad, elementwise, phases_image_by_image, planar_pack
+from .regions import regions_one_by_one
 
 __all__ = ["FORMULATIONS", "CpuConfig", "CpuRule"]
 
@@ -103,7 +104,7 @@ class CpuRule(Rule):
             for block in stage_blocks(sch):
                 if CONVERT_IN_PLACE in sch.get(block).annotations:
                     sch.compute_inline(block)
-        placed: set[str] = phases_plane_by_plane(sch, config.cores) if not tunable else set()
+        placed: set[str] = (phases_plane_by_plane(sch, config.cores) | regions_one_by_one(sch, config.cores)) if not tunable else set()
         per_image = phases_image_by_image(sch) if PHASES_PER_IMAGE and not placed else set()
         found = mads(sch)
         on_mads = {sch.get(mad).name_hint for mad, _ in found}
