@@ -249,7 +249,7 @@ def test_short_rows_run_in_pixel_tiles_across_the_rows(monkeypatch, op, data_for
     one axis in tiles of 5 that cross the rows (:meth:`~tvm_convgrad.schedule.cpu.cube.CubeInputGrad._flat_pixel_tiles`):
     the forward (strided, its reduction in chunks of one input-channel block over all the
     tiles, a partial block, bias and post-ops, its dst written inside the tasks) and the data
-    gradient of a 7x7 map, exact."""
+    gradient of a 1x1 on a 7x7 map, exact."""
     from tvm_convgrad import isa_target
     from tvm_convgrad.isa import host_can_run
     from tvm_convgrad.schedule.cpu import cube
@@ -262,8 +262,9 @@ def test_short_rows_run_in_pixel_tiles_across_the_rows(monkeypatch, op, data_for
     monkeypatch.setattr(cube.CubeInputGrad, "_flat_pixel_tiles", lambda self, *a: taken.append("flat") or flat(self, *a))
     monkeypatch.setattr(cube.CubeForward, "_reduction_chunks", lambda self, *a: taken.append(("chunks", chunks(self, *a))) or taken[-1][1])
     size, strides, extra = ((13, 13), (2, 2), {"bias": True, "post_ops": post_ops}) if op == "fwd" else ((7, 7), (1, 1), {})
-    case = Case(op, 3, 40, 24, 1, size, (7, 7), (3, 3), strides, (1, 1), (1, 1), (1, 1), data_format=data_format,
-                weights_format="XIO" if data_format == "NXC" else "OIX", dtype=dtype, effective_pads=(1, 1), **extra)  # fmt: skip
+    taps, pads = ((3, 3), (1, 1)) if op == "fwd" else ((1, 1), (0, 0))  # (a 3x3 dX at pad 1 on 7x7 runs as live-tap regions)
+    case = Case(op, 3, 40, 24, 1, size, (7, 7), taps, strides, pads, pads, (1, 1), data_format=data_format,
+                weights_format="XIO" if data_format == "NXC" else "OIX", dtype=dtype, effective_pads=pads, **extra)  # fmt: skip
     kernel = build(framework_call(case, *placeholders(case)), target=target, schedules=None)
     assert taken == (["flat", ("chunks", 3)] if op == "fwd" else ["flat"])  # (the forward: 40 input channels, three blocks)
     if not host_can_run(target):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tvm_convgrad import build, dsl, layout
-from tvm_convgrad.dsl.compute.phases import LIVE_TAPS_SPLIT_BELOW, MAX_REGIONS, axis_phases, live_tap_regions
+from tvm_convgrad.dsl.compute.phases import LIVE_TAPS_SPLIT_BELOW, MAX_REGIONS, axis_phases, live_tap_regions, region_grid
 from tvm_convgrad.tvm import placeholder
 from tvm_convgrad.tools.verify import check_kernel
 
@@ -89,12 +89,18 @@ def test_live_tap_regions_keep_exactly_the_taps_that_read_dy(size, kernel, strid
 
 def test_an_atrous_axis_runs_as_its_interior_and_borders():
     """DeepLab's ASPP rate 6 on 14 rows: rows 0-5 meet taps 0-1, rows 6-7 all three, rows 8-13 taps
-    1-2; a rate-12 axis keeps one tap for its ten inner rows; a 3x3 at pad 1 is not split."""
+    1-2; a rate-12 axis keeps one tap for its ten inner rows; a 3x3 at pad 1 splits on 14 rows
+    (first and last row two taps), not on 28 (97.6% of its pairs live); a row band of one row
+    takes the column phases whole (no corner of one pixel)."""
     regions = live_tap_regions(axis_phases(14, 3, 1, 6, 6), 1, 14)
     assert [(r.first, r.count, r.tap0, r.taps) for r in regions] == [(0, 6, 0, 2), (6, 2, 0, 3), (8, 6, 1, 2)]
     assert [(r.first, r.count, r.tap0, r.taps) for r in live_tap_regions(axis_phases(14, 3, 1, 12, 12), 1, 14)] == [(0, 2, 0, 2), (2, 10, 1, 1), (12, 2, 1, 2)]
-    plain = axis_phases(14, 3, 1, 1, 1)
-    assert live_tap_regions(plain, 1, 14) is plain
+    assert [(r.first, r.count, r.tap0, r.taps) for r in live_tap_regions(axis_phases(14, 3, 1, 1, 1), 1, 14)] == [(0, 1, 0, 2), (1, 12, 0, 3), (13, 1, 1, 2)]
+    plain = axis_phases(28, 3, 1, 1, 1)
+    assert live_tap_regions(plain, 1, 28) is plain
+    rows = cols = live_tap_regions(axis_phases(7, 3, 1, 1, 1), 1, 7)
+    grid = region_grid(rows, axis_phases(7, 3, 1, 1, 1), cols)
+    assert [(ph.count, pw.count) for ph, pw in grid] == [(1, 7), (5, 1), (5, 5), (5, 1), (1, 7)]
 
 
 def test_a_kernel_as_large_as_its_map_splits_into_few_regions():

@@ -6,9 +6,10 @@ split by stride phase (sub-pixel decomposition): the rows ``h`` with ``(h + pad)
 only meet the taps ``kh`` with ``kh*dil % stride == r``, and for them ``dyd`` lands on real dy rows
 ``y = j + base_r - m*(dil/g)`` (``h = h_r + j*stride``, ``kh = kh0_r + m*(stride/g)``,
 ``g = gcd(dil, stride)``). Each phase is a stride-1 correlation over a zero-padded dy with a
-constant offset per tap; stride 1 is the single phase ``r = 0``. Where an axis's taps mostly read
-dy's zero padding (atrous layers), each phase is split further into live-tap regions (the interior
-and the borders, each with only the taps that reach real dy). See :mod:`.phases`.
+constant offset per tap; stride 1 is the single phase ``r = 0``. Where an axis's taps read dy's
+zero padding in enough of its (output, tap) pairs (atrous layers; a 3x3 on a small map), the 2-D
+cube splits each phase further into live-tap regions (the interior and the borders, each with
+only the taps that reach real dy). See :mod:`.phases`.
 
 Stages, inputs fp16, reduction fp32:
 
@@ -55,7 +56,8 @@ from ...params import ConvGradParams
 from .common import ACC, guarded, masked
 from .depthwise import depthwise, depthwise_input_phases
 from .pairs import pair, pair_dot
-from .phases import AxisPhase, DepthFold, DyWindow, axis_phases, depth_fold, dy_window, live_tap_regions, phase_stage_name
+from .phases import (LIVE_TAPS_SPLIT_BELOW, PAIRED_SPLIT_BELOW, AxisPhase, DepthFold, DyWindow, axis_phases, depth_fold, dy_window, live_tap_regions,
+                     phase_stage_name, region_grid)
 from .stages import C_DDR, DX_PX, DX_TAG, DY_PAD, DY_ROWS, FORMULATION, MAD_TAG, PHASE_STRIDES, W_COL, W_T, Formulation
 
 __all__ = ["AxisPhase", "axis_phases", "conv2d_backprop_input_compute", "phase_stage_name", "pixel_lanes_input_grad"]
@@ -79,15 +81,19 @@ def conv2d_backprop_input_compute(
     runs; the depthwise and pixel-lane formulations ignore it."""
     g = params.geom
     (sh, sw), (dil_h, dil_w), (pu, _, pl, _) = g.strides, g.dilations, g.pads
-    rows = live_tap_regions(axis_phases(g.h, g.kh, sh, pu, dil_h), sh, g.ho)
-    cols = live_tap_regions(axis_phases(g.w, g.kw, sw, pl, dil_w), sw, g.wo)
-
-    window = dy_window(rows, cols, g.ho, g.wo)
+    rows = axis_phases(g.h, g.kh, sh, pu, dil_h)
+    cols = axis_phases(g.w, g.kw, sw, pl, dil_w)
     pairs = bf16_pairs and dy.dtype == "bfloat16" and filters.dtype == "bfloat16"
+    grid = [(ph, pw) for ph in rows for pw in cols]
+    if g.depth is None and not depthwise(params) and not pixel_lanes_input_grad(params):  # the 2-D cube: by live-tap regions where they pay
+        below = PAIRED_SPLIT_BELOW if pairs else LIVE_TAPS_SPLIT_BELOW
+        grid = region_grid(live_tap_regions(rows, sh, g.ho, below), cols, live_tap_regions(cols, sw, g.wo, below))
+
+    window = dy_window([ph for ph, _ in grid], [pw for _, pw in grid], g.ho, g.wo)
     if g.depth is not None:
         d = g.depth
         fold = depth_fold(d.size, d.kernel, d.stride, d.pad_before, d.dilation, d.out)
-        phases, read = _cube_phases(filters, dy, params, rows, cols, window, fold, pairs)
+        phases, read = _cube_phases(filters, dy, params, grid, window, fold, pairs)
     else:
         if depthwise(params):
             phase_mads = depthwise_input_phases
@@ -96,7 +102,7 @@ def conv2d_backprop_input_compute(
         else:
             phase_mads = partial(_cube_phases, pairs=pairs)
         fold = None
-        found, read = phase_mads(filters, dy, params, rows, cols, window)
+        found, read = phase_mads(filters, dy, params, grid, window)
         phases = [(None, ph, pw, mad) for ph, pw, mad in found]
 
     def result(n, c1, hw, c0):  # 3-D: n is image x plane
@@ -130,7 +136,7 @@ def conv2d_backprop_input_compute(
     )
 
 
-def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows, cols, window: DyWindow, fold: DepthFold | None = None,
+def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, grid, window: DyWindow, fold: DepthFold | None = None,
                  pairs: bool = False):  # fmt: skip
     """One ``dx_cc`` mad per phase, 16 input channels on the lanes (3-D: per depth phase too,
     its taps folded into the Cout-block reduction, see :class:`.phases.DepthFold`). With
@@ -197,13 +203,13 @@ def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows
                           attrs={FORMULATION: kind.value, PHASE_STRIDES: list(g.strides)})  # fmt: skip
 
     if fold is None:
-        phases = [(ph, pw, phase_mad(ph, pw)) for ph in rows for pw in cols]
+        phases = [(ph, pw, phase_mad(ph, pw)) for ph, pw in grid]
     else:
-        phases = [(pd, ph, pw, phase_mad(ph, pw, pd)) for pd in fold.phases for ph in rows for pw in cols]
+        phases = [(pd, ph, pw, phase_mad(ph, pw, pd)) for pd in fold.phases for ph, pw in grid]
     return phases, lambda mad, n, c1, j, i, c0: mad[n, c1, j, i, c0]
 
 
-def _pixel_lane_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows, cols, window: DyWindow):
+def _pixel_lane_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, grid, window: DyWindow):
     """One ``dx_px`` mad per phase, 16 output columns on the lanes (see the module docstring)."""
     g = params.geom
     top, left = window.top, window.left
@@ -234,7 +240,7 @@ def _pixel_lane_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams
             attrs={FORMULATION: Formulation.PIXEL_LANES.value},
         )
 
-    phases = [(ph, pw, phase_mad(ph, pw)) for ph in rows for pw in cols]
+    phases = [(ph, pw, phase_mad(ph, pw)) for ph, pw in grid]
 
     def read(mad, n, c1, j, i, c0):  # branch-free, inside the mad (the index clamped, the lanes past Cin masked): vectorizes over c0
         channel = c1 * C0 + c0

@@ -116,7 +116,7 @@ def depthwise_filter_grad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams
     return dw, value
 
 
-def depthwise_input_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, rows, cols, window: DyWindow):
+def depthwise_input_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, grid, window: DyWindow):
     """dX: one ``dx_dw`` mad per stride phase, channels on the lanes; ``(phases, read)`` as the
     other dX formulations return them."""
     g = params.geom
@@ -152,5 +152,5 @@ def depthwise_input_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradPa
             attrs={FORMULATION: Formulation.DEPTHWISE_DX.value},
         )
 
-    phases = [(ph, pw, phase_mad(ph, pw)) for ph in rows for pw in cols]
+    phases = [(ph, pw, phase_mad(ph, pw)) for ph, pw in grid]
     return phases, lambda mad, n, c1, j, i, c0: mad[n, c1, j, i, c0]

@@ -7,8 +7,9 @@ dy. The rows ``h`` with ``(h + pad) % stride == r`` only meet the taps ``kh`` wi
 ``g = gcd(dil, stride)``): each phase is a stride-1 correlation over a zero-padded dy with a
 constant offset per tap. Every dX formulation (cube, pixel lanes, depthwise) uses these.
 
-**Live-tap regions.** Where an axis's taps mostly read dy's zero padding (an atrous layer:
-dilation 12 on a 14-row map leaves 2 of a border tap's 14 rows on dy), each phase is split
+**Live-tap regions.** Where an axis's taps read dy's zero padding in enough of its (output, tap)
+pairs (an atrous layer: dilation 12 on a 14-row map leaves 2 of a border tap's 14 rows on dy; a
+3x3 on a 7-row map at pad 1: 2 of 21 pairs), each phase is split
 further into runs of consecutive outputs that meet the same taps on real dy (the interior, the
 borders), and each run keeps only those taps (:func:`live_tap_regions`): a run is a phase of its
 own (``first`` its first output), so the mads multiply no padding and dy needs no padding at all.
@@ -22,10 +23,21 @@ from dataclasses import dataclass
 from .common import inside
 from .stages import DX_CC, phase_name
 
-__all__ = ["AxisPhase", "DepthFold", "DyWindow", "LIVE_TAPS_SPLIT_BELOW", "MAX_REGIONS", "axis_phases", "depth_fold", "dy_window", "live_tap_regions", "phase_stage_name"]
+__all__ = ["AxisPhase", "DepthFold", "DyWindow", "LIVE_TAPS_SPLIT_BELOW", "MAX_REGIONS", "MIN_BAND", "PAIRED_SPLIT_BELOW", "axis_phases", "depth_fold", "dy_window", "live_tap_regions", "phase_stage_name", "region_grid"]
 
-LIVE_TAPS_SPLIT_BELOW = 0.8  # an axis whose phases multiply real dy in fewer of their (output, tap) pairs runs as regions
-MAX_REGIONS = 5  # ... of at most this many regions (a 3x3 atrous axis has 3, a 5x5 one 5)
+LIVE_TAPS_SPLIT_BELOW = 0.97
+"""An axis whose phases multiply real dy in fewer of their (output, tap) pairs runs as regions. A
+3x3 at pad 1 splits on maps of 14 and less (95% of the pairs live on 14, 90% on 7), not on 28
+(97.6%: even) or 56 (98.8%: 7% slower). dX A/B on Zen 4, N=8 NCHW f32, whole against regions:
+512 @ 7x7 19.1 -> 16.4 ms, 256 @ 14x14 14.6 -> 11.4 (channels-last 9.9 -> 9.1, stride 2 3.9 ->
+3.5), 64 @ 16x16 0.81 -> 0.73, 256 @ 4x4 1.84 -> 1.55; DeepLab's ASPP r6 (N=4, 51% live)
+38.7 -> 20.7; AVX2 code 9-17% faster on the same layers."""
+PAIRED_SPLIT_BELOW = 0.8
+"""The same for the bf16 pair form, whose tiles are whole (a 5x5 interior makes poor ones): 512 @
+7x7 N=8 5.9 -> 6.6 ms split (channels-last 5.4 -> 6.0), 256 @ 14x14 5.7 -> 5.3; ASPP r6 24.3 ->
+13.3."""
+MAX_REGIONS = 5  # ... of at most this many regions (a 3x3 axis has 3, a 5x5 atrous one 5)
+MIN_BAND = 2  # a row region of fewer rows keeps the column phases whole (:func:`region_grid`)
 
 
 @dataclass(frozen=True)
@@ -87,22 +99,22 @@ def axis_phases(size: int, kernel: int, stride: int, pad_before: int, dilation: 
     return phases
 
 
-def live_tap_regions(phases: list[AxisPhase], stride: int, extent: int) -> list[AxisPhase]:
+def live_tap_regions(phases: list[AxisPhase], stride: int, extent: int, split_below: float = LIVE_TAPS_SPLIT_BELOW) -> list[AxisPhase]:
     """``phases`` split into runs of outputs with the same live taps (reading dy's ``extent``
     real positions), each keeping only those taps, where that multiplies fewer than
-    :data:`LIVE_TAPS_SPLIT_BELOW` of the phases' (output, tap) pairs; runs without a live tap are
+    ``split_below`` (:data:`LIVE_TAPS_SPLIT_BELOW`) of the phases' (output, tap) pairs; runs without a live tap are
     dropped (their outputs are 0). At most :data:`MAX_REGIONS` regions: beyond that, neighbouring
     runs of a phase are merged, the merge that adds the fewest pairs first (a merged run keeps
     the taps either reads, some of its outputs' on padding). Otherwise ``phases`` unchanged."""
     total = sum(p.count * p.taps for p in phases)
-    if len(phases) >= MAX_REGIONS or sum(len(p.live_taps(j, extent)) for p in phases for j in range(p.count)) >= LIVE_TAPS_SPLIT_BELOW * total:
+    if len(phases) >= MAX_REGIONS or sum(len(p.live_taps(j, extent)) for p in phases for j in range(p.count)) >= split_below * total:
         return phases
     runs = [(k, j, j + 1, p.live_taps(j, extent)) for k, p in enumerate(phases) for j in range(p.count)]
     runs = _merged(runs, lambda a, b: a[3] == b[3])  # (phase, first j, end j, taps): equal neighbours first
     while len(runs) > MAX_REGIONS:
         _, at = min((_pairs(_union(a, b)) - _pairs(a) - _pairs(b), i) for i, (a, b) in enumerate(zip(runs, runs[1:])) if a[0] == b[0])
         runs[at : at + 2] = [_union(runs[at], runs[at + 1])]
-    if sum(_pairs(run) for run in runs) >= LIVE_TAPS_SPLIT_BELOW * total:
+    if sum(_pairs(run) for run in runs) >= split_below * total:
         return phases
     regions = []
     for k, start, end, taps in runs:
@@ -111,6 +123,15 @@ def live_tap_regions(phases: list[AxisPhase], stride: int, extent: int) -> list[
             m = taps.start
             regions.append(AxisPhase(p.first + start * stride, end - start, p.tap(m), len(taps), p.tap_step, p.base + start - m * p.dy_step, p.dy_step))
     return sorted(regions, key=lambda r: r.first)
+
+
+def region_grid(rows: list[AxisPhase], col_phases: list[AxisPhase], cols: list[AxisPhase]) -> list[tuple[AxisPhase, AxisPhase]]:
+    """The ``(row, column)`` phases of a 2-D dX: each row region (or phase) with each column region,
+    except that a row region of fewer than :data:`MIN_BAND` rows takes the column phases whole: a
+    3x3 at pad 1 would otherwise have corners of one pixel, whose tile is a single accumulator row
+    waiting on its own FMA chain; its band of one row is one tile, the corners' few padded taps
+    multiplied."""
+    return [(ph, pw) for ph in rows for pw in (cols if ph.count >= MIN_BAND else col_phases)]
 
 
 def _merged(runs: list, same) -> list:

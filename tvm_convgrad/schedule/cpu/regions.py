@@ -1,15 +1,17 @@
 """The result of a dX split into live-tap regions: written region by region, without a select.
 
-A stride-1 dX whose taps mostly read dy's zero padding (an atrous layer) computes each region of
-its output — the interior and the borders, each with only the taps that reach real dy — as a mad
-of its own, ``dx_cc_<first row>_<first column>`` of shape ``(N, C1, rows, columns, 16)``
-(:func:`tvm_convgrad.dsl.compute.phases.live_tap_regions`). The result stage picks each pixel
-from its region: a chain of selects over every region, per element. Here it runs as tasks of an
-image's block of 16 channels (:func:`.loops.channel_block_task`) whose row and column loops are
-partitioned at the regions' edges (``loop_partition``): each part reads one region, its select
-chain folded away by the bounds of its loops. On the ASPP layer at rate 6 (2048 -> 256 channels,
-3x3 on 14x14, N=4, NCHW, AVX-512), the result as one elementwise pass of selects took more time
-than the mads saved by skipping the padding.
+A 2-D cube dX whose taps read dy's zero padding in enough of its (output, tap) pairs (an atrous
+layer, a 3x3 on a small map) computes each region of its output — the interior and the borders,
+each with only the taps that reach real dy — as a mad of its own, ``dx_cc_<first row>_<first
+column>`` of shape ``(N, C1, rows, columns, 16)`` (:mod:`tvm_convgrad.dsl.compute.phases`). The
+result stage picks each pixel from its region: a chain of selects over the regions, per element.
+Here it runs as tasks of an image's block of 16 channels (:func:`.loops.channel_block_task`), the
+regions' mads computed under the task (their sums stay in cache), the row loop partitioned at the
+regions' edges (``loop_partition``) and each row part's column loop at the edges of its own
+regions (a band of one row keeps its columns whole): each part reads one region, its select chain
+folded away by the bounds of its loops. On the ASPP layer at rate 6 (2048 -> 256 channels, 3x3
+on 14x14, N=4, NCHW, AVX-512) the result as one elementwise pass of selects took more time than
+the mads saved by skipping the padding.
 """
 
 from __future__ import annotations
@@ -88,21 +90,24 @@ def _partition(sch: s_tir.Schedule, result: str, phases: list[str], spans, cores
     if found is None:
         return set()
     task, channels, (rows, cols) = found
-    row_cuts, col_cuts = (region_cuts([span[axis] for span in spans], loop_extent(sch, loop)) for axis, loop in enumerate((rows, cols)))
-    if not row_cuts and not col_cuts:
+    width = loop_extent(sch, cols)
+    row_cuts = region_cuts([h for h, _ in spans], loop_extent(sch, rows))
+    row_edges = _edges(row_cuts, loop_extent(sch, rows))
+    band_spans = [[w for h, w in spans if _holds(h, top)] for top, _ in row_edges]  # the column spans of each row part's regions
+    col_cuts = [region_cuts(band, width) for band in band_spans]
+    if not row_cuts and not any(col_cuts):
         return set()
     for name in phases:  # each region's mad for the task's image and channels, in cache for the result
         sch.compute_at(sch.get_sblock(name), task)
         restore_unit_loops(sch, sch.get_sblock(name))
     if channels_last:
         channels, _ = sch.split(channels, [None, C0])
-    row_edges, col_edges = _edges(row_cuts, loop_extent(sch, rows)), _edges(col_cuts, loop_extent(sch, cols))
-    for row_part, (top, _) in zip(_split_at(sch, rows, row_cuts), row_edges):
+    for row_part, (top, _), cuts, band in zip(_split_at(sch, rows, row_cuts), row_edges, col_cuts, band_spans):
         (copy,) = sch.get_child_blocks(row_part) if row_cuts else (block,)
         col_loop = sch.get_loops(copy)[-3 if channels_last else -1]
-        for col_part, (left, _) in zip(_split_at(sch, col_loop, col_cuts), col_edges):
-            (part,) = sch.get_child_blocks(col_part) if col_cuts else (copy,)
-            live = any(_holds(span[0], top) and _holds(span[1], left) for span in spans)
+        for col_part, (left, _) in zip(_split_at(sch, col_loop, cuts), _edges(cuts, width)):
+            (part,) = sch.get_child_blocks(col_part) if cuts else (copy,)
+            live = any(_holds(span, left) for span in band)
             if channels_last and live:  # (a part no region holds is a constant: a vectorized bf16 constant does not legalize)
                 sch.vectorize(sch.get_loops(part)[-1])
             # (NCX: each part's columns gather from the region's 16-lane rows; LLVM vectorizes what it can)
