@@ -58,7 +58,7 @@ from .depthwise import depthwise, depthwise_input_phases
 from .pairs import pair, pair_dot
 from .phases import (LIVE_TAPS_SPLIT_BELOW, PAIRED_SPLIT_BELOW, AxisPhase, DepthFold, DyWindow, axis_phases, depth_fold, dy_window, live_tap_regions,
                      phase_stage_name, region_grid)
-from .stages import C_DDR, DX_PX, DX_TAG, DY_PAD, DY_ROWS, FORMULATION, MAD_TAG, PHASE_STRIDES, W_COL, W_T, Formulation
+from .stages import C_DDR, DX_PX, DX_TAG, DY_PAD, DY_ROWS, FORMULATION, MAD_TAG, PHASE_AXES, W_COL, W_T, Formulation
 
 __all__ = ["AxisPhase", "axis_phases", "conv2d_backprop_input_compute", "phase_stage_name", "pixel_lanes_input_grad"]
 
@@ -200,7 +200,7 @@ def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, grid
         batch = g.batch * (1 if pd is None else pd.count)
         kind = Formulation.CUBE_DX_BF16 if pairs else Formulation.CUBE_DX
         return te.compute((batch, g.c1_x, ph.count, pw.count, C0), mad, name=phase_stage_name(ph, pw, pd=pd), tag=MAD_TAG,
-                          attrs={FORMULATION: kind.value, PHASE_STRIDES: list(g.strides)})  # fmt: skip
+                          attrs={FORMULATION: kind.value, PHASE_AXES: [*g.strides, g.h, g.w]})  # fmt: skip
 
     if fold is None:
         phases = [(ph, pw, phase_mad(ph, pw)) for ph, pw in grid]

@@ -49,7 +49,7 @@ __all__ = [
     "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "DIFF_SRC", "DIFF_WEIGHTS", "DST", "SRC_5HD", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
     "DX_PX", "DY_5HD", "DY_DW", "DY_PACKS", "DY_PAD", "DY_ROWS", "DW_TAG", "DX_TAG", "FMAP_5HD", "FMAP_DW", "FMAP_L1", "FORMULATION", "Formulation",
     "GRADS_2_MATRIX", "GRADS_DW", "KERNEL_H", "KERNEL_W", "LAYOUT_ADAPTER", "LAYOUT_IN_TAG", "LAYOUT_OUT_TAG", "MAD_TAG", "PACK_STAGES", "WEIGHTS_FRACZ", "W_COL", "W_DW", "W_T",
-    "X_STEP", "formulation", "phase_firsts", "phase_name", "PHASE_STRIDES", "FMAP_PAD", "W_CONV", "CONV_CC", "CONV_RES", "CONV_TAG",
+    "X_STEP", "formulation", "phase_firsts", "phase_name", "PHASE_AXES", "FMAP_PAD", "W_CONV", "CONV_CC", "CONV_RES", "CONV_TAG",
 ]  # fmt: skip
 
 # dW
@@ -111,8 +111,9 @@ ARGUMENT_STAGES = {
 
 # Stage attributes
 FORMULATION = "convgrad.formulation"
-PHASE_STRIDES = "convgrad.phase_strides"
-"""A cube dX phase's ``[stride_h, stride_w]``: its output ``j`` along an axis is ``first + j*stride``."""
+PHASE_AXES = "convgrad.phase_axes"
+"""A cube dX phase's ``[stride_h, stride_w, H, W]``: its output ``j`` along an axis is ``first +
+j*stride`` of the result's ``H x W`` pixels."""
 """Attribute of every mad: its :class:`Formulation`."""
 KERNEL_H, KERNEL_W = "kernel_h", "kernel_w"
 """Attributes of the dW cube's mad: the kernel's extents (its ``(c1, kh, kw)`` row axis is fused)."""

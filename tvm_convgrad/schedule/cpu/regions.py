@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from ...dsl.compute.stages import DX_CC, PHASE_STRIDES, phase_firsts
+from ...dsl.compute.stages import DX_CC, PHASE_AXES, phase_firsts
 from ...layout import C0
 from ..common import loop_extent, stage_blocks
 from .loops import channel_block_task, restore_unit_loops
@@ -61,24 +61,29 @@ def regions_one_by_one(sch: s_tir.Schedule, cores: int) -> set[str]:
     if len(consumers) != 1:
         return set()
     (result,) = consumers
-    spans = []
+    spans, grids = [], set()
     for b in phases:  # (first, count) per axis; an axis of stride phases has no contiguous spans: it is not cut
         shape = [int(d) for d in sch.get(b).writes[0].source.shape]
-        strides = [int(v) for v in sch.get(b).annotations.get(PHASE_STRIDES, (0, 0))]
-        spans.append(tuple((first, count) if stride == 1 else None for first, count, stride in zip(phase_firsts(sch.get(b).name_hint), shape[2:4], strides)))
+        sh, sw, *size = [int(v) for v in sch.get(b).annotations.get(PHASE_AXES, (0, 0, 0, 0))]
+        spans.append(tuple((first, count) if stride == 1 else None for first, count, stride in zip(phase_firsts(sch.get(b).name_hint), shape[2:4], (sh, sw))))
+        grids.add(tuple(size))
     names = [sch.get(b).name_hint for b in phases]
+    if len(grids) != 1:
+        return set()
+    (grid,) = grids
     probe = sch.copy()
     try:
-        if not _partition(probe, result, names, spans, cores):
+        if not _partition(probe, result, names, spans, grid, cores):
             return set()
     except (s_tir.ScheduleError, ValueError):
         return set()
-    return {result} | _partition(sch, result, names, spans, cores)
+    return {result} | _partition(sch, result, names, spans, grid, cores)
 
 
-def _partition(sch: s_tir.Schedule, result: str, phases: list[str], spans, cores: int) -> set[str]:
+def _partition(sch: s_tir.Schedule, result: str, phases: list[str], spans, grid: tuple[int, int], cores: int) -> set[str]:
     """:func:`regions_one_by_one` on ``sch``: the names of the result's blocks under the task
-    (its copies and their scopes; empty where it does not apply)."""
+    (its copies and their scopes; empty where it does not apply: the result's pixels not a row
+    loop and a column loop of the regions' ``grid``, e.g. TBE's flat ``H*W`` result)."""
     block = sch.get_sblock(result)
     channels_last = _channels_last(sch, block, phases[0])
     blocks = int(sch.get(sch.get_sblock(phases[0])).writes[0].source.shape[1])
@@ -90,6 +95,8 @@ def _partition(sch: s_tir.Schedule, result: str, phases: list[str], spans, cores
     if found is None:
         return set()
     task, channels, (rows, cols) = found
+    if (loop_extent(sch, rows), loop_extent(sch, cols)) != grid:
+        return set()
     width = loop_extent(sch, cols)
     row_cuts = region_cuts([h for h, _ in spans], loop_extent(sch, rows))
     row_edges = _edges(row_cuts, loop_extent(sch, rows))
