@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from .common import inside
 from .stages import DX_CC, phase_name
 
-__all__ = ["AxisPhase", "DepthFold", "DyWindow", "LIVE_TAPS_SPLIT_BELOW", "MAX_REGIONS", "MIN_BAND", "PAIRED_SPLIT_BELOW", "axis_phases", "depth_fold", "dy_window", "live_tap_regions", "phase_stage_name", "region_grid"]
+__all__ = ["AxisPhase", "DepthFold", "DyWindow", "LIVE_TAPS_SPLIT_BELOW", "MAX_REGIONS", "MIN_BAND", "PAIRED_SPLIT_BELOW", "axis_phases", "depth_fold", "dy_window", "live_tap_regions", "output_runs", "phase_stage_name", "region_grid", "tap_runs"]
 
 LIVE_TAPS_SPLIT_BELOW = 0.97
 """An axis whose phases multiply real dy in fewer of their (output, tap) pairs runs as regions. A
@@ -102,19 +102,11 @@ def axis_phases(size: int, kernel: int, stride: int, pad_before: int, dilation: 
 def live_tap_regions(phases: list[AxisPhase], stride: int, extent: int, split_below: float = LIVE_TAPS_SPLIT_BELOW) -> list[AxisPhase]:
     """``phases`` split into runs of outputs with the same live taps (reading dy's ``extent``
     real positions), each keeping only those taps, where that multiplies fewer than
-    ``split_below`` (:data:`LIVE_TAPS_SPLIT_BELOW`) of the phases' (output, tap) pairs; runs without a live tap are
-    dropped (their outputs are 0). At most :data:`MAX_REGIONS` regions: beyond that, neighbouring
-    runs of a phase are merged, the merge that adds the fewest pairs first (a merged run keeps
-    the taps either reads, some of its outputs' on padding). Otherwise ``phases`` unchanged."""
-    total = sum(p.count * p.taps for p in phases)
-    if len(phases) >= MAX_REGIONS or sum(len(p.live_taps(j, extent)) for p in phases for j in range(p.count)) >= split_below * total:
-        return phases
-    runs = [(k, j, j + 1, p.live_taps(j, extent)) for k, p in enumerate(phases) for j in range(p.count)]
-    runs = _merged(runs, lambda a, b: a[3] == b[3])  # (phase, first j, end j, taps): equal neighbours first
-    while len(runs) > MAX_REGIONS:
-        _, at = min((_pairs(_union(a, b)) - _pairs(a) - _pairs(b), i) for i, (a, b) in enumerate(zip(runs, runs[1:])) if a[0] == b[0])
-        runs[at : at + 2] = [_union(runs[at], runs[at + 1])]
-    if sum(_pairs(run) for run in runs) >= split_below * total:
+    ``split_below`` (:data:`LIVE_TAPS_SPLIT_BELOW`) of the phases' (output, tap) pairs (see
+    :func:`tap_runs`); runs without a live tap are dropped (their outputs are 0). Otherwise
+    ``phases`` unchanged."""
+    runs = tap_runs([[p.live_taps(j, extent) for j in range(p.count)] for p in phases], [p.taps for p in phases], split_below)
+    if runs is None:
         return phases
     regions = []
     for k, start, end, taps in runs:
@@ -123,6 +115,39 @@ def live_tap_regions(phases: list[AxisPhase], stride: int, extent: int, split_be
             m = taps.start
             regions.append(AxisPhase(p.first + start * stride, end - start, p.tap(m), len(taps), p.tap_step, p.base + start - m * p.dy_step, p.dy_step))
     return sorted(regions, key=lambda r: r.first)
+
+
+def output_runs(out: int, kernel: int, stride: int, pad_before: int, dilation: int, size: int, split_below: float = LIVE_TAPS_SPLIT_BELOW) -> list[AxisPhase]:
+    """The forward's live-tap regions along one axis: runs of its ``out`` outputs whose windows
+    (``j*stride - pad_before + k*dilation``) read the same taps ``k`` of the ``size`` real
+    positions, as :class:`AxisPhase` of stride 1 (``first``, ``count``; taps ``tap0 + m``; the
+    forward reads x through its own index, ``base`` and ``dy_step`` are 0); one run of every tap
+    where splitting does not pay (:func:`tap_runs`)."""
+    def live(j: int) -> range:
+        reads = [k for k in range(kernel) if 0 <= j * stride - pad_before + k * dilation < size]
+        return range(reads[0], reads[-1] + 1) if reads else range(0)
+
+    runs = tap_runs([[live(j) for j in range(out)]], [kernel], split_below)
+    if runs is None:
+        return [AxisPhase(0, out, 0, kernel, 1, 0, 0)]
+    return [AxisPhase(start, end - start, taps.start, len(taps), 1, 0, 0) for _, start, end, taps in runs if taps]
+
+
+def tap_runs(live: list[list[range]], taps: list[int], split_below: float) -> list[tuple[int, int, int, range]] | None:
+    """Runs ``(group, start, end, taps)`` of consecutive outputs of a group (a stride phase) that
+    read the same live taps, given each group's outputs' ``live`` tap ranges and its ``taps``;
+    None where they would multiply ``split_below`` of the groups' (output, tap) pairs or more, or
+    the groups alone are :data:`MAX_REGIONS` or more. At most :data:`MAX_REGIONS` runs: beyond
+    that, neighbouring runs of a group are merged, the merge that adds the fewest pairs first (a
+    merged run keeps the taps either reads, some of its outputs' on padding)."""
+    total = sum(len(group) * count for group, count in zip(live, taps))
+    if len(live) >= MAX_REGIONS or sum(len(r) for group in live for r in group) >= split_below * total:
+        return None
+    runs = _merged([(k, j, j + 1, r) for k, group in enumerate(live) for j, r in enumerate(group)], lambda a, b: a[3] == b[3])
+    while len(runs) > MAX_REGIONS:
+        _, at = min((_pairs(_union(a, b)) - _pairs(a) - _pairs(b), i) for i, (a, b) in enumerate(zip(runs, runs[1:])) if a[0] == b[0])
+        runs[at : at + 2] = [_union(runs[at], runs[at + 1])]
+    return None if sum(_pairs(run) for run in runs) >= split_below * total else runs
 
 
 def region_grid(rows: list[AxisPhase], col_phases: list[AxisPhase], cols: list[AxisPhase]) -> list[tuple[AxisPhase, AxisPhase]]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from ...dsl.compute.stages import DX_CC, PHASE_AXES, phase_firsts
+from ...dsl.compute.stages import CONV_CC, DX_CC, PHASE_AXES, phase_firsts
 from ...layout import C0
 from ..common import loop_extent, stage_blocks
 from .loops import channel_block_task, restore_unit_loops
@@ -54,7 +54,7 @@ def regions_one_by_one(sch: s_tir.Schedule, cores: int) -> set[str]:
     none where it does not apply (stride phases, 3-D, a layout
     without separate row and column loops)."""
     blocks = stage_blocks(sch)
-    phases = [b for b in blocks if sch.get(b).name_hint.startswith(DX_CC)]
+    phases = [b for b in blocks if sch.get(b).name_hint.startswith((DX_CC, CONV_CC)) and PHASE_AXES in sch.get(b).annotations]
     if len(phases) < 2 or any(len(phase_firsts(sch.get(b).name_hint)) != 2 for b in phases):
         return set()
     consumers = {sch.get(c).name_hint for p in phases for c in sch.get_consumers(p)}
