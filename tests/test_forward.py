@@ -8,6 +8,7 @@ named cases a reader can check by hand."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -211,6 +212,40 @@ def test_a_framework_forward_writes_its_output_inside_the_mads_tasks():
         task = sch.get(sch.get_loops(sch.get_sblock(result.op.name))[0])  # the output's outermost loop
         assert (f'"{CONV_CC}_update"' in str(task)) == inside, result.op.name
         assert check_kernel(build(result)).ok
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("data_format, dtype, size, stride", [("NXC", "float32", 7, 1), ("NCX", "float32", 13, 2), ("NXC", "bfloat16", 14, 1)])
+def test_a_small_map_runs_by_live_tap_regions(isa, data_format, dtype, size, stride):
+    """A 3x3 at pad 1 whose windows read padding in 10% of their (output, tap) pairs (7x7 outputs)
+    runs one mad per live-tap region (a band of one row keeps its columns whole: five), each
+    under the dst's task of an image's channels, the dst's pixel loops partitioned at the
+    regions' edges; bias and a residual add + ReLU through it, exact against the reference.
+    Scheduled for both ISAs on any host, run where the host can (512 -> 512 on 7x7, N=8, Zen 4:
+    10.4 -> 9.5 ms)."""
+    from tvm_convgrad import isa_target
+    from tvm_convgrad.compile.target import resolve_target
+    from tvm_convgrad.compile.workload import Workload
+    from tvm_convgrad.isa import host_can_run
+    from tvm_convgrad.schedule import rule_for
+
+    target = resolve_target(isa_target(isa))
+    out = (size + 2 - 3) // stride + 1
+    post_ops = (("add", 0.0, 0.0, "full"), ("relu", 0.0, 0.0, None))
+    case = Case("fwd", 2, 32, 48, 1, (size, size), (out, out), (3, 3), (stride, stride), (1, 1), (1, 1), (1, 1), data_format=data_format,
+                weights_format="XIO" if data_format == "NXC" else "OIX", dtype=dtype, effective_pads=(1, 1), bias=True, post_ops=post_ops)  # fmt: skip
+    dst = framework_call(case, *placeholders(case))
+    sch = rule_for(target).apply(Workload.of(dst).prim_func(target), target)
+    tir = sch.mod.script()
+    regions = sorted(set(re.findall(r'T.sblock\("({}_\d+_\d+)\w*_update"\)'.format(CONV_CC), tir)))  # (an edge tile's copy: a suffix)
+    assert len(regions) == 5 and "_partition" in tir, regions
+    task = tir.rindex("T.parallel(")  # the dst's: the packs' loops come first
+    assert tir.count("T.parallel(") == 3 and tir.index(f'T.sblock("{CONV_CC}_') > task  # every region's mad under it
+    if host_can_run(target):
+        kernel = build(dst, target=target)
+        inputs = arrays(case, seed=4)
+        bound = post_op_bound(kernel.call, inputs, kernel.params, dtype)
+        assert (np.abs(kernel(*inputs).astype(np.float64) - expected(case, *inputs)) / bound).max() <= 1.0
 
 
 @pytest.mark.parametrize("channels, aliased", [(1024, True), (768, False)])
