@@ -95,8 +95,8 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
     kind = Formulation.CUBE_FWD_BF16 if pairs else Formulation.CUBE_FWD
     whole_h, whole_w = AxisPhase(0, g.ho, 0, g.kh, 1, 0, 0), AxisPhase(0, g.wo, 0, g.kw, 1, 0, 0)
     grid = [(whole_h, whole_w)]
-    if depth is None:  # by live-tap regions where they pay (see .phases; the pair form too: 512 @ 7x7 N=8 even, 256 @ 14x14 -8%)
-        (sh, sw), (dh, dw), (pt, _, pl, _) = g.strides, g.dilations, g.pads
+    if depth is None and not pairs:  # by live-tap regions where they pay (see .phases; the pair form keeps one mad: a grouped
+        (sh, sw), (dh, dw), (pt, _, pl, _) = g.strides, g.dilations, g.pads  # layer's regions did not tensorize)
         grid = region_grid(output_runs(g.ho, g.kh, sh, pt, dh, g.h, LIVE_TAPS_SPLIT_BELOW), [whole_w],
                            output_runs(g.wo, g.kw, sw, pl, dw, g.w, LIVE_TAPS_SPLIT_BELOW))  # fmt: skip
 
