@@ -113,6 +113,11 @@ FIXED = {
     "dw-one-chunk-write-back-oxi-bf16": Case("conv_v2", 1, 48, 32, 1, (7, 7), (7, 7), (3, 3), (1, 1), weights_format="OXI", dtype="bfloat16",
                                              **_PADS1),
     "fwd-nxc-oxi": Case("fwd", 2, 40, 24, 1, (9, 7), (9, 7), (3, 3), (1, 1), weights_format="OXI", bias=True, **_PADS1),
+    # live-tap regions (dX): an atrous NXC layer (rate 6 on 14x14, 40 channels: a partial block in the result's tasks), and an
+    # NCX layer whose windows never read some rows and columns (parts of the result no region holds)
+    "dx-nxc-atrous-regions": Case("data", 2, 40, 24, 1, (14, 14), (14, 14), (3, 3), (1, 1), (6, 6), (6, 6), (6, 6), effective_pads=(6, 6)),
+    "dx-ncx-dead-rows": Case("data", 1, 24, 16, 1, (10, 10), (2, 2), (3, 3), (1, 1), (0, 0), (0, 0), (4, 4), data_format="NCX",
+                             weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
 }
 """Named calls every run includes (framework operator cases of ``tests/framework_cases.py``)."""
 
