@@ -53,7 +53,7 @@ from tvm import te, tirx
 from ... import layout
 from ...layout import C0
 from ...params import ConvGradParams
-from .common import ACC, guarded, masked
+from .common import ACC, first_holding, guarded, masked
 from .depthwise import depthwise, depthwise_input_phases
 from .pairs import pair, pair_dot
 from .phases import (LIVE_TAPS_SPLIT_BELOW, PAIRED_SPLIT_BELOW, AxisPhase, DepthFold, DyWindow, axis_phases, depth_fold, dy_window, live_tap_regions,
@@ -108,13 +108,13 @@ def conv2d_backprop_input_compute(
     def result(n, c1, hw, c0):  # 3-D: n is image x plane
         h, w = hw // g.w, hw % g.w
         image, plane = (n // fold.size, n % fold.size) if fold else (n, None)
-        value = tirx.const(0.0, ACC)
-        for pd, ph, pw, mad in reversed(phases):  # each pixel reads its own phase
+        def choice(pd, ph, pw, mad):  # each pixel reads its own phase
             row = n if pd is None else image * pd.count + plane // g.depth.stride
-            here = read(mad, row, c1, ph.index(h, sh), pw.index(w, sw), c0)
             conds = ph.holds(h, sh, g.h) + pw.holds(w, sw, g.w)
             conds += [plane % g.depth.stride == pd.first] if pd is not None and g.depth.stride > 1 else []
-            value = te.if_then_else(tirx.all(*conds), here, value) if conds else here
+            return conds, read(mad, row, c1, ph.index(h, sh), pw.index(w, sw), c0)
+
+        value = first_holding((choice(*phase) for phase in phases), tirx.const(0.0, ACC))
         if bias is not None:
             channel = c1 * C0 + c0
             conds = [channel < int(bias.shape[0])] if int(bias.shape[0]) < g.c1_x * C0 else []

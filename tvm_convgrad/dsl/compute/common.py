@@ -22,6 +22,16 @@ NEVER = tirx.const(False, "bool")
 """The condition of a padded axis that holds no image data at all (see :func:`inside`)."""
 
 
+def first_holding(choices, default):
+    """The value of the first ``(conds, value)`` of ``choices`` whose conditions all hold, else
+    ``default``: a chain of selects, none for a choice without conditions (each pixel of a dX or
+    forward result picks its stride phase or live-tap region this way)."""
+    value = default
+    for conds, here in reversed(list(choices)):
+        value = te.if_then_else(tirx.all(*conds), here, value) if conds else here
+    return value
+
+
 def guarded(conds: list, value):
     """``value`` where all ``conds`` hold, else 0; no select at all when nothing needs a guard,
     and no read at all when a condition is :data:`NEVER` (a read that always lies outside its

@@ -56,7 +56,7 @@ from tvm import te, tirx
 from ... import layout
 from ...layout import C0, ceil_div
 from ...params import ConvGradParams
-from .common import ACC, NEVER, guarded, inside
+from .common import ACC, NEVER, first_holding, guarded, inside
 from .pairs import pair, pair_dot
 from .phases import LIVE_TAPS_SPLIT_BELOW, AxisPhase, output_runs, region_grid
 from .stages import CONV_CC, CONV_RES, CONV_TAG, FMAP_PAD, FORMULATION, MAD_TAG, PHASE_AXES, W_CONV, Formulation, phase_name
@@ -127,12 +127,8 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
 
     def sums(row, block, h, w, c0):
         """The sums of output ``(h, w)`` from its region's mad (0 where no tap reaches it)."""
-        value = tirx.const(0.0, ACC)
-        for ph, pw, mad in reversed(regions):
-            here = mad[row, block, ph.index(h, 1), pw.index(w, 1), c0].asobject()
-            conds = ph.holds(h, 1, g.ho) + pw.holds(w, 1, g.wo)
-            value = te.if_then_else(tirx.all(*conds), here, value) if conds else here
-        return value
+        return first_holding(((ph.holds(h, 1, g.ho) + pw.holds(w, 1, g.wo), mad[row, block, ph.index(h, 1), pw.index(w, 1), c0].asobject())
+                              for ph, pw, mad in regions), tirx.const(0.0, ACC))  # fmt: skip
 
     identity = ext.multiple == 1 and (ext.groups == 1 or ext.cout_g % C0 == 0)
 

@@ -111,10 +111,11 @@ ARGUMENT_STAGES = {
 
 # Stage attributes
 FORMULATION = "convgrad.formulation"
-PHASE_AXES = "convgrad.phase_axes"
-"""A cube dX phase's ``[stride_h, stride_w, H, W]``: its output ``j`` along an axis is ``first +
-j*stride`` of the result's ``H x W`` pixels."""
 """Attribute of every mad: its :class:`Formulation`."""
+PHASE_AXES = "convgrad.phase_axes"
+"""Attribute of a cube dX phase's or live-tap region's mad (a forward's too):
+``[stride_h, stride_w, H, W]``, its output ``j`` along an axis is ``first + j*stride`` of the
+result's ``H x W`` pixels."""
 KERNEL_H, KERNEL_W = "kernel_h", "kernel_w"
 """Attributes of the dW cube's mad: the kernel's extents (its ``(c1, kh, kw)`` row axis is fused)."""
 X_STEP = "x_step"

@@ -17,7 +17,7 @@ from ..common import elements, loop_extent, stage_blocks
 
 __all__ = [
     "PARALLEL_TASKS", "PER_IMAGE_ABOVE", "PHASES_PER_IMAGE", "CpuMad", "channel_block_task", "elementwise", "in_source_order", "pack_under", "phases_image_by_image",
-    "planar_pack", "producers_named", "reads_past", "restore_unit_loops", "sum_parts", "whole_tiles_and_edge",
+    "planar_pack", "producers_named", "reads_past", "restore_unit_loops", "result_channel_var", "sum_parts", "whole_tiles_and_edge",
 ]  # fmt: skip
 
 PHASES_PER_IMAGE = True  # strided dX of a batch: the phases image by image (:func:`phases_image_by_image`)
@@ -266,27 +266,36 @@ def planar_pack(sch: s_tir.Schedule, block, shared: int = 0):
 
 
 
+def result_channel_var(stmt, phase: str):
+    """The iterator of a dX / forward result block ``stmt`` that indexes the C1 axis of its read of
+    ``phase`` (its channel), or None where there is no such read or not exactly one."""
+    (read,) = [r for r in stmt.reads if r.source.name == phase] or [None]
+    if read is None:
+        return None
+    channel = [iv.var for iv in stmt.iter_vars if iv.var in set(tirx.analysis.undefined_vars(read.region[1].min))]
+    return channel[0] if len(channel) == 1 else None
+
+
 def channel_block_task(sch: s_tir.Schedule, block, phase: str, min_tasks: int = 1, images_outer: bool = True, blocks: int = 1):
     """A dX result ``block`` (unscheduled: an image loop, then its channels and two pixel axes in
     the layout's order) as parallel tasks of one image's block of 16 channels (``blocks`` of
-    them): the channel loop (the one indexing the C1 axis of the block's read of ``phase``) split
-    by ``16*blocks``, the image and
-    channel-block loops fused outermost and parallel; below the task the C0 loop first for a
-    channels-first result (NCX), last otherwise (NXC). Returns ``(task, the task's channel loop,
-    [the pixel loops])``, or None, unchanged, where the block is not of that form or makes fewer than
-    ``min_tasks``."""
+    them): the channel loop (:func:`result_channel_var`'s) split by ``16*blocks``, the image and
+    channel-block loops fused outermost and parallel (``images_outer=False``: the channel blocks
+    outside, so a core's consecutive tasks share a block's weights); below the task the channel
+    loop first for a channels-first result (NCX), last otherwise (NXC). Returns ``(task, the
+    task's channel loop, [the pixel loops])``, or None, unchanged, where the block is not of that
+    form or makes fewer than ``min_tasks``."""
     stmt = sch.get(block)
     loops = sch.get_loops(block)
     realize = sch.get(loops[-1]).body
     loop_of = {iv.var: lp for iv, lp in zip(stmt.iter_vars, loops)} if len(loops) == len(stmt.iter_vars) else {}
-    (read,) = [r for r in stmt.reads if r.source.name == phase] or [None]
-    if read is None or len(loops) != 4 or not all(isinstance(v, tirx.Var) for v in realize.iter_values):
+    if len(loops) != 4 or not all(isinstance(v, tirx.Var) for v in realize.iter_values):
         return None
-    channel = [iv.var for iv in stmt.iter_vars if iv.var in set(tirx.analysis.undefined_vars(read.region[1].min))]
-    if len(channel) != 1 or channel[0] not in loop_of:
+    channel = result_channel_var(stmt, phase)
+    if channel is None or channel not in loop_of:
         return None
     n, *spatial = loops
-    channel_loop = loop_of[channel[0]]
+    channel_loop = loop_of[channel]
     if sch.get(channel_loop).same_as(sch.get(n)) or loop_extent(sch, n) * -(-loop_extent(sch, channel_loop) // (C0 * blocks)) < min_tasks:
         return None
     rest = [lp for lp in spatial if not sch.get(lp).same_as(sch.get(channel_loop))]

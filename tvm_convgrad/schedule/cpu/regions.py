@@ -16,12 +16,12 @@ the mads saved by skipping the padding.
 
 from __future__ import annotations
 
-from tvm import s_tir, tirx
+from tvm import s_tir
 
 from ...dsl.compute.stages import CONV_CC, DX_CC, PHASE_AXES, phase_firsts
 from ...layout import C0
 from ..common import loop_extent, stage_blocks
-from .loops import channel_block_task, restore_unit_loops
+from .loops import channel_block_task, restore_unit_loops, result_channel_var
 from .tiles import divisors
 
 __all__ = ["NXC_TASK_BLOCKS", "TASKS_PER_CORE", "region_cuts", "regions_one_by_one"]
@@ -37,9 +37,9 @@ def region_cuts(spans: list, extent: int) -> list[int]:
     """Where an axis of ``extent`` outputs changes region: the inner edges of the regions'
     ``(first, count)`` spans; none where a span is None (stride phases, which interleave) or two
     spans overlap without being equal."""
-    distinct = sorted(set(spans), key=lambda span: (-1, 0) if span is None else span)
-    if None in distinct:
+    if None in spans:
         return []
+    distinct = sorted(set(spans))
     for (first, count), (after, _) in zip(distinct, distinct[1:]):
         if after < first + count:
             return []
@@ -47,12 +47,12 @@ def region_cuts(spans: list, extent: int) -> list[int]:
 
 
 def regions_one_by_one(sch: s_tir.Schedule, cores: int) -> set[str]:
-    """The result of a cube dX of live-tap regions (more than one ``dx_cc`` mad, each holding a
-    contiguous range of rows and of columns) as tasks of an image's 16 channels, its pixel loops
+    """The result of a cube dX or forward of live-tap regions (more than one ``dx_cc`` / ``conv_cc``
+    mad, each holding a contiguous range of rows and of columns) as tasks of an image's 16 channels, its pixel loops
     partitioned at the regions' edges, the regions' mads computed under the task (see the module
     docstring). Tried on a copy first. Returns the stages it placed (the result and its copies),
-    none where it does not apply (stride phases, 3-D, a layout
-    without separate row and column loops)."""
+    none where it does not apply (stride phases, 3-D, a layout without separate row and column
+    loops)."""
     blocks = stage_blocks(sch)
     phases = [b for b in blocks if sch.get(b).name_hint.startswith((DX_CC, CONV_CC)) and PHASE_AXES in sch.get(b).annotations]
     if len(phases) < 2 or any(len(phase_firsts(sch.get(b).name_hint)) != 2 for b in phases):
@@ -64,7 +64,7 @@ def regions_one_by_one(sch: s_tir.Schedule, cores: int) -> set[str]:
     spans, grids = [], set()
     for b in phases:  # (first, count) per axis; an axis of stride phases has no contiguous spans: it is not cut
         shape = [int(d) for d in sch.get(b).writes[0].source.shape]
-        sh, sw, *size = [int(v) for v in sch.get(b).annotations.get(PHASE_AXES, (0, 0, 0, 0))]
+        sh, sw, *size = [int(v) for v in sch.get(b).annotations[PHASE_AXES]]
         spans.append(tuple((first, count) if stride == 1 else None for first, count, stride in zip(phase_firsts(sch.get(b).name_hint), shape[2:4], (sh, sw))))
         grids.add(tuple(size))
     names = [sch.get(b).name_hint for b in phases]
@@ -123,11 +123,10 @@ def _partition(sch: s_tir.Schedule, result: str, phases: list[str], spans, grid:
 
 
 def _channels_last(sch: s_tir.Schedule, block, phase: str) -> bool:
-    """Whether the result ``block``'s innermost iterator is its channel (an NXC result): the one
-    indexing the C1 axis of its read of ``phase``."""
+    """Whether the result ``block``'s innermost iterator is its channel (an NXC result)."""
     stmt = sch.get(block)
-    (read,) = [r for r in stmt.reads if r.source.name == phase]
-    return stmt.iter_vars[-1].var in set(tirx.analysis.undefined_vars(read.region[1].min))
+    channel = result_channel_var(stmt, phase)
+    return channel is not None and stmt.iter_vars[-1].var.same_as(channel)
 
 
 def _edges(cuts: list[int], extent: int) -> list[tuple[int, int]]:
