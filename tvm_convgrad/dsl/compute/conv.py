@@ -58,7 +58,7 @@ from ...layout import C0, ceil_div
 from ...params import ConvGradParams
 from .common import ACC, NEVER, first_holding, guarded, inside
 from .pairs import pair, pair_dot
-from .phases import LIVE_TAPS_SPLIT_BELOW, AxisPhase, output_runs, region_grid
+from .phases import LIVE_TAPS_SPLIT_BELOW, AxisPhase, output_runs, region_grid, tap_hull
 from .stages import CONV_CC, CONV_RES, CONV_TAG, FMAP_PAD, FORMULATION, MAD_TAG, PHASE_AXES, W_CONV, Formulation, phase_name
 
 __all__ = ["conv_compute", "conv_output_shape"]
@@ -85,7 +85,6 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
     ext = g.group
     pairs = bf16_pairs and data.dtype == "bfloat16" and weight.dtype == "bfloat16"
     _, read_x = _fmap_pad(data, params, pairs)
-    w_conv = _w_conv(weight, params, pairs)
     depth = g.depth
     kd_n = depth.kernel if depth else 1
     one_block = ext.g_extend == 1 and ext.cin1_g == 1 and g.cin < C0  # the real channels only
@@ -99,6 +98,9 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
         (sh, sw), (dh, dw), (pt, _, pl, _) = g.strides, g.dilations, g.pads  # layer's regions did not tensorize)
         grid = region_grid(output_runs(g.ho, g.kh, sh, pt, dh, g.h, LIVE_TAPS_SPLIT_BELOW), [whole_w],
                            output_runs(g.wo, g.kw, sw, pl, dw, g.w, LIVE_TAPS_SPLIT_BELOW))  # fmt: skip
+    # taps no output reads are neither packed nor read (no region at all: every output reads padding only)
+    taps_h, taps_w = (tap_hull(axis) for axis in zip(*grid)) if grid else (range(g.kh), range(g.kw))
+    w_conv = _w_conv(weight, params, pairs, taps_h, taps_w)
 
     def region_mad(ph: AxisPhase, pw: AxisPhase) -> te.Tensor:
         """The sums of the outputs ``ph x pw`` over their live taps ``(ph.tap0 + kh, pw.tap0 + kw)``."""
@@ -116,7 +118,7 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
                 n, plane = row // depth.out, row % depth.out
                 tap, block = ci1 // ext.cin1_g, ci1 % ext.cin1_g
                 x_at = read_x((n, plane * depth.stride + tap * depth.dilation), e * ext.cin1_g + block, tap_h, tap_w, y, x, ci0)
-            w_at = w_conv[co1, ci1, tap_h, tap_w, ci0, c0]
+            w_at = w_conv[co1, ci1, tap_h - taps_h.start, tap_w - taps_w.start, ci0, c0]
             return te.sum(pair_dot(w_at, x_at) if pairs else x_at * w_at, axis=[ci1, kh, kw, ci0])
 
         name = CONV_CC if len(grid) == 1 else phase_name(CONV_CC, ph.first, pw.first)
@@ -224,11 +226,12 @@ def _fmap_pad(data: te.Tensor, params: ConvGradParams, pairs: bool = False) -> t
     return fmap, read
 
 
-def _w_conv(weight: te.Tensor, params: ConvGradParams, pairs: bool = False) -> te.Tensor:
+def _w_conv(weight: te.Tensor, params: ConvGradParams, pairs: bool, taps_h: range, taps_w: range) -> te.Tensor:
     """The FracZ(_g) weight ``(KD*g_extend*cin1_g*KH*KW, cout1_g, 16 co0, 16 ci0)`` as
-    ``(g_extend*cout1_g, KD*cin1_g, KH, KW, 16 ci0, 16 co0)`` fp32: each input lane's row of 16
-    output channels contiguous (the mad's vector operand); ``pairs``: ``(.., 8 q, 16 co0)`` words
-    of input lanes ``(2q, 2q+1)``."""
+    ``(g_extend*cout1_g, KD*cin1_g, len(taps_h), len(taps_w), 16 ci0, 16 co0)`` fp32, the taps
+    ``taps_h x taps_w`` (those some output reads: the centre tap alone of a 3x3 at pad 1 on a 1x1
+    map): each input lane's row of 16 output channels contiguous (the mad's vector operand);
+    ``pairs``: ``(.., 8 q, 16 co0)`` words of input lanes ``(2q, 2q+1)``."""
     g = params.geom
     ext = g.group
     per_tap = int(weight.shape[0]) // (g.kd * g.kh * g.kw)  # C1 blocks of FracZ rows per depth tap
@@ -238,10 +241,10 @@ def _w_conv(weight: te.Tensor, params: ConvGradParams, pairs: bool = False) -> t
         tap, c1 = (ci1 // ext.cin1_g, ci1 % ext.cin1_g) if g.depth is not None else (0, ci1)
         c1 = e * ext.cin1_g + c1
         conds = [c1 < per_tap] if ext.g_extend * ext.cin1_g > per_tap else []  # blocks past the channels
-        row = layout.fracz_row(tap * per_tap + (tirx.min(c1, per_tap - 1) if conds else c1), kh, kw, g.kh, g.kw)
+        row = layout.fracz_row(tap * per_tap + (tirx.min(c1, per_tap - 1) if conds else c1), kh + taps_h.start, kw + taps_w.start, g.kh, g.kw)
         return guarded(conds, weight[row, block, co0, ci0].astype(weight.dtype if pairs else ACC))
 
-    shape = (ext.g_extend * ext.cout1_g, g.kd * ext.cin1_g, g.kh, g.kw)
+    shape = (ext.g_extend * ext.cout1_g, g.kd * ext.cin1_g, len(taps_h), len(taps_w))
     if pairs:
         return te.compute((*shape, C0 // 2, C0), lambda co1, ci1, kh, kw, q, co0: pair(value(co1, ci1, kh, kw, 2 * q, co0), value(co1, ci1, kh, kw, 2 * q + 1, co0)),
                           name=W_CONV, tag=W_CONV)  # fmt: skip

@@ -162,6 +162,8 @@ class CubeInputGrad(CpuMad):
         group = largest_divisor(blocks, WEIGHTS_IN_CACHE // max(1, weight_bytes // blocks))
         th, tw, v = dx_tile(rows, cols, self.plan, whole=not self.edge_tiles, max_pixels=self._max_tile_pixels(block))
         under = self.under_task(block)
+        if not self.tunable and not under and self._image_tiles(block, group):
+            return
         flat = self.flat_pixels and cols % tw and not self.tunable and not under and blocks // group * loop_extent(sch, n) >= FLAT_TASKS_PER_CORE * self.cores
         if flat and self._flat_pixel_tiles(block, group, weight_bytes):
             return
@@ -249,6 +251,37 @@ class CubeInputGrad(CpuMad):
                 *chunk, co1 = sch.split(co1, [chunks, None])
             sch.reorder(*chunk, *tiles, c1_i, lane_groups, co1, mh, mw, co0, p_i, c0)
             self.register_tile(copy, [p_i], c0, (chunk or [co1])[0])
+        return True
+
+    def _image_tiles(self, block, group: int) -> bool:
+        """Images smaller than a tile (a 1x1 map: ResNet's last layers on 32x32 images, whose tile
+        would be one pixel, one accumulator waiting on its own FMA chain): the images' pixels one
+        axis ``p = (n*rows + j)*cols + i``, tiled by :func:`dx_tile` across the images (a tile
+        divides them), the tasks channel-block groups x pixel tiles. False (nothing changed)
+        where the batch is too small for a tile of two images, or the block's iterators cannot
+        take the layout."""
+        sch = self.sch
+        if len(sch.get(block).iter_vars) != 9:  # (n, c1, j, i, c0 | co1, mh, mw, co0): 2-D, one image axis
+            return False
+        n, c1, j, i, *_ = sch.get_loops(block)
+        images, rows, cols = loop_extent(sch, n), loop_extent(sch, j), loop_extent(sch, i)
+        pixels = images * rows * cols
+        _, tw, v = dx_tile(1, pixels, self.plan, whole=True, max_pixels=self._max_tile_pixels(block))
+        if tw < 2 * rows * cols:
+            return False
+        try:
+            sch.transform_block_layout(block, tirx.IndexMap.from_func(lambda n, c1, j, i, *rest: (c1, (n * rows + j) * cols + i, *rest), ndim=9))
+        except s_tir.ScheduleError:
+            return False
+        c1, p, c0, co1, mh, mw, co0 = sch.get_loops(block)
+        c1_o, c1_i = self.split(c1, group, loop_extent(sch, c1))
+        p_o, p_i = sch.split(p, [None, tw])
+        lane_groups, c0 = sch.split(c0, [None, v * self.plan.lanes])
+        sch.reorder(c1_o, p_o, c1_i, lane_groups, co1, mh, mw, co0, p_i, c0)
+        task = sch.fuse(c1_o, p_o)
+        sch.parallel(task)
+        self.write_back_in(block, task)
+        self.register_tile(block, [p_i], c0, co1)
         return True
 
     def _reduction_chunks(self, block, blocks: int, images: int, group_weight_bytes: int) -> int:
