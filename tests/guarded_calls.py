@@ -118,6 +118,11 @@ FIXED = {
     "dx-nxc-atrous-regions": Case("data", 2, 40, 24, 1, (14, 14), (14, 14), (3, 3), (1, 1), (6, 6), (6, 6), (6, 6), effective_pads=(6, 6)),
     "dx-ncx-dead-rows": Case("data", 1, 24, 16, 1, (10, 10), (2, 2), (3, 3), (1, 1), (0, 0), (0, 0), (4, 4), data_format="NCX",
                              weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
+    # tiny maps: a 1x1 map's centre tap alone (the forward's weight pack of one tap), a 2x2 map's one-pixel regions, each mad's
+    # tiles across the images (40 channels: a partial block)
+    "fwd-nxc-1x1-map": Case("fwd", 12, 40, 24, 1, (1, 1), (1, 1), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
+    "dx-ncx-2x2-map": Case("data", 8, 40, 24, 1, (2, 2), (2, 2), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
+                           weights_format="OIX", effective_pads=(1, 1)),  # fmt: skip
 }
 """Named calls every run includes (framework operator cases of ``tests/framework_cases.py``)."""
 
