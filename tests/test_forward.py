@@ -251,12 +251,18 @@ def test_a_small_map_runs_by_live_tap_regions(isa, data_format, dtype, size, str
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
 @pytest.mark.parametrize("op, data_format", [("fwd", "NXC"), ("fwd", "NCX"), ("data", "NXC"), ("data", "NCX")])
-def test_a_1x1_map_reads_its_centre_tap_in_tiles_across_the_images(isa, op, data_format):
-    """ResNet-18's layer4 on 32x32 images: a 3x3 at pad 1 on a 1x1 map reads its centre tap only:
-    one mad over that tap (the forward's weight pack holds it alone, :func:`.phases.tap_hull`),
-    its tile across the images (AVX-512: 16, AVX2: 4 x 2 ymm; a one-pixel tile would be one
-    accumulator waiting on its FMA chain: 512 -> 512, N=32, Zen 4: 1.69 -> 0.15 ms). Forward and
-    dX, exact against the reference; scheduled for both ISAs on any host, run where the host can."""
+@pytest.mark.parametrize("size", [1, 2])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_tiny_map_reads_its_live_taps_in_tiles_across_the_images(isa, op, data_format, size, dtype):
+    """ResNet-18's last layers on 32x32 images: a 3x3 at pad 1 on a 1x1 map reads its centre tap
+    only, on a 2x2 map 4 of its 9 taps per pixel. The 1x1 map is one mad over the centre tap (the
+    forward's weight pack holds that tap alone, :func:`.phases.tap_hull`); the 2x2 map one mad
+    per pixel (a region each, :data:`.phases.TINY_MAP`), each its own parallel loop, the result
+    a pass of its own; every mad's tile runs across the images (AVX-512: 16, AVX2: 4 x 2 ymm; a
+    one-pixel tile would be one accumulator waiting on its FMA chain: 512 -> 512 on 1x1, N=32,
+    Zen 4: 1.69 -> 0.15 ms). Forward and dX, f32 (structure and results) and bf16 (results: its
+    result pass of selects legalizes on AVX2's uint16 bf16), exact against the reference;
+    scheduled for both ISAs on any host, run where the host can."""
     from tvm_convgrad import isa_target
     from tvm_convgrad.compile.target import resolve_target
     from tvm_convgrad.compile.workload import Workload
@@ -264,21 +270,43 @@ def test_a_1x1_map_reads_its_centre_tap_in_tiles_across_the_images(isa, op, data
     from tvm_convgrad.schedule import rule_for
 
     target = resolve_target(isa_target(isa))
-    case = Case(op, 32, 32, 48, 1, (1, 1), (1, 1), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format=data_format,
-                weights_format="XIO" if data_format == "NXC" else "OIX", effective_pads=(1, 1))  # fmt: skip
+    case = Case(op, 32, 32, 48, 1, (size, size), (size, size), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format=data_format,
+                weights_format="XIO" if data_format == "NXC" else "OIX", dtype=dtype, effective_pads=(1, 1))  # fmt: skip
     result = framework_call(case, *placeholders(case))
-    sch = rule_for(target).apply(Workload.of(result).prim_func(target), target)
-    tir = sch.mod.script()
-    mads = sorted(set(re.findall(r'T.sblock\("((?:conv|dx)_cc\w*)_update"\)', tir)))
-    assert len(mads) == 1, mads
-    tiles = [int(k) for k in re.findall(r"in T.unroll\(T.int64\((\d+)\)\):\s+for \w+ in T.vectorized", tir)]
-    assert len(tiles) >= 2 and min(tiles) >= 4, tiles  # (the mad's init and update: a tile of 4 or more images)
-    if op == "fwd":
-        assert re.search(r"w_conv = T.sblock_alloc_buffer\(\(T.int64\(\d+\), T.int64\(\d+\), T.int64\(1\), T.int64\(1\),", tir)
+    if dtype == "float32":
+        sch = rule_for(target).apply(Workload.of(result).prim_func(target), target)
+        tir = sch.mod.script()
+        mads = sorted(set(re.findall(r'T.sblock\("((?:conv|dx)_cc\w*)_update"\)', tir)))
+        assert len(mads) == size * size, mads
+        tiles = [int(k) for k in re.findall(r"in T.unroll\(T.int64\((\d+)\)\):\s+for \w+ in T.vectorized", tir)]
+        assert len(tiles) >= 2 * len(mads) and min(tiles) >= 4, tiles  # (each mad's init and update: a tile of 4 or more images)
+        if op == "fwd" and size == 1:
+            assert re.search(r"w_conv = T.sblock_alloc_buffer\(\(T.int64\(\d+\), T.int64\(\d+\), T.int64\(1\), T.int64\(1\),", tir)
     if host_can_run(target):
         kernel = build(result, target=target)
         inputs = arrays(case, seed=5)
-        check(kernel(*inputs), expected(case, *inputs), kernel, f"{op} 1x1")
+        check(kernel(*inputs), expected(case, *inputs), kernel, f"{op} {size}x{size} {dtype}")
+
+
+@pytest.mark.parametrize("dims", [1, 2])
+def test_a_forward_whose_windows_read_only_padding_is_its_bias(dims):
+    """Every window on padding (x of one pixel, stride 4, pads 2 / 8, dilation 3): no output reads
+    x, the result is the bias. No live-tap region at all keeps one mad (of zeros): a result of
+    bias and constants alone, vectorized in bf16, did not legalize on AVX2 (``dtype mismatch on
+    BufferStore``, found by the property sweep with one-pixel regions). bf16 on an AVX2 target,
+    exact; run where the host can."""
+    from tvm_convgrad import isa_target
+    from tvm_convgrad.isa import host_can_run
+
+    target = isa_target("avx2")
+    one = (1,) * dims
+    case = Case("fwd", 1, 2, 16, 1, one, (2,) * dims, (3,) * dims, (4,) * dims, (2,) * dims, (8,) * dims, (3,) * dims, data_format="NCX",
+                weights_format="XIO", dtype="bfloat16", effective_pads=(2,) * dims, bias=True)  # fmt: skip
+    result = framework_call(case, *placeholders(case))
+    kernel = build(result, target=target)
+    if host_can_run(target):
+        inputs = arrays(case, seed=1)
+        check(kernel(*inputs), expected(case, *inputs), kernel, f"{dims}-D, padding only")
 
 
 @pytest.mark.parametrize("channels, aliased", [(1024, True), (768, False)])

@@ -103,17 +103,21 @@ def test_an_atrous_axis_runs_as_its_interior_and_borders():
     assert [(ph.count, pw.count) for ph, pw in grid] == [(1, 7), (5, 1), (5, 5), (5, 1), (1, 7)]
 
 
-def test_a_1x1_map_is_one_region_of_its_centre_tap():
-    """A 3x3 at pad 1 on a 1x1 map: one region, the centre tap (its one column region taken as it
-    is, though its band is one row; the forward's weight pack holds only :func:`tap_hull`'s taps);
-    a 2x2 map's one-row bands keep their columns whole, the hull all three taps."""
+def test_a_tiny_map_splits_into_one_region_per_pixel_with_its_live_taps():
+    """A 3x3 at pad 1 on a 1x1 map: one region, the centre tap (the forward's weight pack holds
+    only :func:`tap_hull`'s taps); on a 2x2 map four one-pixel regions of 2x2 taps each (a map
+    of at most ``TINY_MAP`` pixels is not held to bands of ``MIN_BAND`` rows), whose hull is all
+    three taps; a 3x3 map keeps its one-row bands' columns whole."""
     centre = output_runs(1, 3, 1, 1, 1, 1)
     grid = region_grid(centre, [None], centre)
     assert [(ph.first, ph.count, ph.tap0, ph.taps, pw.tap0, pw.taps) for ph, pw in grid] == [(0, 1, 1, 1, 1, 1)]
     assert tap_hull([ph for ph, _ in grid]) == range(1, 2)
     runs = output_runs(2, 3, 1, 1, 1, 2)
-    assert [(ph.count, pw) for ph, pw in region_grid(runs, ["whole"], runs)] == [(1, "whole")] * 2
+    grid = region_grid(runs, [None], runs)
+    assert [(ph.first, pw.first, ph.taps, pw.taps) for ph, pw in grid] == [(0, 0, 2, 2), (0, 1, 2, 2), (1, 0, 2, 2), (1, 1, 2, 2)]
     assert tap_hull(runs) == range(0, 3)
+    runs = output_runs(3, 3, 1, 1, 1, 3)
+    assert [(ph.count, pw) for ph, pw in region_grid(runs, ["whole"], runs)] == [(1, "whole")] * 3
 
 
 def test_a_kernel_as_large_as_its_map_splits_into_few_regions():

@@ -98,8 +98,8 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
         (sh, sw), (dh, dw), (pt, _, pl, _) = g.strides, g.dilations, g.pads  # layer's regions did not tensorize)
         grid = region_grid(output_runs(g.ho, g.kh, sh, pt, dh, g.h, LIVE_TAPS_SPLIT_BELOW), [whole_w],
                            output_runs(g.wo, g.kw, sw, pl, dw, g.w, LIVE_TAPS_SPLIT_BELOW))  # fmt: skip
-    # taps no output reads are neither packed nor read (no region at all: every output reads padding only)
-    taps_h, taps_w = (tap_hull(axis) for axis in zip(*grid)) if grid else (range(g.kh), range(g.kw))
+    grid = grid or [(whole_h, whole_w)]  # (every output on padding only: one mad of zeros, not a result of constants)
+    taps_h, taps_w = (tap_hull(axis) for axis in zip(*grid))  # taps no output reads are neither packed nor read
     w_conv = _w_conv(weight, params, pairs, taps_h, taps_w)
 
     def region_mad(ph: AxisPhase, pw: AxisPhase) -> te.Tensor:

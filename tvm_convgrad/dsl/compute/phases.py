@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from .common import inside
 from .stages import DX_CC, phase_name
 
-__all__ = ["AxisPhase", "DepthFold", "DyWindow", "LIVE_TAPS_SPLIT_BELOW", "MAX_REGIONS", "MIN_BAND", "PAIRED_SPLIT_BELOW", "axis_phases", "depth_fold", "dy_window", "live_tap_regions", "output_runs", "phase_stage_name", "region_grid", "tap_hull", "tap_runs"]
+__all__ = ["AxisPhase", "DepthFold", "DyWindow", "LIVE_TAPS_SPLIT_BELOW", "MAX_REGIONS", "MIN_BAND", "PAIRED_SPLIT_BELOW", "TINY_MAP", "axis_phases", "depth_fold", "dy_window", "live_tap_regions", "output_runs", "phase_stage_name", "region_grid", "tap_hull", "tap_runs"]
 
 LIVE_TAPS_SPLIT_BELOW = 0.97
 """An axis whose phases multiply real dy in fewer of their (output, tap) pairs runs as regions. A
@@ -38,6 +38,11 @@ PAIRED_SPLIT_BELOW = 0.8
 13.3."""
 MAX_REGIONS = 5  # ... of at most this many regions (a 3x3 axis has 3, a 5x5 atrous one 5)
 MIN_BAND = 2  # a row region of fewer rows keeps the column phases whole (:func:`region_grid`)
+TINY_MAP = 4
+"""Outputs of at most this many pixels per image (a 2x2 map): every live-tap region a mad of its
+own, tiled across the images, however few its rows (:func:`region_grid`,
+:func:`tvm_convgrad.schedule.cpu.regions.regions_one_by_one`): a 3x3 at pad 1 on ResNet-18's 2x2
+maps reads 4 of its 9 taps per pixel."""
 
 
 @dataclass(frozen=True)
@@ -155,9 +160,11 @@ def region_grid(rows: list[AxisPhase], col_phases: list[AxisPhase], cols: list[A
     except that a row region of fewer than :data:`MIN_BAND` rows takes the column phases whole: a
     3x3 at pad 1 would otherwise have corners of one pixel, whose tile is a single accumulator row
     waiting on its own FMA chain; its band of one row is one tile, the corners' few padded taps
-    multiplied. One column region (all the columns, with fewer taps: a 1x1 map's centre tap) is
-    taken as it is."""
-    return [(ph, pw) for ph in rows for pw in (cols if ph.count >= MIN_BAND or len(cols) == 1 else col_phases)]
+    multiplied. One column region (all the columns) is taken as it is, and so are the column
+    regions of a map of at most :data:`TINY_MAP` pixels: its regions' tiles run across the images
+    (:meth:`.CubeInputGrad._image_tiles`)."""
+    tiny = sum(r.count for r in rows) * sum(c.count for c in cols) <= TINY_MAP
+    return [(ph, pw) for ph in rows for pw in (cols if ph.count >= MIN_BAND or len(cols) == 1 or tiny else col_phases)]
 
 
 def tap_hull(regions) -> range:

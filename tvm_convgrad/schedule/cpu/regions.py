@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
+from ...dsl.compute.phases import TINY_MAP
 from ...dsl.compute.stages import CONV_CC, DX_CC, PHASE_AXES, phase_firsts
 from ...layout import C0
 from ..common import loop_extent, stage_blocks
@@ -50,7 +51,7 @@ def regions_one_by_one(sch: s_tir.Schedule, cores: int) -> set[str]:
     """The result of a cube dX or forward of live-tap regions (more than one ``dx_cc`` / ``conv_cc``
     mad, each holding a contiguous range of rows and of columns) as tasks of an image's 16 channels, its pixel loops
     partitioned at the regions' edges, the regions' mads computed under the task (see the module
-    docstring). Tried on a copy first. Returns the stages it placed (the result and its copies),
+    docstring), except on a map of at most :data:`.phases.TINY_MAP` pixels. Tried on a copy first. Returns the stages it placed (the result and its copies),
     none where it does not apply (stride phases, 3-D, a layout without separate row and column
     loops)."""
     blocks = stage_blocks(sch)
@@ -71,6 +72,8 @@ def regions_one_by_one(sch: s_tir.Schedule, cores: int) -> set[str]:
     if len(grids) != 1:
         return set()
     (grid,) = grids
+    if grid[0] * grid[1] <= TINY_MAP:  # each region's mad on its own, tiled across the images
+        return set()
     probe = sch.copy()
     try:
         if not _partition(probe, result, names, spans, grid, cores):
