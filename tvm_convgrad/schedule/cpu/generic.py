@@ -4,11 +4,14 @@ A training module's other PrimFuncs (bias adds, ReLU and their gradients, batch 
 pooling, softmax and the loss, the optimizer's updates), legalized by Relax, are serial loop
 nests. :class:`LoopsRule` (a ``dlight`` rule) gives each block under the root:
 
-* a spatial block: its loops fused, the innermost :data:`LANES` iterations vectorized where the
-  block's innermost loop holds a multiple of them (else left to LLVM), the rest one parallel loop;
-* a reduction block: its spatial loops (which legalization puts outside the reduction) fused into
-  one parallel loop, the reduction serial inside (each output summed by one thread, in order:
-  the same result on any number of cores).
+* a spatial block: its outer loops fused into one parallel loop of at least :data:`TASKS`
+  iterations (the fewest that make them), the inner loops serial inside each (their indices
+  computed once per loop, not divided out of one fused index per element), the innermost
+  :data:`LANES` iterations vectorized where the block's innermost loop holds a multiple of them
+  (else left to LLVM);
+* a reduction block: its spatial loops (which legalization puts outside the reduction) the same
+  way, the reduction serial inside (each output summed by one thread, in order: the same result
+  on any number of cores).
 
 Blocks of fewer than :data:`PARALLEL_ABOVE` iterations stay serial (a thread team costs more than they
 do), and so do reductions to one value (a loss: one thread sums it, in order). Functions already scheduled (``tirx.is_scheduled``, e.g. the package's kernels) are not
@@ -23,12 +26,16 @@ from tvm.target import Target
 
 from ..common import loop_extent, split_loop_kinds, stage_blocks
 
-__all__ = ["LANES", "PARALLEL_ABOVE", "LoopsRule"]
+__all__ = ["LANES", "PARALLEL_ABOVE", "TASKS", "LoopsRule"]
 
 LANES = 8
 """Iterations vectorized at the innermost loop (8 fp32 lanes of AVX2; LLVM widens or splits for other ISAs)."""
 PARALLEL_ABOVE = 4096
 """Iterations (outputs x reduction) of a block below which it stays serial."""
+TASKS = 256
+"""Iterations of the parallel loop: the outer loops fused until they make this many (a
+ResNet-18's max pooling, N=32, 64 x 16 x 16 -> 8 x 8: one parallel loop over every element, each
+dividing its four indices out of the fused one, took 1.1-1.6 ms; over the images' channels)."""
 
 
 class LoopsRule(ScheduleRule):
@@ -64,14 +71,24 @@ class LoopsRule(ScheduleRule):
 
 
 def _parallel(sch: s_tir.Schedule, spatial: list, vectorize: bool) -> bool:
-    """``spatial`` (the outermost loops of a block) as one parallel loop, the last :data:`LANES`
+    """The outermost of ``spatial`` (a block's outer loops) fused into one parallel loop of at
+    least :data:`TASKS` iterations, the rest serial inside; the last :data:`LANES` iterations
     vectorized when ``vectorize`` and the innermost loop holds a multiple of them."""
+    count, iterations = len(spatial), 1
+    for at, loop in enumerate(spatial):
+        iterations *= loop_extent(sch, loop)
+        if iterations >= TASKS:
+            count = at + 1
+            break
     lanes = vectorize and loop_extent(sch, spatial[-1]) % LANES == 0
-    fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-    if lanes:
+    if lanes and count == len(spatial):  # (the parallel loop holds the innermost: its lanes split off it)
+        fused = sch.fuse(*spatial) if count > 1 else spatial[0]
         outer, inner = sch.split(fused, [None, LANES])
         sch.parallel(outer)
         sch.vectorize(inner)
-    else:
-        sch.parallel(fused)
+        return True
+    sch.parallel(sch.fuse(*spatial[:count]) if count > 1 else spatial[0])
+    if lanes:
+        _, inner = sch.split(spatial[-1], [None, LANES])
+        sch.vectorize(inner)
     return True
