@@ -84,15 +84,17 @@ def _parallel(sch: s_tir.Schedule, spatial: list, vectorize: bool) -> bool:
         if iterations >= TASKS:
             count = at + 1
             break
-    outer = sch.fuse(*spatial[:count]) if count > 1 else spatial[0]
-    inner = None
-    if vectorize and count < len(spatial) and loop_extent(sch, spatial[-1]) < LANES:  # (too short to vectorize alone)
-        inner = sch.fuse(*spatial[count:]) if len(spatial) > count + 1 else spatial[count]
-    innermost = outer if count == len(spatial) else (inner or spatial[-1])
-    if vectorize and loop_extent(sch, innermost) % LANES == 0 and (inner is not None or loop_extent(sch, innermost) > LANES):
-        innermost, lanes = sch.split(innermost, [None, LANES])
+    inner = spatial[count:]
+    fused_inner = vectorize and inner and loop_extent(sch, inner[-1]) < LANES  # (too short to vectorize alone)
+    loops = [_fused(sch, spatial[:count]), *([_fused(sch, inner)] if fused_inner else inner)]
+    last = loops[-1]
+    if vectorize and loop_extent(sch, last) % LANES == 0 and (fused_inner or loop_extent(sch, last) > LANES):
+        loops[-1], lanes = sch.split(last, [None, LANES])
         sch.vectorize(lanes)
-        if count == len(spatial):  # (the parallel loop was the innermost: its outer part)
-            outer = innermost
-    sch.parallel(outer)
+    sch.parallel(loops[0])
     return True
+
+
+def _fused(sch: s_tir.Schedule, loops: list):
+    """``loops`` (consecutive) as one loop."""
+    return sch.fuse(*loops) if len(loops) > 1 else loops[0]
