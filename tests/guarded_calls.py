@@ -120,6 +120,11 @@ FIXED = {
                              weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
     # tiny maps: a 1x1 map's centre tap alone (the forward's weight pack of one tap), a 2x2 map's one-pixel regions, each mad's
     # tiles across the images (40 channels: a partial block)
+    # x packed per band of output rows inside the band's task (a batch, images outside the groups): stride phases, a partial block;
+    # the bf16 pair form's words
+    "fwd-nxc-row-bands": Case("fwd", 4, 40, 48, 1, (30, 30), (15, 15), (3, 3), (2, 2), bias=True, **_PADS1),
+    "fwd-ncx-row-bands-bf16": Case("fwd", 4, 40, 48, 1, (28, 28), (28, 28), (3, 3), (1, 1), data_format="NCX", weights_format="OIX",
+                                   dtype="bfloat16", **_PADS1),  # fmt: skip
     "fwd-nxc-1x1-map": Case("fwd", 12, 40, 24, 1, (1, 1), (1, 1), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
     "dx-ncx-2x2-map": Case("data", 8, 40, 24, 1, (2, 2), (2, 2), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
                            weights_format="OIX", effective_pads=(1, 1)),  # fmt: skip
