@@ -125,6 +125,8 @@ FIXED = {
     "fwd-nxc-row-bands": Case("fwd", 4, 40, 48, 1, (30, 30), (15, 15), (3, 3), (2, 2), bias=True, **_PADS1),
     "fwd-ncx-row-bands-bf16": Case("fwd", 4, 40, 48, 1, (28, 28), (28, 28), (3, 3), (1, 1), data_format="NCX", weights_format="OIX",
                                    dtype="bfloat16", **_PADS1),  # fmt: skip
+    # dW by live-tap regions: an atrous NXC layer (rate 6 on 14x14, a mad per tap over its live outputs; 40 channels: a partial block)
+    "dw-nxc-atrous-regions": Case("conv_v2", 2, 40, 24, 1, (14, 14), (14, 14), (3, 3), (1, 1), (6, 6), (6, 6), (6, 6), effective_pads=(6, 6)),
     "fwd-nxc-1x1-map": Case("fwd", 12, 40, 24, 1, (1, 1), (1, 1), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
     "dx-ncx-2x2-map": Case("data", 8, 40, 24, 1, (2, 2), (2, 2), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
                            weights_format="OIX", effective_pads=(1, 1)),  # fmt: skip

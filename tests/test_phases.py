@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tvm_convgrad import build, dsl, layout
-from tvm_convgrad.dsl.compute.phases import LIVE_TAPS_SPLIT_BELOW, MAX_REGIONS, axis_phases, live_tap_regions, output_runs, region_grid, tap_hull
+from tvm_convgrad.dsl.compute.phases import LIVE_TAPS_SPLIT_BELOW, MAX_REGIONS, axis_phases, filter_tap_runs, live_tap_regions, output_runs, region_grid, tap_hull
 from tvm_convgrad.tvm import placeholder
 from tvm_convgrad.tools.verify import check_kernel
 
@@ -127,3 +127,34 @@ def test_a_kernel_as_large_as_its_map_splits_into_few_regions():
     regions = live_tap_regions(axis_phases(192, 192, 1, 0, 1), 1, 1)
     assert len(regions) == MAX_REGIONS and sum(r.count for r in regions) == 192
     assert all(r.tap0 == r.first and r.taps == r.count for r in regions)  # row h meets tap h
+
+
+@pytest.mark.parametrize("out, kernel, stride, pad, dilation, size", [
+    (out, kernel, stride, pad, dilation, size)
+    for size, kernel, stride, pad, dilation in itertools.product((1, 2, 7, 14), (1, 3, 5), (1, 2), (0, 1, 6, 12), (1, 2, 6, 12))
+    if (out := (size + 2 * pad - (kernel - 1) * dilation - 1) // stride + 1) > 0
+])  # fmt: skip
+def test_filter_tap_runs_sum_each_tap_over_exactly_the_outputs_that_read_x(out, kernel, stride, pad, dilation, size):
+    """dW's live-tap regions along one axis: every (output, tap) pair whose window reads real x is
+    summed exactly once, in the run of its tap, and no pair outside the axis; a split multiplies
+    fewer pairs than ``split_below`` of all; taps that read padding only are in no run."""
+    runs = filter_tap_runs(out, kernel, stride, pad, dilation, size)
+    live = {(j, k) for j in range(out) for k in range(kernel) if 0 <= j * stride - pad + k * dilation < size}
+    if runs is None:
+        assert len(live) >= LIVE_TAPS_SPLIT_BELOW * out * kernel
+        return
+    pairs = [(r.first + j, r.tap0 + m) for r in runs for j in range(r.count) for m in range(r.taps)]
+    assert live <= set(pairs) and len(pairs) == len(set(pairs)) and all(0 <= j < out and 0 <= k < kernel for j, k in pairs)
+    assert len(runs) <= MAX_REGIONS and len(pairs) < LIVE_TAPS_SPLIT_BELOW * out * kernel
+    taps = [r.tap0 + m for r in runs for m in range(r.taps)]
+    assert len(taps) == len(set(taps)) and {k for _, k in live} <= set(taps)
+
+
+def test_an_atrous_filter_axis_sums_each_tap_over_its_live_outputs():
+    """ASPP rate 6 on 14 rows: tap 0 reads x at rows 6-13, tap 1 at all, tap 2 at rows 0-7; at
+    rate 18 only the centre tap reads x (the others' dW is 0); a 3x3 at pad 1 on 56 rows does
+    not split."""
+    runs = filter_tap_runs(14, 3, 1, 6, 6, 14)
+    assert [(r.tap0, r.taps, r.first, r.count) for r in runs] == [(0, 1, 6, 8), (1, 1, 0, 14), (2, 1, 0, 8)]
+    assert [(r.tap0, r.taps, r.first, r.count) for r in filter_tap_runs(14, 3, 1, 18, 18, 14)] == [(1, 1, 0, 14)]
+    assert filter_tap_runs(56, 3, 1, 1, 1, 56) is None

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from .common import inside
 from .stages import DX_CC, phase_name
 
-__all__ = ["AxisPhase", "DepthFold", "DyWindow", "LIVE_TAPS_SPLIT_BELOW", "MAX_REGIONS", "MIN_BAND", "PAIRED_SPLIT_BELOW", "TINY_MAP", "axis_phases", "depth_fold", "dy_window", "live_tap_regions", "output_runs", "phase_stage_name", "region_grid", "tap_hull", "tap_runs"]
+__all__ = ["AxisPhase", "DepthFold", "DyWindow", "LIVE_TAPS_SPLIT_BELOW", "MAX_REGIONS", "MIN_BAND", "PAIRED_SPLIT_BELOW", "TINY_MAP", "axis_phases", "depth_fold", "dy_window", "filter_tap_runs", "live_tap_regions", "output_runs", "phase_stage_name", "region_grid", "tap_hull", "tap_runs"]
 
 LIVE_TAPS_SPLIT_BELOW = 0.97
 """An axis whose phases multiply real dy in fewer of their (output, tap) pairs runs as regions. A
@@ -136,6 +136,24 @@ def output_runs(out: int, kernel: int, stride: int, pad_before: int, dilation: i
     if runs is None:
         return [AxisPhase(0, out, 0, kernel, 1, 0, 0)]
     return [AxisPhase(start, end - start, taps.start, len(taps), 1, 0, 0) for _, start, end, taps in runs if taps]
+
+
+def filter_tap_runs(out: int, kernel: int, stride: int, pad_before: int, dilation: int, size: int,
+                    split_below: float = LIVE_TAPS_SPLIT_BELOW) -> list[AxisPhase] | None:  # fmt: skip
+    """dW's live-tap regions along one axis: runs of taps whose windows read real x (of ``size``
+    positions) at the same outputs, as :class:`AxisPhase` (the taps ``tap0 + m``, ``m < taps``,
+    sum over the outputs ``first .. first + count``; stride 1 in the taps, ``base`` and
+    ``dy_step`` 0): tap ``k`` of output ``j`` reads ``j*stride - pad_before + k*dilation``. The
+    forward's :func:`output_runs` turned around (:func:`tap_runs` over the taps); taps that read
+    padding only are left out (their dW is 0). None where splitting does not pay."""
+    def live(k: int) -> range:
+        reads = [j for j in range(out) if 0 <= j * stride - pad_before + k * dilation < size]
+        return range(reads[0], reads[-1] + 1) if reads else range(0)
+
+    runs = tap_runs([[live(k) for k in range(kernel)]], [out], split_below)
+    if runs is None:
+        return None
+    return [AxisPhase(outputs.start, len(outputs), start, end - start, 1, 0, 0) for _, start, end, outputs in runs if outputs]
 
 
 def tap_runs(live: list[list[range]], taps: list[int], split_below: float) -> list[tuple[int, int, int, range]] | None:

@@ -120,6 +120,8 @@ class CubeFilterGrad(CpuMad):
             pack = sch.get_sblock(stage)
         except Exception:  # read in place (inlined): nothing to move
             return
+        if len(sch.get_consumers(pack)) > 1:  # (read by every live-tap region's mad: a pass of its own)
+            return
         self.pack_at(pack, loop)  # (tunable: LLVM vectorizes the contiguous 16-lane conversion by itself)
 
     def _split_reduction(self, block, tiles, reduce, longest, co0, c0):
