@@ -214,6 +214,24 @@ def test_a_framework_forward_writes_its_output_inside_the_mads_tasks():
         assert check_kernel(build(result)).ok
 
 
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "sse"])
+def test_live_tap_regions_each_read_the_whole_x_pack(isa):
+    """TBE's flat ``Ho*Wo`` result keeps a forward's live-tap regions as mads of their own, scheduled
+    one after the other: x is packed once for all of them, never inside one region's tasks (a
+    pack moved under the second region's task left the first reading an unwritten buffer; found
+    by ``test_properties``' seeded sweep). Exact where the host runs it."""
+    from tvm_convgrad import isa_target
+    from tvm_convgrad.isa import host_can_run
+
+    para = {"pad_h": [2, 1], "pad_w": 0, "stride_h": 4, "stride_w": 1, "dilate_h": 1, "dilate_w": 3, "filter_h": 3, "filter_w": 2}
+    y = _tbe_conv(n=1, cin=27, h=5, w=10, cout=54, para=para, groups=27)
+    target = isa_target(isa)
+    kernel = build(y, target=target)
+    if host_can_run(target):
+        result = check_kernel(kernel)
+        assert result.ok, str(result)
+
+
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
 @pytest.mark.parametrize("data_format, dtype, stride", [("NXC", "float32", 2), ("NCX", "float32", 1), ("NXC", "bfloat16", 2)])
 def test_a_batch_packs_each_row_bands_x_inside_the_bands_task(isa, data_format, dtype, stride):

@@ -120,7 +120,7 @@ class CubeFilterGrad(CpuMad):
             pack = sch.get_sblock(stage)
         except Exception:  # read in place (inlined): nothing to move
             return
-        if len(sch.get_consumers(pack)) > 1:  # (read by every live-tap region's mad: a pass of its own)
+        if len(_reads_of(sch, stage)) > 1:  # (read by every live-tap region's mad: a pass of its own)
             return
         self.pack_at(pack, loop)  # (tunable: LLVM vectorizes the contiguous 16-lane conversion by itself)
 
@@ -314,6 +314,20 @@ class CubeInputGrad(CpuMad):
         return groups > 1 and images > 1 and images * weight_bytes < groups * input_bytes
 
 
+def _reads_of(sch: s_tir.Schedule, buffer: str) -> set[str]:
+    """The names of every block of the function that reads ``buffer``, at any depth (a live-tap
+    region's mad already partitioned into copies under scope blocks is no consumer
+    ``get_consumers`` reports), each without its ``_update`` suffix."""
+    readers, todo = set(), list(sch.get_child_blocks(sch.get_sblock("root")))
+    while todo:
+        block = todo.pop()
+        todo.extend(sch.get_child_blocks(block))
+        stmt = sch.get(block)
+        if any(r.source.name == buffer for r in stmt.reads):
+            readers.add(stmt.name_hint.removesuffix("_update"))
+    return readers
+
+
 class CubeForward(CubeInputGrad):
     """The forward convolution on the cube (``conv_cc``): a dX phase's schedule over its
     ``(n, co1, ho, wo, co0)`` outputs and ``(ci1, kh, kw, ci0)`` reduction; the images outside the
@@ -333,7 +347,7 @@ class CubeForward(CubeInputGrad):
         while the tasks stay at least four per core (rows a band's windows share with the next
         band's are packed by both)."""
         sch = self.sch
-        packs = [p for p in sch.get_producers(block) if sch.get(p).name_hint == FMAP_PAD and len(sch.get_consumers(p)) == 1]  # (not live-tap regions' x)
+        packs = [p for p in sch.get_producers(block) if sch.get(p).name_hint == FMAP_PAD and _reads_of(sch, FMAP_PAD) == {sch.get(block).name_hint}]
         images_outside = loop_extent(sch, outer[0]) == 1 or sch.get(outer[0]).same_as(sch.get(n))
         if not PACK_X_PER_BAND or self.tunable or under or not packs or not images_outside:
             return super()._band_tasks(block, n, outer, j_o, th, under)
