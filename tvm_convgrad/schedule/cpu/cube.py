@@ -193,9 +193,9 @@ class CubeInputGrad(CpuMad):
 
     def _band_tasks(self, block, n, outer: list, j_o, th: int, under: bool) -> tuple[list, list, list]:
         """``(the task's loops, the loops inside a task above its tiles, the packs made per
-        task)`` (``j_o``: the tiles' rows, ``th`` pixel rows each): here the image and channel-group loops ``outer`` and the tile rows ``j_o`` make
-        the tasks, and dX's packs stay stages of their own (the forward's row bands:
-        :meth:`CubeForward._band_tasks`)."""
+        task)`` (``j_o``: the tiles' rows, ``th`` pixel rows each): here the image and
+        channel-group loops ``outer`` and the tile rows ``j_o`` make the tasks, and dX's packs
+        stay stages of their own (the forward's row bands: :meth:`CubeForward._band_tasks`)."""
         return [*outer, j_o], [], []
 
     def _tasks(self, block, task, under: bool, packs: list = ()):
