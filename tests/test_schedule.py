@@ -232,13 +232,15 @@ def test_an_atrous_data_gradient_runs_by_live_tap_regions(isa, data_format, dtyp
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
 @pytest.mark.parametrize("data_format, cin, size, rate, groups, regions", [
     ("NCX", 48, (14, 14), 6, 1, 9), ("NXC", 40, (14, 14), 18, 1, 1), ("NCX", 48, (10, 12), 4, 2, 9), ("NXC", 32, (1, 1), 1, 1, 1),
+    ("NCX", 32, (2, 2), 1, 1, 0),
 ])  # fmt: skip
 def test_an_atrous_filter_gradient_runs_by_live_tap_regions(isa, data_format, cin, size, rate, groups, regions):
     """Issue 27.4: a 3x3 dW at a dilation whose taps mostly read x's zero padding (ASPP rates 6
     and 18 on 14x14; a grouped one on a map that is not square; a 1x1 map's centre tap) runs one
     mad per live-tap region, each tap summed over the outputs whose windows read real x only (at
-    rate 18 and on the 1x1 map only the centre tap: the others' dW is 0, no mad); exact against
-    the reference (40 channels: a partial block). Scheduled for both ISAs on any host, run where
+    rate 18 and on the 1x1 map only the centre tap: the others' dW is 0, no mad); a 2x2 map of 4
+    images keeps one mad (its regions would leave out 7 products per weight, fewer than
+    ``FILTER_MIN_SAVED``); exact against the reference (40 channels: a partial block). Scheduled for both ISAs on any host, run where
     the host can (ASPP r6, N=4 NCHW on Zen 4: 54.5 -> 35.7 ms, r12 74.5 -> 28.7, PyTorch 51.3
     and 87.0)."""
     from tvm import te
@@ -248,7 +250,7 @@ def test_an_atrous_filter_gradient_runs_by_live_tap_regions(isa, data_format, ci
     target = resolve_target(isa_target(isa))
     pad = rate
     out = tuple(s + 2 * pad - 2 * rate for s in size)
-    src_shape, dy_shape = ((2, cin, *size), (2, 24, *out)) if data_format == "NCX" else ((2, *size, cin), (2, *out, 24))
+    src_shape, dy_shape = ((4, cin, *size), (4, 24, *out)) if data_format == "NCX" else ((4, *size, cin), (4, *out, 24))
     src, dy = te.placeholder(src_shape, "float32", name="src"), te.placeholder(dy_shape, "float32", name="diff_dst")
     dw = onednn.convolution_backward_weights(src, dy, [3, 3, cin // groups, 24], strides=[1, 1], pads_begin=[pad] * 2, pads_end=[pad] * 2,
                                              dilations=[rate] * 2, groups=groups, data_format=data_format)  # fmt: skip

@@ -89,6 +89,13 @@ layer on 14x14 (90%: one mad per tap re-reads x and dy for each, 512 -> 512 on 7
 the rate-2 layer 4-14% faster). Zen 4, f32 NCHW, whole against regions: ASPP N=4 r6 54.5 ->
 35.7 ms, r12 74.5 -> 28.7, r18 125.7 -> 31.2 (PyTorch 51.3, 87.0, 100.3); 512 on 1x1 N=32 3.95
 -> 1.98, 256 on 2x2 N=32 1.43 -> 1.23."""
+FILTER_MIN_SAVED = 128
+"""... and where the regions are more than one, only if they leave out at least this many
+products per weight element: their result selects each weight from its tap's mad, where the
+whole mad's is written from cache inside its tasks (512 -> 512 on 2x2, N=8: 17.8 products per
+weight left out, whole 3.1 ms, regions 5.3; 256 on 2x2, N=32: 71, either way between runs, 1.43
+-> 1.23 and 1.97 -> 2.09; ASPP r6 N=4: 384). One region (a 1x1 map's centre tap, ASPP r18's)
+always pays: one mad over fewer taps (512 on 1x1, N=8: 2.59 -> 1.51 ms)."""
 
 
 def transposed_filter_grad(params: ConvGradParams) -> bool:
@@ -229,7 +236,10 @@ def _tap_region_grid(g: ConvGeometry) -> list[tuple[AxisPhase, AxisPhase]] | Non
         return None
     rows = rows if rows is not None else [AxisPhase(0, g.ho, 0, g.kh, 1, 0, 0)]
     cols = cols if cols is not None else [AxisPhase(0, g.wo, 0, g.kw, 1, 0, 0)]
-    return [(ph, pw) for ph in rows for pw in cols]
+    grid = [(ph, pw) for ph in rows for pw in cols]
+    live = sum(ph.taps * pw.taps * ph.count * pw.count for ph, pw in grid)
+    saved = (g.kh * g.kw * g.ho * g.wo - live) * g.batch / (g.kh * g.kw)  # products per weight the regions leave out
+    return grid if len(grid) == 1 or saved >= FILTER_MIN_SAVED else None
 
 
 def _from_tap_regions(regions: list, mads: list[te.Tensor], g: ConvGeometry):
