@@ -23,7 +23,7 @@ stage              shape                                           value
 =================  ==============================================  =========================================
 
 **Live-tap regions** (fp32, 2-D): where an axis's taps read x's zero padding in enough of their
-(output, tap) pairs (:data:`FILTER_SPLIT_BELOW`: DeepLab's atrous layers, a 3x3 on a 2x2 map),
+(output, tap) pairs (:mod:`.filter_regions`: DeepLab's atrous layers, a 3x3 on a 1x1 map),
 the taps are grouped by the outputs whose windows read real x (:func:`.phases.filter_tap_runs`),
 and each group ``(row taps, column taps)`` is a mad ``dw_cc_<first kh>_<first kw>`` of its own
 (rows ``(c1, kh', kw')`` over its taps) summing over those outputs only; ``dw_ddr`` picks each
@@ -71,31 +71,17 @@ from tvm import te, tirx
 from ... import layout
 from ...layout import C0
 from ...params import ConvGeometry, ConvGradParams
-from .common import ACC, first_holding, guarded, in_place, inside
+from .common import ACC, guarded, in_place, inside
 from .depthwise import depthwise, depthwise_filter_grad
 from .dw_pairs import column_pairs, pair_packs
 from .pairs import pair, pair_dot
-from .phases import LIVE_TAPS_SPLIT_BELOW, AxisPhase, filter_tap_runs
+from .filter_regions import from_tap_regions, read_span, tap_region_grid
+from .phases import AxisPhase
 from .stages import DW_CC, DW_CC_T, DW_DDR, DW_TAG, FMAP_L1, FORMULATION, GRADS_2_MATRIX, KERNEL_H, KERNEL_W, MAD_TAG, X_STEP, Formulation, phase_name
 
 __all__ = ["conv2d_backprop_filter_compute", "transposed_filter_grad"]
 
 TRANSPOSED_MAX_CIN = 8  # at most half the lanes of a channel block would be real channels
-FILTER_SPLIT_BELOW = 0.8
-"""dW runs by live-tap regions (:func:`_tap_region_grid`) where an axis's taps read real x in fewer
-than this share of their (output, tap) pairs: DeepLab's ASPP (3x3 at rates 6 / 12 / 18 on 14x14,
-71% / 43% / 33% per axis), a 3x3 at pad 1 on a 2x2 or 1x1 map; not a 3x3 at pad 1 on 7x7 or a rate-2
-layer on 14x14 (90%: one mad per tap re-reads x and dy for each, 512 -> 512 on 7x7 N=8 7% slower;
-the rate-2 layer 4-14% faster). Zen 4, f32 NCHW, whole against regions: ASPP N=4 r6 54.5 ->
-35.7 ms, r12 74.5 -> 28.7, r18 125.7 -> 31.2 (PyTorch 51.3, 87.0, 100.3); 512 on 1x1 N=32 3.95
--> 1.98, 256 on 2x2 N=32 1.43 -> 1.23."""
-FILTER_MIN_SAVED = 128
-"""... and where the regions are more than one, only if they leave out at least this many
-products per weight element: their result selects each weight from its tap's mad, where the
-whole mad's is written from cache inside its tasks (512 -> 512 on 2x2, N=8: 17.8 products per
-weight left out, whole 3.1 ms, regions 5.3; 256 on 2x2, N=32: 71, either way between runs, 1.43
--> 1.23 and 1.97 -> 2.09; ASPP r6 N=4: 384). One region (a 1x1 map's centre tap, ASPP r18's)
-always pays: one mad over fewer taps (512 on 1x1, N=8: 2.59 -> 1.51 ms)."""
 
 
 def transposed_filter_grad(params: ConvGradParams) -> bool:
@@ -208,9 +194,9 @@ def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvG
     else:
         pairs = bf16_pairs and dy.dtype == "bfloat16"
         tiles = pairs and amx and g.depth is None
-        regions = None if pairs or g.depth is not None else _tap_region_grid(g)
+        regions = None if pairs or g.depth is not None else tap_region_grid(g)
         if regions:
-            value = _from_tap_regions(regions, _cube_mads(fmap, dy, params, shape, regions=regions), g)
+            value = from_tap_regions(regions, _cube_mads(fmap, dy, params, shape, regions=regions), g)
         else:
             (dw,) = _cube_mads(fmap, dy, params, shape, pairs, turned := pairs and cout_lanes and not tiles, tiles)
             value = (lambda grp, fkk, co, ci0: dw[grp, fkk, co // C0 * C0 + ci0, co % C0]) if turned else (lambda *i: dw(*i))  # noqa: E731
@@ -224,44 +210,11 @@ def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvG
     )
 
 
-def _tap_region_grid(g: ConvGeometry) -> list[tuple[AxisPhase, AxisPhase]] | None:
-    """The ``(row, column)`` live-tap regions of a 2-D dW whose windows read x's zero padding in
-    enough of their (output, tap) pairs (:func:`.phases.filter_tap_runs`, each axis below
-    :data:`FILTER_SPLIT_BELOW`): each region's taps sum over the outputs that read real x
-    only; None where neither axis splits."""
-    (sh, sw), (dh, dw), (pt, _, pl, _) = g.strides, g.dilations, g.pads
-    rows = filter_tap_runs(g.ho, g.kh, sh, pt, dh, g.h, FILTER_SPLIT_BELOW)
-    cols = filter_tap_runs(g.wo, g.kw, sw, pl, dw, g.w, FILTER_SPLIT_BELOW)
-    if rows is None and cols is None:
-        return None
-    rows = rows if rows is not None else [AxisPhase(0, g.ho, 0, g.kh, 1, 0, 0)]
-    cols = cols if cols is not None else [AxisPhase(0, g.wo, 0, g.kw, 1, 0, 0)]
-    grid = [(ph, pw) for ph in rows for pw in cols]
-    live = sum(ph.taps * pw.taps * ph.count * pw.count for ph, pw in grid)
-    saved = (g.kh * g.kw * g.ho * g.wo - live) * g.batch / (g.kh * g.kw)  # products per weight the regions leave out
-    return grid if len(grid) == 1 or saved >= FILTER_MIN_SAVED else None
-
-
-def _from_tap_regions(regions: list, mads: list[te.Tensor], g: ConvGeometry):
-    """TBE's ``dw[grp, (c1,kh,kw), co, ci0]`` from the mad of the region holding tap ``(kh, kw)``
-    (0 for a tap that reads padding only)."""
-    def value(grp, fkk, co, ci0):
-        c1, kh, kw = layout.split_fracz_row(fkk, g.kh, g.kw)
-        choices = []
-        for (ph, pw), mad in zip(regions, mads):
-            conds = [kh >= ph.tap0, kh < ph.tap0 + ph.taps, kw >= pw.tap0, kw < pw.tap0 + pw.taps]
-            row = layout.fracz_row(c1, kh - ph.tap0, kw - pw.tap0, ph.taps, pw.taps)
-            choices.append((conds, mad[grp, row, co, ci0].asobject()))
-        return first_holding(choices, tirx.const(0.0, ACC))
-
-    return value
-
-
 def _cube_mads(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape, pairs: bool = False, turned: bool = False,
                amx: bool = False, regions: list | None = None) -> list[te.Tensor]:  # fmt: skip
     """The cube's mad ``dw_cc[g, (c1,kh,kw), co, ci0]``; ``turned``: ``[g, (c1,kh,kw), co1*16 + ci0,
     co0]`` (Cout on the lanes: the tile's vector operand is dy's row, x is broadcast). With
-    live-tap ``regions`` (fp32, 2-D, :func:`_tap_region_grid`): one mad per region ``(ph, pw)``,
+    live-tap ``regions`` (fp32, 2-D, :func:`.filter_regions.tap_region_grid`): one mad per region ``(ph, pw)``,
     ``dw_cc_<kh0>_<kw0>[g, (c1, kh', kw'), co, ci0]`` over the taps ``(ph.tap0 + kh', pw.tap0 +
     kw')`` and the outputs ``ph.first .. + ph.count`` x ``pw.first .. + pw.count``, sharing the
     packs."""
@@ -282,8 +235,8 @@ def _cube_mads(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape, pa
 
     # With live-tap regions along a stride-1 axis, the pack holds only the positions their windows read
     # (x's own rows and columns, not the padding: an ASPP layer at rate 6 on 14x14 would pack 26x26).
-    (top, height), (left, width) = (_read_span(regions, 0, rows) if regions else (0, rows.per_phase),
-                                    _read_span(regions, 1, cols) if regions else (0, cols.per_phase))  # fmt: skip
+    (top, height), (left, width) = (read_span(regions, 0, rows.stride, rows.dilation, rows.per_phase) if regions else (0, rows.per_phase),
+                                    read_span(regions, 1, cols.stride, cols.dilation, cols.per_phase) if regions else (0, cols.per_phase))  # fmt: skip
 
     def fmap_value(npad, c1, rh, rw, hq, wq, c0):
         i, j = rows.padded_index(rh, hq + top), cols.padded_index(rw, wq + left)  # in the zero-padded x
@@ -340,18 +293,6 @@ def _cube_mads(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape, pa
     if regions is None:
         return [region_mad(AxisPhase(0, g.ho, 0, g.kh, 1, 0, 0), AxisPhase(0, g.wo, 0, g.kw, 1, 0, 0), DW_CC)]
     return [region_mad(ph, pw, phase_name(DW_CC, ph.tap0, pw.tap0)) for ph, pw in regions]
-
-
-def _read_span(regions: list, axis: int, phases: _StridePhases) -> tuple[int, int]:
-    """``(first, count)`` of the packed positions the live-tap ``regions``' windows read along
-    ``axis`` (0 rows, 1 columns): from the first region output's first tap to the last one's
-    last; all of them (``(0, per_phase)``) on a strided axis, whose pack is split by phase."""
-    if phases.stride != 1:
-        return 0, phases.per_phase
-    spans = {r[axis] for r in regions}
-    first = min(p.first + p.tap0 * phases.dilation for p in spans)
-    last = max(p.first + p.count - 1 + (p.tap0 + p.taps - 1) * phases.dilation for p in spans)
-    return first, last + 1 - first
 
 
 def _transposed_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, pairs: bool = False) -> te.Tensor:
