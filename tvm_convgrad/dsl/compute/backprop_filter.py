@@ -76,7 +76,7 @@ from .depthwise import depthwise, depthwise_filter_grad
 from .dw_pairs import column_pairs, pair_packs
 from .pairs import pair, pair_dot
 from .filter_regions import from_tap_regions, read_span, tap_region_grid
-from .phases import AxisPhase
+from .phases import AxisPhase, whole_axis
 from .stages import DW_CC, DW_CC_T, DW_DDR, DW_TAG, FMAP_L1, FORMULATION, GRADS_2_MATRIX, KERNEL_H, KERNEL_W, MAD_TAG, X_STEP, Formulation, phase_name
 
 __all__ = ["conv2d_backprop_filter_compute", "transposed_filter_grad"]
@@ -291,7 +291,7 @@ def _cube_mads(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape, pa
         return te.compute(region_shape, mad, name=name, tag=MAD_TAG, attrs=attrs)
 
     if regions is None:
-        return [region_mad(AxisPhase(0, g.ho, 0, g.kh, 1, 0, 0), AxisPhase(0, g.wo, 0, g.kw, 1, 0, 0), DW_CC)]
+        return [region_mad(whole_axis(g.ho, g.kh), whole_axis(g.wo, g.kw), DW_CC)]
     return [region_mad(ph, pw, phase_name(DW_CC, ph.tap0, pw.tap0)) for ph, pw in regions]
 
 

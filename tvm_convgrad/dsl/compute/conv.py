@@ -58,7 +58,7 @@ from ...layout import C0, ceil_div
 from ...params import ConvGradParams
 from .common import ACC, NEVER, first_holding, guarded, inside
 from .pairs import pair, pair_dot
-from .phases import LIVE_TAPS_SPLIT_BELOW, AxisPhase, output_runs, region_grid, tap_hull
+from .phases import LIVE_TAPS_SPLIT_BELOW, AxisPhase, output_runs, region_grid, tap_hull, whole_axis
 from .stages import CONV_CC, CONV_RES, CONV_TAG, FMAP_PAD, FORMULATION, MAD_TAG, PHASE_AXES, W_CONV, Formulation, phase_name
 
 __all__ = ["conv_compute", "conv_output_shape"]
@@ -92,7 +92,7 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
     lanes = g.cin if one_block else C0
     rows = g.batch * (depth.out if depth else 1)
     kind = Formulation.CUBE_FWD_BF16 if pairs else Formulation.CUBE_FWD
-    whole_h, whole_w = AxisPhase(0, g.ho, 0, g.kh, 1, 0, 0), AxisPhase(0, g.wo, 0, g.kw, 1, 0, 0)
+    whole_h, whole_w = whole_axis(g.ho, g.kh), whole_axis(g.wo, g.kw)
     grid = [(whole_h, whole_w)]
     if depth is None and not pairs:  # by live-tap regions where they pay (see .phases; the pair form keeps one mad: a grouped
         (sh, sw), (dh, dw), (pt, _, pl, _) = g.strides, g.dilations, g.pads  # layer's regions did not tensorize)

@@ -14,7 +14,7 @@ from tvm import te, tirx
 from ... import layout
 from ...params import ConvGeometry
 from .common import ACC, first_holding
-from .phases import AxisPhase, filter_tap_runs
+from .phases import AxisPhase, filter_tap_runs, whole_axis
 
 __all__ = ["FILTER_MIN_SAVED", "FILTER_SPLIT_BELOW", "from_tap_regions", "read_span", "tap_region_grid"]
 
@@ -45,8 +45,8 @@ def tap_region_grid(g: ConvGeometry) -> list[tuple[AxisPhase, AxisPhase]] | None
     cols = filter_tap_runs(g.wo, g.kw, sw, pl, dw, g.w, FILTER_SPLIT_BELOW)
     if rows is None and cols is None:
         return None
-    rows = rows if rows is not None else [AxisPhase(0, g.ho, 0, g.kh, 1, 0, 0)]
-    cols = cols if cols is not None else [AxisPhase(0, g.wo, 0, g.kw, 1, 0, 0)]
+    rows = rows if rows is not None else [whole_axis(g.ho, g.kh)]
+    cols = cols if cols is not None else [whole_axis(g.wo, g.kw)]
     grid = [(ph, pw) for ph in rows for pw in cols]
     live = sum(ph.taps * pw.taps * ph.count * pw.count for ph, pw in grid)
     saved = (g.kh * g.kw * g.ho * g.wo - live) * g.batch / (g.kh * g.kw)  # products per weight the regions leave out

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from .common import inside
 from .stages import DX_CC, phase_name
 
-__all__ = ["AxisPhase", "DepthFold", "DyWindow", "LIVE_TAPS_SPLIT_BELOW", "MAX_REGIONS", "MIN_BAND", "PAIRED_SPLIT_BELOW", "TINY_MAP", "axis_phases", "depth_fold", "dy_window", "filter_tap_runs", "live_tap_regions", "output_runs", "phase_stage_name", "region_grid", "tap_hull", "tap_runs"]
+__all__ = ["AxisPhase", "DepthFold", "DyWindow", "LIVE_TAPS_SPLIT_BELOW", "MAX_REGIONS", "MIN_BAND", "PAIRED_SPLIT_BELOW", "TINY_MAP", "axis_phases", "depth_fold", "dy_window", "filter_tap_runs", "live_tap_regions", "output_runs", "phase_stage_name", "region_grid", "tap_hull", "tap_runs", "whole_axis"]
 
 LIVE_TAPS_SPLIT_BELOW = 0.97
 """An axis whose phases multiply real dy in fewer of their (output, tap) pairs runs as regions. A
@@ -122,6 +122,12 @@ def live_tap_regions(phases: list[AxisPhase], stride: int, extent: int, split_be
     return sorted(regions, key=lambda r: r.first)
 
 
+def whole_axis(out: int, kernel: int) -> AxisPhase:
+    """One region of an axis: its ``out`` outputs with every one of its ``kernel`` taps (stride 1,
+    as :func:`output_runs` and :func:`filter_tap_runs` give them)."""
+    return AxisPhase(0, out, 0, kernel, 1, 0, 0)
+
+
 def output_runs(out: int, kernel: int, stride: int, pad_before: int, dilation: int, size: int, split_below: float = LIVE_TAPS_SPLIT_BELOW) -> list[AxisPhase]:
     """The forward's live-tap regions along one axis: runs of its ``out`` outputs whose windows
     (``j*stride - pad_before + k*dilation``) read the same taps ``k`` of the ``size`` real
@@ -134,7 +140,7 @@ def output_runs(out: int, kernel: int, stride: int, pad_before: int, dilation: i
 
     runs = tap_runs([[live(j) for j in range(out)]], [kernel], split_below)
     if runs is None:
-        return [AxisPhase(0, out, 0, kernel, 1, 0, 0)]
+        return [whole_axis(out, kernel)]
     return [AxisPhase(start, end - start, taps.start, len(taps), 1, 0, 0) for _, start, end, taps in runs if taps]
 
 

@@ -347,10 +347,10 @@ class CubeForward(CubeInputGrad):
         while the tasks stay at least four per core (rows a band's windows share with the next
         band's are packed by both)."""
         sch = self.sch
-        packs = [p for p in sch.get_producers(block) if sch.get(p).name_hint == FMAP_PAD and _reads_of(sch, FMAP_PAD) == {sch.get(block).name_hint}]
         images_outside = loop_extent(sch, outer[0]) == 1 or sch.get(outer[0]).same_as(sch.get(n))
-        if not PACK_X_PER_BAND or self.tunable or under or not packs or not images_outside:
-            return super()._band_tasks(block, n, outer, j_o, th, under)
+        packs = [p for p in sch.get_producers(block) if sch.get(p).name_hint == FMAP_PAD]
+        if not PACK_X_PER_BAND or self.tunable or under or not images_outside or not packs or _reads_of(sch, FMAP_PAD) != {sch.get(block).name_hint}:
+            return super()._band_tasks(block, n, outer, j_o, th, under)  # (the last: the mad the one block that reads x's pack)
         (x,) = [r.source for r in sch.get(block).reads if r.source.name == FMAP_PAD]
         if len(x.shape) != 7:  # (3-D: a plane's windows read several planes, each packed again by every plane's band)
             return super()._band_tasks(block, n, outer, j_o, th, under)
