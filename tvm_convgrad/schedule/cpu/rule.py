@@ -57,7 +57,8 @@ from .bf16 import PairedCoutLanesFilterGrad, PairedFilterGrad, PairedForward, Pa
 from .cube import CubeFilterGrad, CubeForward, CubeInputGrad
 from .depthwise import DepthwiseFilterGrad, DepthwiseInputGrad, phases_plane_by_plane
 from .lanes import CoutLanesFilterGrad, PixelLanesInputGrad
-from .loops import PHASES_PER_IMAGE, CpuMad, elementwise, phases_image_by_image, planar_pack
+from .elementwise import elementwise, planar_pack
+from .loops import PHASES_PER_IMAGE, CpuMad, phases_image_by_image
 from .regions import regions_one_by_one
 
 __all__ = ["FORMULATIONS", "CpuConfig", "CpuRule"]
