@@ -109,6 +109,22 @@ def test_stock_beside_the_drop_in_runs_both_kinds_of_process():
     from tvm_convgrad.training.torch_beside import stock_beside
     from tvm_convgrad.training.torch_step import StepConfig
 
-    result = stock_beside(StepConfig("mobilenet_v2", 2, 32, False, "float32"), pairs=1, rounds=1, log=lambda line: None)
+    lines = []
+    result = stock_beside(StepConfig("mobilenet_v2", 2, 32, False, "float32"), pairs=1, rounds=1, log=lines.append)
     ((control, beside),) = result["pairs"]
     assert control > 0 and beside > 0 and result["median_slowdown"] == beside / control - 1
+    assert "page faults" in lines[0]
+
+
+def test_stock_after_the_drop_in_in_one_process():
+    """``torch_beside.stock_after``: one process with stock, the drop-in and a second stock model;
+    stock's step timed right after each neighbour's (ms and minor page faults)."""
+    from tvm_convgrad.training.torch_beside import minor_faults, stock_after
+    from tvm_convgrad.training.torch_step import StepConfig
+
+    before = minor_faults()
+    result = stock_after(StepConfig("mobilenet_v2", 2, 32, False, "float32"), rounds=1, warmup=1)
+    (ours_ms, ours_faults), (stock_ms, stock_faults) = result["after"]["drop-in"], result["after"]["stock"]
+    assert ours_ms > 0 and stock_ms > 0 and ours_faults >= 0 and stock_faults >= 0
+    assert result["slowdown"] == ours_ms / stock_ms - 1
+    assert minor_faults() > before  # (the counter moves: building and running three models touches new pages)
