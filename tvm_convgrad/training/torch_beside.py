@@ -16,7 +16,9 @@ control - 1`` (0.05: stock 5% slower beside the drop-in).
 Two processes differ in more than whose kernels run: glibc's heap keeps or returns memory by what
 the whole process has allocated and freed, so stock may re-fault its heap beside one neighbour and
 not the other (Zen 4, ResNet-18 8x64: 9,700-13,800 faults per stock step beside the drop-in, 0-2,300
-beside a second stock model). :func:`stock_after` separates the kernels' effect from that: one
+beside a second stock model: PyTorch's own 9.4 MB per-call buffers, which glibc returns from the
+heap's top after stock's step, and which a second stock model's step takes back before stock's
+next one while the drop-in's step, its buffers in TVM's workspace pool, does not). :func:`stock_after` separates the kernels' effect from that: one
 process holds all three models and times stock's step right after the drop-in's and right after
 the second stock model's, alternating.
 """
