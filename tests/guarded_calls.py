@@ -109,6 +109,12 @@ FIXED = {
     "dw-ncx-oxi-bf16": Case("conv_v2", 2, 24, 40, 1, (9, 7), (5, 4), (3, 3), (2, 2), data_format="NCX", weights_format="OXI",
                             dtype="bfloat16", **_PADS1),
     # a dW of one chunk (7x7, one image): its result written per (Cout blocks, Cin block) inside the tasks (AVX-512)
+    # an OIX dW written back along each (o, i)'s run of 9 taps; an NCX 1x1 forward / dX whose rows of 28 are the run
+    "dw-oix-tap-run": Case("conv_v2", 8, 48, 32, 1, (2, 2), (2, 2), (3, 3), (1, 1), data_format="NCX", weights_format="OIX", **_PADS1),
+    "fwd-ncx-1x1-rows-28": Case("fwd", 2, 32, 48, 1, (28, 28), (28, 28), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
+                                weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
+    "dx-ncx-1x1-rows-28": Case("data", 2, 32, 48, 1, (28, 28), (28, 28), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
+                               weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
     "dw-one-chunk-write-back": Case("conv_v2", 1, 64, 32, 1, (7, 7), (7, 7), (3, 3), (1, 1), data_format="NCX", weights_format="OIX", **_PADS1),
     "dw-one-chunk-write-back-oxi-bf16": Case("conv_v2", 1, 48, 32, 1, (7, 7), (7, 7), (3, 3), (1, 1), weights_format="OXI", dtype="bfloat16",
                                              **_PADS1),

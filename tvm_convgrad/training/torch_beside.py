@@ -18,9 +18,10 @@ the whole process has allocated and freed, so stock may re-fault its heap beside
 not the other (Zen 4, ResNet-18 8x64: 9,700-13,800 faults per stock step beside the drop-in, 0-2,300
 beside a second stock model: PyTorch's own 9.4 MB per-call buffers, which glibc returns from the
 heap's top after stock's step, and which a second stock model's step takes back before stock's
-next one while the drop-in's step, its buffers in TVM's workspace pool, does not). :func:`stock_after` separates the kernels' effect from that: one
-process holds all three models and times stock's step right after the drop-in's and right after
-the second stock model's, alternating.
+next one while the drop-in's step, its buffers in TVM's workspace pool, does not).
+:func:`stock_after` separates the kernels' effect from that: one process holds all three models
+and times stock's step right after the drop-in's and right after the second stock model's,
+alternating.
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ def _timed(step) -> tuple[float, int]:
     return (time.perf_counter() - start) * 1e3, minor_faults() - faults
 
 
+def _medians(samples: list[tuple[float, int]]) -> tuple[float, float]:
+    """The medians of :func:`_timed`'s ``(ms, faults)`` samples."""
+    return statistics.median(ms for ms, _ in samples), statistics.median(faults for _, faults in samples)
+
+
 def stock_step_ms(config: StepConfig, neighbour: str, rounds: int = 11, warmup: int = 2) -> tuple[float, float]:
     """In this process: the medians of ``rounds`` stock steps (ms, minor page faults), each
     followed by a step of ``neighbour`` (``"drop-in"`` or ``"stock"``)."""
@@ -67,7 +73,7 @@ def stock_step_ms(config: StepConfig, neighbour: str, rounds: int = 11, warmup: 
     for _ in range(rounds):
         samples.append(_timed(stock))
         other()
-    return statistics.median(ms for ms, _ in samples), statistics.median(faults for _, faults in samples)
+    return _medians(samples)
 
 
 def stock_after(config: StepConfig, rounds: int = 11, warmup: int = 2) -> dict:
@@ -84,7 +90,7 @@ def stock_after(config: StepConfig, rounds: int = 11, warmup: int = 2) -> dict:
         for neighbour, step in (("drop-in", ours), ("stock", other)):
             step()
             after[neighbour].append(_timed(stock))
-    medians = {k: (statistics.median(ms for ms, _ in v), statistics.median(f for _, f in v)) for k, v in after.items()}
+    medians = {neighbour: _medians(samples) for neighbour, samples in after.items()}
     return {"config": config.name, "after": medians, "slowdown": medians["drop-in"][0] / medians["stock"][0] - 1}
 
 
