@@ -136,6 +136,12 @@ FIXED = {
     "fwd-nxc-1x1-map": Case("fwd", 12, 40, 24, 1, (1, 1), (1, 1), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
     "dx-ncx-2x2-map": Case("data", 8, 40, 24, 1, (2, 2), (2, 2), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
                            weights_format="OIX", effective_pads=(1, 1)),  # fmt: skip
+    # dX reading dy where it lies (a 1x1 without padding): 40 dy channels (a partial block read in place), a stride-2 phase on
+    # NCX, extended groups
+    "dx-nxc-1x1-dy-in-place": Case("data", 2, 24, 40, 1, (7, 9), (7, 9), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
+    "dx-ncx-1x1-s2-dy-in-place": Case("data", 2, 24, 40, 1, (13, 11), (7, 6), (1, 1), (2, 2), (0, 0), (0, 0), (1, 1), data_format="NCX",
+                                      weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
+    "dx-nxc-1x1-dy-in-place-grouped": Case("data", 2, 48, 40, 2, (5, 6), (5, 6), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
 }
 """Named calls every run includes (framework operator cases of ``tests/framework_cases.py``)."""
 

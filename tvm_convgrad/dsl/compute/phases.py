@@ -256,6 +256,12 @@ class DyWindow:
     def conds(self, y, x) -> list:
         return inside((y, x), (self.top, self.left), (self.ho, self.wo), self.shape)
 
+    @property
+    def unpadded(self) -> bool:
+        """Whether every position the taps reach is a dy position (no zero rows or columns: a
+        1x1 kernel at stride 1 without padding), so that dy can be read where it lies."""
+        return self.top == 0 and self.left == 0 and self.end_h <= self.ho and self.end_w <= self.wo
+
 
 @dataclass(frozen=True)
 class DepthFold:
