@@ -141,6 +141,12 @@ FIXED = {
     "dx-nxc-1x1-dy-in-place": Case("data", 2, 24, 40, 1, (7, 9), (7, 9), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
     "dx-ncx-1x1-s2-dy-in-place": Case("data", 2, 24, 40, 1, (13, 11), (7, 6), (1, 1), (2, 2), (0, 0), (0, 0), (1, 1), data_format="NCX",
                                       weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
+    # an NCX 1x1 dX with the pixels on the lanes: dy read where it lies, result rows written back per task; one image's channels
+    # in several tasks, its plane's last vectors a narrower tile (7x16 on AVX-512: 7 vectors in tiles of 4)
+    "dx-ncx-1x1-pixel-lanes": Case("data", 2, 40, 24, 1, (8, 6), (8, 6), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
+                                   weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
+    "dx-ncx-1x1-pixel-lanes-groups": Case("data", 1, 64, 24, 1, (7, 16), (7, 16), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
+                                          weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
     "dx-nxc-1x1-dy-in-place-grouped": Case("data", 2, 48, 40, 2, (5, 6), (5, 6), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
 }
 """Named calls every run includes (framework operator cases of ``tests/framework_cases.py``)."""

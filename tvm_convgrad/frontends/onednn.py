@@ -194,7 +194,7 @@ def _data_grad(op: str, dy: te.Tensor, weights: te.Tensor, view: ConvView, data_
     tile plan: ``amx`` is ignored, an AMX target runs its dX on ``vdpbf16ps``)."""
     params = view.params(kernel_name, INPUT_OP)
     fracz = as_fracz(weights, view, weights_format, WEIGHTS_FRACZ)
-    dx = conv2d_backprop_input_compute(fracz, as_5hd(dy, data_format, DY_5HD), params, bf16_pairs=bf16_pairs)
+    dx = conv2d_backprop_input_compute(fracz, as_5hd(dy, data_format, DY_5HD), params, bf16_pairs=bf16_pairs, planar=data_format == "NCX")
     attrs = {"kernel_name": kernel_name, "flops": params.flops, "data_format": data_format}
     result = data_stage(dx, view, shape, data_format, view.dtype, DIFF_SRC, attrs)
     paired = partial(_data_grad, op, dy, weights, view, data_format, weights_format, shape, kernel_name, True) if _pairs_apply(view, bf16_pairs) else None

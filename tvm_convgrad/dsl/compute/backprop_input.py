@@ -60,7 +60,7 @@ from .depthwise import depthwise, depthwise_input_phases
 from .pairs import pair, pair_dot
 from .phases import (LIVE_TAPS_SPLIT_BELOW, PAIRED_SPLIT_BELOW, AxisPhase, DepthFold, DyWindow, axis_phases, depth_fold, dy_window, live_tap_regions,
                      phase_stage_name, region_grid)
-from .stages import C_DDR, DX_PX, DX_TAG, DY_PAD, DY_ROWS, FORMULATION, MAD_TAG, PHASE_AXES, W_COL, W_T, Formulation
+from .stages import C_DDR, DX_PX, DX_TAG, DY_PAD, DY_ROWS, FORMULATION, MAD_TAG, PHASE_AXES, READ_IN_PLACE, W_COL, W_T, Formulation
 
 __all__ = ["AxisPhase", "axis_phases", "conv2d_backprop_input_compute", "phase_stage_name", "pixel_lanes_input_grad"]
 
@@ -73,16 +73,34 @@ ms, 64 -> 256 on 56x56 7.4 -> 5.6 / 7.7 -> 5.7, the stride-2 256 -> 512 on 56x56
 PIXEL_LANES_MAX_CIN = 8  # at most half the lanes of a channel block would be real channels
 
 
-def pixel_lanes_input_grad(params: ConvGradParams) -> bool:
-    """Whether dX puts output columns on the lanes: one extended group of at most 8 channels (2-D)."""
-    return params.geom.group.g_extend == 1 and params.geom.cin <= PIXEL_LANES_MAX_CIN and params.geom.depth is None
+def pixel_lanes_input_grad(params: ConvGradParams, planar: bool = False, dtype: str = ACC) -> bool:
+    """Whether dX puts output columns on the lanes (2-D, one extended group): at most 8 channels;
+    or, where the framework's dy and dX lie channel-planar (``planar``: NCX), an fp32 1x1 at
+    stride 1 without padding whose planes are whole vectors (:func:`planar_pixel_lanes`)."""
+    g = params.geom
+    if g.group.g_extend != 1 or g.depth is not None:
+        return False
+    return g.cin <= PIXEL_LANES_MAX_CIN or (planar and planar_pixel_lanes(params, dtype))
+
+
+def planar_pixel_lanes(params: ConvGradParams, dtype: str = ACC) -> bool:
+    """An fp32 dX that is one GEMM per image over channel-planar tensors: a 1x1 kernel at stride
+    1 without padding (``dx[n, ci, p] = sum_co w[co, ci] * dy[n, co, p]``) whose planes are whole
+    16-pixel vectors. With the pixels on the lanes it reads NCX dy where it lies and writes NCX
+    dX rows straight from its accumulators: no dy pack, no transpose of a channel-lane result."""
+    g = params.geom
+    return (dtype == ACC and (g.kh, g.kw) == (1, 1) and g.strides == (1, 1) and not any(g.pads) and g.depth is None
+            and g.h * g.w % C0 == 0 and g.cin >= C0)  # fmt: skip
 
 
 def conv2d_backprop_input_compute(
-    filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, bias: te.Tensor | None = None, bf16_pairs: bool = False
+    filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, bias: te.Tensor | None = None, bf16_pairs: bool = False, planar: bool = False
 ) -> te.Tensor:
     """dX of TBE's shape ``(N, ceil(Cin,16), H*W, 16)`` from FracZ ``filters`` and 5HD ``dy``
     (3-D: ``(N*D, ..)`` from FracZ_3D and NDC1HWC0 dy, see the module docstring).
+
+    ``planar``: a frontend's dy and dX lie channel-planar (NCX, the 5HD views layout stages), so
+    a 1x1 at stride 1 runs with the pixels on the lanes (:func:`planar_pixel_lanes`).
 
     ``bf16_pairs`` (bf16 inputs on the cube): the packs hold bf16 pairs of Cout lanes and the mads
     sum :func:`.pairs.pair_dot` (``Formulation.CUBE_DX_BF16``), the form a ``vdpbf16ps`` target
@@ -93,7 +111,8 @@ def conv2d_backprop_input_compute(
     cols = axis_phases(g.w, g.kw, sw, pl, dil_w)
     pairs = bf16_pairs and dy.dtype == "bfloat16" and filters.dtype == "bfloat16"
     grid = [(ph, pw) for ph in rows for pw in cols]
-    if g.depth is None and not depthwise(params) and not pixel_lanes_input_grad(params):  # the 2-D cube: by live-tap regions where they pay
+    pixel_lanes = pixel_lanes_input_grad(params, planar, dy.dtype)
+    if g.depth is None and not depthwise(params) and not pixel_lanes:  # the 2-D cube: by live-tap regions where they pay
         below = PAIRED_SPLIT_BELOW if pairs else LIVE_TAPS_SPLIT_BELOW
         grid = region_grid(live_tap_regions(rows, sh, g.ho, below), cols, live_tap_regions(cols, sw, g.wo, below))
 
@@ -105,7 +124,7 @@ def conv2d_backprop_input_compute(
     else:
         if depthwise(params):
             phase_mads = depthwise_input_phases
-        elif pixel_lanes_input_grad(params):
+        elif pixel_lanes:
             phase_mads = _pixel_lane_phases
         else:
             phase_mads = partial(_cube_phases, pairs=pairs)
@@ -226,7 +245,8 @@ def _pixel_lane_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams
     def rows_value(n, co, y, x):
         return guarded(window.conds(y, x), dy[n, co // C0, y - top, x - left, co % C0].astype(ACC))
 
-    dy_rows = te.compute((g.batch, g.cout, *window.shape), rows_value, name=DY_ROWS, tag=DY_ROWS)
+    in_place = DY_IN_PLACE and dy.dtype == ACC and window.unpadded  # (a channel-planar dy's planes are these rows)
+    dy_rows = te.compute((g.batch, g.cout, *window.shape), rows_value, name=DY_ROWS, tag=DY_ROWS, attrs={READ_IN_PLACE: 1} if in_place else None)
     w_t = te.compute(
         (g.cout, g.cin, g.kh, g.kw),
         lambda co, ci, kh, kw: filters[layout.fracz_row(ci // C0, kh, kw, g.kh, g.kw), co // C0, co % C0, ci % C0].astype(ACC),

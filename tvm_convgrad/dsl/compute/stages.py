@@ -46,7 +46,7 @@ from enum import Enum
 from typing import Iterable
 
 __all__ = [
-    "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "DIFF_SRC", "DIFF_WEIGHTS", "DST", "SRC_5HD", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
+    "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "READ_IN_PLACE", "DIFF_SRC", "DIFF_WEIGHTS", "DST", "SRC_5HD", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
     "DX_PX", "DY_5HD", "DY_DW", "DY_PACKS", "DY_PAD", "DY_ROWS", "DW_TAG", "DX_TAG", "FMAP_5HD", "FMAP_DW", "FMAP_L1", "FORMULATION", "Formulation",
     "GRADS_2_MATRIX", "GRADS_DW", "KERNEL_H", "KERNEL_W", "LAYOUT_ADAPTER", "LAYOUT_IN_TAG", "LAYOUT_OUT_TAG", "MAD_TAG", "PACK_STAGES", "WEIGHTS_FRACZ", "W_COL", "W_DW", "W_T",
     "X_STEP", "formulation", "phase_firsts", "phase_name", "PHASE_AXES", "FMAP_PAD", "W_CONV", "CONV_CC", "CONV_RES", "CONV_TAG",
@@ -123,6 +123,10 @@ X_STEP = "x_step"
 CONVERT_IN_PLACE = "convert_in_place"
 """Attribute of a stage that only converts its input to fp32 (no padding, no reordering that a
 load could not do), so a schedule may inline it where the target converts fp16 as it loads."""
+READ_IN_PLACE = "read_in_place"
+"""Attribute of a pack whose every value is one fp32 input element (no padding, no conversion):
+the pixel-lane dX's ``dy_rows`` of a channel-planar dy it reads without padding. The CPU schedule
+inlines it (its mad reads the input where it lies); a CUDA schedule keeps it a pack."""
 LAYOUT_ADAPTER = "layout_adapter"
 """Attribute of a frontend's layout stage: ``"in"`` (a framework-layout input seen as 5HD, inlined
 into the compute's packing stage) or ``"out"`` (the compute's result written in the framework's

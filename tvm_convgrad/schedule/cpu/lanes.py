@@ -3,16 +3,28 @@
 * dW (:class:`CoutLanesFilterGrad`, ``dw_cc_t``): Cout on the lanes; a tile is taps x Cout
   vectors (:func:`.tiles.tap_tile`).
 * dX (:class:`PixelLanesInputGrad`, ``dx_px_<rh>_<rw>``): output columns on the lanes; a tile is
-  rows x every input channel.
+  rows x every input channel, or, over channel-planar tensors with many channels (a 1x1 on NCX),
+  a GEMM tile of channels x consecutive pixels of an image's plane (:func:`.tiles.planar_tile`).
 """
 
 from __future__ import annotations
 
-from ..common import loop_extent
-from .loops import CpuMad, sum_parts
-from .tiles import largest_divisor, tap_tile
+from tvm import s_tir, tirx
 
-__all__ = ["DY_BAND_BYTES", "CoutLanesFilterGrad", "PixelLanesInputGrad"]
+from ..common import loop_extent
+from .loops import CpuMad, sum_parts, whole_tiles_and_edge
+from .tiles import largest_divisor, planar_tile, tap_tile
+
+__all__ = ["DY_BAND_BYTES", "PLANAR_TASKS_PER_CORE", "CoutLanesFilterGrad", "PixelLanesInputGrad"]
+
+PLANAR_TASKS_PER_CORE = 4
+"""Tasks per core of a planar pixel-lane dX: an image's channels split in groups until there are this many."""
+
+PLANAR_RESULT_BYTES = 256 << 10
+"""... and until a task's sums (its channels' planes, written back in the task) are no larger than
+this or than the image's dy, which every task of the image reads again (from L3): ResNet-50's 256
+-> 64 1x1 on 56x56, N=8 (a 3.2 MB result per image from 800 KB of dy), Zen 4: one task per image
+7.1 ms, four 5.6; 64 -> 256 (3.2 MB of dy, 800 KB of sums): one 6.0, four 7.7."""
 
 DY_BAND_BYTES = 256 << 10
 """dy read by the Cout-on-lanes dW tiles per band of rows: within any x86 core's L2 beside the x rows."""
@@ -63,11 +75,15 @@ class CoutLanesFilterGrad(CpuMad):
 class PixelLanesInputGrad(CpuMad):
     """One stride phase of dX with output columns on the lanes (``dx_px_<rh>_<rw>``)."""
 
+    write_back_in_task = True  # (the planar tiles' tasks: whole rows of an image, every channel)
+
     def schedule(self, block):
         """dX with output columns on the lanes (``dx_px``): a tile is 16 columns (fewer where a
         row of every channel would not fit the registers) x ``j_i`` rows x every input channel;
         per ``(co, mh, mw)`` one dy vector per row, used at once by every channel's broadcast
         weight (so one dy vector is live at a time, the channels' weights for the whole tile)."""
+        if self._planar_tiles(block):
+            return
         sch, plan = self.sch, self.plan
         *_, n, ci, j, i, co, mh, mw = sch.get_loops(block)
         width, channels = loop_extent(sch, i), loop_extent(sch, ci)
@@ -86,3 +102,51 @@ class PixelLanesInputGrad(CpuMad):
         if width <= columns or width % columns == 0:  # a ragged last vector stays scalar
             sch.vectorize(i_i)
         sch.decompose_reduction(block, co)
+
+    def _planar_tiles(self, block) -> bool:
+        """More channels than accumulators (a 1x1 over NCX tensors, :func:`~tvm_convgrad.dsl.compute.backprop_input.planar_pixel_lanes`):
+        an image's pixels one axis ``p = j*cols + i``, a tile ``R`` channels x ``V`` vectors of
+        consecutive pixels (:func:`.tiles.planar_tile`; the plane's last pixels one narrower tile),
+        per ``co`` one dy load per vector (its plane, read where it lies) and one broadcast weight
+        per channel. The tasks are an image's channels in groups (as few as give
+        :data:`PLANAR_TASKS_PER_CORE` tasks a core), each task's result rows written back in it;
+        inside, each pixel tile's dy stays in cache while the group's channel tiles read it.
+        False (nothing changed) where the channels fit the every-channel tile, the schedule is
+        tunable, or the plane is not whole vectors."""
+        sch, plan = self.sch, self.plan
+        loops = sch.get_loops(block)
+        if self.tunable or self.under_task(block) or len(loops) != 7:  # (n, ci, j, i | co, mh, mw), not under an image's loop
+            return False
+        n, ci, j, i, co, mh, mw = loops
+        images, channels, rows, cols, douts = (loop_extent(sch, lp) for lp in (n, ci, j, i, co))
+        pixels = rows * cols
+        if channels <= plan.accumulators or pixels % plan.lanes:
+            return False
+        try:
+            sch.transform_block_layout(block, tirx.IndexMap.from_func(lambda n, ci, j, i, co, mh, mw: (n, ci, j * cols + i, co, mh, mw), ndim=7))
+        except s_tir.ScheduleError:
+            return False
+        r, v = planar_tile(channels, pixels, plan)
+        tiles = channels // r
+        result_bytes, dy_bytes = channels * pixels * 4, douts * pixels * 4  # an image's fp32 sums, its dy
+
+        def enough(d: int) -> bool:
+            return images * d >= PLANAR_TASKS_PER_CORE * self.cores and result_bytes // d <= max(PLANAR_RESULT_BYTES, dy_bytes)
+
+        groups = min([d for d in range(1, tiles + 1) if tiles % d == 0 and enough(d)] or [tiles])
+        n, ci, p, co, mh, mw = sch.get_loops(block)
+        group, ci = sch.split(ci, [groups, None])
+        ci_o, ci_i = sch.split(ci, [None, r])
+        p, lanes = sch.split(p, [None, plan.lanes])
+        sch.reorder(n, group, p, ci_o, co, mh, mw, ci_i, lanes)
+        task = sch.fuse(n, group)
+        sch.parallel(task)
+        self.write_back_in(block, task)
+        if pixels // plan.lanes % v == 0:
+            copies = [(block, *sch.split(p, [None, v]), [ci_o, co, mh, mw, ci_i, lanes])]
+        else:  # (the plane's last vectors one narrower tile)
+            copies = [(copy, *p_tiles, vectors, below) for copy, p_tiles, vectors, below in whole_tiles_and_edge(sch, p, pixels // plan.lanes, v)]
+        for copy, *p_tiles, vectors, (ci_o, co, mh, mw, ci_i, lanes) in copies:
+            sch.reorder(*p_tiles, ci_o, co, mh, mw, ci_i, vectors, lanes)
+            self.register_tile(copy, [ci_i, vectors], lanes, co)
+        return True

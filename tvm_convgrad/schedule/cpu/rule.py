@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from ...dsl.compute.stages import CONVERT_IN_PLACE, DY_ROWS, FMAP_L1, Formulation
+from ...dsl.compute.stages import CONVERT_IN_PLACE, DY_ROWS, FMAP_L1, READ_IN_PLACE, Formulation
 from ...isa import IsaPlan, isa_plan
 from ..base import Config, Rule, mads
 from ..common import inline_layout_stages, stage_blocks, target_cores
@@ -101,10 +101,10 @@ class CpuRule(Rule):
     def schedule(self, sch: s_tir.Schedule, target: Target, tunable: bool = False, config: CpuConfig | None = None) -> s_tir.Schedule:
         config = config or self.get_config(target)
         inline_layout_stages(sch)
-        if config.plan.converts_fp16:  # the mads read those inputs in place, converting as they load
-            for block in stage_blocks(sch):
-                if CONVERT_IN_PLACE in sch.get(block).annotations:
-                    sch.compute_inline(block)
+        for block in stage_blocks(sch):  # the mads read those inputs in place (converting as they load, where the target does)
+            annotations = sch.get(block).annotations
+            if READ_IN_PLACE in annotations or (config.plan.converts_fp16 and CONVERT_IN_PLACE in annotations):
+                sch.compute_inline(block)
         placed: set[str] = (phases_plane_by_plane(sch, config.cores) | regions_one_by_one(sch, config.cores)) if not tunable else set()
         per_image = phases_image_by_image(sch) if PHASES_PER_IMAGE and not placed else set()
         found = mads(sch)
