@@ -88,7 +88,7 @@ def planar_pixel_lanes(params: ConvGradParams, dtype: str = ACC) -> bool:
     1 without padding (``dx[n, ci, p] = sum_co w[co, ci] * dy[n, co, p]``) whose planes are whole
     16-pixel vectors. With the pixels on the lanes it reads NCX dy where it lies and writes NCX
     dX rows straight from its accumulators: no dy pack, no transpose of a channel-lane result.
-    (A 14x14 plane, 12 vectors and a part of one, measured 10-22% slower so than the cube reading
+    (A 14x14 plane, 12 vectors and a part of one, measured 10-22% slower than the cube reading
     dy in place: every other plane starts off a cache line, and the part is a tile of its own.)"""
     g = params.geom
     return (dtype == ACC and (g.kh, g.kw) == (1, 1) and g.strides == (1, 1) and not any(g.pads) and g.depth is None
