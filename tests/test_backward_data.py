@@ -145,15 +145,16 @@ def test_a_dx_whose_taps_read_no_padding_reads_dy_in_place(data_format, stride, 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
 @pytest.mark.parametrize("data_format, batch, cin, size", [("NCX", 2, 40, (8, 6)), ("NCX", 1, 64, (7, 16)), ("NCX", 3, 48, (4, 28)),
-                                                         ("NXC", 2, 40, (8, 6)), ("NCX", 2, 40, (7, 7))])  # fmt: skip
+                                                         ("NCX", 2, 24, (4, 4)), ("NXC", 2, 40, (8, 6)), ("NCX", 2, 40, (7, 7))])  # fmt: skip
 def test_an_ncx_1x1_dx_runs_with_the_pixels_on_the_lanes(isa, data_format, batch, cin, size):
     """Issue 27: an fp32 1x1 at stride 1 over NCX tensors is one GEMM per image whose pixels lie
     contiguous in dy and dX: with the pixels on the lanes (``dx_px``) it reads diff_dst where it
     lies (no ``dy_rows`` / ``dy_pad`` pass) and writes diff_src rows from the task's sums (no
     transpose of 16-channel rows; ResNet-50's 256 -> 64 on 56x56, N=8, Zen 4: 7.6 -> 5.8 ms). Its
     tiles (:func:`~tvm_convgrad.schedule.cpu.tiles.planar_tile`) keep their accumulators, loads
-    and broadcast within the registers (the AVX-512 inner loop spilled with 4 x 7); a plane of
-    whole vectors only (7x7 keeps the cube), and NXC keeps the cube. Scheduled for AVX-512 and
+    and broadcast within the registers (the AVX-512 inner loop spilled with 4 x 7), with 16
+    channels or more (24: fewer than AVX-512's accumulators, MobileNetV2's); a plane of whole
+    vectors only (7x7 keeps the cube), and NXC keeps the cube. Scheduled for AVX-512 and
     AVX2 on any host, exact where the host runs it."""
     from tvm.tirx import ForKind
 

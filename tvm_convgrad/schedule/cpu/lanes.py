@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
+from ...layout import C0
 from ..common import loop_extent
 from .loops import CpuMad, sum_parts, whole_tiles_and_edge
 from .tiles import largest_divisor, planar_tile, tap_tile
@@ -120,7 +121,7 @@ class PixelLanesInputGrad(CpuMad):
         n, ci, j, i, co, mh, mw = loops
         images, channels, rows, cols, douts = (loop_extent(sch, lp) for lp in (n, ci, j, i, co))
         pixels = rows * cols
-        if channels <= plan.accumulators or pixels % plan.lanes:
+        if channels < C0 or pixels % plan.lanes:  # (few channels: the every-channel tile)
             return False
         try:
             sch.transform_block_layout(block, tirx.IndexMap.from_func(lambda n, ci, j, i, co, mh, mw: (n, ci, j * cols + i, co, mh, mw), ndim=7))
