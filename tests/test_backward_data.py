@@ -154,8 +154,9 @@ def test_an_ncx_1x1_dx_runs_with_the_pixels_on_the_lanes(isa, data_format, batch
     tiles (:func:`~tvm_convgrad.schedule.cpu.tiles.planar_tile`) keep their accumulators, loads
     and broadcast within the registers (the AVX-512 inner loop spilled with 4 x 7), with 16
     channels or more (24: fewer than AVX-512's accumulators, MobileNetV2's); a plane of whole
-    vectors only (7x7 keeps the cube), and NXC keeps the cube. Scheduled for AVX-512 and
-    AVX2 on any host, exact where the host runs it."""
+    vectors only (7x7 keeps the cube), and NXC keeps the cube. A tunable schedule gets the same
+    tiles (it unrolled every channel). Scheduled for AVX-512 and AVX2 on any host, exact where
+    the host runs it."""
     from tvm.tirx import ForKind
 
     from tvm_convgrad import isa_target
@@ -183,6 +184,8 @@ def test_an_ncx_1x1_dx_runs_with_the_pixels_on_the_lanes(isa, data_format, batch
         assert re.search(rf"for \w+ in T.unroll\(T.int64\({r}\)\):\n\s+for \w+ in T.unroll\(T.int64\({v}\)\):\n\s+for \w+ in T.vectorized\(T.int64\({plan.lanes}\)\)", tir)
         sch = rule_for(target).apply(Workload.of(dx).prim_func(target), target)
         assert sch.get(sch.get_loops(sch.get_sblock("diff_src"))[0]).kind == ForKind.PARALLEL  # (written back in the mad's tasks)
+        tunable = rule_for(target).apply(Workload.of(dx).prim_func(target), target, tunable=True).mod.script()  # (the same tiles)
+        assert max(int(e) for e in re.findall(r"T.unroll\(T.int64\((\d+)\)\)", tunable)) <= max(r, v)
     if host_can_run(target):
         assert check_kernel(kernel).ok
 

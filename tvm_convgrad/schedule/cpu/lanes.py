@@ -112,11 +112,12 @@ class PixelLanesInputGrad(CpuMad):
         per channel. The tasks are an image's channels in groups (as few as give
         :data:`PLANAR_TASKS_PER_CORE` tasks a core), each task's result rows written back in it;
         inside, each pixel tile's dy stays in cache while the group's channel tiles read it.
-        False (nothing changed) where the channels fit the every-channel tile, the schedule is
-        tunable, or the plane is not whole vectors."""
+        Its sizes are no tuning samples (a tunable schedule gets the same tiles, its result a pass
+        of its own). False (nothing changed) for fewer than 16 channels (the every-channel tile)
+        or a plane that is not whole vectors."""
         sch, plan = self.sch, self.plan
         loops = sch.get_loops(block)
-        if self.tunable or self.under_task(block) or len(loops) != 7:  # (n, ci, j, i | co, mh, mw), not under an image's loop
+        if self.under_task(block) or len(loops) != 7:  # (n, ci, j, i | co, mh, mw), not under an image's loop (tunable too: no samples)
             return False
         n, ci, j, i, co, mh, mw = loops
         images, channels, rows, cols, douts = (loop_extent(sch, lp) for lp in (n, ci, j, i, co))
