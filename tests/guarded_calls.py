@@ -147,6 +147,11 @@ FIXED = {
                                    weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
     "dx-ncx-1x1-pixel-lanes-groups": Case("data", 1, 64, 24, 1, (7, 16), (7, 16), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
                                           weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
+    # the NCX 1x1 forward likewise: 40 output channels (a partial block, its lanes masked) with a bias; one image in several tasks
+    "fwd-ncx-1x1-pixel-lanes": Case("fwd", 2, 24, 40, 1, (8, 6), (8, 6), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
+                                    weights_format="OIX", bias=True, effective_pads=(0, 0)),  # fmt: skip
+    "fwd-ncx-1x1-pixel-lanes-groups": Case("fwd", 1, 24, 64, 1, (7, 16), (7, 16), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
+                                           weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
     "dx-nxc-1x1-dy-in-place-grouped": Case("data", 2, 48, 40, 2, (5, 6), (5, 6), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
 }
 """Named calls every run includes (framework operator cases of ``tests/framework_cases.py``)."""

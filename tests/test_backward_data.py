@@ -12,7 +12,6 @@ stages inlined) and every error rule.
 from __future__ import annotations
 
 import itertools
-import re
 
 import ml_dtypes
 import numpy as np
@@ -141,53 +140,6 @@ def test_a_dx_whose_taps_read_no_padding_reads_dy_in_place(data_format, stride, 
     assert ('T.sblock("dy_pad")' in tir) == packed
     inputs = arrays(case, seed=4)
     check(kernel(*inputs), expected(case, *inputs), kernel, case.name())
-
-
-@pytest.mark.parametrize("isa", ["avx512", "avx2"])
-@pytest.mark.parametrize("data_format, batch, cin, size", [("NCX", 2, 40, (8, 6)), ("NCX", 1, 64, (7, 16)), ("NCX", 3, 48, (4, 28)),
-                                                         ("NCX", 2, 24, (4, 4)), ("NXC", 2, 40, (8, 6)), ("NCX", 2, 40, (7, 7))])  # fmt: skip
-def test_an_ncx_1x1_dx_runs_with_the_pixels_on_the_lanes(isa, data_format, batch, cin, size):
-    """Issue 27: an fp32 1x1 at stride 1 over NCX tensors is one GEMM per image whose pixels lie
-    contiguous in dy and dX: with the pixels on the lanes (``dx_px``) it reads diff_dst where it
-    lies (no ``dy_rows`` / ``dy_pad`` pass) and writes diff_src rows from the task's sums (no
-    transpose of 16-channel rows; ResNet-50's 256 -> 64 on 56x56, N=8, Zen 4: 7.6 -> 5.8 ms). Its
-    tiles (:func:`~tvm_convgrad.schedule.cpu.tiles.planar_tile`) keep their accumulators, loads
-    and broadcast within the registers (the AVX-512 inner loop spilled with 4 x 7), with 16
-    channels or more (24: fewer than AVX-512's accumulators, MobileNetV2's); a plane of whole
-    vectors only (7x7 keeps the cube), and NXC keeps the cube. A tunable schedule gets the same
-    tiles (it unrolled every channel). Scheduled for AVX-512 and AVX2 on any host, exact where
-    the host runs it."""
-    from tvm.tirx import ForKind
-
-    from tvm_convgrad import isa_target
-    from tvm_convgrad.compile import Workload, resolve_target
-    from tvm_convgrad.isa import host_can_run, isa_plan
-    from tvm_convgrad.schedule import rule_for
-    from tvm_convgrad.schedule.cpu.tiles import planar_tile
-
-    target = resolve_target(isa_target(isa))
-    shape = (batch, 24, *size) if data_format == "NCX" else (batch, *size, 24)
-    dy = te.placeholder(shape, "float32", name="diff_dst")
-    weights = te.placeholder((24, cin, 1, 1) if data_format == "NCX" else (1, 1, cin, 24), "float32", name="weights")
-    dx = onednn.convolution_backward_data(dy, weights, [batch, cin, *size] if data_format == "NCX" else [batch, *size, cin], strides=[1, 1],
-                                          pads_begin=[0, 0], pads_end=[0, 0], dilations=[1, 1], data_format=data_format,
-                                          weights_format="OIX" if data_format == "NCX" else "XIO")  # fmt: skip
-    kernel = build(dx, target=target)
-    tir = kernel.inspect_source("tir")
-    planar = data_format == "NCX" and size[0] * size[1] % 16 == 0
-    assert (kernel.formulation == "pixel-lanes") == planar and (kernel.formulation == "cube") != planar
-    assert 'T.sblock("dy_rows")' not in tir and 'T.sblock("dy_pad")' not in tir
-    if planar:
-        plan = isa_plan(target)
-        r, v = planar_tile(cin, size[0] * size[1], plan)
-        assert cin % r == 0 and r * v <= plan.accumulators and r * v + v + 1 <= plan.registers
-        assert re.search(rf"for \w+ in T.unroll\(T.int64\({r}\)\):\n\s+for \w+ in T.unroll\(T.int64\({v}\)\):\n\s+for \w+ in T.vectorized\(T.int64\({plan.lanes}\)\)", tir)
-        sch = rule_for(target).apply(Workload.of(dx).prim_func(target), target)
-        assert sch.get(sch.get_loops(sch.get_sblock("diff_src"))[0]).kind == ForKind.PARALLEL  # (written back in the mad's tasks)
-        tunable = rule_for(target).apply(Workload.of(dx).prim_func(target), target, tunable=True).mod.script()  # (the same tiles)
-        assert max(int(e) for e in re.findall(r"T.unroll\(T.int64\((\d+)\)\)", tunable)) <= max(r, v)
-    if host_can_run(target):
-        assert check_kernel(kernel).ok
 
 
 def test_rank_3_folds_the_depth_into_the_batch():

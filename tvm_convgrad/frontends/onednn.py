@@ -345,7 +345,7 @@ def _forward(op: str, src: te.Tensor, weights: te.Tensor, bias: te.Tensor | None
     (no tile plan: ``amx`` is ignored, an AMX target runs its forward on ``vdpbf16ps``)."""
     params = view.params(kernel_name, FORWARD_OP)
     fracz = as_fracz(weights, view, weights_format, WEIGHTS_FRACZ)
-    y = conv_compute(as_5hd(src, data_format, SRC_5HD), fracz, params, bias, rows_and_columns=True, bf16_pairs=bf16_pairs)
+    y = conv_compute(as_5hd(src, data_format, SRC_5HD), fracz, params, bias, rows_and_columns=True, bf16_pairs=bf16_pairs, planar=data_format == "NCX")
     attrs = {"kernel_name": kernel_name, "flops": params.flops, "data_format": data_format}
     result = data_stage(y, view, shape, data_format, view.dtype, DST, attrs, post_ops)
     inputs = (src, weights) + ((bias,) if bias is not None else ()) + tuple(p.src1 for p in post_ops if p.is_binary)

@@ -56,12 +56,26 @@ from tvm import te, tirx
 from ... import layout
 from ...layout import C0, ceil_div
 from ...params import ConvGradParams
-from .common import ACC, NEVER, first_holding, guarded, inside
+from .common import ACC, NEVER, first_holding, guarded, inside, masked
 from .pairs import pair, pair_dot
 from .phases import LIVE_TAPS_SPLIT_BELOW, AxisPhase, output_runs, region_grid, tap_hull, whole_axis
-from .stages import CONV_CC, CONV_RES, CONV_TAG, FMAP_PAD, FORMULATION, MAD_TAG, PHASE_AXES, W_CONV, Formulation, phase_name
+from .stages import (CONV_CC, CONV_PX, CONV_RES, CONV_TAG, FMAP_PAD, FORMULATION, MAD_TAG, PHASE_AXES, READ_IN_PLACE, W_CONV, W_T, X_ROWS, Formulation,
+                     phase_name)
 
-__all__ = ["conv_compute", "conv_output_shape"]
+__all__ = ["conv_compute", "conv_output_shape", "planar_forward"]
+
+PLANAR_FORWARD = True  # (off: an NCX 1x1 forward on the cube; for A/B)
+
+
+def planar_forward(params: ConvGradParams, dtype: str) -> bool:
+    """An fp32 forward that is one GEMM per image over channel-planar tensors: a 1x1 kernel at
+    stride 1 without padding, one group, 16 output channels or more, planes of whole 16-pixel
+    vectors (``y[n, co, p] = sum_ci w[co, ci] * x[n, ci, p]``). With the pixels on the lanes it
+    reads NCX x where it lies and writes NCX rows from its accumulators, as the planar dX
+    (:func:`.backprop_input.planar_pixel_lanes`)."""
+    g = params.geom
+    return (PLANAR_FORWARD and dtype == ACC and (g.kh, g.kw) == (1, 1) and g.strides == (1, 1) and not any(g.pads) and g.depth is None
+            and g.groups == 1 and g.cout >= C0 and g.ho * g.wo % C0 == 0)  # fmt: skip
 
 def conv_output_shape(params: ConvGradParams) -> tuple[int, int, int, int]:
     """TBE's result shape ``(N*Do, ceil(Cout,16), Ho*Wo, 16)`` (``Do = 1`` in 2-D)."""
@@ -71,7 +85,7 @@ def conv_output_shape(params: ConvGradParams) -> tuple[int, int, int, int]:
 
 
 def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bias: te.Tensor | None = None,
-                 rows_and_columns: bool = False, bf16_pairs: bool = False) -> te.Tensor:  # fmt: skip
+                 rows_and_columns: bool = False, bf16_pairs: bool = False, planar: bool = False) -> te.Tensor:  # fmt: skip
     """``y`` of TBE's shape ``(N, ceil(Cout,16), Ho*Wo, 16)`` from 5HD ``data`` and FracZ(_g)
     ``weight`` (3-D: NDC1HWC0 and FracZ_3D, the result ``(N*Do, ..)``); ``bias`` ``(Cout,)`` or
     ``(align(Cout,16),)`` is added to the fp32 sums, and the result is rounded once to
@@ -80,10 +94,13 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
     ``rows_and_columns``: the same memory as 5HD ``(N, C1, Ho, Wo, 16)`` (a frontend's layout
     stage reads it with affine indices, so the schedule can write each task's output while the
     task's sums are in cache). ``bf16_pairs``: the mad on bf16 pairs of input channels (see the
-    module docstring)."""
+    module docstring). ``planar``: a frontend's x and y lie channel-planar (NCX, the 5HD views
+    layout stages), so a 1x1 at stride 1 runs with the pixels on the lanes (:func:`planar_forward`)."""
     g = params.geom
     ext = g.group
     pairs = bf16_pairs and data.dtype == "bfloat16" and weight.dtype == "bfloat16"
+    if planar and planar_forward(params, data.dtype) and weight.dtype == ACC:
+        return _result(_pixel_lane_sums(data, weight, params), params, bias, rows_and_columns, identity=True)
     _, read_x = _fmap_pad(data, params, pairs)
     depth = g.depth
     kd_n = depth.kernel if depth else 1
@@ -133,6 +150,14 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
                               for ph, pw, mad in regions), tirx.const(0.0, ACC))  # fmt: skip
 
     identity = ext.multiple == 1 and (ext.groups == 1 or ext.cout_g % C0 == 0)
+    return _result(sums, params, bias, rows_and_columns, identity)
+
+
+def _result(sums: Callable, params: ConvGradParams, bias: te.Tensor | None, rows_and_columns: bool, identity: bool) -> te.Tensor:
+    """TBE's result stage ``C`` from ``sums(row, block, h, w, c0)`` (a mad's sums of extended-group
+    block ``block``; ``identity``: the blocks are the output channels'), + bias, rounded once."""
+    g = params.geom
+    ext = g.group
 
     def result(row, c1, *pixel):
         *pixel, c0 = pixel
@@ -163,6 +188,31 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
             "flops": params.flops,
         },
     )
+
+
+def _pixel_lane_sums(data: te.Tensor, weight: te.Tensor, params: ConvGradParams) -> Callable:
+    """The planar forward's mad ``conv_px (N, Cout, Ho, Wo)`` (``Formulation.PIXEL_LANES``, the
+    planar dX's schedule: channels x vectors of consecutive pixels) over ``x_rows (N, Cin, H, W)``
+    (x's planes, ``read_in_place``: the CPU rule inlines it) and ``w_t (Cin, Cout)`` (the weight
+    with each input channel's row of output channels contiguous: a tile's broadcasts); returns the
+    ``sums`` the result reads (the lanes past Cout masked, the index clamped: branch-free)."""
+    g = params.geom
+    x_rows = te.compute((g.batch, g.cin, g.h, g.w), lambda n, ci, y, x: data[n, ci // C0, y, x, ci % C0], name=X_ROWS, tag=X_ROWS,
+                        attrs={READ_IN_PLACE: 1})  # fmt: skip
+    w_t = te.compute((g.cin, g.cout), lambda ci, co: weight[layout.fracz_row(ci // C0, 0, 0, 1, 1), co // C0, co % C0, ci % C0].astype(ACC),
+                     name=W_T, tag=W_T)  # fmt: skip
+    ci = te.reduce_axis((0, g.cin), name="ci")
+    kh, kw = te.reduce_axis((0, 1), name="kh"), te.reduce_axis((0, 1), name="kw")
+    conv_px = te.compute((g.batch, g.cout, g.ho, g.wo), lambda n, co, j, i: te.sum(x_rows[n, ci, j + kh, i + kw] * w_t[ci, co], axis=[ci, kh, kw]),
+                         name=CONV_PX, tag=MAD_TAG, attrs={FORMULATION: Formulation.PIXEL_LANES.value})  # fmt: skip
+
+    def sums(row, block, h, w, c0):
+        channel = block * C0 + c0
+        if ceil_div(g.cout, C0) * C0 > g.cout:
+            return masked(conv_px[row, tirx.min(channel, g.cout - 1), h, w], channel < g.cout)
+        return conv_px[row, channel, h, w]
+
+    return sums
 
 
 def _phases(kernel: int, stride: int) -> int:

@@ -46,7 +46,7 @@ from enum import Enum
 from typing import Iterable
 
 __all__ = [
-    "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "READ_IN_PLACE", "DIFF_SRC", "DIFF_WEIGHTS", "DST", "SRC_5HD", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
+    "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "CONV_PX", "READ_IN_PLACE", "X_ROWS", "DIFF_SRC", "DIFF_WEIGHTS", "DST", "SRC_5HD", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
     "DX_PX", "DY_5HD", "DY_DW", "DY_PACKS", "DY_PAD", "DY_ROWS", "DW_TAG", "DX_TAG", "FMAP_5HD", "FMAP_DW", "FMAP_L1", "FORMULATION", "Formulation",
     "GRADS_2_MATRIX", "GRADS_DW", "KERNEL_H", "KERNEL_W", "LAYOUT_ADAPTER", "LAYOUT_IN_TAG", "LAYOUT_OUT_TAG", "MAD_TAG", "PACK_STAGES", "WEIGHTS_FRACZ", "W_COL", "W_DW", "W_T",
     "X_STEP", "formulation", "phase_firsts", "phase_name", "PHASE_AXES", "FMAP_PAD", "W_CONV", "CONV_CC", "CONV_RES", "CONV_TAG",
@@ -76,6 +76,8 @@ C_DDR = "c_ddr"
 FMAP_PAD = "fmap_pad"
 W_CONV = "w_conv"
 CONV_CC = "conv_cc"
+X_ROWS = "x_rows"
+CONV_PX = "conv_px"
 CONV_RES = "C"
 # a framework operator's layout stages
 FMAP_5HD = "fmap"
@@ -97,7 +99,7 @@ CONV_TAG = "convolution_C"
 MAD_TAG = "mad"
 
 DX_PHASE_PREFIXES = (DX_CC, DX_PX, DX_DW)
-PACK_STAGES = (GRADS_2_MATRIX, FMAP_L1, DY_PAD, W_COL, DY_ROWS, W_T, GRADS_DW, FMAP_DW, DY_DW, W_DW, FMAP_PAD, W_CONV)
+PACK_STAGES = (GRADS_2_MATRIX, FMAP_L1, DY_PAD, W_COL, DY_ROWS, W_T, GRADS_DW, FMAP_DW, DY_DW, W_DW, FMAP_PAD, W_CONV, X_ROWS)
 """The stages that cast (and pad) the inputs to fp32: elementwise, read by the mads."""
 DY_PACKS = (DY_PAD, DY_ROWS, DY_DW)
 """dX's packs of dy (every stride phase reads one)."""
@@ -105,7 +107,7 @@ DY_PACKS = (DY_PAD, DY_ROWS, DY_DW)
 ARGUMENT_STAGES = {
     DW_TAG: ((FMAP_L1, FMAP_DW, DW_CC), (GRADS_2_MATRIX, GRADS_DW, DW_CC_T, DW_DW)),
     DX_TAG: ((W_COL, W_T, W_DW), (DY_PAD, DY_ROWS, DY_DW), (C_DDR,)),  # filters, dy, bias
-    CONV_TAG: ((FMAP_PAD, CONV_CC), (W_CONV,), (CONV_RES,)),  # data (read by the mad where it needs no pad), weight, bias
+    CONV_TAG: ((FMAP_PAD, CONV_CC, X_ROWS), (W_CONV, W_T), (CONV_RES,)),  # data (read by the mad where it needs no pad), weight, bias
 }
 """Result tag -> per input in TBE argument order, the stages (of any formulation) that read it."""
 
@@ -125,7 +127,7 @@ CONVERT_IN_PLACE = "convert_in_place"
 load could not do), so a schedule may inline it where the target converts fp16 as it loads."""
 READ_IN_PLACE = "read_in_place"
 """Attribute of a pack whose every value is one fp32 input element (no padding, no conversion):
-the pixel-lane dX's ``dy_rows`` of a channel-planar dy it reads without padding. The CPU schedule
+the planar pixel-lane dX's ``dy_rows`` of a dy it reads without padding, the forward's ``x_rows``. The CPU schedule
 inlines it (its mad reads the input where it lies); a CUDA schedule keeps it a pack."""
 LAYOUT_ADAPTER = "layout_adapter"
 """Attribute of a frontend's layout stage: ``"in"`` (a framework-layout input seen as 5HD, inlined
