@@ -36,6 +36,11 @@ tap reads consecutive rows of one phase, ``Hq = Ho + (KH-1)*dh // sh`` of them; 
 One extended group of fewer than 16 input channels (a network's first layer) sums over its real
 channels only: the ``ci0`` axis has ``Cin`` steps.
 
+**Planar** (``planar``, a frontend's NCX tensors; fp32 1x1 at stride 1, :func:`planar_forward`):
+``x_rows (N, Cin, H, W)`` (x's planes, read in place), ``w_t (Cin, Cout)`` and the mad ``conv_px
+(N, Cout, Ho, Wo) = sum_ci x_rows[n, ci, j, i] * w_t[ci, co]`` with the pixels on the lanes
+(``Formulation.PIXEL_LANES``), read by ``C`` as any mad.
+
 **bf16 pairs** (``bf16_pairs``, bf16 x and weight; ``Formulation.CUBE_FWD_BF16``, what a
 ``vdpbf16ps`` target builds): ``fmap_pad`` and ``w_conv`` hold pairs of input channels ``(2q,
 2q+1)`` in one ``uint32`` (:mod:`.pairs`; their last axes ``8`` and ``(8, 16)``) and the mad sums

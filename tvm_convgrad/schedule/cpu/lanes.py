@@ -3,8 +3,10 @@
 * dW (:class:`CoutLanesFilterGrad`, ``dw_cc_t``): Cout on the lanes; a tile is taps x Cout
   vectors (:func:`.tiles.tap_tile`).
 * dX (:class:`PixelLanesInputGrad`, ``dx_px_<rh>_<rw>``): output columns on the lanes; a tile is
-  rows x every input channel, or, over channel-planar tensors with many channels (a 1x1 on NCX),
-  a GEMM tile of channels x consecutive pixels of an image's plane (:func:`.tiles.planar_tile`).
+  rows x every input channel, or, over channel-planar tensors with 16 channels or more (a 1x1 on
+  NCX), a GEMM tile of channels x consecutive pixels of an image's plane (:func:`.tiles.planar_tile`);
+  the planar forward's ``conv_px`` (the same loops: image, output channel, rows, columns | input
+  channel, taps) likewise.
 """
 
 from __future__ import annotations
