@@ -152,6 +152,13 @@ FIXED = {
                                     weights_format="OIX", bias=True, effective_pads=(0, 0)),  # fmt: skip
     "fwd-ncx-1x1-pixel-lanes-groups": Case("fwd", 1, 24, 64, 1, (7, 16), (7, 16), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
                                            weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
+    # an NCX 1x1 dW with Cout on the lanes (x's planes read where they lie): a plane of 16 x 17, two Cout columns, a partial x
+    # tile of rows; and a few-channel 1x1 (Cin <= 8) whose x is read where it lies likewise, NCX and NXC
+    "dw-ncx-1x1-cout-lanes": Case("conv_v2", 3, 160, 128, 1, (16, 17), (16, 17), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
+                                  weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
+    "dw-ncx-1x1-few-channels": Case("conv_v2", 2, 6, 16, 1, (9, 7), (9, 7), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
+                                    weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
+    "dw-nxc-1x1-few-channels": Case("conv_v2", 2, 6, 16, 1, (9, 7), (9, 7), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
     "dx-nxc-1x1-dy-in-place-grouped": Case("data", 2, 48, 40, 2, (5, 6), (5, 6), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
 }
 """Named calls every run includes (framework operator cases of ``tests/framework_cases.py``)."""

@@ -114,3 +114,35 @@ def test_planar_tiles_fit_the_registers():
                 assert channels % r == 0 and r * v <= plan.accumulators and r * v + v + 1 <= plan.registers, (plan.name, channels, pixels, r, v)
     assert planar_tile(64, 3136, isa_plan(resolve_target(isa_target("avx512")))) == (4, 6)
     assert planar_tile(64, 3136, isa_plan(resolve_target(isa_target("avx2")))) == (4, 3)
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("data_format, batch, cin, cout, size, lanes", [("NCX", 2, 64, 32, (16, 16), True), ("NCX", 1, 48, 16, (32, 8), True),
+                                                                       ("NCX", 3, 160, 128, (16, 17), True), ("NXC", 2, 64, 32, (16, 16), False),
+                                                                       ("NCX", 2, 32, 64, (16, 16), False), ("NCX", 2, 64, 32, (7, 7), False),
+                                                                       ("NCX", 2, 64, 24, (16, 16), False)])  # fmt: skip
+def test_an_ncx_1x1_dw_with_fewer_outputs_runs_with_cout_on_the_lanes(isa, data_format, batch, cin, cout, size, lanes):
+    """dW of a 1x1 at stride 1 whose dy is the smaller operand (fewer output channels, whole
+    blocks, at most 128, on a map of 256 pixels or more): Cout on the lanes (``dw_cc_t``), x's
+    planes read where they lie (no ``fmap_l1`` pass transposing them; dy alone is packed), a tile
+    of input channels x Cout vectors within the registers (ResNet-50's 256 -> 64 on 56x56, N=8,
+    Zen 4: 8.7 -> 7.1 ms). NXC, more outputs than inputs, a 7x7 map and a partial Cout block keep
+    the cube."""
+    from tvm_convgrad.schedule.cpu.tiles import channel_tile
+
+    target = resolve_target(isa_target(isa))
+    x = _activation(data_format, batch, cin, size, "src")
+    dy = _activation(data_format, batch, cout, size, "diff_dst")
+    shape = [cout, cin, 1, 1] if data_format == "NCX" else [1, 1, cin, cout]
+    dw = onednn.convolution_backward_weights(x, dy, shape, strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], dilations=[1, 1],
+                                             data_format=data_format, weights_format="OIX" if data_format == "NCX" else "XIO")  # fmt: skip
+    kernel = build(dw, target=target)
+    tir = kernel.inspect_source("tir")
+    assert (kernel.formulation == "cout-lanes") == lanes and (kernel.formulation == "cube") != lanes
+    if lanes:
+        plan = isa_plan(target)
+        r, v = channel_tile(cin, cout // plan.lanes, plan)
+        assert 'T.sblock("fmap_l1")' not in tir and cin % r == 0 and r * v <= plan.accumulators and r * v + v + 1 <= plan.registers
+        assert re.search(rf"for \w+ in T.unroll\(T.int64\({r}\)\):\n\s+for \w+ in T.unroll\(T.int64\({v}\)\):\n\s+for \w+ in T.vectorized\(T.int64\({plan.lanes}\)\)", tir)
+    if host_can_run(target):
+        assert check_kernel(kernel).ok

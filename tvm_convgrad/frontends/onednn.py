@@ -64,7 +64,8 @@ def _filter_grad(op: str, x: te.Tensor, dy: te.Tensor, view: ConvView, data_form
     ``amx``: in the AMX tile plan's layout), which a ``vdpbf16ps`` (AMX) target builds instead."""
     params = view.params(kernel_name)
     cout_innermost = weights_format in _COUT_INNERMOST  # the pair tile turned to write rows of it
-    dw = conv2d_backprop_filter_compute(as_5hd(x, data_format, FMAP_5HD), as_5hd(dy, data_format, DY_5HD), params, bf16_pairs, cout_innermost, amx)
+    dw = conv2d_backprop_filter_compute(as_5hd(x, data_format, FMAP_5HD), as_5hd(dy, data_format, DY_5HD), params, bf16_pairs, cout_innermost, amx,
+                                        planar=data_format == "NCX")
     to_oix = partial(_conv_view_weight, weights_format)
     attrs = {"kernel_name": kernel_name, "flops": params.flops, "weights_format": weights_format}
     result = weight_stage(dw, view, shape, to_oix, view.dtype, DIFF_WEIGHTS, attrs)

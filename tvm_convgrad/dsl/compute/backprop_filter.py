@@ -77,17 +77,44 @@ from .dw_pairs import column_pairs, pair_packs
 from .pairs import pair, pair_dot
 from .filter_regions import from_tap_regions, read_span, tap_region_grid
 from .phases import AxisPhase, whole_axis
-from .stages import DW_CC, DW_CC_T, DW_DDR, DW_TAG, FMAP_L1, FORMULATION, GRADS_2_MATRIX, KERNEL_H, KERNEL_W, MAD_TAG, X_STEP, Formulation, phase_name
+from .stages import (DW_CC, DW_CC_T, DW_DDR, DW_TAG, FMAP_L1, FORMULATION, GRADS_2_MATRIX, KERNEL_H, KERNEL_W, MAD_TAG, READ_IN_PLACE, X_STEP, Formulation,
+                     phase_name)
 
-__all__ = ["conv2d_backprop_filter_compute", "transposed_filter_grad"]
+__all__ = ["conv2d_backprop_filter_compute", "planar_filter_lanes", "transposed_filter_grad"]
 
 TRANSPOSED_MAX_CIN = 8  # at most half the lanes of a channel block would be real channels
 
 
-def transposed_filter_grad(params: ConvGradParams) -> bool:
-    """Whether dW puts Cout on the lanes: one extended group holding at most 8 input channels."""
+def transposed_filter_grad(params: ConvGradParams, planar: bool = False, dtype: str = ACC) -> bool:
+    """Whether dW puts Cout on the lanes: one extended group holding at most 8 input channels, or
+    (``planar``: the frontend's x and dy lie channel-planar, NCX) a planar 1x1 whose dy is the
+    smaller operand (:func:`planar_filter_lanes`)."""
     ext = params.geom.group
-    return ext.g_extend == 1 and params.geom.cin <= TRANSPOSED_MAX_CIN
+    return ext.g_extend == 1 and (params.geom.cin <= TRANSPOSED_MAX_CIN or (planar and planar_filter_lanes(params, dtype)))
+
+
+PLANAR_MAX_COUT = 128
+"""A planar Cout-on-lanes dW has at most this many output channels: its tiles span them in one or two
+columns (AVX-512), each reading every x plane; ResNet-50's 256 -> 64 on 56x56, N=8, Zen 4: 8.7 ->
+7.1 ms, 512 -> 128 on 28x28 6.1 -> 5.3; 512 -> 256 on 28x28 12.0 -> 13.7, 2048 -> 512 on 7x7 4.9 ->
+10.4 (x read once per column)."""
+
+
+PLANAR_MIN_PIXELS = 256
+"""... and maps of at least this many pixels: each image is a partial dW summed after, whose
+``Cin x Cout`` sums a small map does not amortize (MobileNetV2's 576 -> 96 on 7x7, N=32: 2.5 ->
+3.3 ms; its 192 -> 32 on 16x16, N=8: 0.63 -> 0.25)."""
+
+
+def planar_filter_lanes(params: ConvGradParams, dtype: str = ACC) -> bool:
+    """An fp32 1x1 at stride 1 without padding (2-D, one group) with more input than output
+    channels (whole blocks of 16, at most :data:`PLANAR_MAX_COUT`) on a map of
+    :data:`PLANAR_MIN_PIXELS` or more: ``dw[co, ci] = sum_{n, p} x[n,
+    ci, p] * dy[n, co, p]`` with Cout on the lanes reads NCX x where it lies (a broadcast per input
+    channel) and packs only dy, the smaller operand, where the cube packs (transposes) x."""
+    g = params.geom
+    return (dtype == ACC and (g.kh, g.kw) == (1, 1) and g.strides == (1, 1) and not any(g.pads) and g.depth is None and g.groups == 1
+            and g.cout % C0 == 0 and C0 <= g.cout <= PLANAR_MAX_COUT and g.cout < g.cin and g.ho * g.wo >= PLANAR_MIN_PIXELS)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -173,7 +200,7 @@ class _StridePhases:
 
 
 def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, bf16_pairs: bool = False,
-                                   cout_lanes: bool = False, amx: bool = False) -> te.Tensor:  # fmt: skip
+                                   cout_lanes: bool = False, amx: bool = False, planar: bool = False) -> te.Tensor:  # fmt: skip
     """dW of TBE's shape ``(real_g, cin1_g*KH*KW, cout_g, 16)`` from 5HD ``fmap`` and ``dy``.
 
     ``bf16_pairs`` (bf16 inputs): the packs hold bf16 pairs along ``wo`` and the mad sums
@@ -183,12 +210,13 @@ def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvG
     e.g. XIO weights): the cube's register tile is turned, 16 Cin rows x 16 Cout lanes, so that
     each of its rows is 16 consecutive Cout of the result. ``amx`` (with ``bf16_pairs``, 2-D): the
     cube in the AMX tile plan's layout (``Formulation.CUBE_DW_AMX``, see :mod:`.dw_pairs`); 3-D
-    keeps the ``vdpbf16ps`` form."""
+    keeps the ``vdpbf16ps`` form. ``planar``: the frontend's x and dy lie channel-planar (NCX): a
+    1x1 whose dy is the smaller operand runs with Cout on the lanes (:func:`planar_filter_lanes`)."""
     g = params.geom
     shape = layout.shape_dw_result(g.filter_sizes, g.groups, g.kd)
     if depthwise(params):
         _, value = depthwise_filter_grad(fmap, dy, params)
-    elif transposed_filter_grad(params):
+    elif transposed_filter_grad(params, planar, dy.dtype):
         dw = _transposed_mad(fmap, dy, params, bf16_pairs and dy.dtype == "bfloat16")
         value = lambda grp, fkk, co, ci0: _from_transposed(dw, fkk, co, ci0, params)  # noqa: E731
     else:
@@ -325,8 +353,9 @@ def _transposed_mad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, pair
         grads = te.compute((fold.dy_extent, cout // C0, g.ho, pairs_out, C0), column_pairs(grads_value, g.wo), name=GRADS_2_MATRIX, tag=GRADS_2_MATRIX)
         wo = te.reduce_axis((0, pairs_out), name="wo")
         formulation = Formulation.COUT_LANES_BF16
-    else:
-        fmap_l1 = te.compute((fold.fmap_extent, g.cin, *reach), fmap_value, name=FMAP_L1, tag=FMAP_L1)
+    else:  # (x itself where there is nothing to pad or convert: its planes, read where they lie)
+        unpadded = fmap.dtype == ACC and g.depth is None and not any(g.pads) and reach == (g.h, g.w)
+        fmap_l1 = te.compute((fold.fmap_extent, g.cin, *reach), fmap_value, name=FMAP_L1, tag=FMAP_L1, attrs={READ_IN_PLACE: 1} if unpadded else None)
         grads = te.compute((fold.dy_extent, cout // C0, g.ho, g.wo, C0), grads_value, name=GRADS_2_MATRIX, tag=GRADS_2_MATRIX, attrs=in_place(dy))
         wo = te.reduce_axis((0, g.wo), name="wo")
         formulation = Formulation.COUT_LANES

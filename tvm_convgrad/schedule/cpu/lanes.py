@@ -1,7 +1,9 @@
-"""Few input channels on the CPU: the lanes hold what is plentiful instead of 3 channels padded to 16.
+"""The lanes hold what is plentiful instead of 3 channels padded to 16, or instead of the channels
+of channel-planar (NCX) tensors, whose pixels lie contiguous.
 
 * dW (:class:`CoutLanesFilterGrad`, ``dw_cc_t``): Cout on the lanes; a tile is taps x Cout
-  vectors (:func:`.tiles.tap_tile`).
+  vectors (:func:`.tiles.tap_tile`), or, a planar 1x1 with fewer outputs than inputs, input
+  channels x Cout vectors (:func:`.tiles.channel_tile`).
 * dX (:class:`PixelLanesInputGrad`, ``dx_px_<rh>_<rw>``): output columns on the lanes; a tile is
   rows x every input channel, or, over channel-planar tensors with 16 channels or more (a 1x1 on
   NCX), a GEMM tile of channels x consecutive pixels of an image's plane (:func:`.tiles.planar_tile`);
@@ -16,7 +18,7 @@ from tvm import s_tir, tirx
 from ...layout import C0
 from ..common import loop_extent
 from .loops import CpuMad, sum_parts, whole_tiles_and_edge
-from .tiles import largest_divisor, planar_tile, tap_tile
+from .tiles import channel_tile, largest_divisor, planar_tile, tap_tile
 
 __all__ = ["DY_BAND_BYTES", "PLANAR_TASKS_PER_CORE", "CoutLanesFilterGrad", "PixelLanesInputGrad"]
 
@@ -48,7 +50,11 @@ class CoutLanesFilterGrad(CpuMad):
         channels) are summed after. An image's dy is read by every tile, so it is read in bands
         of rows (:data:`DY_BAND_BYTES`, the tiles' partial sums kept in the result between bands)
         that stay in cache while all the tiles read them: a stem's 112x112x64 dy is 3 MB.
+        A 1x1 over 16 input channels or more (:meth:`_channel_tiles`) tiles input channels instead
+        of taps.
         """
+        if self._channel_tiles(block):
+            return
         sch = self.sch
         c, kh, kw, co, n, ho, wo = sch.get_loops(block)
         row_bytes = loop_extent(sch, wo) * loop_extent(sch, co) * 4
@@ -73,6 +79,41 @@ class CoutLanesFilterGrad(CpuMad):
         self.register_tile(mad, [kw_i, co1_i], co0, rows[0] if batched or bands else n)  # the outermost reduction loop
         if batched:
             sum_parts(sch, block)
+
+
+    def _channel_tiles(self, block) -> bool:
+        """A 1x1 over 16 input channels or more (NCX, :func:`~tvm_convgrad.dsl.compute.backprop_filter.planar_filter_lanes`):
+        a tile is ``R`` input channels x ``V`` Cout vectors (:func:`.tiles.channel_tile`), per step
+        ``(ho, wo)`` one broadcast x value per channel (its plane, read where it lies) and one dy
+        load per vector; as the tap tiles, the images are partial dWs summed after and dy is read
+        in bands of rows that all the tiles read from cache. False (nothing changed) otherwise."""
+        sch, plan = self.sch, self.plan
+        c, kh, kw, co, n, ho, wo = sch.get_loops(block)
+        channels, couts = loop_extent(sch, c), loop_extent(sch, co)
+        if loop_extent(sch, kh) * loop_extent(sch, kw) != 1 or channels < C0 or couts % plan.lanes:
+            return False
+        r, v = channel_tile(channels, couts // plan.lanes, plan)
+        row_bytes = loop_extent(sch, wo) * couts * 4
+        vectors, lanes = sch.split(co, [None, plan.lanes])
+        co_o, co_i = sch.split(vectors, [None, v])
+        c_o, c_i = sch.split(c, [None, r])
+        band = largest_divisor(loop_extent(sch, ho), DY_BAND_BYTES // row_bytes)
+        bands = [] if band == loop_extent(sch, ho) else list(sch.split(ho, [None, band]))
+        rows = bands or [ho]
+        batched = loop_extent(sch, n) > 1
+        if batched:
+            sch.reorder(n, *rows[:-1], co_o, c_o, kh, kw, rows[-1], wo, c_i, co_i, lanes)
+            mad = sch.rfactor(n, 0)
+            n, *rows, co_o, c_o, kh, kw, row, wo, c_i, co_i, lanes = sch.get_loops(mad)
+            rows.append(row)
+        else:
+            sch.reorder(*rows[:-1], co_o, c_o, kh, kw, n, rows[-1], wo, c_i, co_i, lanes)
+            mad = block
+        sch.parallel(sch.fuse(co_o, c_o, kh, kw))
+        self.register_tile(mad, [c_i, co_i], lanes, rows[0] if batched or bands else n)
+        if batched:
+            sum_parts(sch, block)
+        return True
 
 
 class PixelLanesInputGrad(CpuMad):

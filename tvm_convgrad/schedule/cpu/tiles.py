@@ -14,7 +14,7 @@ from ...isa import IsaPlan
 
 __all__ = [
     "ALIASED_TILE_PIXELS", "CHUNK_STEPS", "FMA_LATENCY", "L1_SET_STRIDE", "L2_BYTES_PER_CYCLE", "MAX_TAP_TILE", "MAX_TILE_PIXELS", "MAX_WO_UNROLL", "chunk", "depthwise_dw_tile",
-    "depthwise_dx_tile", "divisors", "dx_tile", "largest_divisor", "planar_tile", "step_cycles", "tap_tile",
+    "channel_tile", "depthwise_dx_tile", "divisors", "dx_tile", "largest_divisor", "planar_tile", "step_cycles", "tap_tile",
 ]  # fmt: skip
 
 MAX_TILE_PIXELS = 16  # dX pixels per tile: 16 rows of accumulators at most (AVX-512: 16 zmm of 32)
@@ -102,6 +102,18 @@ def planar_tile(channels: int, pixels: int, plan: IsaPlan) -> tuple[int, int]:
                 continue
             cycles = whole * step_cycles(r, v, plan) + (step_cycles(r, edge, plan) if edge else 0)
             options.append((cycles / r, r + v, r, v))
+    *_, r, v = min(options)
+    return r, v
+
+
+def channel_tile(channels: int, vectors: int, plan: IsaPlan) -> tuple[int, int]:
+    """Register tile ``(R, V)`` of a Cout-on-lanes dW over many input channels (a planar 1x1):
+    ``R`` input channels (one broadcast x value each per step, a divisor of ``channels``) x ``V``
+    of the ``vectors`` Cout vectors (one dy load each, a divisor), within the accumulators and,
+    with the loads and a broadcast, the registers; the fewest estimated cycles per FMA
+    (:func:`step_cycles`), then the most accumulators, then the fewest loads."""
+    options = [(step_cycles(r, v, plan) / (r * v), -r * v, r + v, r, v)
+               for v in divisors(vectors, plan.accumulators) for r in divisors(channels, plan.accumulators // v) if r * v + v + 1 <= plan.registers]  # fmt: skip
     *_, r, v = min(options)
     return r, v
 
