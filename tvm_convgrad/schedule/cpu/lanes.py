@@ -63,23 +63,7 @@ class CoutLanesFilterGrad(CpuMad):
         kw_o, kw_i = self.split(kw, taps, taps)
         co1_o, co1_i = self.split(co1, vectors, vectors)
         parts, co0 = sch.split(co0, [None, 16 * registers // self.plan.registers_per_row])
-        band = largest_divisor(loop_extent(sch, ho), DY_BAND_BYTES // row_bytes)
-        bands = [] if band == loop_extent(sch, ho) else list(sch.split(ho, [None, band]))
-        rows = bands or [ho]  # (band, rows of a band), or the rows
-        batched = loop_extent(sch, n) > 1
-        if batched:
-            sch.reorder(n, *rows[:-1], parts, co1_o, c, kh, kw_o, rows[-1], wo, kw_i, co1_i, co0)
-            mad = sch.rfactor(n, 0)
-            n, *rows, parts, co1_o, c, kh, kw_o, row, wo, kw_i, co1_i, co0 = sch.get_loops(mad)
-            rows.append(row)
-        else:
-            sch.reorder(*rows[:-1], parts, co1_o, c, kh, kw_o, n, rows[-1], wo, kw_i, co1_i, co0)
-            mad = block
-        sch.parallel(sch.fuse(parts, co1_o, c, kh, kw_o))
-        self.register_tile(mad, [kw_i, co1_i], co0, rows[0] if batched or bands else n)  # the outermost reduction loop
-        if batched:
-            sum_parts(sch, block)
-
+        self._in_bands(block, n, ho, wo, row_bytes, [parts, co1_o, c, kh, kw_o], [kw_i, co1_i], co0)
 
     def _channel_tiles(self, block) -> bool:
         """A 1x1 over 16 input channels or more (NCX, :func:`~tvm_convgrad.dsl.compute.backprop_filter.planar_filter_lanes`):
@@ -97,29 +81,40 @@ class CoutLanesFilterGrad(CpuMad):
         vectors, lanes = sch.split(co, [None, plan.lanes])
         co_o, co_i = sch.split(vectors, [None, v])
         c_o, c_i = sch.split(c, [None, r])
+        self._in_bands(block, n, ho, wo, row_bytes, [co_o, c_o, kh, kw], [c_i, co_i], lanes)
+        return True
+
+    def _in_bands(self, block, n, ho, wo, row_bytes: int, tasks: list, tile: list, lanes):
+        """The reduction of either tile: dy read in bands of rows (:data:`DY_BAND_BYTES`; ``row_bytes``
+        a row of dy), the tiles' partial sums kept in the result between bands; with a batch, each
+        image a partial dW (``rfactor`` over ``n``) summed after. ``tasks`` become the parallel
+        loop (inside the images and bands), ``tile`` the unrolled loops above the vectorized
+        ``lanes``."""
+        sch = self.sch
         band = largest_divisor(loop_extent(sch, ho), DY_BAND_BYTES // row_bytes)
         bands = [] if band == loop_extent(sch, ho) else list(sch.split(ho, [None, band]))
-        rows = bands or [ho]
+        rows = bands or [ho]  # (band, rows of a band), or the rows
         batched = loop_extent(sch, n) > 1
         if batched:
-            sch.reorder(n, *rows[:-1], co_o, c_o, kh, kw, rows[-1], wo, c_i, co_i, lanes)
+            sch.reorder(n, *rows[:-1], *tasks, rows[-1], wo, *tile, lanes)
             mad = sch.rfactor(n, 0)
-            n, *rows, co_o, c_o, kh, kw, row, wo, c_i, co_i, lanes = sch.get_loops(mad)
-            rows.append(row)
+            loops = sch.get_loops(mad)  # n, the bands, the tasks, a band's rows, wo, the tile, the lanes
+            outer = len(rows)  # (n and the bands)
+            rows = [*loops[1:outer], loops[outer + len(tasks)]]
+            tasks, tile, lanes = loops[outer : outer + len(tasks)], loops[-1 - len(tile) : -1], loops[-1]
         else:
-            sch.reorder(*rows[:-1], co_o, c_o, kh, kw, n, rows[-1], wo, c_i, co_i, lanes)
+            sch.reorder(*rows[:-1], *tasks, n, rows[-1], wo, *tile, lanes)
             mad = block
-        sch.parallel(sch.fuse(co_o, c_o, kh, kw))
-        self.register_tile(mad, [c_i, co_i], lanes, rows[0] if batched or bands else n)
+        sch.parallel(sch.fuse(*tasks))
+        self.register_tile(mad, tile, lanes, rows[0] if batched or bands else n)  # the outermost reduction loop
         if batched:
             sum_parts(sch, block)
-        return True
 
 
 class PixelLanesInputGrad(CpuMad):
     """One stride phase of dX with output columns on the lanes (``dx_px_<rh>_<rw>``)."""
 
-    write_back_in_task = True  # (the planar tiles' tasks: whole rows of an image, every channel)
+    write_back_in_task = True  # (the planar tiles' tasks: an image's channel group, every row)
 
     def schedule(self, block):
         """dX with output columns on the lanes (``dx_px``): a tile is 16 columns (fewer where a
@@ -148,8 +143,8 @@ class PixelLanesInputGrad(CpuMad):
         sch.decompose_reduction(block, co)
 
     def _planar_tiles(self, block) -> bool:
-        """More channels than accumulators (a 1x1 over NCX tensors, :func:`~tvm_convgrad.dsl.compute.backprop_input.planar_pixel_lanes`):
-        an image's pixels one axis ``p = j*cols + i``, a tile ``R`` channels x ``V`` vectors of
+        """A 1x1 over NCX tensors with 16 channels or more (:func:`~tvm_convgrad.dsl.compute.backprop_input.planar_pixel_lanes`,
+        or the planar forward's ``conv_px``): an image's pixels one axis ``p = j*cols + i``, a tile ``R`` channels x ``V`` vectors of
         consecutive pixels (:func:`.tiles.planar_tile`; the plane's last pixels one narrower tile),
         per ``co`` one dy load per vector (its plane, read where it lies) and one broadcast weight
         per channel. The tasks are an image's channels in groups (as few as give
@@ -188,10 +183,11 @@ class PixelLanesInputGrad(CpuMad):
         sch.parallel(task)
         self.write_back_in(block, task)
         if pixels // plan.lanes % v == 0:
-            copies = [(block, *sch.split(p, [None, v]), [ci_o, co, mh, mw, ci_i, lanes])]
+            p_tiles, vectors = sch.split(p, [None, v])
+            copies = [(block, [p_tiles], vectors, [ci_o, co, mh, mw, ci_i, lanes])]
         else:  # (the plane's last vectors one narrower tile)
-            copies = [(copy, *p_tiles, vectors, below) for copy, p_tiles, vectors, below in whole_tiles_and_edge(sch, p, pixels // plan.lanes, v)]
-        for copy, *p_tiles, vectors, (ci_o, co, mh, mw, ci_i, lanes) in copies:
+            copies = list(whole_tiles_and_edge(sch, p, pixels // plan.lanes, v))
+        for copy, p_tiles, vectors, (ci_o, co, mh, mw, ci_i, lanes) in copies:
             sch.reorder(*p_tiles, ci_o, co, mh, mw, ci_i, vectors, lanes)
             self.register_tile(copy, [ci_i, vectors], lanes, co)
         return True
