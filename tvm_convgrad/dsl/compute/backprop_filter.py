@@ -71,7 +71,7 @@ from tvm import te, tirx
 from ... import layout
 from ...layout import C0
 from ...params import ConvGeometry, ConvGradParams
-from .common import ACC, guarded, in_place, inside
+from .common import ACC, guarded, in_place, inside, planar_gemm
 from .depthwise import depthwise, depthwise_filter_grad
 from .dw_pairs import column_pairs, pair_packs
 from .pairs import pair, pair_dot
@@ -113,8 +113,8 @@ def planar_filter_lanes(params: ConvGradParams, dtype: str = ACC) -> bool:
     ci, p] * dy[n, co, p]`` with Cout on the lanes reads NCX x where it lies (a broadcast per input
     channel) and packs only dy, the smaller operand, where the cube packs (transposes) x."""
     g = params.geom
-    return (dtype == ACC and (g.kh, g.kw) == (1, 1) and g.strides == (1, 1) and not any(g.pads) and g.depth is None and g.groups == 1
-            and g.cout % C0 == 0 and C0 <= g.cout <= PLANAR_MAX_COUT and g.cout < g.cin and g.ho * g.wo >= PLANAR_MIN_PIXELS)  # fmt: skip
+    return (planar_gemm(g, dtype) and g.groups == 1 and g.cout % C0 == 0 and C0 <= g.cout <= PLANAR_MAX_COUT and g.cout < g.cin
+            and g.ho * g.wo >= PLANAR_MIN_PIXELS)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ from tvm import te, tirx
 from ... import layout
 from ...layout import C0
 from ...params import ConvGradParams
-from .common import ACC, first_holding, guarded, masked
+from .common import ACC, first_holding, guarded, masked, planar_gemm
 from .depthwise import depthwise, depthwise_input_phases
 from .pairs import pair, pair_dot
 from .phases import (LIVE_TAPS_SPLIT_BELOW, PAIRED_SPLIT_BELOW, AxisPhase, DepthFold, DyWindow, axis_phases, depth_fold, dy_window, live_tap_regions,
@@ -91,8 +91,7 @@ def planar_pixel_lanes(params: ConvGradParams, dtype: str = ACC) -> bool:
     (A 14x14 plane, 12 vectors and a part of one, measured 10-22% slower than the cube reading
     dy in place: every other plane starts off a cache line, and the part is a tile of its own.)"""
     g = params.geom
-    return (dtype == ACC and (g.kh, g.kw) == (1, 1) and g.strides == (1, 1) and not any(g.pads) and g.depth is None
-            and g.h * g.w % C0 == 0 and g.cin >= C0)  # fmt: skip
+    return planar_gemm(g, dtype) and g.h * g.w % C0 == 0 and g.cin >= C0
 
 
 def conv2d_backprop_input_compute(

@@ -18,6 +18,13 @@ def in_place(source: te.Tensor, when: bool = True) -> dict | None:
     return {CONVERT_IN_PLACE: 1} if when and isinstance(source.op, te.PlaceholderOp) else None
 
 
+def planar_gemm(geom, dtype: str) -> bool:
+    """Whether a convolution of ``geom`` on ``dtype`` is one fp32 GEMM per image over its pixels: a
+    2-D 1x1 kernel at stride 1 without padding, so that over channel-planar (NCX) tensors every
+    operand's pixels lie contiguous (the planar dX, forward and dW formulations start here)."""
+    return dtype == ACC and (geom.kh, geom.kw) == (1, 1) and geom.strides == (1, 1) and not any(geom.pads) and geom.depth is None
+
+
 NEVER = tirx.const(False, "bool")
 """The condition of a padded axis that holds no image data at all (see :func:`inside`)."""
 

@@ -61,7 +61,7 @@ from tvm import te, tirx
 from ... import layout
 from ...layout import C0, ceil_div
 from ...params import ConvGradParams
-from .common import ACC, NEVER, first_holding, guarded, inside, masked
+from .common import ACC, NEVER, first_holding, guarded, inside, masked, planar_gemm
 from .pairs import pair, pair_dot
 from .phases import LIVE_TAPS_SPLIT_BELOW, AxisPhase, output_runs, region_grid, tap_hull, whole_axis
 from .stages import (CONV_CC, CONV_PX, CONV_RES, CONV_TAG, FMAP_PAD, FORMULATION, MAD_TAG, PHASE_AXES, READ_IN_PLACE, W_CONV, W_T, X_ROWS, Formulation,
@@ -79,8 +79,7 @@ def planar_forward(params: ConvGradParams, dtype: str) -> bool:
     reads NCX x where it lies and writes NCX rows from its accumulators, as the planar dX
     (:func:`.backprop_input.planar_pixel_lanes`)."""
     g = params.geom
-    return (PLANAR_FORWARD and dtype == ACC and (g.kh, g.kw) == (1, 1) and g.strides == (1, 1) and not any(g.pads) and g.depth is None
-            and g.groups == 1 and g.cout >= C0 and g.ho * g.wo % C0 == 0)  # fmt: skip
+    return PLANAR_FORWARD and planar_gemm(g, dtype) and g.groups == 1 and g.cout >= C0 and g.ho * g.wo % C0 == 0
 
 def conv_output_shape(params: ConvGradParams) -> tuple[int, int, int, int]:
     """TBE's result shape ``(N*Do, ceil(Cout,16), Ho*Wo, 16)`` (``Do = 1`` in 2-D)."""
