@@ -54,6 +54,7 @@ class Case:
     shape_given: str = "input"
     bias: bool = False  # fwd: with a bias input
     post_ops: tuple = ()  # fwd: oneDNN post-ops ``(alg, alpha, beta, src1)``, src1 None or how it broadcasts (see dst_operand)
+    algorithm: str = "direct"  # fwd, data: the cube, "winograd" (F(2x2, 3x3)) or "auto"
 
     @property
     def rank(self) -> int:
@@ -64,6 +65,7 @@ class Case:
             f"{self.op}-r{self.rank}-g{self.groups}-{self.x_channels}x{self.dy_channels}-s{''.join(map(str, self.strides))}"
             f"-d{''.join(map(str, self.dilations))}-{self.auto_pad}-{self.data_format}-{self.weights_format}-{self.dtype}"
             + (f"-shape_{self.shape_given}" if self.op in DATA_OPS else "")
+            + (f"-{self.algorithm}" if self.algorithm != "direct" else "")
         )
 
     def weights_shape(self) -> tuple:
@@ -101,7 +103,7 @@ def call(case: Case, *inputs: te.Tensor):
         src, w, *rest = inputs
         bias, src1 = (rest[0] if case.bias else None), iter(rest[case.bias :])
         post_ops = [onednn.PostOp(alg, None if how is None else next(src1), alpha, beta) for alg, alpha, beta, how in case.post_ops]
-        return onednn.convolution(src, w, bias, weights_format=case.weights_format, post_ops=post_ops, **attrs)
+        return onednn.convolution(src, w, bias, weights_format=case.weights_format, post_ops=post_ops, algorithm=case.algorithm, **attrs)
     x, dy = inputs
     shape = list(case.weights_shape())
     if case.op == "conv":
@@ -117,7 +119,7 @@ def _data_call(case: Case, dy: te.Tensor, w: te.Tensor, attrs: dict):
     padding = None if case.output_padding is None else list(case.output_padding)
     if case.op == "data":
         return onednn.convolution_backward_data(dy, w, given[0], dst_shape_attr=given[1], weights_format=case.weights_format,
-                                                output_padding=padding, **attrs)  # fmt: skip
+                                                output_padding=padding, algorithm=case.algorithm, **attrs)  # fmt: skip
     return onednn.convolution_backprop_data(dy, w, given[0], output_shape_attr=given[1], filter_format=case.weights_format,
                                             output_padding=padding, **attrs)  # fmt: skip
 

@@ -160,6 +160,14 @@ FIXED = {
                                     weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
     "dw-nxc-1x1-few-channels": Case("conv_v2", 2, 6, 16, 1, (9, 7), (9, 7), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
     "dx-nxc-1x1-dy-in-place-grouped": Case("data", 2, 48, 40, 2, (5, 6), (5, 6), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
+    # Winograd F(2x2, 3x3): the input windows of the edge tiles (padding read as 0), a bias, OXI weights read tap by tap; a row of
+    # 5 tiles (a narrower last register tile) on NCX; the dX with its own pads 2 and 0 (uneven), whole images per task
+    "fwd-nxc-winograd": Case("fwd", 2, 32, 48, 1, (8, 10), (8, 10), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), weights_format="OXI", bias=True,
+                             effective_pads=(1, 1), algorithm="winograd"),  # fmt: skip
+    "fwd-ncx-winograd-ragged": Case("fwd", 1, 16, 32, 1, (6, 10), (6, 10), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
+                                    weights_format="OIX", effective_pads=(1, 1), algorithm="winograd"),  # fmt: skip
+    "dx-ncx-winograd-pads": Case("data", 3, 48, 32, 1, (8, 10), (8, 10), (3, 3), (1, 1), (0, 2), (2, 0), (1, 1), data_format="NCX",
+                                 weights_format="OIX", effective_pads=(0, 2), algorithm="winograd"),  # fmt: skip
 }
 """Named calls every run includes (framework operator cases of ``tests/framework_cases.py``)."""
 

@@ -32,6 +32,7 @@ LAYERS = [
     ((2, 64, 5, 5), 32, 1, 1, "valid", 1, 1, True),
     ((2, 16, 6, 6), 16, 3, 1, 7, 7, 1, False),  # an atrous rate past the map: only the centre tap is live
     ((1, 8, 5, 9), 8, 3, 1, (5, 4), (5, 4), 2, True),  # live taps cropped in rows, not in columns
+    ((2, 64, 12, 12), 64, 3, 1, 1, 1, 1, True),  # float32: the forward and dX by Winograd's F(2x2, 3x3) (72 tiles)
 ]
 
 
@@ -292,6 +293,17 @@ def test_an_unsupported_type_fails_in_the_backward_with_a_clear_error():
     w = torch.rand(4, 4, 3, 3, dtype=torch.complex64)
     with pytest.raises(ConvGradError, match="input.dtype"):
         conv2d(x, w).abs().sum().backward()
+
+
+def test_a_64_channel_3x3_layer_runs_winograd_for_its_dx_and_forward():
+    """``ALGORITHM = "auto"``: a float32 3x3 at stride 1 of 64 channels on 2 x 12 x 12 (72 2x2
+    tiles) builds its dX and forward as F(2x2, 3x3), its dW on the cube; bf16 keeps the cube."""
+    for channels_last in (False, True):
+        call = conv_call((2, 64, 12, 12), (64, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, torch.float32, channels_last)
+        assert input_grad_kernel(call).formulation == "winograd" and forward_kernel(call, True).formulation == "winograd"
+        assert weight_grad_kernel(call).formulation == "cube"
+    call = conv_call((2, 64, 12, 12), (64, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, torch.bfloat16, False)
+    assert input_grad_kernel(call).formulation.startswith("cube")
 
 
 @pytest.fixture

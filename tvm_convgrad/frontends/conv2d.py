@@ -78,19 +78,22 @@ class Conv2dGradients:
         call = replace(self, w_shape=(o, i, *kernel), pads=pads, dilation=dilation)
         return call, slice(rows[0], rows[1] + 1), slice(cols[0], cols[1] + 1)
 
-    def input_grad(self, kernel_name: str = "conv2d_input_grad") -> te.Tensor:
-        """dX: ``(dy, w) -> dx``."""
+    def input_grad(self, kernel_name: str = "conv2d_input_grad", algorithm: str = "direct") -> te.Tensor:
+        """dX: ``(dy, w) -> dx`` (``algorithm``: :data:`~tvm_convgrad.params.onednn.ALGORITHMS`)."""
         dy = te.placeholder(self.activation(self.y_shape), self.dtype, name="diff_dst")
         w = te.placeholder(self.weights(), self.dtype, name="weights")
-        return onednn.convolution_backward_data(dy, w, list(self.activation(self.x_shape)), kernel_name=kernel_name, **self.attrs())
+        return onednn.convolution_backward_data(dy, w, list(self.activation(self.x_shape)), kernel_name=kernel_name, algorithm=algorithm,
+                                                **self.attrs())  # fmt: skip
 
-    def forward(self, kernel_name: str = "conv2d_forward", bias: bool = False, post_ops: Sequence[PostOp] = ()) -> te.Tensor:
+    def forward(self, kernel_name: str = "conv2d_forward", bias: bool = False, post_ops: Sequence[PostOp] = (),
+                algorithm: str = "direct") -> te.Tensor:  # fmt: skip
         """The convolution itself: ``(x, w[, bias], *src1) -> y``, each value of y through
-        ``post_ops`` (oneDNN's, :mod:`tvm_convgrad.params.post_ops`) as it is written."""
+        ``post_ops`` (oneDNN's, :mod:`tvm_convgrad.params.post_ops`) as it is written
+        (``algorithm``: :data:`~tvm_convgrad.params.onednn.ALGORITHMS`)."""
         x = te.placeholder(self.activation(self.x_shape), self.dtype, name="src")
         w = te.placeholder(self.weights(), self.dtype, name="weights")
         b = te.placeholder((self.w_shape[0],), self.dtype, name="bias") if bias else None
-        return onednn.convolution(x, w, b, kernel_name=kernel_name, post_ops=list(post_ops), **self.attrs())
+        return onednn.convolution(x, w, b, kernel_name=kernel_name, post_ops=list(post_ops), algorithm=algorithm, **self.attrs())
 
     def weight_grad(self, kernel_name: str = "conv2d_weight_grad") -> te.Tensor:
         """dW: ``(x, dy) -> dw``."""

@@ -41,6 +41,7 @@ from ..params.framework import ConvView, FrameworkCall, split_weights
 from ..params.onednn import backward_data_view, deconv_view, forward_view, onednn_view
 from ..params.post_ops import PostOp
 from .layouts import as_5hd, as_fracz, data_stage, weight_stage
+from .winograd import use_winograd, winograd_data_grad, winograd_forward
 
 __all__ = [
     "PostOp", "conv_transpose_backward_weights", "convolution", "convolution_backprop_data", "convolution_backprop_filters", "convolution_backward_data",
@@ -189,14 +190,17 @@ def conv_transpose_backward_weights(
 
 
 def _data_grad(op: str, dy: te.Tensor, weights: te.Tensor, view: ConvView, data_format: str, weights_format: str, shape, kernel_name: str,
-               bf16_pairs: bool = False, amx: bool = False) -> te.Tensor:  # fmt: skip
+               bf16_pairs: bool = False, amx: bool = False, algorithm: str = "direct") -> te.Tensor:  # fmt: skip
     """The dX compute between layout stages: ``dy`` and ``weights`` in the framework layouts, the
     result of ``shape`` in ``data_format``; a bf16 result carries its bf16-pair form (dX has no
     tile plan: ``amx`` is ignored, an AMX target runs its dX on ``vdpbf16ps``)."""
     params = view.params(kernel_name, INPUT_OP)
+    attrs = {"kernel_name": kernel_name, "flops": params.flops, "data_format": data_format}
+    if use_winograd(op, algorithm, view, input_grad=True):
+        result = winograd_data_grad(dy, weights, view, data_format, weights_format, shape, DIFF_SRC, attrs)
+        return attach(result, params, (dy, weights), FrameworkCall(op, view, data_format, weights_format))
     fracz = as_fracz(weights, view, weights_format, WEIGHTS_FRACZ)
     dx = conv2d_backprop_input_compute(fracz, as_5hd(dy, data_format, DY_5HD), params, bf16_pairs=bf16_pairs, planar=data_format == "NCX")
-    attrs = {"kernel_name": kernel_name, "flops": params.flops, "data_format": data_format}
     result = data_stage(dx, view, shape, data_format, view.dtype, DIFF_SRC, attrs)
     paired = partial(_data_grad, op, dy, weights, view, data_format, weights_format, shape, kernel_name, True) if _pairs_apply(view, bf16_pairs) else None
     return attach(result, params, (dy, weights), FrameworkCall(op, view, data_format, weights_format), paired)
@@ -223,6 +227,7 @@ def convolution_backward_data(
     weights_format: str = "XIO",
     dst_shape_attr: Sequence[int] | None = None,
     kernel_name: str = "convolution_backward_data",
+    algorithm: str = "direct",
 ) -> te.Tensor:
     """``ConvolutionBackwardData``: the input gradient ``diff_src`` of ``dst = conv(src, W)``.
 
@@ -245,6 +250,9 @@ def convolution_backward_data(
         auto_pad derives the pads from the diff_src size (oneDNN's forward rule), so it needs the shape.
     output_padding : one int per spatial axis, each ``< stride`` (default 0): the extra rows the
         formula above adds; with a given shape, checked against it.
+    algorithm : ``"direct"`` (default), ``"winograd"`` or ``"auto"`` (oneDNN's algorithm kinds): a
+        float32 3x3 dX at stride 1 by Winograd's F(2x2, 3x3), where it applies (``"auto"``: and
+        pays), see :mod:`.winograd`.
 
     Returns
     -------
@@ -257,7 +265,7 @@ def convolution_backward_data(
         diff_dst, weights, dst_shape, dst_shape_attr, strides, pads_begin, pads_end, dilations, auto_pad, output_padding,
         groups, data_format, weights_format,
     )  # fmt: skip
-    return _data_grad("ConvolutionBackwardData", diff_dst, weights, view, data_format, weights_format, shape, kernel_name)
+    return _data_grad("ConvolutionBackwardData", diff_dst, weights, view, data_format, weights_format, shape, kernel_name, algorithm=algorithm)
 
 
 def convolution_backprop_data(
@@ -304,6 +312,7 @@ def convolution(
     weights_format: str = "XIO",
     post_ops: Sequence[PostOp] | None = None,
     kernel_name: str = "convolution",
+    algorithm: str = "direct",
 ) -> te.Tensor:
     """``Convolution``: ``dst[n, g*OCg + o, p] = sum_{i, k} src[n, g*ICg + i, p*s - pb + k*d] *
     W[g*OCg + o, i, k] (+ bias[g*OCg + o])``, src read as 0 outside its extent.
@@ -324,6 +333,9 @@ def convolution(
         value's fp32 sums (after the bias) as it is written out: ``PostOp.eltwise("relu")``,
         ``PostOp.binary("add", residual)`` (a ``te.Tensor`` broadcast to dst's shape), ... A binary
         one's ``src1`` is an input of the kernel, after ``bias``.
+    algorithm : ``"direct"`` (default), ``"winograd"`` or ``"auto"`` (oneDNN's algorithm kinds): a
+        float32 3x3 at stride 1 without post-ops by Winograd's F(2x2, 3x3), where it applies
+        (``"auto"``: and pays), see :mod:`.winograd`.
 
     Returns
     -------
@@ -335,21 +347,24 @@ def convolution(
     view, data_format, weights_format, shape, post_ops = forward_view(
         "Convolution", src, weights, bias, strides, pads_begin, pads_end, dilations, auto_pad, groups, data_format, weights_format, post_ops
     )
-    return _forward("Convolution", src, weights, bias, view, data_format, weights_format, shape, kernel_name, post_ops)
+    return _forward("Convolution", src, weights, bias, view, data_format, weights_format, shape, kernel_name, post_ops, algorithm=algorithm)
 
 
 def _forward(op: str, src: te.Tensor, weights: te.Tensor, bias: te.Tensor | None, view: ConvView, data_format: str, weights_format: str,
-             shape, kernel_name: str, post_ops: tuple[PostOp, ...], bf16_pairs: bool = False, amx: bool = False) -> te.Tensor:  # fmt: skip
+             shape, kernel_name: str, post_ops: tuple[PostOp, ...], bf16_pairs: bool = False, amx: bool = False,
+             algorithm: str = "direct") -> te.Tensor:  # fmt: skip
     """The forward compute between layout stages: src 5HD (NDC1HWC0), the weights FracZ_g
     (FracZ_3D), the ``(N*Do, C1, Ho, Wo, 16)`` result as ``dst`` of ``shape`` in ``data_format``,
     each value through ``post_ops`` as it is written; a bf16 result carries its bf16-pair form
     (no tile plan: ``amx`` is ignored, an AMX target runs its forward on ``vdpbf16ps``)."""
     params = view.params(kernel_name, FORWARD_OP)
-    fracz = as_fracz(weights, view, weights_format, WEIGHTS_FRACZ)
-    y = conv_compute(as_5hd(src, data_format, SRC_5HD), fracz, params, bias, rows_and_columns=True, bf16_pairs=bf16_pairs, planar=data_format == "NCX")
     attrs = {"kernel_name": kernel_name, "flops": params.flops, "data_format": data_format}
-    result = data_stage(y, view, shape, data_format, view.dtype, DST, attrs, post_ops)
     inputs = (src, weights) + ((bias,) if bias is not None else ()) + tuple(p.src1 for p in post_ops if p.is_binary)
     call = FrameworkCall(op, view, data_format, weights_format, bias=bias is not None, post_ops=post_ops)
+    if use_winograd(op, algorithm, view, post_ops=post_ops):
+        return attach(winograd_forward(src, weights, bias, view, data_format, weights_format, shape, DST, attrs), params, inputs, call)
+    fracz = as_fracz(weights, view, weights_format, WEIGHTS_FRACZ)
+    y = conv_compute(as_5hd(src, data_format, SRC_5HD), fracz, params, bias, rows_and_columns=True, bf16_pairs=bf16_pairs, planar=data_format == "NCX")
+    result = data_stage(y, view, shape, data_format, view.dtype, DST, attrs, post_ops)
     paired = partial(_forward, op, src, weights, bias, view, data_format, weights_format, shape, kernel_name, post_ops, True)
     return attach(result, params, inputs, call, paired if _pairs_apply(view, bf16_pairs) else None)

@@ -14,7 +14,16 @@ from .framework import (
 from .post_ops import PostOp, post_op_rules
 from .rules import Rules
 
-__all__ = ["backward_data_view", "deconv_view", "forward_view", "onednn_view"]
+__all__ = ["ALGORITHMS", "algorithm_choice", "backward_data_view", "deconv_view", "forward_view", "onednn_view"]
+
+ALGORITHMS = ("direct", "winograd", "auto")
+"""The forward's and dX's ``algorithm`` (oneDNN's ``convolution_direct`` / ``_winograd`` / ``_auto``):
+the cube, Winograd's F(2x2, 3x3), or Winograd where it applies and pays (:mod:`tvm_convgrad.frontends.winograd`)."""
+
+
+def algorithm_choice(op: str, value: Any) -> str:
+    """``algorithm`` checked: one of :data:`ALGORITHMS`."""
+    return format_choice(Rules(op, CODES), "algorithm", value, ALGORITHMS)
 
 
 def onednn_view(

@@ -42,7 +42,7 @@ from ..compile import resolve_target
 from ..errors import ConvGradError
 from ..params.post_ops import PostOp, broadcasts
 from ..schedule.cpu.generic import LoopsRule
-from .gradient import DTYPES, Conv2dCall, permute, scheduled_func
+from .gradient import DTYPES, Conv2dCall, algorithm_for, permute, scheduled_func
 
 __all__ = ["ScheduleConvs", "ScheduleLoops", "forward_func"]
 
@@ -52,7 +52,7 @@ CONV2D = "relax.nn.conv2d"
 def forward_func(call: Conv2dCall, target: Target, post_ops: Sequence[PostOp] = ()) -> tvm.tirx.PrimFunc:
     """The forward of ``call`` scheduled for ``target``: ``(x, w, *src1) -> y`` in the call's
     native layouts, ``post_ops`` applied to each value of y as it is written."""
-    return scheduled_func(call.gradients.forward("conv2d_forward", post_ops=post_ops), target)
+    return scheduled_func(call.gradients.forward("conv2d_forward", post_ops=post_ops, algorithm=algorithm_for(target)), target)
 
 
 _COMMUTATIVE = {"relax.add": "add", "relax.multiply": "mul", "relax.maximum": "max", "relax.minimum": "min"}

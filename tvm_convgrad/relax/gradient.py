@@ -31,7 +31,7 @@ from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 
 __all__ = [
-    "SCHEDULED", "Conv2dCall", "conv2d_gradient", "conv2d_gradients", "gradient_funcs", "permute", "primal_gradient", "relu_gradient",
+    "SCHEDULED", "Conv2dCall", "algorithm_for", "conv2d_gradient", "conv2d_gradients", "gradient_funcs", "permute", "primal_gradient", "relu_gradient",
     "relu_gradients", "scheduled_func",
 ]  # fmt: skip
 
@@ -90,7 +90,13 @@ def _shape(expr: relax.Expr, name: str) -> tuple[int, ...]:
 def gradient_funcs(gradients: Conv2dGradients, target: Target) -> tuple[tvm.tirx.PrimFunc, tvm.tirx.PrimFunc]:
     """``(dx, dw)``: the two operators' PrimFuncs, scheduled for ``target`` (dX takes ``(dy, w)``,
     dW ``(x, dy)``, in the gradients' layouts)."""
-    return scheduled_func(gradients.input_grad(), target), scheduled_func(gradients.weight_grad(), target)
+    return scheduled_func(gradients.input_grad(algorithm=algorithm_for(target)), target), scheduled_func(gradients.weight_grad(), target)
+
+
+def algorithm_for(target: Target) -> str:
+    """The forward's and dX's algorithm on ``target``: ``"auto"`` (Winograd where it pays) on a CPU,
+    the cube's ``"direct"`` elsewhere (the Winograd mad has a CPU schedule only)."""
+    return "auto" if target.kind.name == "llvm" else "direct"
 
 
 def scheduled_func(result: te.Tensor, target: Target) -> tvm.tirx.PrimFunc:

@@ -33,11 +33,15 @@ from ..compile import Kernel, build
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 
-__all__ = ["CACHED_CALLS", "DTYPES", "CallPlan", "as_layout", "as_weights", "call_plan", "conv_call", "dtype_name", "empty_weights",
+__all__ = ["ALGORITHM", "CACHED_CALLS", "DTYPES", "CallPlan", "as_layout", "as_weights", "call_plan", "conv_call", "dtype_name", "empty_weights",
            "forward_kernel", "input_grad_kernel", "is_channels_last", "memory_format", "plan_for", "weight_grad_kernel"]  # fmt: skip
 
 CACHED_CALLS = 128
 """Signatures whose kernels stay built (least recently used first out)."""
+
+ALGORITHM = "auto"
+"""The forward's and dX's algorithm: Winograd's F(2x2, 3x3) where it applies and pays, else the cube
+(:mod:`tvm_convgrad.frontends.winograd`)."""
 
 DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 """The tensor types the kernels take; float64 tensors are computed in float32 (see :mod:`.ops`)."""
@@ -99,7 +103,7 @@ def as_layout(tensor: torch.Tensor, call: Conv2dGradients) -> torch.Tensor:
 @functools.lru_cache(maxsize=CACHED_CALLS)
 def input_grad_kernel(call: Conv2dGradients) -> Kernel:
     """dX of ``call``: ``(grad_output, weight) -> grad_input``, in the call's layouts."""
-    return build(call.input_grad("torch_conv2d_input_grad"))
+    return build(call.input_grad("torch_conv2d_input_grad", algorithm=ALGORITHM))
 
 
 @functools.lru_cache(maxsize=CACHED_CALLS)
@@ -111,7 +115,7 @@ def weight_grad_kernel(call: Conv2dGradients) -> Kernel:
 @functools.lru_cache(maxsize=CACHED_CALLS)
 def forward_kernel(call: Conv2dGradients, bias: bool) -> Kernel:
     """The forward of ``call``: ``(input, weight[, bias]) -> output``, in the call's layouts."""
-    return build(call.forward("torch_conv2d_forward", bias))
+    return build(call.forward("torch_conv2d_forward", bias, algorithm=ALGORITHM))
 
 
 class CallPlan:

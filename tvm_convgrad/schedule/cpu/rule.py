@@ -25,6 +25,7 @@ pixels on the lanes    ``dx_px_<rh>_<rw>``            :class:`.lanes.PixelLanesI
 depthwise dW / dX      ``dw_dw`` / ``dx_dw_<..>``     :class:`.depthwise.DepthwiseFilterGrad` /
                                                       :class:`.depthwise.DepthwiseInputGrad`
 cube forward           ``conv_cc``                    :class:`.cube.CubeForward` (a dX phase's tiles)
+Winograd F(2x2, 3x3)   ``wino_m``                     :class:`.winograd.WinogradConv` (forward, dX)
 =====================  =============================  ===========================================
 
 The fp16 -> fp32 conversion happens once: in the packing stages (``fmap_l1``, ``grads_2_matrix``,
@@ -60,6 +61,7 @@ from .lanes import CoutLanesFilterGrad, PixelLanesInputGrad
 from .elementwise import elementwise, planar_pack
 from .loops import PHASES_PER_IMAGE, CpuMad, phases_image_by_image
 from .regions import regions_one_by_one
+from .winograd import WinogradConv
 
 __all__ = ["FORMULATIONS", "CpuConfig", "CpuRule"]
 
@@ -76,6 +78,7 @@ FORMULATIONS: dict[Formulation, type[CpuMad]] = {
     Formulation.DEPTHWISE_DX: DepthwiseInputGrad,
     Formulation.CUBE_FWD: CubeForward,
     Formulation.CUBE_FWD_BF16: PairedForward,
+    Formulation.WINOGRAD: WinogradConv,
 }
 """The class that schedules each kind of mad."""
 

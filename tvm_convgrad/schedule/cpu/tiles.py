@@ -14,7 +14,7 @@ from ...isa import IsaPlan
 
 __all__ = [
     "ALIASED_TILE_PIXELS", "CHUNK_STEPS", "FMA_LATENCY", "L1_SET_STRIDE", "L2_BYTES_PER_CYCLE", "MAX_TAP_TILE", "MAX_TILE_PIXELS", "MAX_WO_UNROLL", "chunk", "depthwise_dw_tile",
-    "channel_tile", "depthwise_dx_tile", "divisors", "dx_tile", "largest_divisor", "planar_tile", "step_cycles", "tap_tile",
+    "channel_tile", "depthwise_dx_tile", "divisors", "dx_tile", "largest_divisor", "planar_tile", "step_cycles", "tap_tile", "winograd_tile",
 ]  # fmt: skip
 
 MAX_TILE_PIXELS = 16  # dX pixels per tile: 16 rows of accumulators at most (AVX-512: 16 zmm of 32)
@@ -114,6 +114,27 @@ def channel_tile(channels: int, vectors: int, plan: IsaPlan) -> tuple[int, int]:
     (:func:`step_cycles`), then the most accumulators, then the fewest loads."""
     options = [(step_cycles(r, v, plan) / (r * v), -r * v, r + v, r, v)
                for v in divisors(vectors, plan.accumulators) for r in divisors(channels, plan.accumulators // v) if r * v + v + 1 <= plan.registers]  # fmt: skip
+    *_, r, v = min(options)
+    return r, v
+
+
+def winograd_tile(tiles: int, rows: int, plan: IsaPlan) -> tuple[int, int]:
+    """Register tile ``(R, V)`` of a Winograd GEMM (:mod:`.winograd`): ``R`` of a row's ``tiles``
+    (one broadcast transformed input each per step; where ``R`` does not divide them, the row's last
+    tiles are one narrower tile) x ``V`` of the ``rows`` 16-lane Cout rows (a divisor; one load of
+    each of its registers per step): ``R*V`` rows' registers within the accumulators and, with the
+    loads and a broadcast, within the registers. The fewest estimated cycles per Cout row over the
+    tile row (:func:`step_cycles`), then the fewest loads (AVX-512 on 28 tiles of 64 channels: 7 x 3)."""
+    per_row = plan.registers_per_row
+    options = []
+    for v in divisors(rows, plan.accumulators // per_row):
+        registers = v * per_row
+        for r in range(1, min(tiles, plan.accumulators // registers) + 1):
+            if r * registers + registers + 1 > plan.registers:
+                continue
+            whole, edge = divmod(tiles, r)
+            cycles = whole * step_cycles(r, registers, plan) + (step_cycles(edge, registers, plan) if edge else 0)
+            options.append((cycles / v, r + v, r, v))
     *_, r, v = min(options)
     return r, v
 

@@ -28,8 +28,9 @@ from dataclasses import dataclass, replace
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from ...dsl.compute.stages import PACK_STAGES
-from ..base import Config, Rule
+from ...dsl.compute.stages import PACK_STAGES, Formulation
+from ...errors import ConvGradError
+from ..base import Config, Rule, mads
 from ..common import inline_layout_stages, stage_blocks
 from .gemm import SHARED_BYTES, SM_COUNT, GemmConfig, gemm_config
 from .lowering import Lowering
@@ -87,6 +88,8 @@ class CudaRule(Rule):
         """Schedule the TE function in ``sch`` in place; with ``config.switch_double_buffering``,
         raises :class:`NoAlternative` where no GEMM has another choice."""
         config = config or self.get_config(target)
+        if any(kind == Formulation.WINOGRAD for _, kind in mads(sch)):
+            raise ConvGradError("build", "algorithm", "winograd", "has a CPU (llvm) schedule only: build the cuda kernel with algorithm='direct'")
         inline_layout_stages(sch)
         packs = [b for b in stage_blocks(sch) if sch.get(b).name_hint in PACK_STAGES]
         gemms = []  # (mad, GemmConfig) of the mads that run on tensor cores

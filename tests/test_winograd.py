@@ -1,0 +1,175 @@
+"""Issue 27: the forward and the stride-1 dX of a 3x3 layer by Winograd's F(2x2, 3x3) (16
+multiplies per 2x2 outputs where the direct convolution takes 36): ``algorithm="winograd"`` (where it
+applies) or ``"auto"`` (where it also pays: what the training clients run). Every case against the
+float64 reference written from the convolution's formula (``tests/framework_cases.py``) under the
+bound the direct kernels are held to, and the schedule's shape on AVX-512 and AVX2 on any host.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from tvm import te
+from tvm.tirx import ForKind
+
+from framework_cases import Case, arrays, check, expected, placeholders
+from framework_cases import call as case_call
+from tvm_convgrad import ConvGradError, build, isa_target
+from tvm_convgrad.compile import Workload, resolve_target
+from tvm_convgrad.dsl.compute.winograd import WINOGRAD_MIN_TILES, winograd_applies
+from tvm_convgrad.frontends import onednn
+from tvm_convgrad.isa import PLANS, host_can_run, isa_plan
+from tvm_convgrad.params.geometry import ConvGeometry
+from tvm_convgrad.schedule import rule_for
+from tvm_convgrad.schedule.cpu.tiles import winograd_tile
+
+
+def _case(op: str, batch: int, cin: int, cout: int, size, pads=((1, 1), (1, 1)), data_format="NXC", weights_format="OXI", bias=False,
+          algorithm="winograd") -> Case:  # fmt: skip
+    """A 3x3 stride-1 call: ``op`` ``fwd`` (x = src, cin -> cout) or ``data`` (diff_src of cin
+    channels from diff_dst of cout), ``pads`` ``(begin, end)`` per axis."""
+    (pt, pl), (pb, pr) = pads
+    out = (size[0] + pt + pb - 2, size[1] + pl + pr - 2)
+    return Case(op, batch, cin, cout, 1, tuple(size), out, (3, 3), (1, 1), (pt, pl), (pb, pr), (1, 1), data_format=data_format,
+                weights_format=weights_format, bias=bias, effective_pads=(pt, pl), algorithm=algorithm)  # fmt: skip
+
+
+def _run(case: Case, target="llvm"):
+    kernel = build(case_call(case, *placeholders(case)), target=target)
+    if host_can_run(resolve_target(target)):
+        inputs = arrays(case, seed=3)
+        check(kernel(*inputs), expected(case, *inputs), kernel, case.name())
+    return kernel
+
+
+_CASES = [
+    # (op, batch, cin, cout, size, pads, data_format, weights_format, bias)
+    ("fwd", 2, 64, 64, (8, 8), ((1, 1), (1, 1)), "NXC", "OXI", False),  # ResNet's 3x3, tasks of whole images
+    ("fwd", 1, 32, 48, (14, 10), ((1, 1), (1, 1)), "NCX", "OIX", True),  # NCX, a bias, 5 tiles a row (a narrower last tile)
+    ("fwd", 3, 16, 32, (8, 11), ((0, 1), (2, 0)), "NXC", "XIO", False),  # pads 0..2, uneven: 8 x 10 outputs
+    ("fwd", 2, 48, 16, (6, 6), ((0, 0), (0, 0)), "NCX", "OXI", True),  # no padding: 4 x 4
+    ("fwd", 1, 16, 16, (2, 2), ((1, 1), (1, 1)), "NXC", "OXI", False),  # one tile
+    ("data", 2, 64, 64, (8, 8), ((1, 1), (1, 1)), "NXC", "OXI", False),  # dX: dy through the rotated, transposed weight
+    ("data", 1, 48, 32, (14, 10), ((1, 1), (1, 1)), "NCX", "OIX", False),
+    ("data", 3, 32, 16, (8, 10), ((2, 0), (0, 2)), "NXC", "XIO", False),  # the dX's own pads 0..2: 8 x 10 from dy 8 x 10
+    ("data", 2, 16, 48, (4, 6), ((1, 0), (1, 0)), "NCX", "OXI", False),  # dy 4 x 4 onto 4 x 6
+]
+
+
+@pytest.mark.parametrize("op, batch, cin, cout, size, pads, data_format, weights_format, bias", _CASES)
+def test_winograd_matches_the_reference(op, batch, cin, cout, size, pads, data_format, weights_format, bias):
+    """Forward and dX by F(2x2, 3x3) in every layout, padded 0-2 on each side, with a bias, a row
+    of tiles the register tile does not divide, tasks of tile rows and of whole images: within the
+    fp32 bound of the direct kernels (``framework_cases.check``)."""
+    kernel = _run(_case(op, batch, cin, cout, size, pads, data_format, weights_format, bias))
+    assert kernel.formulation == "winograd"
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("op, data_format", [("fwd", "NXC"), ("data", "NCX")])
+def test_the_winograd_schedule_keeps_its_tiles_in_the_registers_and_its_transforms_in_its_tasks(isa, op, data_format):
+    """On either ISA (scheduled on any host, run where it can): the GEMM's register tile is
+    :func:`winograd_tile`'s (``R`` tiles x ``V`` Cout rows unrolled, 16 lanes vectorized), within
+    the registers; the input transform and the result (its layout stage folded in: no ``dst`` /
+    ``diff_src`` block) run inside the mad's parallel tasks."""
+    target = resolve_target(isa_target(isa))
+    case = _case(op, 2, 64, 64, (16, 16), data_format=data_format, weights_format="OIX" if data_format == "NCX" else "OXI")
+    kernel = _run(case, target)
+    tir = kernel.inspect_source("tir")
+    plan = isa_plan(target)
+    r, v = winograd_tile(8, 4, plan)
+    assert r * v * plan.registers_per_row <= plan.accumulators and (r + 1) * v * plan.registers_per_row + 1 <= plan.registers
+    assert re.search(rf"for \w+ in T.unroll\(T.int64\({r}\)\):\n\s+for \w+ in T.unroll\(T.int64\({v}\)\):\n\s+for \w+ in T.vectorized\(T.int64\(16\)\)", tir)
+    assert 'T.sblock("dst")' not in tir and 'T.sblock("diff_src")' not in tir
+    sch = rule_for(target).apply(Workload.of(case_call(case, *placeholders(case))).prim_func(target), target)
+    for stage in ("wino_v", "wino_m_update", "wino_y"):
+        assert sch.get(sch.get_loops(sch.get_sblock(stage))[0]).kind == ForKind.PARALLEL, stage
+
+
+def test_winograd_tiles_fit_the_registers():
+    """Every tile of a range of tile rows and Cout rows keeps its accumulators, loads and a
+    broadcast within each ISA's registers and divides the Cout rows."""
+    for plan in PLANS.values():
+        for tiles in (1, 2, 4, 5, 7, 9, 14, 28, 56):
+            for rows in (1, 2, 3, 4, 8, 16, 32):
+                r, v = winograd_tile(tiles, rows, plan)
+                registers = v * plan.registers_per_row
+                assert rows % v == 0 and r <= tiles and r * registers <= plan.accumulators and (r + 1) * registers + 1 <= plan.registers
+
+
+def _geometry(cin=64, cout=64, h=56, w=56, kernel=(3, 3), strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1), groups=1, batch=8):
+    ho = (h + pads[0] + pads[1] - dilations[0] * (kernel[0] - 1) - 1) // strides[0] + 1
+    wo = (w + pads[2] + pads[3] - dilations[1] * (kernel[1] - 1) - 1) // strides[1] + 1
+    return ConvGeometry(batch, cin, h, w, cout, kernel[0], kernel[1], ho, wo, strides, pads, dilations, groups)
+
+
+def test_winograd_applies_to_float32_3x3_stride_1_layers_of_whole_tiles():
+    assert winograd_applies(_geometry(), "float32") and winograd_applies(_geometry(), "float32", input_grad=True)
+    for geom, dtype in [
+        (_geometry(), "bfloat16"), (_geometry(kernel=(5, 5), pads=(2, 2, 2, 2)), "float32"), (_geometry(strides=(2, 2)), "float32"),
+        (_geometry(dilations=(2, 2), pads=(2, 2, 2, 2)), "float32"), (_geometry(groups=2), "float32"), (_geometry(cin=24), "float32"),
+        (_geometry(h=7, w=7), "float32"), (_geometry(pads=(3, 3, 3, 3)), "float32"),
+    ]:  # fmt: skip
+        assert not winograd_applies(geom, dtype), (geom, dtype)
+    assert winograd_applies(_geometry(h=9, pads=(1, 0, 1, 1)), "float32")  # 8 x 56 outputs
+    assert not winograd_applies(_geometry(h=9, pads=(1, 0, 1, 1)), "float32", input_grad=True)  # a 9-row dX
+
+
+def _onednn_forward(shape, wshape, algorithm, **extra):
+    src = te.placeholder(shape, "float32", name="src")
+    w = te.placeholder(wshape, "float32", name="weights")
+    kw = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], data_format="NCX", weights_format="OIX") | extra
+    return onednn.convolution(src, w, algorithm=algorithm, **kw)
+
+
+def test_auto_takes_winograd_where_it_pays_and_the_cube_elsewhere():
+    """``"auto"``: a 64-channel layer of enough tiles runs F(2x2, 3x3); too few tiles
+    (:data:`WINOGRAD_MIN_TILES`), too few channels, or a layer it does not apply to, the cube."""
+    assert build(_onednn_forward((1, 64, 16, 16), (64, 64, 3, 3), "auto")).formulation == "winograd"  # 64 tiles
+    assert WINOGRAD_MIN_TILES > 16 and build(_onednn_forward((1, 64, 8, 8), (64, 64, 3, 3), "auto")).formulation == "cube"
+    assert build(_onednn_forward((2, 32, 16, 16), (64, 32, 3, 3), "auto")).formulation == "cube"
+    assert build(_onednn_forward((2, 64, 16, 16), (64, 64, 3, 3), "auto", strides=[2, 2])).formulation == "cube"
+    assert build(_onednn_forward((2, 64, 16, 16), (64, 64, 3, 3), "direct")).formulation == "cube"
+
+
+@pytest.mark.parametrize("algorithm, extra, message", [
+    ("fast", {}, "must be one of ['direct', 'winograd', 'auto']"),
+    ("winograd", {"strides": [2, 2]}, "applies to float32 3x3 convolutions at stride 1"),
+    ("winograd", {"post_ops": [onednn.PostOp("relu")]}, "no post-ops"),
+])  # fmt: skip
+def test_an_algorithm_that_cannot_run_is_a_clear_error(algorithm, extra, message):
+    with pytest.raises(ConvGradError, match="algorithm") as error:
+        _onednn_forward((2, 64, 16, 16), (64, 64, 3, 3), algorithm, **extra)
+    assert message in str(error.value)
+
+
+def test_winograd_error_stays_within_the_direct_bound_on_a_deep_layer():
+    """512 input channels (a long reduction of transformed values, each a sum of four inputs times
+    a sum of up to nine weights): still within the bound; and within 1e-5 of the direct kernel's
+    result relative to the largest output."""
+    case = _case("fwd", 1, 512, 32, (8, 8), data_format="NXC", weights_format="OXI")
+    kernel = _run(case)
+    direct = build(case_call(_case_direct(case), *placeholders(case)))
+    inputs = arrays(case, seed=5)
+    ours, theirs = kernel(*inputs), direct(*inputs)
+    assert np.abs(ours - theirs).max() <= 1e-5 * np.abs(theirs).max()
+
+
+def _case_direct(case: Case) -> Case:
+    from dataclasses import replace
+
+    return replace(case, algorithm="direct")
+
+
+def test_a_tunable_winograd_schedule_is_the_default_one_and_cuda_is_a_clear_error():
+    """MetaSchedule's design space of a Winograd layer is its one schedule (no samples); the CUDA
+    rule has no Winograd schedule and says so."""
+    case = _case("fwd", 2, 64, 64, (16, 16))
+    result = case_call(case, *placeholders(case))
+    target = resolve_target("llvm")
+    tunable = rule_for(target).apply(Workload.of(result).prim_func(target), target, tunable=True)
+    assert tunable.mod.script() == rule_for(target).apply(Workload.of(result).prim_func(target), target).mod.script()
+    with pytest.raises(ConvGradError, match="CPU"):
+        build(result, target="cuda")

@@ -1,0 +1,218 @@
+"""TE compute of a 3x3 stride-1 convolution by Winograd's minimal filtering F(2x2, 3x3).
+
+``y[n, co, h, w] = sum_{ci, kh, kw} x[n, ci, h - pt + kh, w - pl + kw] * g[co, ci, kh, kw]`` (x
+read as 0 outside the image) computed per 2x2 block of outputs (a *tile*) from the 4x4 window of x
+under it: ``Y = A^T [sum_ci (G g G^T) (.) (B^T d B)] A`` (Lavin and Gray, *Fast Algorithms for
+Convolutional Neural Networks*, 2016). The 16 products of a tile's transformed window and
+transformed weight are 16 GEMMs of Cin, one per position ``xi = 4a + b`` of the 4x4 transform
+domain: 16 multiplies per 4 outputs where the direct convolution takes 36 (2.25x fewer).
+
+The same compute is the forward (``x``, ``g = w``) and the stride-1 dX (``x = dy``, ``g[ci, co]``
+the weight rotated 180 degrees and transposed, the pads ``2 - p``): the caller gives the operands
+as index functions, so it reads any layout in place.
+
+Stages, sums in fp32 (``TH = ceil(Ho/2)``, ``TW = ceil(Wo/2)``, Cin and Cout whole 16-channel
+blocks):
+
+=============  ====================================  ===============================================
+stage          shape                                 value
+=============  ====================================  ===============================================
+``wino_v``     ``(N, TH, 16, Cin/16, TW, 16)``       ``B^T d B`` of tile ``(i, j)``'s window ``d``
+                                                     (x rows ``2i - pt ..``, columns ``2j - pl ..``)
+``wino_u``     ``(16, Cout/16, Cin, 16)``            ``G g G^T`` of each (co, ci) weight (a sum over
+                                                     the 9 taps)
+``wino_m``     ``(N, TH, 16, Cout/16, TW, 16)``      the mad (``Formulation.WINOGRAD``):
+                                                     ``sum_ci wino_v[.., xi, ci, ..] * wino_u[xi, .., ci, ..]``
+``wino_y``     ``(N, TH, Cout/16, TW, 2, 2, 16)``    ``A^T m A`` of each tile (+ bias), ``res_dtype``
+=============  ====================================  ===============================================
+
+The output ``(n, h, w, co)`` is ``wino_y[n, h // 2, co // 16, w // 2, h % 2, w % 2, co % 16]``
+(:func:`output_index`): a frontend's result stage reads it there, one to one where ``Ho`` and ``Wo``
+are even (:func:`winograd_applies`), so a schedule folds it into ``wino_y``. A frontend asks for it
+with ``algorithm="winograd"`` (where it applies) or ``"auto"`` (where it also pays,
+:func:`winograd_pays`).
+
+Error: each output is a sum of the same products as the direct convolution's, regrouped; in fp32
+the transforms (``+-1`` and ``1/2``) add a few units in the last place per output (tests bound it
+against the float64 reference).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from tvm import te, tirx
+
+from ...layout import C0
+from .common import ACC
+from .stages import FORMULATION, MAD_TAG, WINO_M, WINO_U, WINO_V, WINO_Y, Formulation
+
+__all__ = ["ALPHA", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_MIN_TILES", "WinogradShape", "forward_shape", "input_grad_shape", "output_index",
+           "winograd_applies", "winograd_conv", "winograd_pays"]
+
+ALPHA = 4
+"""Side of the transform domain: a 4x4 window per 2x2 outputs."""
+
+WINOGRAD_MIN_CHANNELS = 64
+"""Fewest input and output channels a layer takes Winograd at by choice (``algorithm="auto"``):
+with fewer, the transforms cost as much as the multiplies they save."""
+
+WINOGRAD_MIN_TILES = 64
+"""Fewest 2x2 tiles (all images) a layer takes Winograd at by choice: with fewer, its tasks do not
+fill the cores (256 -> 256 on 14x14, N=1, Zen 4: 1.58 ms against the direct 1.42)."""
+
+# F(2x2, 3x3) (Lavin and Gray): the non-zeros of each row of B^T (4x4), G (4x3), A^T (2x4)
+_BT = (((0, 1), (2, -1)), ((1, 1), (2, 1)), ((1, -1), (2, 1)), ((1, 1), (3, -1)))
+_G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
+_AT = (((0, 1), (1, 1), (2, 1)), ((1, 1), (2, -1), (3, -1)))
+
+
+@dataclass(frozen=True)
+class WinogradShape:
+    """One Winograd convolution: ``n`` images of ``cin`` channels on ``h x w`` in, ``cout`` out,
+    3x3 at stride 1 with ``pads = (top, bottom, left, right)``."""
+
+    n: int
+    cin: int
+    cout: int
+    h: int
+    w: int
+    pads: tuple[int, int, int, int]
+
+    @property
+    def ho(self) -> int:
+        return self.h + self.pads[0] + self.pads[1] - 2
+
+    @property
+    def wo(self) -> int:
+        return self.w + self.pads[2] + self.pads[3] - 2
+
+    @property
+    def tiles(self) -> tuple[int, int]:
+        """``(TH, TW)``: 2x2 output tiles per column and per row."""
+        return (self.ho + 1) // 2, (self.wo + 1) // 2
+
+    @property
+    def flops(self) -> int:
+        """The direct convolution's (what a user compares against)."""
+        return 2 * self.n * self.ho * self.wo * self.cin * self.cout * 9
+
+
+def forward_shape(geom) -> WinogradShape:
+    """The Winograd convolution of a forward of ``geom`` (a :class:`~tvm_convgrad.params.geometry.ConvGeometry`)."""
+    return WinogradShape(geom.batch, geom.cin, geom.cout, geom.h, geom.w, tuple(geom.pads))
+
+
+def input_grad_shape(geom) -> WinogradShape:
+    """The Winograd convolution of ``geom``'s stride-1 dX: dy's ``cout`` channels in, ``cin`` out,
+    the pads ``2 - p`` (the weight rotated 180 degrees and transposed)."""
+    return WinogradShape(geom.batch, geom.cout, geom.cin, geom.ho, geom.wo, tuple(2 - p for p in geom.pads))
+
+
+def winograd_applies(geom, dtype: str, input_grad: bool = False) -> bool:
+    """Whether the forward (``input_grad``: the dX) of ``geom`` can run as F(2x2, 3x3): fp32, a
+    2-D 3x3 kernel at stride 1 without dilation or groups, pads of at most 2, whole 16-channel
+    blocks each side, and an output of whole tiles (even, at least 2 x 2)."""
+    if dtype != ACC or geom.depth is not None or (geom.kh, geom.kw) != (3, 3) or geom.strides != (1, 1) or geom.dilations != (1, 1):
+        return False
+    if geom.groups != 1 or geom.cin % C0 or geom.cout % C0 or not all(0 <= p <= 2 for p in geom.pads):
+        return False
+    shape = input_grad_shape(geom) if input_grad else forward_shape(geom)
+    return all(size >= 2 and size % 2 == 0 for size in (shape.ho, shape.wo))
+
+
+def winograd_pays(geom, input_grad: bool = False) -> bool:
+    """Whether F(2x2, 3x3) is the faster of the two on a layer it applies to: at least
+    :data:`WINOGRAD_MIN_CHANNELS` channels each side and :data:`WINOGRAD_MIN_TILES` tiles."""
+    shape = input_grad_shape(geom) if input_grad else forward_shape(geom)
+    th, tw = shape.tiles
+    return min(geom.cin, geom.cout) >= WINOGRAD_MIN_CHANNELS and shape.n * th * tw >= WINOGRAD_MIN_TILES
+
+
+def output_index(n, h, w, co) -> tuple:
+    """The ``wino_y`` index of output ``(n, h, w, co)``."""
+    return n, h // 2, co // C0, w // 2, h % 2, w % 2, co % C0
+
+
+def _signed_sum(terms) -> tirx.PrimExpr:
+    """``sum(sign * value)`` of ``(value, sign)`` pairs, signs +-1, without multiplies."""
+    total = None
+    for value, sign in terms:
+        if total is None:
+            total = value if sign > 0 else -value
+        else:
+            total = total + value if sign > 0 else total - value
+    return total
+
+
+def _g(row, tap) -> tirx.PrimExpr:
+    """``G[row][tap]`` at run-time indices (a select chain of the constants)."""
+    value = tirx.const(_G[3][2], ACC)
+    for r in range(3, -1, -1):
+        for k in range(2, -1, -1):
+            if (r, k) != (3, 2):
+                value = tirx.if_then_else(tirx.all(row == r, tap == k), tirx.const(_G[r][k], ACC), value)
+    return value
+
+
+def _by_position(xi, value_at: Callable[[int], tirx.PrimExpr]) -> tirx.PrimExpr:
+    """``value_at(xi)`` for an index ``xi`` of the 16 transform positions: a select chain (``xi``
+    is an outer loop of every stage, so each branch is taken by whole vectors)."""
+    value = value_at(ALPHA * ALPHA - 1)
+    for q in range(ALPHA * ALPHA - 2, -1, -1):
+        value = tirx.if_then_else(xi == q, value_at(q), value)
+    return value
+
+
+def winograd_conv(x_at: Callable, w_at: Callable, shape: WinogradShape, bias_at: Callable | None = None,
+                  res_dtype: str = ACC) -> te.Tensor:  # fmt: skip
+    """``wino_y`` of the convolution of ``shape`` (see the module docstring). ``x_at(n, c, r, col)``
+    reads the input at a position inside it (the compute guards the padding), ``w_at(co, ci, kh,
+    kw)`` the weight, ``bias_at(co)`` the bias; every value fp32."""
+    th, tw = shape.tiles
+    cin1, cout1 = shape.cin // C0, shape.cout // C0
+    pt, _, pl, _ = shape.pads
+    zero = tirx.const(0, ACC)
+
+    def window(n, c, i, j, r, col):
+        row, column = 2 * i - pt + r, 2 * j - pl + col
+        conds = [row >= 0, row < shape.h, column >= 0, column < shape.w]
+        return tirx.if_then_else(tirx.all(*conds), x_at(n, c, row, column), zero)
+
+    def v_value(n, i, xi, c1, j, c0):
+        c = c1 * C0 + c0
+
+        def at(q):
+            a, b = divmod(q, ALPHA)
+            return _signed_sum((window(n, c, i, j, r, col), sr * sc) for r, sr in _BT[a] for col, sc in _BT[b])
+
+        return _by_position(xi, at)
+
+    v = te.compute((shape.n, th, ALPHA * ALPHA, cin1, tw, C0), v_value, name=WINO_V)
+
+    kh = te.reduce_axis((0, 3), name="kh")
+    kw = te.reduce_axis((0, 3), name="kw")
+
+    def u_value(xi, co1, ci, co0):  # a sum over the taps, so a schedule can walk the weight tap by tap
+        return te.sum(_g(xi // ALPHA, kh) * _g(xi % ALPHA, kw) * w_at(co1 * C0 + co0, ci, kh, kw), axis=[kh, kw])
+
+    u = te.compute((ALPHA * ALPHA, cout1, shape.cin, C0), u_value, name=WINO_U)
+    ci1 = te.reduce_axis((0, cin1), name="ci1")
+    ci0 = te.reduce_axis((0, C0), name="ci0")
+    m = te.compute(
+        (shape.n, th, ALPHA * ALPHA, cout1, tw, C0),
+        lambda n, i, xi, co1, j, co0: te.sum(v[n, i, xi, ci1, j, ci0] * u[xi, co1, ci1 * C0 + ci0, co0], axis=[ci1, ci0]),
+        name=WINO_M, tag=MAD_TAG, attrs={FORMULATION: Formulation.WINOGRAD.value},
+    )
+
+    def y_value(n, i, co1, j, pr, pc, co0):
+        def tile(r, c):
+            return _signed_sum((m[n, i, ALPHA * a + b, co1, j, co0], sa * sb) for a, sa in _AT[r] for b, sb in _AT[c])
+
+        value = tirx.if_then_else(pr == 0, tirx.if_then_else(pc == 0, tile(0, 0), tile(0, 1)), tirx.if_then_else(pc == 0, tile(1, 0), tile(1, 1)))
+        if bias_at is not None:
+            value = value + bias_at(co1 * C0 + co0)
+        return value.astype(res_dtype)
+
+    return te.compute((shape.n, th, cout1, tw, 2, 2, C0), y_value, name=WINO_Y)

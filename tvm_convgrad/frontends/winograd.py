@@ -1,0 +1,83 @@
+"""The forward and the stride-1 dX by Winograd's F(2x2, 3x3) (:mod:`tvm_convgrad.dsl.compute.winograd`)
+on a framework operator's tensors, read and written where they lie (NCX / NXC activations, OIX /
+XIO / OXI weights).
+
+An operator asks for it with its ``algorithm`` (oneDNN's ``convolution_direct``,
+``convolution_winograd``, ``convolution_auto``):
+
+* ``"direct"`` (the default): the cube;
+* ``"winograd"``: F(2x2, 3x3), a :class:`~tvm_convgrad.errors.ConvGradError` where it does not
+  apply (:func:`~tvm_convgrad.dsl.compute.winograd.winograd_applies`);
+* ``"auto"``: F(2x2, 3x3) where it applies and pays (:func:`~tvm_convgrad.dsl.compute.winograd.winograd_pays`),
+  else the cube: what the training clients run.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from tvm import te
+
+from ..dsl.compute.winograd import forward_shape, input_grad_shape, output_index, winograd_applies, winograd_conv, winograd_pays
+from ..errors import ConvGradError
+from ..params.framework import ConvView, weights_index
+from ..params.onednn import algorithm_choice
+
+__all__ = ["use_winograd", "winograd_data_grad", "winograd_forward"]
+
+
+def use_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = False, post_ops: Sequence = ()) -> bool:
+    """Whether the forward (``input_grad``: the dX) of ``view`` runs as F(2x2, 3x3) for ``algorithm``
+    (a forward with ``post_ops`` keeps the cube)."""
+    algorithm = algorithm_choice(op, algorithm)
+    if algorithm == "direct" or view.rank != 2 or post_ops:
+        if algorithm == "winograd":
+            raise ConvGradError(op, "algorithm", algorithm, "needs 2 spatial axes and no post-ops")
+        return False
+    geom = view.geometry()
+    applies = winograd_applies(geom, view.dtype, input_grad)
+    if algorithm == "winograd" and not applies:
+        raise ConvGradError(op, "algorithm", algorithm, "applies to float32 3x3 convolutions at stride 1 without dilation or groups, "
+                            "pads of at most 2, whole 16-channel blocks and an even output (at least 2 x 2)")  # fmt: skip
+    return applies and (algorithm == "winograd" or winograd_pays(geom, input_grad))
+
+
+def _activation(tensor: te.Tensor, data_format: str):
+    """``(n, c, row, col) -> value`` of an NCX / NXC activation, as fp32."""
+    if data_format == "NCX":
+        return lambda n, c, r, col: tensor[n, c, r, col].astype("float32")
+    return lambda n, c, r, col: tensor[n, r, col, c].astype("float32")
+
+
+def _result(y5: te.Tensor, shape: Sequence[int], data_format: str, dtype: str, name: str, attrs: dict) -> te.Tensor:
+    """The result in ``data_format`` of ``shape``: each value ``wino_y``'s at its tile, in ``dtype``."""
+
+    def value(*index):
+        n, c, r, col = (index[0], index[1], index[2], index[3]) if data_format == "NCX" else (index[0], index[3], index[1], index[2])
+        return y5[output_index(n, r, col, c)].astype(dtype)
+
+    return te.compute(tuple(shape), value, name=name, attrs=attrs)
+
+
+def winograd_forward(src: te.Tensor, weights: te.Tensor, bias: te.Tensor | None, view: ConvView, data_format: str, weights_format: str,
+                     shape, name: str, attrs: dict) -> te.Tensor:  # fmt: skip
+    """``dst`` of the forward, of ``shape`` in ``data_format``, by F(2x2, 3x3)."""
+
+    def w_at(co, ci, kh, kw):
+        return weights[weights_index(weights_format, co, ci, (kh, kw))].astype("float32")
+
+    bias_at = None if bias is None else (lambda co: bias[co].astype("float32"))
+    y5 = winograd_conv(_activation(src, data_format), w_at, forward_shape(view.geometry()), bias_at)
+    return _result(y5, shape, data_format, view.dtype, name, attrs)
+
+
+def winograd_data_grad(dy: te.Tensor, weights: te.Tensor, view: ConvView, data_format: str, weights_format: str, shape, name: str,
+                       attrs: dict) -> te.Tensor:  # fmt: skip
+    """``diff_src`` of the stride-1 dX, of ``shape`` in ``data_format``, by F(2x2, 3x3): the
+    convolution of dy with the weight rotated 180 degrees, its channels transposed."""
+
+    def w_at(ci, co, kh, kw):  # (the dX's output channel is the forward's input channel)
+        return weights[weights_index(weights_format, co, ci, (2 - kh, 2 - kw))].astype("float32")
+
+    y5 = winograd_conv(_activation(dy, data_format), w_at, input_grad_shape(view.geometry()))
+    return _result(y5, shape, data_format, view.dtype, name, attrs)

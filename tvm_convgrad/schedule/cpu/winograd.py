@@ -1,0 +1,107 @@
+"""Winograd F(2x2, 3x3) on the CPU (``wino_m``, :mod:`tvm_convgrad.dsl.compute.winograd`): the
+16 GEMMs of the transform domain run task by task over rows of output tiles, each task
+transforming its tiles' input windows, multiplying them and transforming its sums back while they
+are in cache; the transformed weights (``wino_u``) are one small pass before.
+
+Per task (``rows`` consecutive tile rows of one or more images): ``wino_v`` for those tiles (the
+16 transform positions x Cin x the row's tiles, in L2), then per transform position and block of
+Cout vectors, register tiles of ``R`` tiles x ``V`` Cout rows (:func:`.tiles.winograd_tile`:
+each reduction step ``R`` broadcast values of ``wino_v`` and ``V`` rows of ``wino_u``), then
+``wino_y`` of those tiles, written to the result (the frontend's result stage folded into it).
+"""
+
+from __future__ import annotations
+
+from ...dsl.compute.stages import WINO_U, WINO_V, WINO_Y
+from ...layout import C0
+from ..common import loop_extent
+from .loops import CpuMad, restore_unit_loops, whole_tiles_and_edge
+from .tiles import winograd_tile
+
+__all__ = ["TASKS_PER_CORE", "WINOGRAD_TASK_BYTES", "WinogradConv"]
+
+WINOGRAD_TASK_BYTES = 512 << 10
+"""Most bytes of transformed input (``wino_v``) one task holds: half an L2 of the x86 cores the
+kernels target, the rest for the weights' rows and the sums."""
+
+TASKS_PER_CORE = 2
+"""Fewest tasks per core: a task takes more tile rows only while this many remain."""
+
+
+class WinogradConv(CpuMad):
+    """The Winograd mad ``wino_m[n, i, xi, co1, j, co0]`` (reduction ``ci1, ci0``), with its input
+    transform and its result in its tasks."""
+
+    def schedule(self, block):
+        sch, plan = self.sch, self.plan
+        (u,) = [p for p in sch.get_producers(block) if sch.get(p).name_hint == WINO_U]
+        self._weights_tap_by_tap(u)
+        y, task = self._result_tasks(block)
+        (v,) = [p for p in sch.get_producers(block) if sch.get(p).name_hint == WINO_V]
+        sch.compute_at(block, task)
+        sch.compute_at(v, task)
+        sch.vectorize(sch.get_loops(v)[-1])
+        self.placed.update(sch.get(b).name_hint for b in (v, y))
+        at = [sch.get(lp).same_as(sch.get(task)) for lp in sch.get_loops(block)].index(True)
+        restore_unit_loops(sch, block, at + 1)  # (compute-at leaves out the axes a task holds one of, and those of extent 1)
+        *tile_rows, xi, co1, j, co0, ci1, ci0 = sch.get_loops(block)[at + 1 :]
+        cout1, cols = loop_extent(sch, co1), loop_extent(sch, j)
+        r, rows = winograd_tile(cols, cout1, plan)
+        co1_o, co1_i = sch.split(co1, [None, rows])
+        sch.reorder(xi, co1_o, *tile_rows, j, ci1, ci0, co1_i, co0)
+        if cols % r == 0:
+            j_o, j_i = sch.split(j, [None, r])
+            sch.reorder(j_o, ci1, ci0, j_i, co1_i, co0)
+            self.register_tile(block, [j_i, co1_i], co0, ci1)
+            return
+        for copy, tiles, j_i, (ci1, ci0, co1_i, co0) in whole_tiles_and_edge(sch, j, cols, r):
+            sch.reorder(*tiles, ci1, ci0, j_i, co1_i, co0)
+            self.register_tile(copy, [j_i, co1_i], co0, ci1)
+
+    def _weights_tap_by_tap(self, u):
+        """``wino_u``, the sum over the taps, walked tap by tap over blocks of 16 input channels:
+        each weight row is read once per block, its lanes' lines kept (an OXI weight read per
+        (co, ci) over all nine taps put 144 lines into 4 of L1's sets at 256 channels: a 2 ms
+        pass, now ~0.2)."""
+        sch = self.sch
+        self.placed.add(sch.get(u).name_hint)
+        xi, co1, ci, co0, kh, kw = sch.get_loops(u)
+        ci_o, ci_i = sch.split(ci, [None, C0]) if loop_extent(sch, ci) % C0 == 0 else (ci, None)
+        inner = [ci_i] if ci_i is not None else []
+        sch.reorder(co1, ci_o, kh, kw, *inner, xi, co0)
+        sch.parallel(sch.fuse(co1, ci_o))
+        sch.vectorize(co0)
+        sch.decompose_reduction(u, kh)
+
+    def _result_tasks(self, block):
+        """``(wino_y, its task loop)``: the frontend's result stage folded into ``wino_y``, whose
+        ``(n, i)`` loops become the parallel tasks: a task is ``rows`` tile rows of one image (a
+        divisor of TH), or whole images, as many as keep :data:`WINOGRAD_TASK_BYTES` of
+        ``wino_v`` and :data:`TASKS_PER_CORE` tasks a core."""
+        sch = self.sch
+        (y,) = sch.get_consumers(block)
+        assert sch.get(y).name_hint == WINO_Y
+        results = sch.get_consumers(y)
+        self.placed.update(sch.get(b).name_hint for b in results)
+        for result in results:  # the frontend's result stage: wino_y's values where they land
+            sch.reverse_compute_inline(result)
+        n, i, co1, j, pr, pc, co0 = sch.get_loops(y)
+        images, rows, cols = loop_extent(sch, n), loop_extent(sch, i), loop_extent(sch, j)
+        cin1 = loop_extent(sch, sch.get_loops(block)[-2])
+        per_row = 16 * cin1 * C0 * cols * 4  # wino_v of one tile row
+
+        def fits(rows_per_task: int) -> bool:
+            return rows_per_task * per_row <= WINOGRAD_TASK_BYTES and images * rows // rows_per_task >= TASKS_PER_CORE * self.cores
+
+        choices = [d for d in range(1, rows + 1) if rows % d == 0 and fits(d)]
+        choices += [rows * k for k in range(2, images + 1) if images % k == 0 and fits(rows * k)]
+        per_task = max(choices or [1])
+        if per_task >= rows:
+            n_o, _ = sch.split(n, [None, per_task // rows])
+            task = n_o
+        else:
+            i_o, _ = sch.split(i, [None, per_task])
+            task = sch.fuse(n, i_o)
+        sch.parallel(task)
+        sch.vectorize(sch.get_loops(y)[-1])
+        return y, task
