@@ -18,7 +18,7 @@ from framework_cases import Case, arrays, check, expected, placeholders
 from framework_cases import call as case_call
 from tvm_convgrad import ConvGradError, build, isa_target
 from tvm_convgrad.compile import Workload, resolve_target
-from tvm_convgrad.dsl.compute.winograd import WINOGRAD_MIN_TILES, winograd_applies
+from tvm_convgrad.dsl.compute.winograd import WINOGRAD_MIN_TILES, WINOGRAD_TILES_PER_WEIGHTS, winograd_applies
 from tvm_convgrad.frontends import onednn
 from tvm_convgrad.isa import PLANS, host_can_run, isa_plan
 from tvm_convgrad.params.geometry import ConvGeometry
@@ -51,10 +51,12 @@ _CASES = [
     ("fwd", 3, 16, 32, (8, 11), ((0, 1), (2, 0)), "NXC", "XIO", False),  # pads 0..2, uneven: 8 x 10 outputs
     ("fwd", 2, 48, 16, (6, 6), ((0, 0), (0, 0)), "NCX", "OXI", True),  # no padding: 4 x 4
     ("fwd", 1, 16, 16, (2, 2), ((1, 1), (1, 1)), "NXC", "OXI", False),  # one tile
+    ("fwd", 2, 32, 32, (7, 7), ((1, 1), (1, 1)), "NCX", "OIX", True),  # odd: 4 x 4 tiles, the result a pass of its own
     ("data", 2, 64, 64, (8, 8), ((1, 1), (1, 1)), "NXC", "OXI", False),  # dX: dy through the rotated, transposed weight
     ("data", 1, 48, 32, (14, 10), ((1, 1), (1, 1)), "NCX", "OIX", False),
     ("data", 3, 32, 16, (8, 10), ((2, 0), (0, 2)), "NXC", "XIO", False),  # the dX's own pads 0..2: 8 x 10 from dy 8 x 10
     ("data", 2, 16, 48, (4, 6), ((1, 0), (1, 0)), "NCX", "OXI", False),  # dy 4 x 4 onto 4 x 6
+    ("data", 1, 16, 32, (7, 9), ((1, 1), (1, 1)), "NXC", "OXI", False),  # odd both ways
 ]
 
 
@@ -105,16 +107,15 @@ def _geometry(cin=64, cout=64, h=56, w=56, kernel=(3, 3), strides=(1, 1), pads=(
     return ConvGeometry(batch, cin, h, w, cout, kernel[0], kernel[1], ho, wo, strides, pads, dilations, groups)
 
 
-def test_winograd_applies_to_float32_3x3_stride_1_layers_of_whole_tiles():
+def test_winograd_applies_to_float32_3x3_stride_1_layers():
     assert winograd_applies(_geometry(), "float32") and winograd_applies(_geometry(), "float32", input_grad=True)
     for geom, dtype in [
         (_geometry(), "bfloat16"), (_geometry(kernel=(5, 5), pads=(2, 2, 2, 2)), "float32"), (_geometry(strides=(2, 2)), "float32"),
         (_geometry(dilations=(2, 2), pads=(2, 2, 2, 2)), "float32"), (_geometry(groups=2), "float32"), (_geometry(cin=24), "float32"),
-        (_geometry(h=7, w=7), "float32"), (_geometry(pads=(3, 3, 3, 3)), "float32"),
+        (_geometry(h=1, w=7, pads=(0, 0, 1, 1)), "float32"), (_geometry(pads=(3, 3, 3, 3)), "float32"),
     ]:  # fmt: skip
         assert not winograd_applies(geom, dtype), (geom, dtype)
-    assert winograd_applies(_geometry(h=9, pads=(1, 0, 1, 1)), "float32")  # 8 x 56 outputs
-    assert not winograd_applies(_geometry(h=9, pads=(1, 0, 1, 1)), "float32", input_grad=True)  # a 9-row dX
+    assert winograd_applies(_geometry(h=7, w=7), "float32", input_grad=True)  # odd: the tiles' last row and column left out
 
 
 def _onednn_forward(shape, wshape, algorithm, **extra):
@@ -126,10 +127,13 @@ def _onednn_forward(shape, wshape, algorithm, **extra):
 
 def test_auto_takes_winograd_where_it_pays_and_the_cube_elsewhere():
     """``"auto"``: a 64-channel layer of enough tiles runs F(2x2, 3x3); too few tiles
-    (:data:`WINOGRAD_MIN_TILES`), too few channels, or a layer it does not apply to, the cube."""
+    (:data:`WINOGRAD_MIN_TILES`, or per block of weights: :data:`WINOGRAD_TILES_PER_WEIGHTS`), too
+    few channels, or a layer it does not apply to, the cube."""
     assert build(_onednn_forward((1, 64, 16, 16), (64, 64, 3, 3), "auto")).formulation == "winograd"  # 64 tiles
-    assert WINOGRAD_MIN_TILES > 16 and build(_onednn_forward((1, 64, 8, 8), (64, 64, 3, 3), "auto")).formulation == "cube"
+    assert WINOGRAD_MIN_TILES > 16 and WINOGRAD_TILES_PER_WEIGHTS * 16 > 98 and build(_onednn_forward((1, 64, 8, 8), (64, 64, 3, 3), "auto")).formulation == "cube"
     assert build(_onednn_forward((2, 32, 16, 16), (64, 32, 3, 3), "auto")).formulation == "cube"
+    assert build(_onednn_forward((2, 256, 14, 14), (256, 256, 3, 3), "auto")).formulation == "cube"  # 98 tiles: < 8 per 64 x 64 weights
+    assert build(_onednn_forward((4, 128, 14, 14), (128, 128, 3, 3), "auto")).formulation == "winograd"  # 196 tiles, 4 blocks
     assert build(_onednn_forward((2, 64, 16, 16), (64, 64, 3, 3), "auto", strides=[2, 2])).formulation == "cube"
     assert build(_onednn_forward((2, 64, 16, 16), (64, 64, 3, 3), "direct")).formulation == "cube"
 

@@ -38,7 +38,7 @@ def use_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = Fal
     applies = winograd_applies(geom, view.dtype, input_grad)
     if algorithm == "winograd" and not applies:
         raise ConvGradError(op, "algorithm", algorithm, "applies to float32 3x3 convolutions at stride 1 without dilation or groups, "
-                            "pads of at most 2, whole 16-channel blocks and an even output (at least 2 x 2)")  # fmt: skip
+                            "pads of at most 2, whole 16-channel blocks and an output of at least 2 x 2")  # fmt: skip
     return applies and (algorithm == "winograd" or winograd_pays(geom, input_grad))
 
 

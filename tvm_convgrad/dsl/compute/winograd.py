@@ -12,23 +12,25 @@ the weight rotated 180 degrees and transposed, the pads ``2 - p``): the caller g
 as index functions, so it reads any layout in place.
 
 Stages, sums in fp32 (``TH = ceil(Ho/2)``, ``TW = ceil(Wo/2)``, Cin and Cout whole 16-channel
-blocks):
+blocks; the 16 transform positions ``xi`` next to the lanes, so that a tile's 16 rows lie together,
+never a power of two apart in one cache set):
 
 =============  ====================================  ===============================================
 stage          shape                                 value
 =============  ====================================  ===============================================
-``wino_v``     ``(N, TH, 16, Cin/16, TW, 16)``       ``B^T d B`` of tile ``(i, j)``'s window ``d``
+``wino_v``     ``(N, TH, Cin/16, TW, 16, 16)``       ``B^T d B`` of tile ``(i, j)``'s window ``d``
                                                      (x rows ``2i - pt ..``, columns ``2j - pl ..``)
-``wino_u``     ``(16, Cout/16, Cin, 16)``            ``G g G^T`` of each (co, ci) weight (a sum over
+``wino_u``     ``(Cout/16, Cin, 16, 16)``            ``G g G^T`` of each (co, ci) weight (a sum over
                                                      the 9 taps)
-``wino_m``     ``(N, TH, 16, Cout/16, TW, 16)``      the mad (``Formulation.WINOGRAD``):
-                                                     ``sum_ci wino_v[.., xi, ci, ..] * wino_u[xi, .., ci, ..]``
+``wino_m``     ``(N, TH, Cout/16, TW, 16, 16)``      the mad (``Formulation.WINOGRAD``):
+                                                     ``sum_ci wino_v[.., ci, .., xi, :] * wino_u[.., ci, xi, ..]``
 ``wino_y``     ``(N, TH, Cout/16, TW, 2, 2, 16)``    ``A^T m A`` of each tile (+ bias), ``res_dtype``
 =============  ====================================  ===============================================
 
 The output ``(n, h, w, co)`` is ``wino_y[n, h // 2, co // 16, w // 2, h % 2, w % 2, co % 16]``
 (:func:`output_index`): a frontend's result stage reads it there, one to one where ``Ho`` and ``Wo``
-are even (:func:`winograd_applies`), so a schedule folds it into ``wino_y``. A frontend asks for it
+are even, so a schedule folds it into ``wino_y``; an odd output (a 7x7 map: 4 x 4 tiles) leaves the
+tiles' last row and column out, in a pass of its own. A frontend asks for it
 with ``algorithm="winograd"`` (where it applies) or ``"auto"`` (where it also pays,
 :func:`winograd_pays`).
 
@@ -48,7 +50,7 @@ from ...layout import C0
 from .common import ACC
 from .stages import FORMULATION, MAD_TAG, WINO_M, WINO_U, WINO_V, WINO_Y, Formulation
 
-__all__ = ["ALPHA", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_MIN_TILES", "WinogradShape", "forward_shape", "input_grad_shape", "output_index",
+__all__ = ["ALPHA", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_MIN_TILES", "WINOGRAD_TILES_PER_WEIGHTS", "WinogradShape", "forward_shape", "input_grad_shape", "output_index",
            "winograd_applies", "winograd_conv", "winograd_pays"]
 
 ALPHA = 4
@@ -60,7 +62,13 @@ with fewer, the transforms cost as much as the multiplies they save."""
 
 WINOGRAD_MIN_TILES = 64
 """Fewest 2x2 tiles (all images) a layer takes Winograd at by choice: with fewer, its tasks do not
-fill the cores (256 -> 256 on 14x14, N=1, Zen 4: 1.58 ms against the direct 1.42)."""
+fill the cores."""
+
+WINOGRAD_TILES_PER_WEIGHTS = 8
+"""... and fewest tiles per 64 x 64 block of weights: the weights' transform and every task's read
+of it (16 MB for 512 x 512) outweigh the multiplies saved on few tiles. Zen 4, the forward against
+the direct kernel: 256 -> 256 on 14x14 N=4 (12 tiles per block) 1.1-1.4x, N=1 (3) 0.7-0.9x; 512 ->
+512 on 7x7 N=8 (2) 0.55x; 128 -> 128 on 8x8 N=8 (32) 1.1-1.3x."""
 
 # F(2x2, 3x3) (Lavin and Gray): the non-zeros of each row of B^T (4x4), G (4x3), A^T (2x4)
 _BT = (((0, 1), (2, -1)), ((1, 1), (2, 1)), ((1, -1), (2, 1)), ((1, 1), (3, -1)))
@@ -113,21 +121,25 @@ def input_grad_shape(geom) -> WinogradShape:
 def winograd_applies(geom, dtype: str, input_grad: bool = False) -> bool:
     """Whether the forward (``input_grad``: the dX) of ``geom`` can run as F(2x2, 3x3): fp32, a
     2-D 3x3 kernel at stride 1 without dilation or groups, pads of at most 2, whole 16-channel
-    blocks each side, and an output of whole tiles (even, at least 2 x 2)."""
+    blocks each side, and an output of at least 2 x 2."""
     if dtype != ACC or geom.depth is not None or (geom.kh, geom.kw) != (3, 3) or geom.strides != (1, 1) or geom.dilations != (1, 1):
         return False
     if geom.groups != 1 or geom.cin % C0 or geom.cout % C0 or not all(0 <= p <= 2 for p in geom.pads):
         return False
     shape = input_grad_shape(geom) if input_grad else forward_shape(geom)
-    return all(size >= 2 and size % 2 == 0 for size in (shape.ho, shape.wo))
+    return shape.ho >= 2 and shape.wo >= 2
 
 
 def winograd_pays(geom, input_grad: bool = False) -> bool:
     """Whether F(2x2, 3x3) is the faster of the two on a layer it applies to: at least
-    :data:`WINOGRAD_MIN_CHANNELS` channels each side and :data:`WINOGRAD_MIN_TILES` tiles."""
+    :data:`WINOGRAD_MIN_CHANNELS` channels each side, :data:`WINOGRAD_MIN_TILES` tiles, and
+    :data:`WINOGRAD_TILES_PER_WEIGHTS` tiles per 64 x 64 block of weights (every task reads the
+    transformed weights, 16 / 9 of the weights' size)."""
     shape = input_grad_shape(geom) if input_grad else forward_shape(geom)
     th, tw = shape.tiles
-    return min(geom.cin, geom.cout) >= WINOGRAD_MIN_CHANNELS and shape.n * th * tw >= WINOGRAD_MIN_TILES
+    tiles = shape.n * th * tw
+    weight_blocks = geom.cin * geom.cout / (64 * 64)
+    return min(geom.cin, geom.cout) >= WINOGRAD_MIN_CHANNELS and tiles >= max(WINOGRAD_MIN_TILES, WINOGRAD_TILES_PER_WEIGHTS * weight_blocks)
 
 
 def output_index(n, h, w, co) -> tuple:
@@ -180,7 +192,7 @@ def winograd_conv(x_at: Callable, w_at: Callable, shape: WinogradShape, bias_at:
         conds = [row >= 0, row < shape.h, column >= 0, column < shape.w]
         return tirx.if_then_else(tirx.all(*conds), x_at(n, c, row, column), zero)
 
-    def v_value(n, i, xi, c1, j, c0):
+    def v_value(n, i, c1, j, xi, c0):
         c = c1 * C0 + c0
 
         def at(q):
@@ -189,26 +201,26 @@ def winograd_conv(x_at: Callable, w_at: Callable, shape: WinogradShape, bias_at:
 
         return _by_position(xi, at)
 
-    v = te.compute((shape.n, th, ALPHA * ALPHA, cin1, tw, C0), v_value, name=WINO_V)
+    v = te.compute((shape.n, th, cin1, tw, ALPHA * ALPHA, C0), v_value, name=WINO_V)
 
     kh = te.reduce_axis((0, 3), name="kh")
     kw = te.reduce_axis((0, 3), name="kw")
 
-    def u_value(xi, co1, ci, co0):  # a sum over the taps, so a schedule can walk the weight tap by tap
+    def u_value(co1, ci, xi, co0):  # a sum over the taps, so a schedule can walk the weight tap by tap
         return te.sum(_g(xi // ALPHA, kh) * _g(xi % ALPHA, kw) * w_at(co1 * C0 + co0, ci, kh, kw), axis=[kh, kw])
 
-    u = te.compute((ALPHA * ALPHA, cout1, shape.cin, C0), u_value, name=WINO_U)
+    u = te.compute((cout1, shape.cin, ALPHA * ALPHA, C0), u_value, name=WINO_U)
     ci1 = te.reduce_axis((0, cin1), name="ci1")
     ci0 = te.reduce_axis((0, C0), name="ci0")
     m = te.compute(
-        (shape.n, th, ALPHA * ALPHA, cout1, tw, C0),
-        lambda n, i, xi, co1, j, co0: te.sum(v[n, i, xi, ci1, j, ci0] * u[xi, co1, ci1 * C0 + ci0, co0], axis=[ci1, ci0]),
+        (shape.n, th, cout1, tw, ALPHA * ALPHA, C0),
+        lambda n, i, co1, j, xi, co0: te.sum(v[n, i, ci1, j, xi, ci0] * u[co1, ci1 * C0 + ci0, xi, co0], axis=[ci1, ci0]),
         name=WINO_M, tag=MAD_TAG, attrs={FORMULATION: Formulation.WINOGRAD.value},
     )
 
     def y_value(n, i, co1, j, pr, pc, co0):
         def tile(r, c):
-            return _signed_sum((m[n, i, ALPHA * a + b, co1, j, co0], sa * sb) for a, sa in _AT[r] for b, sb in _AT[c])
+            return _signed_sum((m[n, i, co1, j, ALPHA * a + b, co0], sa * sb) for a, sa in _AT[r] for b, sb in _AT[c])
 
         value = tirx.if_then_else(pr == 0, tirx.if_then_else(pc == 0, tile(0, 0), tile(0, 1)), tirx.if_then_else(pc == 0, tile(1, 0), tile(1, 1)))
         if bias_at is not None:

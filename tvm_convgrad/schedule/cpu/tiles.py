@@ -124,7 +124,7 @@ def winograd_tile(tiles: int, rows: int, plan: IsaPlan) -> tuple[int, int]:
     tiles are one narrower tile) x ``V`` of the ``rows`` 16-lane Cout rows (a divisor; one load of
     each of its registers per step): ``R*V`` rows' registers within the accumulators and, with the
     loads and a broadcast, within the registers. The fewest estimated cycles per Cout row over the
-    tile row (:func:`step_cycles`), then the fewest loads (AVX-512 on 28 tiles of 64 channels: 7 x 3)."""
+    tile row (:func:`step_cycles`), then the fewest loads (AVX-512 on 28 tiles of 64 channels: 14 x 2)."""
     per_row = plan.registers_per_row
     options = []
     for v in divisors(rows, plan.accumulators // per_row):

@@ -12,6 +12,8 @@ each reduction step ``R`` broadcast values of ``wino_v`` and ``V`` rows of ``win
 
 from __future__ import annotations
 
+from tvm import s_tir
+
 from ...dsl.compute.stages import WINO_U, WINO_V, WINO_Y
 from ...layout import C0
 from ..common import loop_extent
@@ -33,7 +35,10 @@ class WinogradConv(CpuMad):
     transform and its result in its tasks."""
 
     def schedule(self, block):
-        sch, plan = self.sch, self.plan
+        """Tasks of tile rows (:meth:`_result_tasks`), each transforming its windows, running the 16
+        GEMMs over its tiles and transforming its sums back while they are in cache; the weights'
+        transform a pass before (:meth:`_weights_tap_by_tap`)."""
+        sch = self.sch
         (u,) = [p for p in sch.get_producers(block) if sch.get(p).name_hint == WINO_U]
         self._weights_tap_by_tap(u)
         y, task = self._result_tasks(block)
@@ -44,11 +49,22 @@ class WinogradConv(CpuMad):
         self.placed.update(sch.get(b).name_hint for b in (v, y))
         at = [sch.get(lp).same_as(sch.get(task)) for lp in sch.get_loops(block)].index(True)
         restore_unit_loops(sch, block, at + 1)  # (compute-at leaves out the axes a task holds one of, and those of extent 1)
-        *tile_rows, xi, co1, j, co0, ci1, ci0 = sch.get_loops(block)[at + 1 :]
-        cout1, cols = loop_extent(sch, co1), loop_extent(sch, j)
-        r, rows = winograd_tile(cols, cout1, plan)
-        co1_o, co1_i = sch.split(co1, [None, rows])
+        *tile_rows, co1, j, xi, co0, ci1, ci0 = sch.get_loops(block)[at + 1 :]
+        co1_o, co1_i, r = self._cout_rows(co1, loop_extent(sch, j))
         sch.reorder(xi, co1_o, *tile_rows, j, ci1, ci0, co1_i, co0)
+        self._register_tiles(block, j, r, ci1, ci0, co1_i, co0)
+
+    def _cout_rows(self, co1, tiles: int):
+        """``(co1_o, co1_i, R)``: the Cout rows split by :func:`winograd_tile`'s ``V``, and its ``R``."""
+        r, rows = winograd_tile(tiles, loop_extent(self.sch, co1), self.plan)
+        co1_o, co1_i = self.sch.split(co1, [None, rows])
+        return co1_o, co1_i, r
+
+    def _register_tiles(self, block, j, r: int, ci1, ci0, co1_i, co0):
+        """``R`` of the tiles ``j`` x the Cout rows ``co1_i`` in registers (the last tiles one
+        narrower tile where ``R`` does not divide them), summing ``(ci1, ci0)``."""
+        sch = self.sch
+        cols = loop_extent(sch, j)
         if cols % r == 0:
             j_o, j_i = sch.split(j, [None, r])
             sch.reorder(j_o, ci1, ci0, j_i, co1_i, co0)
@@ -65,13 +81,27 @@ class WinogradConv(CpuMad):
         pass, now ~0.2)."""
         sch = self.sch
         self.placed.add(sch.get(u).name_hint)
-        xi, co1, ci, co0, kh, kw = sch.get_loops(u)
+        co1, ci, xi, co0, kh, kw = sch.get_loops(u)
         ci_o, ci_i = sch.split(ci, [None, C0]) if loop_extent(sch, ci) % C0 == 0 else (ci, None)
         inner = [ci_i] if ci_i is not None else []
         sch.reorder(co1, ci_o, kh, kw, *inner, xi, co0)
         sch.parallel(sch.fuse(co1, ci_o))
+        sch.unroll(xi)  # (each position's coefficients constant per tap: hoisted out of the channel loop)
         sch.vectorize(co0)
         sch.decompose_reduction(u, kh)
+
+    def _fold_result(self, y):
+        """The frontend's result stage folded into ``wino_y`` (its values written where they land)
+        where it reads it one to one; an odd output (the tiles' last row or column falls outside
+        it) keeps it a pass of its own."""
+        sch = self.sch
+        for result in sch.get_consumers(y):
+            name = sch.get(result).name_hint
+            try:
+                sch.reverse_compute_inline(result)
+            except s_tir.ScheduleError:
+                continue
+            self.placed.add(name)
 
     def _result_tasks(self, block):
         """``(wino_y, its task loop)``: the frontend's result stage folded into ``wino_y``, whose
@@ -81,10 +111,7 @@ class WinogradConv(CpuMad):
         sch = self.sch
         (y,) = sch.get_consumers(block)
         assert sch.get(y).name_hint == WINO_Y
-        results = sch.get_consumers(y)
-        self.placed.update(sch.get(b).name_hint for b in results)
-        for result in results:  # the frontend's result stage: wino_y's values where they land
-            sch.reverse_compute_inline(result)
+        self._fold_result(y)
         n, i, co1, j, pr, pc, co0 = sch.get_loops(y)
         images, rows, cols = loop_extent(sch, n), loop_extent(sch, i), loop_extent(sch, j)
         cin1 = loop_extent(sch, sch.get_loops(block)[-2])
