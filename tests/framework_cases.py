@@ -54,7 +54,7 @@ class Case:
     shape_given: str = "input"
     bias: bool = False  # fwd: with a bias input
     post_ops: tuple = ()  # fwd: oneDNN post-ops ``(alg, alpha, beta, src1)``, src1 None or how it broadcasts (see dst_operand)
-    algorithm: str = "direct"  # fwd, data: the cube, "winograd" (F(2x2, 3x3)) or "auto"
+    algorithm: str = "direct"  # fwd, data, conv_v2: the cube, "winograd" (F(2x2, 3x3)) or "auto"
 
     @property
     def rank(self) -> int:
@@ -109,7 +109,7 @@ def call(case: Case, *inputs: te.Tensor):
     if case.op == "conv":
         return onednn.convolution_backprop_filters(x, dy, shape, filter_format=case.weights_format, **attrs)
     if case.op == "conv_v2":
-        return onednn.convolution_backward_weights(x, dy, shape, weights_format=case.weights_format, **attrs)
+        return onednn.convolution_backward_weights(x, dy, shape, weights_format=case.weights_format, algorithm=case.algorithm, **attrs)
     return onednn.conv_transpose_backward_weights(x, dy, shape, weights_format=case.weights_format, output_padding=case.output_padding, **attrs)
 
 

@@ -168,6 +168,11 @@ FIXED = {
                                     weights_format="OIX", effective_pads=(1, 1), algorithm="winograd"),  # fmt: skip
     "fwd-nxc-winograd-odd": Case("fwd", 2, 16, 32, 1, (7, 9), (7, 9), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1),
                                  algorithm="winograd"),  # (an odd output: the tiles' last row and column left out, a pass of its own)
+    # ... its dW: the parts of the tiles summed per core (rfactor), dy's odd edge tiles read as 0, OIX written from the taps
+    "dw-ncx-winograd-odd": Case("conv_v2", 3, 32, 16, 1, (7, 9), (7, 9), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
+                                weights_format="OIX", effective_pads=(1, 1), algorithm="winograd"),  # fmt: skip
+    "dw-nxc-winograd": Case("conv_v2", 1, 16, 48, 1, (10, 8), (10, 8), (3, 3), (1, 1), (2, 0), (0, 2), (1, 1), weights_format="OXI",
+                            effective_pads=(2, 0), algorithm="winograd"),  # fmt: skip
     "dx-ncx-winograd-pads": Case("data", 3, 48, 32, 1, (8, 10), (8, 10), (3, 3), (1, 1), (0, 2), (2, 0), (1, 1), data_format="NCX",
                                  weights_format="OIX", effective_pads=(0, 2), algorithm="winograd"),  # fmt: skip
 }

@@ -23,13 +23,14 @@ from tvm_convgrad.frontends import onednn
 from tvm_convgrad.isa import PLANS, host_can_run, isa_plan
 from tvm_convgrad.params.geometry import ConvGeometry
 from tvm_convgrad.schedule import rule_for
-from tvm_convgrad.schedule.cpu.tiles import winograd_tile
+from tvm_convgrad.schedule.cpu.tiles import winograd_dw_tile, winograd_tile
 
 
 def _case(op: str, batch: int, cin: int, cout: int, size, pads=((1, 1), (1, 1)), data_format="NXC", weights_format="OXI", bias=False,
           algorithm="winograd") -> Case:  # fmt: skip
-    """A 3x3 stride-1 call: ``op`` ``fwd`` (x = src, cin -> cout) or ``data`` (diff_src of cin
-    channels from diff_dst of cout), ``pads`` ``(begin, end)`` per axis."""
+    """A 3x3 stride-1 call: ``op`` ``fwd`` (x = src, cin -> cout), ``data`` (diff_src of cin
+    channels from diff_dst of cout) or ``conv_v2`` (the weight gradient), ``pads`` ``(begin, end)``
+    per axis."""
     (pt, pl), (pb, pr) = pads
     out = (size[0] + pt + pb - 2, size[1] + pl + pr - 2)
     return Case(op, batch, cin, cout, 1, tuple(size), out, (3, 3), (1, 1), (pt, pl), (pb, pr), (1, 1), data_format=data_format,
@@ -57,14 +58,17 @@ _CASES = [
     ("data", 3, 32, 16, (8, 10), ((2, 0), (0, 2)), "NXC", "XIO", False),  # the dX's own pads 0..2: 8 x 10 from dy 8 x 10
     ("data", 2, 16, 48, (4, 6), ((1, 0), (1, 0)), "NCX", "OXI", False),  # dy 4 x 4 onto 4 x 6
     ("data", 1, 16, 32, (7, 9), ((1, 1), (1, 1)), "NXC", "OXI", False),  # odd both ways
+    ("conv_v2", 3, 32, 48, (8, 10), ((1, 1), (1, 1)), "NXC", "OXI", False),  # dW: three images in parts of whole images
+    ("conv_v2", 1, 48, 16, (14, 10), ((1, 1), (1, 1)), "NCX", "OIX", False),  # one image: its tile rows in parts
+    ("conv_v2", 2, 16, 32, (7, 9), ((0, 2), (2, 0)), "NXC", "XIO", False),  # an odd dy (its tiles' last row and column 0), pads 0..2
 ]
 
 
 @pytest.mark.parametrize("op, batch, cin, cout, size, pads, data_format, weights_format, bias", _CASES)
 def test_winograd_matches_the_reference(op, batch, cin, cout, size, pads, data_format, weights_format, bias):
-    """Forward and dX by F(2x2, 3x3) in every layout, padded 0-2 on each side, with a bias, a row
-    of tiles the register tile does not divide, tasks of tile rows and of whole images: within the
-    fp32 bound of the direct kernels (``framework_cases.check``)."""
+    """Forward, dX and dW by F(2x2, 3x3) in every layout, padded 0-2 on each side, with a bias, a
+    row of tiles the register tile does not divide, tasks of tile rows and of whole images, odd
+    outputs: within the fp32 bound of the direct kernels (``framework_cases.check``)."""
     kernel = _run(_case(op, batch, cin, cout, size, pads, data_format, weights_format, bias))
     assert kernel.formulation == "winograd"
 
@@ -90,6 +94,27 @@ def test_the_winograd_schedule_keeps_its_tiles_in_the_registers_and_its_transfor
         assert sch.get(sch.get_loops(sch.get_sblock(stage))[0]).kind == ForKind.PARALLEL, stage
 
 
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("data_format", ["NCX", "NXC"])
+def test_the_winograd_dw_sums_parts_of_the_tiles_in_registers_and_transforms_each_chunk_in_its_task(isa, data_format):
+    """dW on either ISA (scheduled on any host, run where it can): :func:`winograd_dw_tile`'s
+    register tile (``R`` input channels x ``V`` Cout rows unrolled, 16 lanes vectorized), a part of
+    the tiles per core (``wino_dw_rf``) with its chunks' ``wino_v`` and ``wino_d`` made in the task,
+    the parts summed after, the result folded into ``wino_w``."""
+    target = resolve_target(isa_target(isa))
+    case = _case("conv_v2", 4, 64, 64, (16, 16), data_format=data_format, weights_format="OIX" if data_format == "NCX" else "OXI")
+    kernel = _run(case, target)
+    tir = kernel.inspect_source("tir")
+    plan = isa_plan(target)
+    r, v = winograd_dw_tile(64, 4, plan)
+    assert r * v * plan.registers_per_row <= plan.accumulators and (r + 1) * v * plan.registers_per_row + 1 <= plan.registers
+    assert re.search(rf"for \w+ in T.unroll\(T.int64\({r}\)\):\n\s+for \w+ in T.unroll\(T.int64\({v}\)\):\n\s+for \w+ in T.vectorized\(T.int64\(16\)\)", tir)
+    assert 'T.sblock("diff_weights")' not in tir
+    sch = rule_for(target).apply(Workload.of(case_call(case, *placeholders(case))).prim_func(target), target)
+    for stage in ("wino_v", "wino_d", "wino_dw_rf_update", "wino_w"):
+        assert sch.get(sch.get_loops(sch.get_sblock(stage))[0]).kind == ForKind.PARALLEL, stage
+
+
 def test_winograd_tiles_fit_the_registers():
     """Every tile of a range of tile rows and Cout rows keeps its accumulators, loads and a
     broadcast within each ISA's registers and divides the Cout rows."""
@@ -99,6 +124,11 @@ def test_winograd_tiles_fit_the_registers():
                 r, v = winograd_tile(tiles, rows, plan)
                 registers = v * plan.registers_per_row
                 assert rows % v == 0 and r <= tiles and r * registers <= plan.accumulators and (r + 1) * registers + 1 <= plan.registers
+        for channels in (16, 32, 48, 64, 96, 256):
+            for rows in (1, 2, 3, 4, 8, 16):
+                r, v = winograd_dw_tile(channels, rows, plan)
+                registers = v * plan.registers_per_row
+                assert channels % r == 0 and rows % v == 0 and r * registers <= plan.accumulators and (r + 1) * registers + 1 <= plan.registers
 
 
 def _geometry(cin=64, cout=64, h=56, w=56, kernel=(3, 3), strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1), groups=1, batch=8):

@@ -95,8 +95,8 @@ class Conv2dGradients:
         b = te.placeholder((self.w_shape[0],), self.dtype, name="bias") if bias else None
         return onednn.convolution(x, w, b, kernel_name=kernel_name, post_ops=list(post_ops), algorithm=algorithm, **self.attrs())
 
-    def weight_grad(self, kernel_name: str = "conv2d_weight_grad") -> te.Tensor:
-        """dW: ``(x, dy) -> dw``."""
+    def weight_grad(self, kernel_name: str = "conv2d_weight_grad", algorithm: str = "direct") -> te.Tensor:
+        """dW: ``(x, dy) -> dw`` (``algorithm``: :data:`~tvm_convgrad.params.onednn.ALGORITHMS`)."""
         x = te.placeholder(self.activation(self.x_shape), self.dtype, name="src")
         dy = te.placeholder(self.activation(self.y_shape), self.dtype, name="diff_dst")
-        return onednn.convolution_backward_weights(x, dy, list(self.weights()), kernel_name=kernel_name, **self.attrs())
+        return onednn.convolution_backward_weights(x, dy, list(self.weights()), kernel_name=kernel_name, algorithm=algorithm, **self.attrs())

@@ -41,7 +41,7 @@ from ..params.framework import ConvView, FrameworkCall, split_weights
 from ..params.onednn import backward_data_view, deconv_view, forward_view, onednn_view
 from ..params.post_ops import PostOp
 from .layouts import as_5hd, as_fracz, data_stage, weight_stage
-from .winograd import use_winograd, winograd_data_grad, winograd_forward
+from .winograd import use_winograd, winograd_data_grad, winograd_filter_grad_result, winograd_forward
 
 __all__ = [
     "PostOp", "conv_transpose_backward_weights", "convolution", "convolution_backprop_data", "convolution_backprop_filters", "convolution_backward_data",
@@ -58,12 +58,16 @@ def _conv_view_weight(weights_format: str, *index) -> tuple:
 
 
 def _filter_grad(op: str, x: te.Tensor, dy: te.Tensor, view: ConvView, data_format: str, weights_format: str, shape, kernel_name: str,
-                 inputs, bf16_pairs: bool = False, amx: bool = False) -> te.Tensor:  # fmt: skip
+                 inputs, bf16_pairs: bool = False, amx: bool = False, algorithm: str = "direct") -> te.Tensor:  # fmt: skip
     """The dW compute between layout stages: ``x`` / ``dy`` are the conv view's tensors, the
     result has ``shape`` in ``weights_format`` (channels first: ``(o, i, *k)``, else ``(*k, i, o)``
     of the conv view). A bf16 result carries the builder of its bf16-pair form (``bf16_pairs``;
     ``amx``: in the AMX tile plan's layout), which a ``vdpbf16ps`` (AMX) target builds instead."""
     params = view.params(kernel_name)
+    if use_winograd(op, algorithm, view, filter_grad=True):
+        attrs = {"kernel_name": kernel_name, "flops": params.flops, "weights_format": weights_format}
+        result = winograd_filter_grad_result(x, dy, view, data_format, weights_format, shape, DIFF_WEIGHTS, attrs)
+        return attach(result, params, inputs, FrameworkCall(op, view, data_format, weights_format))
     cout_innermost = weights_format in _COUT_INNERMOST  # the pair tile turned to write rows of it
     dw = conv2d_backprop_filter_compute(as_5hd(x, data_format, FMAP_5HD), as_5hd(dy, data_format, DY_5HD), params, bf16_pairs, cout_innermost, amx,
                                         planar=data_format == "NCX")
@@ -135,17 +139,21 @@ def convolution_backward_weights(
     weights_format: str = "XIO",
     weights_shape_attr: Sequence[int] | None = None,
     kernel_name: str = "convolution_backward_weights",
+    algorithm: str = "direct",
 ) -> te.Tensor:
     """``ConvolutionBackwardWeights``, oneDNN's later name of :func:`convolution_backprop_filters`
     (``src`` = input_forward, ``diff_dst`` = output_delta, ``weights_*`` = ``filter_*``); same
-    semantics, returns ``diff_weights``."""
+    semantics, returns ``diff_weights``. ``algorithm``: ``"direct"`` (default), ``"winograd"`` or
+    ``"auto"`` as for :func:`convolution`: a float32 3x3 dW at stride 1 by F(2x2, 3x3) transposed
+    (:mod:`.winograd`)."""
     view, data_format, weights_format, shape = onednn_view(
         "ConvolutionBackwardWeights",
         {"x": "src", "dy": "diff_dst", "shape": "weights_shape", "shape_attr": "weights_shape_attr", "format": "weights_format"},
         src, diff_dst, weights_shape, weights_shape_attr, strides, pads_begin, pads_end, dilations,
         auto_pad, groups, data_format, weights_format,
     )  # fmt: skip
-    return _filter_grad("ConvolutionBackwardWeights", src, diff_dst, view, data_format, weights_format, shape, kernel_name, (src, diff_dst))
+    return _filter_grad("ConvolutionBackwardWeights", src, diff_dst, view, data_format, weights_format, shape, kernel_name, (src, diff_dst),
+                        algorithm=algorithm)  # fmt: skip
 
 
 def conv_transpose_backward_weights(

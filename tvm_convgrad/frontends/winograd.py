@@ -18,17 +18,17 @@ from typing import Sequence
 
 from tvm import te
 
-from ..dsl.compute.winograd import forward_shape, input_grad_shape, output_index, winograd_applies, winograd_conv, winograd_pays
+from ..dsl.compute.winograd import forward_shape, input_grad_shape, output_index, winograd_applies, winograd_conv, winograd_filter_grad, winograd_pays
 from ..errors import ConvGradError
-from ..params.framework import ConvView, weights_index
+from ..params.framework import ConvView, split_weights, weights_index
 from ..params.onednn import algorithm_choice
 
-__all__ = ["use_winograd", "winograd_data_grad", "winograd_forward"]
+__all__ = ["use_winograd", "winograd_data_grad", "winograd_filter_grad_result", "winograd_forward"]
 
 
-def use_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = False, post_ops: Sequence = ()) -> bool:
-    """Whether the forward (``input_grad``: the dX) of ``view`` runs as F(2x2, 3x3) for ``algorithm``
-    (a forward with ``post_ops`` keeps the cube)."""
+def use_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = False, post_ops: Sequence = (), filter_grad: bool = False) -> bool:
+    """Whether the forward (``input_grad``: the dX; ``filter_grad``: the dW) of ``view`` runs as
+    F(2x2, 3x3) for ``algorithm`` (a forward with ``post_ops`` keeps the cube)."""
     algorithm = algorithm_choice(op, algorithm)
     if algorithm == "direct" or view.rank != 2 or post_ops:
         if algorithm == "winograd":
@@ -39,7 +39,7 @@ def use_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = Fal
     if algorithm == "winograd" and not applies:
         raise ConvGradError(op, "algorithm", algorithm, "applies to float32 3x3 convolutions at stride 1 without dilation or groups, "
                             "pads of at most 2, whole 16-channel blocks and an output of at least 2 x 2")  # fmt: skip
-    return applies and (algorithm == "winograd" or winograd_pays(geom, input_grad))
+    return applies and (algorithm == "winograd" or winograd_pays(geom, input_grad, filter_grad))
 
 
 def _activation(tensor: te.Tensor, data_format: str):
@@ -81,3 +81,16 @@ def winograd_data_grad(dy: te.Tensor, weights: te.Tensor, view: ConvView, data_f
 
     y5 = winograd_conv(_activation(dy, data_format), w_at, input_grad_shape(view.geometry()))
     return _result(y5, shape, data_format, view.dtype, name, attrs)
+
+
+def winograd_filter_grad_result(x: te.Tensor, dy: te.Tensor, view: ConvView, data_format: str, weights_format: str, shape, name: str,
+                                attrs: dict) -> te.Tensor:  # fmt: skip
+    """The weight gradient of ``shape`` in ``weights_format`` by F(2x2, 3x3) transposed
+    (:func:`~tvm_convgrad.dsl.compute.winograd.winograd_filter_grad`), rounded once to the type."""
+    w = winograd_filter_grad(_activation(x, data_format), _activation(dy, data_format), forward_shape(view.geometry()))
+
+    def value(*index):
+        o, i, (kh, kw) = split_weights(index, weights_format)
+        return w[o // 16, i, kh, kw, o % 16].astype(view.dtype)
+
+    return te.compute(tuple(shape), value, name=name, attrs=attrs)

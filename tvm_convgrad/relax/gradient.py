@@ -90,11 +90,12 @@ def _shape(expr: relax.Expr, name: str) -> tuple[int, ...]:
 def gradient_funcs(gradients: Conv2dGradients, target: Target) -> tuple[tvm.tirx.PrimFunc, tvm.tirx.PrimFunc]:
     """``(dx, dw)``: the two operators' PrimFuncs, scheduled for ``target`` (dX takes ``(dy, w)``,
     dW ``(x, dy)``, in the gradients' layouts)."""
-    return scheduled_func(gradients.input_grad(algorithm=algorithm_for(target)), target), scheduled_func(gradients.weight_grad(), target)
+    algorithm = algorithm_for(target)
+    return scheduled_func(gradients.input_grad(algorithm=algorithm), target), scheduled_func(gradients.weight_grad(algorithm=algorithm), target)
 
 
 def algorithm_for(target: Target) -> str:
-    """The forward's and dX's algorithm on ``target``: ``"auto"`` (Winograd where it pays) on a CPU,
+    """The algorithm of the forward, dX and dW on ``target``: ``"auto"`` (Winograd where it pays) on a CPU,
     the cube's ``"direct"`` elsewhere (the Winograd mad has a CPU schedule only)."""
     return "auto" if target.kind.name == "llvm" else "direct"
 

@@ -40,8 +40,8 @@ CACHED_CALLS = 128
 """Signatures whose kernels stay built (least recently used first out)."""
 
 ALGORITHM = "auto"
-"""The forward's and dX's algorithm: Winograd's F(2x2, 3x3) where it applies and pays, else the cube
-(:mod:`tvm_convgrad.frontends.winograd`)."""
+"""The algorithm of the forward, dX and dW: Winograd's F(2x2, 3x3) where it applies and pays, else
+the cube (:mod:`tvm_convgrad.frontends.winograd`)."""
 
 DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 """The tensor types the kernels take; float64 tensors are computed in float32 (see :mod:`.ops`)."""
@@ -109,7 +109,7 @@ def input_grad_kernel(call: Conv2dGradients) -> Kernel:
 @functools.lru_cache(maxsize=CACHED_CALLS)
 def weight_grad_kernel(call: Conv2dGradients) -> Kernel:
     """dW of ``call``: ``(input, grad_output) -> grad_weight``, in the call's layouts."""
-    return build(call.weight_grad("torch_conv2d_weight_grad"))
+    return build(call.weight_grad("torch_conv2d_weight_grad", algorithm=ALGORITHM))
 
 
 @functools.lru_cache(maxsize=CACHED_CALLS)

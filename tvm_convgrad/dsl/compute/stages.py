@@ -32,6 +32,9 @@ stage                  what it holds
 ``wino_u``             Winograd: the weights transformed
 ``wino_m``             Winograd mad: 16 GEMMs over Cin, one per transform position
 ``wino_y``             Winograd result: each 2x2 output tile (+ bias), ``res_dtype``
+``wino_d``             Winograd dW: dy's 2x2 tiles transformed
+``wino_dw``            Winograd dW mad: 16 GEMMs over the tiles
+``wino_w``             Winograd dW result: the 3x3 weight gradient of the transformed sums
 =====================  ==========================================================================
 
 A framework operator (:mod:`tvm_convgrad.frontends`) adds layout stages around the dW compute:
@@ -52,7 +55,7 @@ from typing import Iterable
 __all__ = [
     "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "CONV_PX", "READ_IN_PLACE", "X_ROWS", "DIFF_SRC", "DIFF_WEIGHTS", "DST", "SRC_5HD", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
     "DX_PX", "DY_5HD", "DY_DW", "DY_PACKS", "DY_PAD", "DY_ROWS", "DW_TAG", "DX_TAG", "FMAP_5HD", "FMAP_DW", "FMAP_L1", "FORMULATION", "Formulation",
-    "GRADS_2_MATRIX", "GRADS_DW", "KERNEL_H", "KERNEL_W", "LAYOUT_ADAPTER", "LAYOUT_IN_TAG", "LAYOUT_OUT_TAG", "MAD_TAG", "PACK_STAGES", "WEIGHTS_FRACZ", "W_COL", "W_DW", "W_T", "WINO_M", "WINO_U", "WINO_V", "WINO_Y",
+    "GRADS_2_MATRIX", "GRADS_DW", "KERNEL_H", "KERNEL_W", "LAYOUT_ADAPTER", "LAYOUT_IN_TAG", "LAYOUT_OUT_TAG", "MAD_TAG", "PACK_STAGES", "WEIGHTS_FRACZ", "W_COL", "W_DW", "W_T", "WINO_D", "WINO_DW", "WINO_M", "WINO_U", "WINO_V", "WINO_W", "WINO_Y",
     "X_STEP", "formulation", "phase_firsts", "phase_name", "PHASE_AXES", "FMAP_PAD", "W_CONV", "CONV_CC", "CONV_RES", "CONV_TAG",
 ]  # fmt: skip
 
@@ -88,6 +91,9 @@ WINO_V = "wino_v"
 WINO_U = "wino_u"
 WINO_M = "wino_m"
 WINO_Y = "wino_y"
+WINO_D = "wino_d"
+WINO_DW = "wino_dw"
+WINO_W = "wino_w"
 # a framework operator's layout stages
 FMAP_5HD = "fmap"
 DY_5HD = "dy"
@@ -160,6 +166,7 @@ class Formulation(str, Enum):
     CUBE_FWD = "cube-fwd"  # the forward convolution: pixel tiles x 16 output channels, as a dX phase
     CUBE_FWD_BF16 = "cube-bf16-fwd"  # the forward on the cube, bf16 pairs along Cin (a vdpbf16ps target's)
     WINOGRAD = "winograd"  # a 3x3 stride-1 forward or dX by F(2x2, 3x3): 16 GEMMs over Cin, Cout on the lanes
+    WINOGRAD_DW = "winograd-dw"  # its dW: 16 GEMMs over the 2x2 tiles of dy, Cout on the lanes
 
     @property
     def family(self) -> str:

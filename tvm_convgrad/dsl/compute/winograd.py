@@ -48,10 +48,10 @@ from tvm import te, tirx
 
 from ...layout import C0
 from .common import ACC
-from .stages import FORMULATION, MAD_TAG, WINO_M, WINO_U, WINO_V, WINO_Y, Formulation
+from .stages import FORMULATION, MAD_TAG, WINO_D, WINO_DW, WINO_M, WINO_U, WINO_V, WINO_W, WINO_Y, Formulation
 
-__all__ = ["ALPHA", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_MIN_TILES", "WINOGRAD_TILES_PER_WEIGHTS", "WinogradShape", "forward_shape", "input_grad_shape", "output_index",
-           "winograd_applies", "winograd_conv", "winograd_pays"]
+__all__ = ["ALPHA", "WINOGRAD_DW_MAX_WEIGHTS", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_MIN_TILES", "WINOGRAD_TILES_PER_WEIGHTS", "WinogradShape", "forward_shape", "input_grad_shape", "output_index",
+           "input_tiles", "winograd_applies", "winograd_conv", "winograd_filter_grad", "winograd_pays"]
 
 ALPHA = 4
 """Side of the transform domain: a 4x4 window per 2x2 outputs."""
@@ -64,6 +64,12 @@ WINOGRAD_MIN_TILES = 64
 """Fewest 2x2 tiles (all images) a layer takes Winograd at by choice: with fewer, its tasks do not
 fill the cores."""
 
+WINOGRAD_DW_MAX_WEIGHTS = 96 * 96
+"""Most weights per tap (Cin x Cout) a weight gradient takes Winograd at by choice: each core's
+sums of the transformed products (16 x Cin x Cout floats) are read and written once per chunk of
+tiles. Zen 4, against the direct dW: 64 -> 64 on 56x56 N=8 1.2-1.8x, 128 -> 128 on 28x28 0.9-1.2x,
+256 -> 256 on 14x14 0.7-1.0x."""
+
 WINOGRAD_TILES_PER_WEIGHTS = 8
 """... and fewest tiles per 64 x 64 block of weights: the weights' transform and every task's read
 of it (16 MB for 512 x 512) outweigh the multiplies saved on few tiles. Zen 4, the forward against
@@ -74,6 +80,7 @@ the direct kernel: 256 -> 256 on 14x14 N=4 (12 tiles per block) 1.1-1.4x, N=1 (3
 _BT = (((0, 1), (2, -1)), ((1, 1), (2, 1)), ((1, -1), (2, 1)), ((1, 1), (3, -1)))
 _G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
 _AT = (((0, 1), (1, 1), (2, 1)), ((1, 1), (2, -1), (3, -1)))
+_A = tuple(tuple((r, sign) for r, row in enumerate(_AT) for a_, sign in row if a_ == a) for a in range(ALPHA))  # the rows of A = (A^T)^T
 
 
 @dataclass(frozen=True)
@@ -130,15 +137,18 @@ def winograd_applies(geom, dtype: str, input_grad: bool = False) -> bool:
     return shape.ho >= 2 and shape.wo >= 2
 
 
-def winograd_pays(geom, input_grad: bool = False) -> bool:
+def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False) -> bool:
     """Whether F(2x2, 3x3) is the faster of the two on a layer it applies to: at least
     :data:`WINOGRAD_MIN_CHANNELS` channels each side, :data:`WINOGRAD_MIN_TILES` tiles, and
     :data:`WINOGRAD_TILES_PER_WEIGHTS` tiles per 64 x 64 block of weights (every task reads the
-    transformed weights, 16 / 9 of the weights' size)."""
+    transformed weights, 16 / 9 of the weights' size); the weight gradient (``filter_grad``) at
+    most :data:`WINOGRAD_DW_MAX_WEIGHTS` weights per tap."""
     shape = input_grad_shape(geom) if input_grad else forward_shape(geom)
     th, tw = shape.tiles
     tiles = shape.n * th * tw
     weight_blocks = geom.cin * geom.cout / (64 * 64)
+    if filter_grad and geom.cin * geom.cout > WINOGRAD_DW_MAX_WEIGHTS:
+        return False
     return min(geom.cin, geom.cout) >= WINOGRAD_MIN_CHANNELS and tiles >= max(WINOGRAD_MIN_TILES, WINOGRAD_TILES_PER_WEIGHTS * weight_blocks)
 
 
@@ -177,13 +187,11 @@ def _by_position(xi, value_at: Callable[[int], tirx.PrimExpr]) -> tirx.PrimExpr:
     return value
 
 
-def winograd_conv(x_at: Callable, w_at: Callable, shape: WinogradShape, bias_at: Callable | None = None,
-                  res_dtype: str = ACC) -> te.Tensor:  # fmt: skip
-    """``wino_y`` of the convolution of ``shape`` (see the module docstring). ``x_at(n, c, r, col)``
-    reads the input at a position inside it (the compute guards the padding), ``w_at(co, ci, kh,
-    kw)`` the weight, ``bias_at(co)`` the bias; every value fp32."""
+def input_tiles(x_at: Callable, shape: WinogradShape) -> te.Tensor:
+    """``wino_v (N, TH, Cin/16, TW, 16, 16)``: ``B^T d B`` of each tile's 4x4 window ``d`` of the
+    input (rows ``2i - pt ..``, columns ``2j - pl ..``, 0 outside it); ``x_at(n, c, r, col)`` reads
+    the input at a position inside it, as fp32."""
     th, tw = shape.tiles
-    cin1, cout1 = shape.cin // C0, shape.cout // C0
     pt, _, pl, _ = shape.pads
     zero = tirx.const(0, ACC)
 
@@ -201,7 +209,17 @@ def winograd_conv(x_at: Callable, w_at: Callable, shape: WinogradShape, bias_at:
 
         return _by_position(xi, at)
 
-    v = te.compute((shape.n, th, cin1, tw, ALPHA * ALPHA, C0), v_value, name=WINO_V)
+    return te.compute((shape.n, th, shape.cin // C0, tw, ALPHA * ALPHA, C0), v_value, name=WINO_V)
+
+
+def winograd_conv(x_at: Callable, w_at: Callable, shape: WinogradShape, bias_at: Callable | None = None,
+                  res_dtype: str = ACC) -> te.Tensor:  # fmt: skip
+    """``wino_y`` of the convolution of ``shape`` (see the module docstring). ``x_at(n, c, r, col)``
+    reads the input at a position inside it (the compute guards the padding), ``w_at(co, ci, kh,
+    kw)`` the weight, ``bias_at(co)`` the bias; every value fp32."""
+    th, tw = shape.tiles
+    cin1, cout1 = shape.cin // C0, shape.cout // C0
+    v = input_tiles(x_at, shape)
 
     kh = te.reduce_axis((0, 3), name="kh")
     kw = te.reduce_axis((0, 3), name="kw")
@@ -228,3 +246,51 @@ def winograd_conv(x_at: Callable, w_at: Callable, shape: WinogradShape, bias_at:
         return value.astype(res_dtype)
 
     return te.compute((shape.n, th, cout1, tw, 2, 2, C0), y_value, name=WINO_Y)
+
+
+def winograd_filter_grad(x_at: Callable, dy_at: Callable, shape: WinogradShape) -> te.Tensor:
+    """``wino_w (Cout/16, Cin, 3, 3, 16)``, the weight gradient of the convolution of ``shape``
+    (``dw[co, ci, kh, kw] = sum_{n, p, q} dy[n, co, p, q] * x[n, ci, p - pt + kh, q - pl + kw]``)
+    by F(2x2, 3x3) transposed: per 2x2 tile of dy, ``dW = G^T [sum_tiles (A dy A^T) (.) (B^T d B)] G``
+    (``d`` the tile's 4x4 window of x, :func:`input_tiles`), 16 GEMMs over the tiles.
+
+    Stages: ``wino_v`` (x's windows), ``wino_d (N, TH, Cout/16, TW, 16, 16)`` (``A dy A^T`` of each
+    2x2 tile of dy, 0 past its edge), the mad ``wino_dw (Cout/16, Cin, 16, 16)`` (``Formulation.WINOGRAD_DW``,
+    the sum over the tiles ``(n, i, j)``) and ``wino_w`` (``G^T m G``). ``x_at(n, c, r, col)`` and
+    ``dy_at(n, c, r, col)`` read the tensors at positions inside them, as fp32."""
+    th, tw = shape.tiles
+    cout1 = shape.cout // C0
+    zero = tirx.const(0, ACC)
+    v = input_tiles(x_at, shape)
+
+    def d_value(n, i, co1, j, xi, co0):
+        co = co1 * C0 + co0
+
+        def at(q):
+            a, b = divmod(q, ALPHA)
+            terms = []
+            for r, sr in _A[a]:
+                for c, sc in _A[b]:
+                    row, col = 2 * i + r, 2 * j + c
+                    conds = ([row < shape.ho] if shape.ho % 2 else []) + ([col < shape.wo] if shape.wo % 2 else [])
+                    value = dy_at(n, co, row, col)
+                    terms.append((tirx.if_then_else(tirx.all(*conds), value, zero) if conds else value, sr * sc))
+            return _signed_sum(terms)
+
+        return _by_position(xi, at)
+
+    d = te.compute((shape.n, th, cout1, tw, ALPHA * ALPHA, C0), d_value, name=WINO_D)
+    n = te.reduce_axis((0, shape.n), name="n")
+    i = te.reduce_axis((0, th), name="i")
+    j = te.reduce_axis((0, tw), name="j")
+    m = te.compute(
+        (cout1, shape.cin, ALPHA * ALPHA, C0),
+        lambda co1, ci, xi, co0: te.sum(d[n, i, co1, j, xi, co0] * v[n, i, ci // C0, j, xi, ci % C0], axis=[n, i, j]),
+        name=WINO_DW, tag=MAD_TAG, attrs={FORMULATION: Formulation.WINOGRAD_DW.value},
+    )
+
+    def w_value(co1, ci, kh, kw, co0):
+        terms = [(_g(a, kh) * _g(b, kw)) * m[co1, ci, ALPHA * a + b, co0] for a in range(ALPHA) for b in range(ALPHA)]
+        return sum(terms[1:], terms[0])
+
+    return te.compute((cout1, shape.cin, 3, 3, C0), w_value, name=WINO_W)

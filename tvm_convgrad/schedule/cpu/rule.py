@@ -26,6 +26,7 @@ depthwise dW / dX      ``dw_dw`` / ``dx_dw_<..>``     :class:`.depthwise.Depthwi
                                                       :class:`.depthwise.DepthwiseInputGrad`
 cube forward           ``conv_cc``                    :class:`.cube.CubeForward` (a dX phase's tiles)
 Winograd F(2x2, 3x3)   ``wino_m``                     :class:`.winograd.WinogradConv` (forward, dX)
+Winograd dW            ``wino_dw``                    :class:`.winograd.WinogradFilterGrad`
 =====================  =============================  ===========================================
 
 The fp16 -> fp32 conversion happens once: in the packing stages (``fmap_l1``, ``grads_2_matrix``,
@@ -61,7 +62,7 @@ from .lanes import CoutLanesFilterGrad, PixelLanesInputGrad
 from .elementwise import elementwise, planar_pack
 from .loops import PHASES_PER_IMAGE, CpuMad, phases_image_by_image
 from .regions import regions_one_by_one
-from .winograd import WinogradConv
+from .winograd import WinogradConv, WinogradFilterGrad
 
 __all__ = ["FORMULATIONS", "CpuConfig", "CpuRule"]
 
@@ -79,6 +80,7 @@ FORMULATIONS: dict[Formulation, type[CpuMad]] = {
     Formulation.CUBE_FWD: CubeForward,
     Formulation.CUBE_FWD_BF16: PairedForward,
     Formulation.WINOGRAD: WinogradConv,
+    Formulation.WINOGRAD_DW: WinogradFilterGrad,
 }
 """The class that schedules each kind of mad."""
 

@@ -14,7 +14,7 @@ from ...isa import IsaPlan
 
 __all__ = [
     "ALIASED_TILE_PIXELS", "CHUNK_STEPS", "FMA_LATENCY", "L1_SET_STRIDE", "L2_BYTES_PER_CYCLE", "MAX_TAP_TILE", "MAX_TILE_PIXELS", "MAX_WO_UNROLL", "chunk", "depthwise_dw_tile",
-    "channel_tile", "depthwise_dx_tile", "divisors", "dx_tile", "largest_divisor", "planar_tile", "step_cycles", "tap_tile", "winograd_tile",
+    "channel_tile", "depthwise_dx_tile", "divisors", "dx_tile", "largest_divisor", "planar_tile", "step_cycles", "tap_tile", "winograd_dw_tile", "winograd_tile",
 ]  # fmt: skip
 
 MAX_TILE_PIXELS = 16  # dX pixels per tile: 16 rows of accumulators at most (AVX-512: 16 zmm of 32)
@@ -135,6 +135,20 @@ def winograd_tile(tiles: int, rows: int, plan: IsaPlan) -> tuple[int, int]:
             whole, edge = divmod(tiles, r)
             cycles = whole * step_cycles(r, registers, plan) + (step_cycles(edge, registers, plan) if edge else 0)
             options.append((cycles / v, r + v, r, v))
+    *_, r, v = min(options)
+    return r, v
+
+
+def winograd_dw_tile(channels: int, rows: int, plan: IsaPlan) -> tuple[int, int]:
+    """Register tile ``(R, V)`` of a Winograd dW GEMM (:mod:`.winograd`): ``R`` input channels (a
+    divisor of ``channels``; one broadcast transformed x value each per step) x ``V`` of the
+    ``rows`` 16-lane Cout rows (a divisor; one load of each of its registers per step), within the
+    accumulators and, with the loads and a broadcast, the registers; the fewest estimated cycles
+    per accumulator (:func:`step_cycles`), then the most accumulators."""
+    per_row = plan.registers_per_row
+    options = [(step_cycles(r, v * per_row, plan) / (r * v), -r * v, r, v)
+               for v in divisors(rows, plan.accumulators // per_row) for r in divisors(channels, plan.accumulators // (v * per_row))
+               if (r + 1) * v * per_row + 1 <= plan.registers]  # fmt: skip
     *_, r, v = min(options)
     return r, v
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from ...dsl.compute.stages import WINO_U, WINO_V, WINO_Y
+from ...dsl.compute.stages import WINO_D, WINO_U, WINO_V, WINO_W, WINO_Y
 from ...layout import C0
 from ..common import loop_extent
-from .loops import CpuMad, restore_unit_loops, whole_tiles_and_edge
-from .tiles import winograd_tile
+from .loops import CpuMad, restore_unit_loops, sum_parts, whole_tiles_and_edge
+from .tiles import largest_divisor, winograd_dw_tile, winograd_tile
 
-__all__ = ["TASKS_PER_CORE", "WINOGRAD_TASK_BYTES", "WinogradConv"]
+__all__ = ["TASKS_PER_CORE", "WINOGRAD_DW_CHUNK_TILES", "WINOGRAD_TASK_BYTES", "WinogradConv", "WinogradFilterGrad"]
 
 WINOGRAD_TASK_BYTES = 512 << 10
 """Most bytes of transformed input (``wino_v``) one task holds: half an L2 of the x86 cores the
@@ -44,8 +44,7 @@ class WinogradConv(CpuMad):
         y, task = self._result_tasks(block)
         (v,) = [p for p in sch.get_producers(block) if sch.get(p).name_hint == WINO_V]
         sch.compute_at(block, task)
-        sch.compute_at(v, task)
-        sch.vectorize(sch.get_loops(v)[-1])
+        self._positions_unrolled(v, task)
         self.placed.update(sch.get(b).name_hint for b in (v, y))
         at = [sch.get(lp).same_as(sch.get(task)) for lp in sch.get_loops(block)].index(True)
         restore_unit_loops(sch, block, at + 1)  # (compute-at leaves out the axes a task holds one of, and those of extent 1)
@@ -53,6 +52,19 @@ class WinogradConv(CpuMad):
         co1_o, co1_i, r = self._cout_rows(co1, loop_extent(sch, j))
         sch.reorder(xi, co1_o, *tile_rows, j, ci1, ci0, co1_i, co0)
         self._register_tiles(block, j, r, ci1, ci0, co1_i, co0)
+
+    def _positions_unrolled(self, transform, loop):
+        """A transform stage (``wino_v``, ``wino_d``) computed under ``loop``, its 16 positions
+        unrolled (each a constant combination of the window: the 16 share its loads) and its 16
+        lanes vectorized."""
+        sch = self.sch
+        sch.compute_at(transform, loop)
+        at = [sch.get(lp).same_as(sch.get(loop)) for lp in sch.get_loops(transform)].index(True)
+        restore_unit_loops(sch, transform, at + 1)
+        *_, xi, c0 = sch.get_loops(transform)
+        sch.unroll(xi)
+        sch.vectorize(c0)
+        self.placed.add(sch.get(transform).name_hint)
 
     def _cout_rows(self, co1, tiles: int):
         """``(co1_o, co1_i, R)``: the Cout rows split by :func:`winograd_tile`'s ``V``, and its ``R``."""
@@ -132,3 +144,68 @@ class WinogradConv(CpuMad):
         sch.parallel(task)
         sch.vectorize(sch.get_loops(y)[-1])
         return y, task
+
+
+WINOGRAD_DW_CHUNK_TILES = 64
+"""Fewest tiles a dW chunk sums (whole tile rows of an image, or whole images): each chunk reads
+and writes its part's sums (16 x Cin x Cout floats) once."""
+
+
+class WinogradFilterGrad(WinogradConv):
+    """The Winograd dW mad ``wino_dw[co1, ci, xi, co0]`` (the sum over the tiles ``n, i, j``): each
+    core sums a part of the tiles (``rfactor``; the parts added in a fixed order after, so results
+    do not vary run to run), walking them in chunks: a chunk's ``wino_v`` and ``wino_d`` made in
+    the task (every position, unrolled: in cache), then register tiles of ``R`` input channels x
+    ``V`` Cout rows summing the chunk's tiles (:func:`.tiles.winograd_dw_tile`) into the part's sums;
+    ``wino_w`` (the 3x3 weight gradient, the frontend's result folded into it) a pass after."""
+
+    def schedule(self, block):
+        sch, plan = self.sch, self.plan
+        co1, ci, xi, co0, n, i, j = sch.get_loops(block)
+        cout1, cin, images, rows, cols = (loop_extent(sch, lp) for lp in (co1, ci, n, i, j))
+        parts = largest_divisor(images, self.cores) if images >= self.cores else 1
+        if parts > 1:
+            part, n = sch.split(n, [parts, None])
+        else:  # one image: its tile rows in parts
+            parts = largest_divisor(rows, self.cores)
+            part, i = sch.split(i, [parts, None])
+        images, rows = loop_extent(sch, n), loop_extent(sch, i)
+        sch.reorder(part, co1, ci, xi, co0, n, i, j)
+        rf = sch.rfactor(part, 0)
+        sum_parts(sch, block)
+        part, co1, ci, xi, co0, n, i, j = sch.get_loops(rf)
+        r, v = winograd_dw_tile(cin, cout1, plan)
+        ci_o, ci_r = sch.split(ci, [None, r])
+        co1_o, co1_v = sch.split(co1, [None, v])
+        least = -(-WINOGRAD_DW_CHUNK_TILES // cols)  # tile rows per chunk
+        row_counts = [d for d in range(1, rows + 1) if rows % d == 0 and d >= least]
+        if row_counts and row_counts[0] < rows:  # rows of one image (a divisor of its rows)
+            i_o, i_i = sch.split(i, [None, row_counts[0]])
+            chunks, steps = [n, i_o], [i_i]
+        else:  # whole images per chunk
+            per_image = -(-least // rows)
+            n_o, n_i = sch.split(n, [None, min([d for d in range(1, images + 1) if images % d == 0 and d >= per_image] or [images])])
+            chunks, steps = [n_o], [n_i, i]
+        sch.reorder(part, *chunks, xi, co1_o, ci_o, *steps, j, ci_r, co1_v, co0)
+        sch.parallel(part)
+        for name in (WINO_V, WINO_D):
+            (pack,) = [p for p in sch.get_producers(rf) if sch.get(p).name_hint == name]
+            self._positions_unrolled(pack, chunks[-1])
+        self.register_tile(rf, [ci_r, co1_v], co0, chunks[0])  # (the part's sums zeroed before its first chunk, in registers within each)
+        self._result()
+
+    def _result(self):
+        """``wino_w`` with the frontend's weight layout folded in: ``(co1, ci)`` tasks, the taps
+        unrolled (their coefficients constants), 16 Cout lanes."""
+        sch = self.sch
+        w = sch.get_sblock(WINO_W)
+        for result in sch.get_consumers(w):
+            name = sch.get(result).name_hint
+            sch.reverse_compute_inline(result)
+            self.placed.add(name)
+        co1, ci, kh, kw, co0 = sch.get_loops(w)
+        sch.parallel(sch.fuse(co1, ci))
+        sch.unroll(kh)
+        sch.unroll(kw)
+        sch.vectorize(co0)
+        self.placed.add(WINO_W)

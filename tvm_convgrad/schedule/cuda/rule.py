@@ -88,7 +88,7 @@ class CudaRule(Rule):
         """Schedule the TE function in ``sch`` in place; with ``config.switch_double_buffering``,
         raises :class:`NoAlternative` where no GEMM has another choice."""
         config = config or self.get_config(target)
-        if any(kind == Formulation.WINOGRAD for _, kind in mads(sch)):
+        if any(kind in (Formulation.WINOGRAD, Formulation.WINOGRAD_DW) for _, kind in mads(sch)):
             raise ConvGradError("build", "algorithm", "winograd", "has a CPU (llvm) schedule only: build the cuda kernel with algorithm='direct'")
         inline_layout_stages(sch)
         packs = [b for b in stage_blocks(sch) if sch.get(b).name_hint in PACK_STAGES]
