@@ -70,6 +70,19 @@ def test_run_a_framework_operator(op):
     assert f"[{op}]" in run.stdout and ": OK" in run.stdout and "GFLOP/s" in run.stdout
 
 
+@pytest.mark.parametrize("op, shapes", [
+    ("convolution", ["--src", "2,8,10,32", "--weights", "3,3,32,16", "--bias"]),
+    ("convolution_backward_data", ["--diff-dst", "2,8,10,16", "--weights", "3,3,32,16", "--dst-shape", "2,8,10,32"]),
+    ("convolution_backward_weights", ["--src", "2,8,10,32", "--diff-dst", "2,8,10,16", "--weights-shape", "3,3,32,16"]),
+])  # fmt: skip
+def test_run_takes_the_winograd_algorithm(op, shapes):
+    """``run --algorithm winograd``: the forward, dX and dW of a 3x3 by F(2x2, 3x3), checked against
+    the float64 reference."""
+    run = cli("run", "--op", op, *shapes, "--pads-begin", "1", "--pads-end", "1", "--algorithm", "winograd", "--repeat", "1")
+    assert run.returncode == 0, run.stderr
+    assert "winograd]" in run.stdout and ": OK" in run.stdout
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -94,6 +107,10 @@ def test_run_a_framework_operator(op):
         (["run", "--op", "convolution_backward_data", "--weights", "3,3,8,8"], "--diff-dst"),
         (["run", "--op", "convolution", "--src", "2,9,9,8", "--weights", "3,3,5,12"], "weights.shape"),
         (["run", "--op", "forward", "--input", "2,16,9,9", "--filter", "16,16,3,3", "--strides", "64"], "stride_h"),
+        (["run", "--op", "convolution", "--src", "2,9,9,16", "--weights", "3,3,16,16", "--strides", "2", "--algorithm", "winograd"],
+         "algorithm"),
+        (["run", "--op", "convolution_backprop_filters", "--input-forward", "2,9,9,16", "--output-delta", "2,7,7,16", "--filter-shape",
+          "3,3,16,16", "--algorithm", "winograd"], "only convolution_backward_data"),
     ],
 )
 def test_bad_arguments_exit_2_with_the_message(args, message, capsys):

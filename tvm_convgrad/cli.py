@@ -211,6 +211,8 @@ def _parser() -> argparse.ArgumentParser:
     frame.add_argument("--filter-format", help="convolution_backprop_filters: XIO (default) | OIX")
     frame.add_argument("--weights-format", help="XIO | OIX (default XIO); conv_transpose_backward_weights: XOI (default) | IOX")
     frame.add_argument("--dtype", default="float32", help="float32 | float16 | bfloat16 (deconv_grad_filter: float32 | float16)")
+    frame.add_argument("--algorithm", default="direct",
+                       help="convolution, convolution_backward_data / _weights: direct (default) | winograd (F(2x2, 3x3)) | auto")  # fmt: skip
     common(p_run)
     p_run.set_defaults(func=run)
 

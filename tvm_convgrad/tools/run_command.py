@@ -20,7 +20,7 @@ from ..params.tbe_op import resolve_pads
 from ..tvm import placeholder
 from .verify import check_kernel
 
-__all__ = ["DATA_OPS", "FRAMEWORK_OPS", "flag", "report", "run", "timed_build"]
+__all__ = ["ALGORITHM_OPS", "DATA_OPS", "FRAMEWORK_OPS", "flag", "report", "run", "timed_build"]
 
 
 def report(title: str, kernel: Kernel, compile_s: float, repeat: int) -> bool:
@@ -105,6 +105,8 @@ FRAMEWORK_OPS = {
 """The framework operators ``run`` takes, each with its own argument names as flags."""
 
 DATA_OPS = ("convolution_backward_data", "convolution_backprop_data")
+ALGORITHM_OPS = ("convolution_backward_data", "convolution_backward_weights")
+"""The gradient operators that take ``--algorithm`` (and ``convolution``, the forward)."""
 
 
 def flag(name: str) -> str:
@@ -141,6 +143,7 @@ def _forward_result(args: argparse.Namespace):
     weights = te.placeholder(w_shape, args.dtype, name="weights")
     out_channels = w_shape[-1] if attrs["weights_format"] == "XIO" else w_shape[0]
     bias = te.placeholder((out_channels,), args.dtype, name="bias") if args.bias else None
+    attrs["algorithm"] = args.algorithm
     described = ", ".join(f"{k} {v}" for k, v in attrs.items())
     return onednn.convolution(src, weights, bias, **attrs), f"src {src_shape}, weights {w_shape}, bias {bias is not None}, {described}, {args.dtype}"
 
@@ -170,6 +173,10 @@ def _framework_result(args: argparse.Namespace):
     attrs = {k: v for k, v in attrs.items() if v is not None and (k != "output_padding" or args.op in with_padding)}
     attrs = {"strides": [1] * nd, "dilations": [1] * nd, "pads_begin": [0] * nd, "pads_end": [0] * nd, **attrs, "auto_pad": args.auto_pad,
              "groups": args.groups, "data_format": args.data_format, format_name: getattr(args, format_name) or default_format}  # fmt: skip
+    if args.op in ALGORITHM_OPS:
+        attrs["algorithm"] = args.algorithm
+    elif args.algorithm != "direct":
+        raise ConvGradError(args.op, "algorithm", args.algorithm, f"only {', '.join(ALGORITHM_OPS)} and convolution take it")
     x = te.placeholder(x_shape, args.dtype, name=x_name)
     dy = te.placeholder(dy_shape, args.dtype, name=dy_name)
     result = getattr(onednn, args.op)(x, dy, weights, **attrs)

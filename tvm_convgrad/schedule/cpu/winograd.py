@@ -1,13 +1,17 @@
-"""Winograd F(2x2, 3x3) on the CPU (``wino_m``, :mod:`tvm_convgrad.dsl.compute.winograd`): the
-16 GEMMs of the transform domain run task by task over rows of output tiles, each task
-transforming its tiles' input windows, multiplying them and transforming its sums back while they
-are in cache; the transformed weights (``wino_u``) are one small pass before.
+"""Winograd F(2x2, 3x3) on the CPU (:mod:`tvm_convgrad.dsl.compute.winograd`).
 
-Per task (``rows`` consecutive tile rows of one or more images): ``wino_v`` for those tiles (the
-16 transform positions x Cin x the row's tiles, in L2), then per transform position and block of
-Cout vectors, register tiles of ``R`` tiles x ``V`` Cout rows (:func:`.tiles.winograd_tile`:
-each reduction step ``R`` broadcast values of ``wino_v`` and ``V`` rows of ``wino_u``), then
-``wino_y`` of those tiles, written to the result (the frontend's result stage folded into it).
+* The forward and the stride-1 dX (:class:`WinogradConv`, ``wino_m``): the 16 GEMMs of the
+  transform domain run task by task over rows of output tiles (one image's, or whole images:
+  :meth:`WinogradConv._result_tasks`), each task transforming its tiles' input windows (``wino_v``,
+  the 16 positions unrolled: one window's loads serve them all), multiplying them (register tiles
+  of ``R`` tiles x ``V`` Cout rows, :func:`.tiles.winograd_tile`: each reduction step ``R``
+  broadcast values of ``wino_v`` and ``V`` rows of ``wino_u``) and transforming its sums back
+  (``wino_y``, the frontend's result stage folded into it) while they are in cache; the
+  transformed weights (``wino_u``) are a pass before, walked tap by tap.
+* The dW (:class:`WinogradFilterGrad`, ``wino_dw``): each core sums a part of the tiles
+  (``rfactor``) in chunks, each chunk's ``wino_v`` and ``wino_d`` made in its task, register
+  tiles of ``R`` input channels x ``V`` Cout rows (:func:`.tiles.winograd_dw_tile`); the parts are
+  added in a fixed order and ``wino_w`` (the 3x3 weight gradient) is a pass after.
 """
 
 from __future__ import annotations
