@@ -34,8 +34,25 @@ TASKS_PER_CORE = 2
 """Fewest tasks per core: a task takes more tile rows only while this many remain."""
 
 
-class WinogradConv(CpuMad):
-    """The Winograd mad ``wino_m[n, i, xi, co1, j, co0]`` (reduction ``ci1, ci0``), with its input
+class _Transforms(CpuMad):
+    """What both Winograd mads do with their transform stages."""
+
+    def _positions_unrolled(self, transform, loop):
+        """A transform stage (``wino_v``, ``wino_d``) computed under ``loop``, its 16 positions
+        unrolled (each a constant combination of the window: the 16 share its loads) and its 16
+        lanes vectorized."""
+        sch = self.sch
+        sch.compute_at(transform, loop)
+        at = [sch.get(lp).same_as(sch.get(loop)) for lp in sch.get_loops(transform)].index(True)
+        restore_unit_loops(sch, transform, at + 1)
+        *_, xi, c0 = sch.get_loops(transform)
+        sch.unroll(xi)
+        sch.vectorize(c0)
+        self.placed.add(sch.get(transform).name_hint)
+
+
+class WinogradConv(_Transforms):
+    """The Winograd mad ``wino_m[n, i, co1, j, xi, co0]`` (reduction ``ci1, ci0``), with its input
     transform and its result in its tasks."""
 
     def schedule(self, block):
@@ -56,19 +73,6 @@ class WinogradConv(CpuMad):
         co1_o, co1_i, r = self._cout_rows(co1, loop_extent(sch, j))
         sch.reorder(xi, co1_o, *tile_rows, j, ci1, ci0, co1_i, co0)
         self._register_tiles(block, j, r, ci1, ci0, co1_i, co0)
-
-    def _positions_unrolled(self, transform, loop):
-        """A transform stage (``wino_v``, ``wino_d``) computed under ``loop``, its 16 positions
-        unrolled (each a constant combination of the window: the 16 share its loads) and its 16
-        lanes vectorized."""
-        sch = self.sch
-        sch.compute_at(transform, loop)
-        at = [sch.get(lp).same_as(sch.get(loop)) for lp in sch.get_loops(transform)].index(True)
-        restore_unit_loops(sch, transform, at + 1)
-        *_, xi, c0 = sch.get_loops(transform)
-        sch.unroll(xi)
-        sch.vectorize(c0)
-        self.placed.add(sch.get(transform).name_hint)
 
     def _cout_rows(self, co1, tiles: int):
         """``(co1_o, co1_i, R)``: the Cout rows split by :func:`winograd_tile`'s ``V``, and its ``R``."""
@@ -155,7 +159,7 @@ WINOGRAD_DW_CHUNK_TILES = 64
 and writes its part's sums (16 x Cin x Cout floats) once."""
 
 
-class WinogradFilterGrad(WinogradConv):
+class WinogradFilterGrad(_Transforms):
     """The Winograd dW mad ``wino_dw[co1, ci, xi, co0]`` (the sum over the tiles ``n, i, j``): each
     core sums a part of the tiles (``rfactor``; the parts added in a fixed order after, so results
     do not vary run to run), walking them in chunks: a chunk's ``wino_v`` and ``wino_d`` made in
