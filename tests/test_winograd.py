@@ -207,3 +207,28 @@ def test_a_tunable_winograd_schedule_is_the_default_one_and_cuda_is_a_clear_erro
     assert tunable.mod.script() == rule_for(target).apply(Workload.of(result).prim_func(target), target).mod.script()
     with pytest.raises(ConvGradError, match="CPU"):
         build(result, target="cuda")
+
+
+def _random_case(rng: np.random.Generator) -> Case:
+    """A random call F(2x2, 3x3) applies to: forward, dX or dW; 1-3 images; 16-48 channels each
+    side; 2-12 rows and columns; pads 0-2 on each side (each axis's output at least 2); any layout."""
+    op = ("fwd", "data", "conv_v2")[int(rng.integers(3))]
+    data_format = ("NCX", "NXC")[int(rng.integers(2))]
+    while True:
+        size = tuple(int(v) for v in rng.integers(2, 13, 2))
+        pads = tuple(tuple(int(v) for v in rng.integers(0, 3, 2)) for _ in range(2))  # ((top, left), (bottom, right))
+        (pt, pl), (pb, pr) = pads
+        out = (size[0] + pt + pb - 2, size[1] + pl + pr - 2)
+        if min(out) >= 2:
+            break
+    cin, cout = (int(16 * v) for v in rng.integers(1, 4, 2))
+    weights_format = ("OIX", "OXI", "XIO")[int(rng.integers(3))]
+    bias = op == "fwd" and bool(rng.integers(2))
+    return _case(op, int(rng.integers(1, 4)), cin, cout, size, pads, data_format, weights_format, bias)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_winograd_calls_match_the_reference(seed):
+    """Twelve random calls F(2x2, 3x3) applies to (:func:`_random_case`): within the bound."""
+    case = _random_case(np.random.default_rng([20261127, seed]))
+    assert _run(case).formulation == "winograd", case
