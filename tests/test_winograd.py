@@ -73,6 +73,22 @@ def test_winograd_matches_the_reference(op, batch, cin, cout, size, pads, data_f
     assert kernel.formulation == "winograd"
 
 
+def _check_schedule(isa: str, case: Case, tile: tuple[int, int], folded: tuple[str, ...], in_tasks: tuple[str, ...]):
+    """``case`` built for ``isa`` (run where the host can): its register tile ``(R, V)`` unrolled
+    over 16 vectorized lanes and within the registers, no ``folded`` result stage left, the
+    ``in_tasks`` stages under a parallel loop."""
+    target = resolve_target(isa_target(isa))
+    tir = _run(case, target).inspect_source("tir")
+    plan = isa_plan(target)
+    r, v = tile
+    assert r * v * plan.registers_per_row <= plan.accumulators and (r + 1) * v * plan.registers_per_row + 1 <= plan.registers
+    assert re.search(rf"for \w+ in T.unroll\(T.int64\({r}\)\):\n\s+for \w+ in T.unroll\(T.int64\({v}\)\):\n\s+for \w+ in T.vectorized\(T.int64\(16\)\)", tir)
+    assert not any(f'T.sblock("{stage}")' in tir for stage in folded)
+    sch = rule_for(target).apply(Workload.of(case_call(case, *placeholders(case))).prim_func(target), target)
+    for stage in in_tasks:
+        assert sch.get(sch.get_loops(sch.get_sblock(stage))[0]).kind == ForKind.PARALLEL, stage
+
+
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
 @pytest.mark.parametrize("op, data_format", [("fwd", "NXC"), ("data", "NCX")])
 def test_the_winograd_schedule_keeps_its_tiles_in_the_registers_and_its_transforms_in_its_tasks(isa, op, data_format):
@@ -80,18 +96,9 @@ def test_the_winograd_schedule_keeps_its_tiles_in_the_registers_and_its_transfor
     :func:`winograd_tile`'s (``R`` tiles x ``V`` Cout rows unrolled, 16 lanes vectorized), within
     the registers; the input transform and the result (its layout stage folded in: no ``dst`` /
     ``diff_src`` block) run inside the mad's parallel tasks."""
-    target = resolve_target(isa_target(isa))
     case = _case(op, 2, 64, 64, (16, 16), data_format=data_format, weights_format="OIX" if data_format == "NCX" else "OXI")
-    kernel = _run(case, target)
-    tir = kernel.inspect_source("tir")
-    plan = isa_plan(target)
-    r, v = winograd_tile(8, 4, plan)
-    assert r * v * plan.registers_per_row <= plan.accumulators and (r + 1) * v * plan.registers_per_row + 1 <= plan.registers
-    assert re.search(rf"for \w+ in T.unroll\(T.int64\({r}\)\):\n\s+for \w+ in T.unroll\(T.int64\({v}\)\):\n\s+for \w+ in T.vectorized\(T.int64\(16\)\)", tir)
-    assert 'T.sblock("dst")' not in tir and 'T.sblock("diff_src")' not in tir
-    sch = rule_for(target).apply(Workload.of(case_call(case, *placeholders(case))).prim_func(target), target)
-    for stage in ("wino_v", "wino_m_update", "wino_y"):
-        assert sch.get(sch.get_loops(sch.get_sblock(stage))[0]).kind == ForKind.PARALLEL, stage
+    tile = winograd_tile(8, 4, isa_plan(resolve_target(isa_target(isa))))
+    _check_schedule(isa, case, tile, ("dst", "diff_src"), ("wino_v", "wino_m_update", "wino_y"))
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
@@ -101,18 +108,9 @@ def test_the_winograd_dw_sums_parts_of_the_tiles_in_registers_and_transforms_eac
     register tile (``R`` input channels x ``V`` Cout rows unrolled, 16 lanes vectorized), a part of
     the tiles per core (``wino_dw_rf``) with its chunks' ``wino_v`` and ``wino_d`` made in the task,
     the parts summed after, the result folded into ``wino_w``."""
-    target = resolve_target(isa_target(isa))
     case = _case("conv_v2", 4, 64, 64, (16, 16), data_format=data_format, weights_format="OIX" if data_format == "NCX" else "OXI")
-    kernel = _run(case, target)
-    tir = kernel.inspect_source("tir")
-    plan = isa_plan(target)
-    r, v = winograd_dw_tile(64, 4, plan)
-    assert r * v * plan.registers_per_row <= plan.accumulators and (r + 1) * v * plan.registers_per_row + 1 <= plan.registers
-    assert re.search(rf"for \w+ in T.unroll\(T.int64\({r}\)\):\n\s+for \w+ in T.unroll\(T.int64\({v}\)\):\n\s+for \w+ in T.vectorized\(T.int64\(16\)\)", tir)
-    assert 'T.sblock("diff_weights")' not in tir
-    sch = rule_for(target).apply(Workload.of(case_call(case, *placeholders(case))).prim_func(target), target)
-    for stage in ("wino_v", "wino_d", "wino_dw_rf_update", "wino_w"):
-        assert sch.get(sch.get_loops(sch.get_sblock(stage))[0]).kind == ForKind.PARALLEL, stage
+    tile = winograd_dw_tile(64, 4, isa_plan(resolve_target(isa_target(isa))))
+    _check_schedule(isa, case, tile, ("diff_weights",), ("wino_v", "wino_d", "wino_dw_rf_update", "wino_w"))
 
 
 def test_winograd_tiles_fit_the_registers():

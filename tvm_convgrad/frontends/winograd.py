@@ -1,4 +1,4 @@
-"""The forward and the stride-1 dX by Winograd's F(2x2, 3x3) (:mod:`tvm_convgrad.dsl.compute.winograd`)
+"""The forward, the stride-1 dX and the dW by Winograd's F(2x2, 3x3) (:mod:`tvm_convgrad.dsl.compute.winograd`)
 on a framework operator's tensors, read and written where they lie (NCX / NXC activations, OIX /
 XIO / OXI weights).
 
@@ -18,7 +18,8 @@ from typing import Sequence
 
 from tvm import te
 
-from ..dsl.compute.winograd import forward_shape, input_grad_shape, output_index, winograd_applies, winograd_conv, winograd_filter_grad, winograd_pays
+from ..dsl.compute.winograd import (forward_shape, input_grad_shape, output_index, weight_index, winograd_applies, winograd_conv, winograd_filter_grad,
+                                    winograd_pays)
 from ..errors import ConvGradError
 from ..params.framework import ConvView, split_weights, weights_index
 from ..params.onednn import algorithm_choice
@@ -91,6 +92,6 @@ def winograd_filter_grad_result(x: te.Tensor, dy: te.Tensor, view: ConvView, dat
 
     def value(*index):
         o, i, (kh, kw) = split_weights(index, weights_format)
-        return w[o // 16, i, kh, kw, o % 16].astype(view.dtype)
+        return w[weight_index(o, i, kh, kw)].astype(view.dtype)
 
     return te.compute(tuple(shape), value, name=name, attrs=attrs)

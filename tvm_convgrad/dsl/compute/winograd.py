@@ -50,7 +50,7 @@ from ...layout import C0
 from .common import ACC
 from .stages import FORMULATION, MAD_TAG, WINO_D, WINO_DW, WINO_M, WINO_U, WINO_V, WINO_W, WINO_Y, Formulation
 
-__all__ = ["ALPHA", "WINOGRAD_DW_MAX_WEIGHTS", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_MIN_TILES", "WINOGRAD_TILES_PER_WEIGHTS", "WinogradShape", "forward_shape", "input_grad_shape", "output_index",
+__all__ = ["ALPHA", "WINOGRAD_DW_MAX_WEIGHTS", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_MIN_TILES", "WINOGRAD_TILES_PER_WEIGHTS", "WinogradShape", "forward_shape", "input_grad_shape", "output_index", "weight_index",
            "input_tiles", "winograd_applies", "winograd_conv", "winograd_filter_grad", "winograd_pays"]
 
 ALPHA = 4
@@ -157,6 +157,11 @@ def output_index(n, h, w, co) -> tuple:
     return n, h // 2, co // C0, w // 2, h % 2, w % 2, co % C0
 
 
+def weight_index(co, ci, kh, kw) -> tuple:
+    """The ``wino_w`` index of the weight gradient's ``(co, ci, kh, kw)``."""
+    return co // C0, ci, kh, kw, co % C0
+
+
 def _signed_sum(terms) -> tirx.PrimExpr:
     """``sum(sign * value)`` of ``(value, sign)`` pairs, signs +-1, without multiplies."""
     total = None
@@ -256,7 +261,8 @@ def winograd_filter_grad(x_at: Callable, dy_at: Callable, shape: WinogradShape) 
 
     Stages: ``wino_v`` (x's windows), ``wino_d (N, TH, Cout/16, TW, 16, 16)`` (``A dy A^T`` of each
     2x2 tile of dy, 0 past its edge), the mad ``wino_dw (Cout/16, Cin, 16, 16)`` (``Formulation.WINOGRAD_DW``,
-    the sum over the tiles ``(n, i, j)``) and ``wino_w`` (``G^T m G``). ``x_at(n, c, r, col)`` and
+    the sum over the tiles ``(n, i, j)``) and ``wino_w`` (``G^T m G``; weight ``(co, ci, kh, kw)`` at
+    :func:`weight_index`). ``x_at(n, c, r, col)`` and
     ``dy_at(n, c, r, col)`` read the tensors at positions inside them, as fp32."""
     th, tw = shape.tiles
     cout1 = shape.cout // C0
