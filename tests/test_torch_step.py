@@ -103,17 +103,20 @@ def test_the_layer_bench_lists_each_set_and_times_a_layer(capsys):
     assert "mobilenet_v2.conv1.n1" in out and "geomean" in out and "bfloat16" in out
 
 
-def test_stock_beside_the_drop_in_runs_both_kinds_of_process():
-    """``training.torch_beside``: a pair of child processes, one alternating stock with the drop-in,
-    one with a second stock model; each reports stock's step."""
+def test_stock_beside_the_drop_in_runs_every_kind_of_process():
+    """``training.torch_beside``: a round of child processes, one alternating stock with the
+    drop-in, one running stock alone, one alternating it with a second stock model; each reports
+    stock's step, and the slowdown is taken against both controls."""
     from tvm_convgrad.training.torch_beside import stock_beside
     from tvm_convgrad.training.torch_step import StepConfig
 
     lines = []
     result = stock_beside(StepConfig("mobilenet_v2", 2, 32, False, "float32"), pairs=1, rounds=1, log=lines.append)
-    ((control, beside),) = result["pairs"]
-    assert control > 0 and beside > 0 and result["median_slowdown"] == beside / control - 1
-    assert "page faults" in lines[0]
+    ((row),) = result["rounds"]
+    assert set(row) == {"drop-in", "alone", "stock"} and min(row.values()) > 0
+    for control in ("alone", "stock"):
+        assert result["median_slowdown"][control] == row["drop-in"] / row[control] - 1
+    assert lines[0].count("page faults") == 3 and "alone" in lines[0]
 
 
 def test_stock_after_the_drop_in_in_one_process():

@@ -1,17 +1,19 @@
 """Whether running the drop-in slows PyTorch's own work in the same process
 (``python -m tvm_convgrad.training.torch_beside [--net resnet18] [--size 8x64] [--channels-last] [--pairs 6]``).
 
-Stock's training step is timed in two kinds of child process, each alternating two models' steps:
+Stock's training step is timed in three kinds of child process:
 
 * **beside the drop-in**: stock's step, then the same network converted
-  (:func:`tvm_convgrad.torch.convert_conv2d`, its kernels on PyTorch's OpenMP threads);
-* **the control**: stock's step, then a second stock model of the same network, so that the working
-  set between two of stock's steps is the same size and only whose kernels run differs.
+  (:func:`tvm_convgrad.torch.convert_conv2d`, its kernels on PyTorch's OpenMP threads), alternating;
+* **alone**: stock's steps one after another, in a process that never builds the drop-in (the
+  issue's "a process that does not");
+* **beside stock**: stock's step, then a second stock model of the same network, so that the
+  working set between two of stock's steps is the same size and only whose kernels run differs.
 
 Each child reports the median of its stock steps and of the minor page faults each of them takes
-(``getrusage``). The two kinds run in alternating pairs of processes (``pairs`` of each, the order
-flipped every pair: the machines drift); the result is the median over pairs of ``beside /
-control - 1`` (0.05: stock 5% slower beside the drop-in).
+(``getrusage``). The kinds run in rounds of one process each (``pairs`` rounds, the order rotated
+every round: the machines drift); the result is, for each control, the median over rounds of
+``beside / control - 1`` (0.05: stock 5% slower beside the drop-in).
 
 Two processes differ in more than whose kernels run: glibc's heap keeps or returns memory by what
 the whole process has allocated and freed, so stock may re-fault its heap beside one neighbour and
@@ -42,7 +44,9 @@ from .torch_step import StepConfig, parse_size, trainers
 
 __all__ = ["main", "minor_faults", "stock_after", "stock_beside", "stock_step_ms"]
 
-NEIGHBOURS = ("drop-in", "stock")
+NEIGHBOURS = ("drop-in", "alone", "stock")
+"""What runs between two of stock's steps in a child: the drop-in, nothing, or a second stock model."""
+CONTROLS = ("alone", "stock")
 
 
 def minor_faults() -> int:
@@ -64,8 +68,10 @@ def _medians(samples: list[tuple[float, int]]) -> tuple[float, float]:
 
 def stock_step_ms(config: StepConfig, neighbour: str, rounds: int = 11, warmup: int = 2) -> tuple[float, float]:
     """In this process: the medians of ``rounds`` stock steps (ms, minor page faults), each
-    followed by a step of ``neighbour`` (``"drop-in"`` or ``"stock"``)."""
+    followed by a step of ``neighbour`` (``"drop-in"``, ``"stock"``, or ``"alone"``: none)."""
     stock, other = trainers(config, convert=neighbour == "drop-in")
+    if neighbour == "alone":
+        other = _nothing  # (a second stock model is built, and never run)
     for _ in range(warmup):
         stock()
         other()
@@ -74,6 +80,10 @@ def stock_step_ms(config: StepConfig, neighbour: str, rounds: int = 11, warmup: 
         samples.append(_timed(stock))
         other()
     return _medians(samples)
+
+
+def _nothing() -> None:
+    """The neighbour of stock's steps in the ``"alone"`` child."""
 
 
 def stock_after(config: StepConfig, rounds: int = 11, warmup: int = 2) -> dict:
@@ -94,7 +104,7 @@ def stock_after(config: StepConfig, rounds: int = 11, warmup: int = 2) -> dict:
     return {"config": config.name, "after": medians, "slowdown": medians["drop-in"][0] / medians["stock"][0] - 1}
 
 
-def _child(config: StepConfig, neighbour: str, rounds: int) -> float:
+def _child(config: StepConfig, neighbour: str, rounds: int) -> tuple[float, float]:
     command = [sys.executable, "-m", __spec__.name, "--net", config.net, "--size", f"{config.batch}x{config.size}",
                "--child", neighbour, "--rounds", str(rounds)] + (["--channels-last"] if config.channels_last else [])  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True)
@@ -105,18 +115,23 @@ def _child(config: StepConfig, neighbour: str, rounds: int) -> float:
 
 
 def stock_beside(config: StepConfig, pairs: int = 6, rounds: int = 11, log=print) -> dict:
-    """``pairs`` alternating pairs of child processes; returns each pair's stock ms (control,
-    beside the drop-in), their slowdowns and the median slowdown."""
+    """``pairs`` rounds of one child process of each kind (:data:`NEIGHBOURS`), the order rotated
+    every round; returns each round's stock ms per kind and, per control (:data:`CONTROLS`), the
+    rounds' slowdowns beside the drop-in and their median."""
     rows = []
     for i in range(pairs):
-        order = NEIGHBOURS if i % 2 == 0 else NEIGHBOURS[::-1]
+        order = NEIGHBOURS[i % 3:] + NEIGHBOURS[:i % 3]
         child = {neighbour: _child(config, neighbour, rounds) for neighbour in order}
-        (control, control_faults), (beside, beside_faults) = child["stock"], child["drop-in"]
-        rows.append((control, beside))
-        log(f"pair {i + 1}: stock's step beside a stock model {control:.1f} ms ({control_faults:.0f} page faults), beside the drop-in "
-            f"{beside:.1f} ms ({beside_faults:.0f}) ({beside / control - 1:+.1%})")  # fmt: skip
-    slowdowns = [beside / control - 1 for control, beside in rows]
-    return {"config": config.name, "pairs": rows, "slowdowns": slowdowns, "median_slowdown": statistics.median(slowdowns)}
+        rows.append({neighbour: ms for neighbour, (ms, _) in child.items()})
+        beside = child["drop-in"][0]
+        log(f"round {i + 1}: stock's step " + ", ".join(f"{_WHERE[n]} {ms:.1f} ms ({faults:.0f} page faults)" for n, (ms, faults) in child.items())
+            + "; beside the drop-in against " + ", ".join(f"{_WHERE[c]} {beside / child[c][0] - 1:+.1%}" for c in CONTROLS))  # fmt: skip
+    slowdowns = {control: [row["drop-in"] / row[control] - 1 for row in rows] for control in CONTROLS}
+    return {"config": config.name, "rounds": rows, "slowdowns": slowdowns,
+            "median_slowdown": {control: statistics.median(values) for control, values in slowdowns.items()}}  # fmt: skip
+
+
+_WHERE = {"drop-in": "beside the drop-in", "alone": "alone", "stock": "beside a stock model"}
 
 
 def main(argv=None) -> int:
@@ -124,7 +139,7 @@ def main(argv=None) -> int:
     parser.add_argument("--net", choices=("resnet18", "mobilenet_v2"), default="resnet18")
     parser.add_argument("--size", default="8x64", help="BATCHxSIZE")
     parser.add_argument("--channels-last", action="store_true")
-    parser.add_argument("--pairs", type=int, default=6)
+    parser.add_argument("--pairs", type=int, default=6, help="rounds of one process of each kind")
     parser.add_argument("--rounds", type=int, default=11, help="stock steps timed per process")
     parser.add_argument("--child", choices=NEIGHBOURS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -134,8 +149,9 @@ def main(argv=None) -> int:
         print(json.dumps({"stock_ms": ms, "stock_faults": faults}))
         return 0
     result = stock_beside(config, args.pairs, args.rounds)
-    print(f"{config.name}: stock's step beside the drop-in, median over {args.pairs} process pairs: {result['median_slowdown']:+.1%} "
-          f"against the control (a second stock model)")  # fmt: skip
+    medians = result["median_slowdown"]
+    print(f"{config.name}: stock's step beside the drop-in, median over {args.pairs} rounds of processes: {medians['alone']:+.1%} against "
+          f"stock alone, {medians['stock']:+.1%} against stock beside a second stock model")  # fmt: skip
     after = stock_after(config, args.rounds)
     (ours_ms, ours_faults), (stock_ms, stock_faults) = after["after"]["drop-in"], after["after"]["stock"]
     print(f"{config.name}: in one process, stock's step right after the drop-in's {ours_ms:.1f} ms ({ours_faults:.0f} page faults), "
