@@ -159,6 +159,12 @@ FIXED = {
     "dw-ncx-1x1-few-channels": Case("conv_v2", 2, 6, 16, 1, (9, 7), (9, 7), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
                                     weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
     "dw-nxc-1x1-few-channels": Case("conv_v2", 2, 6, 16, 1, (9, 7), (9, 7), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
+    # a 1x1 dW whose cores sum their own images (rfactor over the batch, dy and x packed per chunk in the task): 24 -> 144 with
+    # x's partial Cin block, NXC; NCX in chunks of row bands (48 x 36 pixels), 32 -> 64
+    "dw-nxc-1x1-images-per-core": Case("conv_v2", 4, 24, 144, 1, (12, 11), (12, 11), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1),
+                                       effective_pads=(0, 0)),  # fmt: skip
+    "dw-ncx-1x1-images-per-core-bands": Case("conv_v2", 2, 32, 64, 1, (48, 36), (48, 36), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1),
+                                             data_format="NCX", weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
     "dx-nxc-1x1-dy-in-place-grouped": Case("data", 2, 48, 40, 2, (5, 6), (5, 6), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
     # Winograd F(2x2, 3x3): the input windows of the edge tiles (padding read as 0), a bias, OXI weights read tap by tap; a row of
     # 5 tiles (a narrower last register tile) on NCX; the dX with its own pads 2 and 0 (uneven), whole images per task

@@ -385,3 +385,43 @@ def test_every_formulation_lowers_to_cuda(make, args):
     """The CUDA rule binds every stage of every formulation (PTX through nvcc; no GPU needed)."""
     kernel = build(make(*args, name=f"cuda_{make.__name__[1:]}_{args[1]}_{args[-2]}"), target="cuda")
     assert kernel.ptx_entries and all(e.startswith(kernel.name) for e in kernel.ptx_entries)
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("data_format, batch, cin, cout, size, stride, images", [
+    ("NXC", 4, 24, 144, 12, 1, True), ("NXC", 2, 96, 24, 14, 1, True), ("NCX", 2, 24, 144, 24, 1, True), ("NXC", 2, 32, 64, 48, 1, True),
+    ("NXC", 4, 64, 32, 24, 2, True), ("NXC", 3, 24, 144, 12, 1, False), ("NXC", 2, 32, 64, 6, 1, False), ("NXC", 2, 64, 16, 24, 1, False),
+])  # fmt: skip
+def test_a_1x1_weight_gradient_that_cores_cannot_share_by_blocks_sums_each_cores_images(isa, data_format, batch, cin, cout, size, stride,
+                                                                                       images):  # fmt: skip
+    """A 1x1 dW whose channel blocks the two cores can only share by each reading a whole operand
+    (24 -> 144: 9 Cout blocks, so each core owned a Cin block and read all of dy; 96 -> 24 or
+    32 -> 64: each owned Cout blocks and read all of x) sums each core's half of the images
+    instead (an ``rfactor`` over the batch, the parts added in a fixed order), dy and x packed per
+    chunk inside the core's task (MobileNetV2's 24 -> 144 on 28x28, N=32, Zen 4: 3.1 -> 2.3 ms);
+    NCX, 48x48 maps in chunks of row bands, a strided 1x1. An odd batch, a map too small for the
+    parts' extra sums to pay and a split that saves too little (64 -> 16: a whole dy of one block
+    against half of it and half of x) keep the blocks. Both ISAs scheduled on any host, run (exact
+    against the float64 reference) where the host can."""
+    from tvm import te
+    from tvm.tirx import ForKind
+
+    from tvm_convgrad.dsl.compute.stages import DW_CC, FMAP_L1, GRADS_2_MATRIX
+    from tvm_convgrad.frontends import onednn
+
+    target = resolve_target(isa_target(isa, cores=2))
+    out = (size - 1) // stride + 1
+    x_shape = (batch, cin, size, size) if data_format == "NCX" else (batch, size, size, cin)
+    y_shape = (batch, cout, out, out) if data_format == "NCX" else (batch, out, out, cout)
+    src, dy = te.placeholder(x_shape, "float32", name="src"), te.placeholder(y_shape, "float32", name="diff_dst")
+    dw = onednn.convolution_backward_weights(src, dy, [1, 1, cin, cout], strides=[stride, stride], pads_begin=[0, 0], pads_end=[0, 0],
+                                             dilations=[1, 1], data_format=data_format)  # fmt: skip
+    sch = schedule.rule_for(target).apply(Workload.of(dw).prim_func(target), target)
+    assert (f'T.sblock("{DW_CC}_rf_update")' in sch.mod.script()) == images
+    if images:
+        part = _outermost_loop(sch, f"{DW_CC}_rf_update")
+        assert part.kind == ForKind.PARALLEL and int(part.extent) == 2  # a part per core
+        for pack in (GRADS_2_MATRIX, FMAP_L1):  # made in the core's task, not passes of their own
+            assert _outermost_loop(sch, pack).same_as(part)
+    if host_can_run(target):
+        assert check_kernel(build(dw, target=target)).ok

@@ -36,7 +36,8 @@ from ...dsl.compute.pairs import PAIR_DTYPE, pair_dot
 from ...isa import PLANS
 from ...layout import C0
 from ...tvmscript import fast_tvmscript
-from .cube import CubeFilterGrad, CubeForward, CubeInputGrad
+from .cube import CubeForward, CubeInputGrad
+from .cube_dw import CubeFilterGrad
 from .lanes import CoutLanesFilterGrad
 from .loops import CpuMad
 

@@ -1,12 +1,6 @@
 """The cube on the CPU: 16x16 blocks of fp32 accumulators in vector registers, fed by broadcast FMAs.
 
-* dW (:class:`CubeFilterGrad`, ``dw_cc``): a tile is ``R`` Cout rows of one ``(co1, c1, kh, kw)``
-  block x 16 Cin lanes (R = 16 on AVX-512), each step one fmap row (constant offset per tap) times
-  ``R`` broadcast dy values. Each core owns a group of Cout (or Cin) blocks and walks the
-  reduction ``(n, ho, wo)`` in chunks of whole images or row bands, running all its tiles on a
-  chunk before the next. With fewer tiles than cores, each core sums its own part of the
-  reduction (``rfactor``) and the parts are added in a fixed order, so results do not vary from
-  run to run.
+* dW: :mod:`.cube_dw` (the same tiles, ``R`` Cout rows x 16 Cin lanes).
 * dX (:class:`CubeInputGrad`, ``dx_cc_<rh>_<rw>``, one per stride phase): a tile is ``TH x TW``
   output pixels of one 16-channel block (:func:`.tiles.dx_tile`), the reduction
   ``(co1, taps, co0)`` inside, each step one w_col row times ``TH*TW`` broadcast dy values. The
@@ -23,122 +17,19 @@ from __future__ import annotations
 import tvm
 from tvm import s_tir, tirx
 
-from ...dsl.compute.stages import FMAP_PAD, GRADS_2_MATRIX, KERNEL_H, KERNEL_W, W_COL, W_CONV
+from ...dsl.compute.stages import FMAP_PAD, W_COL, W_CONV
 from ...layout import C0
 from ..common import buffer_bytes, elements, loop_extent
-from .loops import CpuMad, sum_parts, whole_tiles_and_edge
-from .tiles import ALIASED_TILE_PIXELS, CHUNK_STEPS, L1_SET_STRIDE, MAX_TILE_PIXELS, chunk, divisors, dx_tile, largest_divisor
+from .loops import CpuMad, reads_of, whole_tiles_and_edge
+from .tiles import ALIASED_TILE_PIXELS, L1_SET_STRIDE, MAX_TILE_PIXELS, divisors, dx_tile, largest_divisor
 
-__all__ = ["FLAT_TASKS_PER_CORE", "PACK_IN_CACHE", "PACK_PER_CHUNK", "PACK_X_PER_BAND", "WEIGHTS_IN_CACHE", "X_BAND_IN_CACHE", "X_CHUNK_IN_CACHE", "CubeFilterGrad", "CubeForward", "CubeInputGrad"]
+__all__ = ["FLAT_TASKS_PER_CORE", "PACK_X_PER_BAND", "WEIGHTS_IN_CACHE", "X_BAND_IN_CACHE", "X_CHUNK_IN_CACHE", "CubeForward", "CubeInputGrad"]
 
 WEIGHTS_IN_CACHE = 512 * 1024  # bytes of w_col kept in a core's L2 while dX walks the pixels
-PACK_PER_CHUNK = True  # dW: pack each chunk's dy inside the chunk loop when it fits PACK_IN_CACHE
-PACK_IN_CACHE = 768 * 1024
 PACK_X_PER_BAND = True  # the forward's x packed per band of output rows, in the band's task (:meth:`CubeForward._band_tasks`)
 X_BAND_IN_CACHE = 256 * 1024  # bytes of packed x per band
 X_CHUNK_IN_CACHE = 256 * 1024  # bytes of a strided forward's x per image and group weights per reduction chunk (:meth:`CubeForward._reduction_chunks`)
-DW_WRITE_BACK = True  # dW of one chunk: the result written per Cin block of a task, from cache (:meth:`CpuMad.write_back_in`)
 FLAT_TASKS_PER_CORE = 4  # flat pixel tiles (one image per task) where there are this many tasks per core
-
-
-class CubeFilterGrad(CpuMad):
-    """dW on the cube (``dw_cc``)."""
-
-    write_back_in_task = True
-
-    ragged_parts = True  # too few tiles: the reduction in one part per core, the last one shorter (else parts that divide it)
-
-    def schedule(self, block):
-        """dW: ``(co1, c1, kh, kw)`` tiles x ``[n, ho, wo]`` x (co0 unrolled, c0 vectorized).
-
-        Each core owns a group of Cout blocks (or of Cin blocks) and walks the reduction in
-        chunks of whole images (or row bands), running all its tiles on one chunk before the
-        next: the chunk's dy and fmap stay in cache while they are reused, and each core streams
-        fmap once. The tile's 16 accumulators stay in registers within a chunk.
-        """
-        sch = self.sch
-        kh, kw = (int(sch.get(block).annotations[key]) for key in (KERNEL_H, KERNEL_W))
-        g, fkk, co, c0, n, ho, wo = sch.get_loops(block)
-        c1, tap_h, tap_w = sch.split(fkk, [None, kh, kw])
-        co1, co0 = sch.split(co, [None, 16])
-        groups, blocks_out, blocks_in = loop_extent(sch, g), loop_extent(sch, co1), loop_extent(sch, c1)
-        batch, rows, cols = loop_extent(sch, n), loop_extent(sch, ho), loop_extent(sch, wo)
-        cores = self.cores
-        longest = max((n, ho, wo), key=lambda lp: loop_extent(sch, lp))
-        if groups * blocks_out * blocks_in < cores and loop_extent(sch, longest) >= 2 * cores:
-            self._split_reduction(block, [g, co1, c1, tap_h, tap_w], [n, ho, wo], longest, co0, c0)
-            return
-        cores_own_out = (groups * blocks_out) % cores == 0  # else Cin blocks, else whole tiles
-        owned_out = groups * blocks_out // (cores if cores_own_out else 1)
-        limit = CHUNK_STEPS
-        if PACK_PER_CHUNK:  # small enough that a chunk's fp32 dy stays in the core's cache
-            limit = min(limit, max(cols, PACK_IN_CACHE // (owned_out * C0 * 4)))
-        images, bands = chunk(batch, rows, cols, limit)
-        n_o, n_i = self.split(n, images, batch)
-        ho_o, ho_i = self.split(ho, bands, rows)
-        # One chunk (the whole reduction): its loops go inside the tiles, so that each tile's
-        # accumulators start at 0 in registers right before its steps (else all of them are
-        # zeroed in memory first and loaded per tile), and the packs are made once per core.
-        one_chunk = not self.tunable and images == batch and bands == rows
-        chunk_loops, steps = ([], [n_o, ho_o, n_i, ho_i, wo]) if one_chunk else ([n_o, ho_o], [n_i, ho_i, wo])
-        # Cout rows per tile: all 16 where the registers hold them (AVX-512); else the most that
-        # fit, the last tile predicated (AVX2: 6 + 6 + 4 rows, not 4 x 4). LLVM unswitches the
-        # predicate, so each tile's hot loop has only its own rows' FMAs; a loop_partition would
-        # do the same but put each tile in a scope that cannot zero its accumulators before
-        # chunks outside it.
-        most = self.plan.rows(C0)
-        chunk_first = cores_own_out or blocks_in % cores == 0
-        # The Cout rows stay one loop (co0) until the result is placed; they are split into row groups at the end.
-        below = steps if cores_own_out or blocks_in % cores == 0 else [*chunk_loops, *steps]  # the loops between co0 and c0
-        if cores_own_out:
-            sch.reorder(g, co1, c1)
-            core, owned = sch.split(sch.fuse(g, co1), [cores, None])
-            sch.reorder(core, *chunk_loops, owned, c1, tap_h, tap_w, co0, *below, c0)
-        elif blocks_in % cores == 0:
-            core, owned = sch.split(c1, [cores, None])
-            sch.reorder(core, *chunk_loops, g, co1, owned, tap_h, tap_w, co0, *below, c0)
-        else:  # no even split: every tile a task, its whole reduction inside
-            sch.reorder(g, co1, c1, tap_h, tap_w, co0, *below, c0)
-            core = sch.fuse(g, co1, c1)
-        sch.parallel(core)
-        chunk_bytes = images * bands * cols * owned_out * C0 * 4  # the fp32 dy one chunk of a core reads
-        if PACK_PER_CHUNK and chunk_first and chunk_bytes <= PACK_IN_CACHE:
-            self._pack_per_chunk(GRADS_2_MATRIX, (chunk_loops or [core])[-1])
-        # One chunk: each (Cout blocks, Cin block)'s sums are whole after its taps, and written out from cache there;
-        # before the rows are split (AVX2's 6 + 6 + 4, predicated), while the region TVM bounds is the block's 16 rows.
-        if DW_WRITE_BACK and one_chunk and chunk_first:
-            self.write_back_in(block, c1 if cores_own_out else owned)  # (first: a tensorized tile's block is replaced)
-        rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0) if self.tunable else most, most)
-        sch.reorder(rows_o, *below, co0)
-        self.tile_body(block, (chunk_loops or steps)[0])
-
-    def _pack_per_chunk(self, stage: str, loop):
-        """Pack what one chunk of the reduction reads, inside the chunk loop: the fp32 copy is
-        written to and read from the core's cache instead of memory."""
-        sch = self.sch
-        try:
-            pack = sch.get_sblock(stage)
-        except Exception:  # read in place (inlined): nothing to move
-            return
-        if len(_reads_of(sch, stage)) > 1:  # (read by every live-tap region's mad: a pass of its own)
-            return
-        self.pack_at(pack, loop)  # (tunable: LLVM vectorizes the contiguous 16-lane conversion by itself)
-
-    def _split_reduction(self, block, tiles, reduce, longest, co0, c0):
-        """Too few tiles for the cores: each core sums a part of the reduction (``rfactor``);
-        the parts are added in a fixed order afterwards, so results do not vary run to run."""
-        sch = self.sch
-        i = reduce.index(longest)
-        parts = self.cores if self.ragged_parts else largest_divisor(loop_extent(sch, longest), self.cores)
-        part, reduce[i] = sch.split(longest, [parts, None])
-        rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0), self.plan.rows(C0))
-        sch.reorder(part, *tiles, rows_o, *reduce, co0, c0)
-        rf = sch.rfactor(part, 0)
-        loops = sch.get_loops(rf)  # part, the tile loops, the row groups, the reduction loops, co0, c0
-        sch.parallel(loops[0])
-        self.tile_body(rf, loops[2 + len(tiles)])
-        sum_parts(sch, block)
-
 
 
 class CubeInputGrad(CpuMad):
@@ -314,20 +205,6 @@ class CubeInputGrad(CpuMad):
         return groups > 1 and images > 1 and images * weight_bytes < groups * input_bytes
 
 
-def _reads_of(sch: s_tir.Schedule, buffer: str) -> set[str]:
-    """The names of every block of the function that reads ``buffer``, at any depth (a live-tap
-    region's mad already partitioned into copies under scope blocks is no consumer
-    ``get_consumers`` reports), each without its ``_update`` suffix."""
-    readers, todo = set(), list(sch.get_child_blocks(sch.get_sblock("root")))
-    while todo:
-        block = todo.pop()
-        todo.extend(sch.get_child_blocks(block))
-        stmt = sch.get(block)
-        if any(r.source.name == buffer for r in stmt.reads):
-            readers.add(stmt.name_hint.removesuffix("_update"))
-    return readers
-
-
 class CubeForward(CubeInputGrad):
     """The forward convolution on the cube (``conv_cc``): a dX phase's schedule over its
     ``(n, co1, ho, wo, co0)`` outputs and ``(ci1, kh, kw, ci0)`` reduction; the images outside the
@@ -349,7 +226,7 @@ class CubeForward(CubeInputGrad):
         sch = self.sch
         images_outside = loop_extent(sch, outer[0]) == 1 or sch.get(outer[0]).same_as(sch.get(n))
         packs = [p for p in sch.get_producers(block) if sch.get(p).name_hint == FMAP_PAD]
-        if not PACK_X_PER_BAND or self.tunable or under or not images_outside or not packs or _reads_of(sch, FMAP_PAD) != {sch.get(block).name_hint}:
+        if not PACK_X_PER_BAND or self.tunable or under or not images_outside or not packs or reads_of(sch, FMAP_PAD) != {sch.get(block).name_hint}:
             return super()._band_tasks(block, n, outer, j_o, th, under)  # (the last: the mad the one block that reads x's pack)
         (x,) = [r.source for r in sch.get(block).reads if r.source.name == FMAP_PAD]
         if len(x.shape) != 7:  # (3-D: a plane's windows read several planes, each packed again by every plane's band)

@@ -17,7 +17,7 @@ from ...layout import C0
 from ..common import elements, loop_extent, stage_blocks
 
 __all__ = [
-    "PER_IMAGE_ABOVE", "PHASES_PER_IMAGE", "WRITE_RUN", "CpuMad", "channel_block_task", "pack_under", "phases_image_by_image", "producers_named", "reads_past", "restore_unit_loops", "result_channel_var", "sum_parts", "whole_tiles_and_edge",
+    "PER_IMAGE_ABOVE", "PHASES_PER_IMAGE", "WRITE_RUN", "CpuMad", "channel_block_task", "pack_under", "phases_image_by_image", "producers_named", "reads_of", "reads_past", "restore_unit_loops", "result_channel_var", "sum_parts", "whole_tiles_and_edge",
 ]  # fmt: skip
 
 PHASES_PER_IMAGE = True  # strided dX of a batch: the phases image by image (:func:`phases_image_by_image`)
@@ -314,3 +314,16 @@ def sum_parts(sch: s_tir.Schedule, block):
     init = sch.decompose_reduction(block, part)
     sch.vectorize(sch.get_loops(init)[-1])
 
+
+def reads_of(sch: s_tir.Schedule, buffer: str) -> set[str]:
+    """The names of every block of the function that reads ``buffer``, at any depth (a live-tap
+    region's mad already partitioned into copies under scope blocks is no consumer
+    ``get_consumers`` reports), each without its ``_update`` suffix."""
+    readers, todo = set(), list(sch.get_child_blocks(sch.get_sblock("root")))
+    while todo:
+        block = todo.pop()
+        todo.extend(sch.get_child_blocks(block))
+        stmt = sch.get(block)
+        if any(r.source.name == buffer for r in stmt.reads):
+            readers.add(stmt.name_hint.removesuffix("_update"))
+    return readers

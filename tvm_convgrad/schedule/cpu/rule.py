@@ -13,7 +13,7 @@ Each mad is scheduled by the class of its kind (:data:`FORMULATIONS`):
 =====================  =============================  ===========================================
 formulation            mad                            class
 =====================  =============================  ===========================================
-cube dW                ``dw_cc``                      :class:`.cube.CubeFilterGrad`
+cube dW                ``dw_cc``                      :class:`.cube_dw.CubeFilterGrad`
 cube dX                ``dx_cc_<rh>_<rw>``            :class:`.cube.CubeInputGrad`
 cube dW, bf16 pairs    ``dw_cc``                      :class:`.bf16.PairedFilterGrad` (``vdpbf16ps``)
 cube dX, bf16 pairs    ``dx_cc_<rh>_<rw>``            :class:`.bf16.PairedInputGrad` (``vdpbf16ps``)
@@ -56,7 +56,8 @@ from ..base import Config, Rule, mads
 from ..common import inline_layout_stages, stage_blocks, target_cores
 from .amx import AmxFilterGrad
 from .bf16 import PairedCoutLanesFilterGrad, PairedFilterGrad, PairedForward, PairedInputGrad
-from .cube import CubeFilterGrad, CubeForward, CubeInputGrad
+from .cube import CubeForward, CubeInputGrad
+from .cube_dw import CubeFilterGrad
 from .depthwise import DepthwiseFilterGrad, DepthwiseInputGrad, phases_plane_by_plane
 from .lanes import CoutLanesFilterGrad, PixelLanesInputGrad
 from .elementwise import elementwise, planar_pack

@@ -1,0 +1,184 @@
+"""dW on the CPU's cube (:class:`CubeFilterGrad`, ``dw_cc``): 16x16 blocks of fp32 accumulators
+in vector registers, fed by broadcast FMAs.
+
+A tile is ``R`` Cout rows of one ``(co1, c1, kh, kw)`` block x 16 Cin lanes (R = 16 on AVX-512),
+each step one fmap row (constant offset per tap) times ``R`` broadcast dy values. The cores share
+the work one of three ways:
+
+* each core owns a group of Cout (or Cin) blocks and walks the reduction ``(n, ho, wo)`` in chunks
+  of whole images or row bands, running all its tiles on a chunk before the next (its dy packed
+  per chunk, in cache);
+* a 1x1 dW whose blocks the cores cannot share without each reading a whole operand (dy where
+  they own Cin blocks, x where they own Cout blocks): each core sums its own images, both packs
+  made per chunk (:meth:`CubeFilterGrad._split_images`; MobileNetV2's 24 -> 144 on 28x28, N=32:
+  3.1 -> 2.3 ms);
+* with fewer tiles than cores, each core sums its own part of the reduction.
+
+Where cores sum parts (``rfactor``), the parts are added in a fixed order, so results do not vary
+from run to run.
+"""
+
+from __future__ import annotations
+
+from ...dsl.compute.stages import FMAP_L1, GRADS_2_MATRIX, KERNEL_H, KERNEL_W
+from ...layout import C0
+from ..common import loop_extent
+from .loops import CpuMad, reads_of, sum_parts
+from .tiles import CHUNK_STEPS, chunk, largest_divisor
+
+__all__ = ["DW_WRITE_BACK", "FMAP_PER_CHUNK", "IMAGES_PER_CORE", "IMAGES_PER_CORE_TRAFFIC", "PACK_IN_CACHE", "PACK_PER_CHUNK", "CubeFilterGrad"]
+
+PACK_PER_CHUNK = True  # dW: pack each chunk's dy inside the chunk loop when it fits PACK_IN_CACHE
+PACK_IN_CACHE = 768 * 1024
+DW_WRITE_BACK = True  # dW of one chunk: the result written per Cin block of a task, from cache (:meth:`CpuMad.write_back_in`)
+IMAGES_PER_CORE = True  # a 1x1 dW whose blocks the cores cannot share evenly sums each core's images (:meth:`CubeFilterGrad._split_images`)
+IMAGES_PER_CORE_TRAFFIC = 0.8  # ... where a core's traffic is then at most this share of what it reads owning blocks
+FMAP_PER_CHUNK = True  # ... and x packed per chunk too (else a pass of its own)
+
+
+class CubeFilterGrad(CpuMad):
+    """dW on the cube (``dw_cc``)."""
+
+    write_back_in_task = True
+
+    ragged_parts = True  # too few tiles: the reduction in one part per core, the last one shorter (else parts that divide it)
+
+    def schedule(self, block):
+        """dW: ``(co1, c1, kh, kw)`` tiles x ``[n, ho, wo]`` x (co0 unrolled, c0 vectorized).
+
+        Each core owns a group of Cout blocks (or of Cin blocks) and walks the reduction in
+        chunks of whole images (or row bands), running all its tiles on one chunk before the
+        next: the chunk's dy and fmap stay in cache while they are reused, and each core streams
+        fmap once. The tile's 16 accumulators stay in registers within a chunk. A 1x1 dW where
+        owning blocks makes each core read a whole operand sums each core's images instead
+        (:meth:`_split_images`); fewer tiles than cores, a part of the reduction per core.
+        """
+        sch = self.sch
+        kh, kw = (int(sch.get(block).annotations[key]) for key in (KERNEL_H, KERNEL_W))
+        g, fkk, co, c0, n, ho, wo = sch.get_loops(block)
+        c1, tap_h, tap_w = sch.split(fkk, [None, kh, kw])
+        co1, co0 = sch.split(co, [None, 16])
+        groups, blocks_out, blocks_in = loop_extent(sch, g), loop_extent(sch, co1), loop_extent(sch, c1)
+        batch, rows, cols = loop_extent(sch, n), loop_extent(sch, ho), loop_extent(sch, wo)
+        cores = self.cores
+        longest = max((n, ho, wo), key=lambda lp: loop_extent(sch, lp))
+        if groups * blocks_out * blocks_in < cores and loop_extent(sch, longest) >= 2 * cores:
+            self._split_reduction(block, [g, co1, c1, tap_h, tap_w], [n, ho, wo], longest, co0, c0)
+            return
+        if groups == 1 and self._images_per_core_pay(kh * kw, blocks_out, blocks_in, batch, rows * cols):
+            self._split_images(block, [g, co1, c1, tap_h, tap_w], n, ho, wo, co0, c0, blocks_out + blocks_in * FMAP_PER_CHUNK)
+            return
+        cores_own_out = (groups * blocks_out) % cores == 0  # else Cin blocks, else whole tiles
+        owned_out = groups * blocks_out // (cores if cores_own_out else 1)
+        limit = CHUNK_STEPS
+        if PACK_PER_CHUNK:  # small enough that a chunk's fp32 dy stays in the core's cache
+            limit = min(limit, max(cols, PACK_IN_CACHE // (owned_out * C0 * 4)))
+        images, bands = chunk(batch, rows, cols, limit)
+        n_o, n_i = self.split(n, images, batch)
+        ho_o, ho_i = self.split(ho, bands, rows)
+        # One chunk (the whole reduction): its loops go inside the tiles, so that each tile's
+        # accumulators start at 0 in registers right before its steps (else all of them are
+        # zeroed in memory first and loaded per tile), and the packs are made once per core.
+        one_chunk = not self.tunable and images == batch and bands == rows
+        chunk_loops, steps = ([], [n_o, ho_o, n_i, ho_i, wo]) if one_chunk else ([n_o, ho_o], [n_i, ho_i, wo])
+        # Cout rows per tile: all 16 where the registers hold them (AVX-512); else the most that
+        # fit, the last tile predicated (AVX2: 6 + 6 + 4 rows, not 4 x 4). LLVM unswitches the
+        # predicate, so each tile's hot loop has only its own rows' FMAs; a loop_partition would
+        # do the same but put each tile in a scope that cannot zero its accumulators before
+        # chunks outside it.
+        most = self.plan.rows(C0)
+        chunk_first = cores_own_out or blocks_in % cores == 0
+        # The Cout rows stay one loop (co0) until the result is placed; they are split into row groups at the end.
+        below = steps if cores_own_out or blocks_in % cores == 0 else [*chunk_loops, *steps]  # the loops between co0 and c0
+        if cores_own_out:
+            sch.reorder(g, co1, c1)
+            core, owned = sch.split(sch.fuse(g, co1), [cores, None])
+            sch.reorder(core, *chunk_loops, owned, c1, tap_h, tap_w, co0, *below, c0)
+        elif blocks_in % cores == 0:
+            core, owned = sch.split(c1, [cores, None])
+            sch.reorder(core, *chunk_loops, g, co1, owned, tap_h, tap_w, co0, *below, c0)
+        else:  # no even split: every tile a task, its whole reduction inside
+            sch.reorder(g, co1, c1, tap_h, tap_w, co0, *below, c0)
+            core = sch.fuse(g, co1, c1)
+        sch.parallel(core)
+        chunk_bytes = images * bands * cols * owned_out * C0 * 4  # the fp32 dy one chunk of a core reads
+        if PACK_PER_CHUNK and chunk_first and chunk_bytes <= PACK_IN_CACHE:
+            self._pack_per_chunk(GRADS_2_MATRIX, (chunk_loops or [core])[-1])
+        # One chunk: each (Cout blocks, Cin block)'s sums are whole after its taps, and written out from cache there;
+        # before the rows are split (AVX2's 6 + 6 + 4, predicated), while the region TVM bounds is the block's 16 rows.
+        if DW_WRITE_BACK and one_chunk and chunk_first:
+            self.write_back_in(block, c1 if cores_own_out else owned)  # (first: a tensorized tile's block is replaced)
+        rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0) if self.tunable else most, most)
+        sch.reorder(rows_o, *below, co0)
+        self.tile_body(block, (chunk_loops or steps)[0])
+
+    def _images_per_core_pay(self, taps: int, blocks_out: int, blocks_in: int, batch: int, pixels: int) -> bool:
+        """Whether each core should sum the dW of its own images (:meth:`_split_images`) instead of
+        owning Cout (or Cin) blocks: a 1x1 dW (few FLOPs per byte: a core's traffic is its time)
+        whose blocks the cores cannot share without each reading a whole operand, dy (Cin blocks
+        owned) or x (Cout blocks owned), where a core's images read a share of both and its part of
+        the sums is written and added once more (:data:`IMAGES_PER_CORE_TRAFFIC`)."""
+        if self.tunable or not IMAGES_PER_CORE or taps != 1 or batch % self.cores:
+            return False
+        cores = self.cores
+        if blocks_out % cores == 0:
+            owned = blocks_out / cores + blocks_in
+        elif blocks_in % cores == 0:
+            owned = blocks_out + blocks_in / cores
+        else:
+            return False
+        block_bytes = C0 * 4 * batch * pixels  # one channel block of an operand (the output's pixels)
+        parts = 2 * blocks_out * blocks_in * C0 * C0 * 4  # a core's part written, and read by the sum
+        return (blocks_out + blocks_in) / cores * block_bytes + parts < IMAGES_PER_CORE_TRAFFIC * owned * block_bytes
+
+    def _split_images(self, block, tiles, n, ho, wo, co0, c0, packed_blocks: int):
+        """Each core sums the dW of ``batch / cores`` images (``rfactor``): in chunks of whole
+        images (or row bands) whose packs (``packed_blocks`` 16-channel blocks per pixel: dy's, and
+        x's with :data:`FMAP_PER_CHUNK`) fit :data:`PACK_IN_CACHE`, made in the chunk, all the
+        tiles run on a chunk before the next; the parts added in a fixed order afterwards
+        (run-to-run identical results)."""
+        sch = self.sch
+        cores = self.cores
+        batch, rows, cols = (loop_extent(sch, lp) for lp in (n, ho, wo))
+        part, n = sch.split(n, [cores, None])
+        limit = min(CHUNK_STEPS, max(cols, PACK_IN_CACHE // (packed_blocks * C0 * 4))) if PACK_PER_CHUNK else CHUNK_STEPS
+        images, bands = chunk(batch // cores, rows, cols, limit)
+        n_o, n_i = self.split(n, images, batch // cores)
+        ho_o, ho_i = self.split(ho, bands, rows)
+        rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0), self.plan.rows(C0))
+        sch.reorder(part, n_o, ho_o, *tiles, rows_o, n_i, ho_i, wo, co0, c0)
+        rf = sch.rfactor(part, 0)
+        part, n_o, ho_o, *_ = sch.get_loops(rf)
+        sch.parallel(part)
+        self._pack_per_chunk(GRADS_2_MATRIX, ho_o)
+        if FMAP_PER_CHUNK:
+            self._pack_per_chunk(FMAP_L1, ho_o)
+        self.tile_body(rf, n_o)
+        sum_parts(sch, block)
+
+    def _pack_per_chunk(self, stage: str, loop):
+        """Pack what one chunk of the reduction reads, inside the chunk loop: the fp32 copy is
+        written to and read from the core's cache instead of memory."""
+        sch = self.sch
+        try:
+            pack = sch.get_sblock(stage)
+        except Exception:  # read in place (inlined): nothing to move
+            return
+        if len(reads_of(sch, stage)) > 1:  # (read by every live-tap region's mad: a pass of its own)
+            return
+        self.pack_at(pack, loop)  # (tunable: LLVM vectorizes the contiguous 16-lane conversion by itself)
+
+    def _split_reduction(self, block, tiles, reduce, longest, co0, c0):
+        """Too few tiles for the cores: each core sums a part of the reduction (``rfactor``);
+        the parts are added in a fixed order afterwards, so results do not vary run to run."""
+        sch = self.sch
+        i = reduce.index(longest)
+        parts = self.cores if self.ragged_parts else largest_divisor(loop_extent(sch, longest), self.cores)
+        part, reduce[i] = sch.split(longest, [parts, None])
+        rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0), self.plan.rows(C0))
+        sch.reorder(part, *tiles, rows_o, *reduce, co0, c0)
+        rf = sch.rfactor(part, 0)
+        loops = sch.get_loops(rf)  # part, the tile loops, the row groups, the reduction loops, co0, c0
+        sch.parallel(loops[0])
+        self.tile_body(rf, loops[2 + len(tiles)])
+        sum_parts(sch, block)
