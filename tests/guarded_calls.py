@@ -165,6 +165,10 @@ FIXED = {
                                        effective_pads=(0, 0)),  # fmt: skip
     "dw-ncx-1x1-images-per-core-bands": Case("conv_v2", 2, 32, 64, 1, (48, 36), (48, 36), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1),
                                              data_format="NCX", weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
+    # an fp32 NXC dW reading its 16-channel rows where they lie: a strided 1x1 (x's rows read at every second pixel up to the
+    # edge), a 3x3 whose dy is read in place (x packed: padding)
+    "dw-nxc-1x1-rows-in-place-s2": Case("conv_v2", 2, 32, 48, 1, (9, 7), (5, 4), (1, 1), (2, 2), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
+    "dw-nxc-3x3-dy-in-place": Case("conv_v2", 2, 24, 32, 1, (7, 6), (7, 6), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
     "dx-nxc-1x1-dy-in-place-grouped": Case("data", 2, 48, 40, 2, (5, 6), (5, 6), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
     # Winograd F(2x2, 3x3): the input windows of the edge tiles (padding read as 0), a bias, OXI weights read tap by tap; a row of
     # 5 tiles (a narrower last register tile) on NCX; the dX with its own pads 2 and 0 (uneven), whole images per task
