@@ -15,7 +15,8 @@ the work one of three ways:
 * with fewer tiles than cores, each core sums its own part of the reduction.
 
 Where cores sum parts (``rfactor``), the parts are added in a fixed order, so results do not vary
-from run to run.
+from run to run. NXC fp32 rows that a pack would only copy are read where they lie instead
+(``backprop_filter.ROWS_IN_PLACE``: the rule inlines those packs before this schedule runs).
 """
 
 from __future__ import annotations
