@@ -120,7 +120,7 @@ def stock_beside(config: StepConfig, pairs: int = 6, rounds: int = 11, log=print
     rounds' slowdowns beside the drop-in and their median."""
     rows = []
     for i in range(pairs):
-        order = NEIGHBOURS[i % 3:] + NEIGHBOURS[:i % 3]
+        order = NEIGHBOURS[i % len(NEIGHBOURS):] + NEIGHBOURS[:i % len(NEIGHBOURS)]
         child = {neighbour: _child(config, neighbour, rounds) for neighbour in order}
         rows.append({neighbour: ms for neighbour, (ms, _) in child.items()})
         beside = child["drop-in"][0]

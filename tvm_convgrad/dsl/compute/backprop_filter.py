@@ -306,7 +306,7 @@ def _cube_mads(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape, pa
         return [te.compute(shape, paired, name=DW_CC, tag=MAD_TAG, attrs=attrs)]
 
     # dy's pack only copies whole fp32 rows where no block is padding: read where it lies.
-    rows_in_place = ROWS_IN_PLACE and rows_in_place and regions is None
+    rows_in_place = ROWS_IN_PLACE and rows_in_place
     dy_rows = rows_in_place and dy.dtype == ACC and c1_grads == g.c1_y and g.cout % C0 == 0 and g.cout * 4 <= ROWS_IN_PLACE_BYTES
     grads = te.compute((fold.dy_extent, c1_grads, g.ho, g.wo, C0), grads_value, name=GRADS_2_MATRIX, tag=GRADS_2_MATRIX,
                        attrs={READ_IN_PLACE: 1} if dy_rows else None)  # fmt: skip

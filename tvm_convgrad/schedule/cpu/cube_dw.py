@@ -71,10 +71,7 @@ class CubeFilterGrad(CpuMad):
             return
         cores_own_out = (groups * blocks_out) % cores == 0  # else Cin blocks, else whole tiles
         owned_out = groups * blocks_out // (cores if cores_own_out else 1)
-        limit = CHUNK_STEPS
-        if PACK_PER_CHUNK:  # small enough that a chunk's fp32 dy stays in the core's cache
-            limit = min(limit, max(cols, PACK_IN_CACHE // (owned_out * C0 * 4)))
-        images, bands = chunk(batch, rows, cols, limit)
+        images, bands = chunk(batch, rows, cols, _chunk_steps(cols, owned_out))
         n_o, n_i = self.split(n, images, batch)
         ho_o, ho_i = self.split(ho, bands, rows)
         # One chunk (the whole reduction): its loops go inside the tiles, so that each tile's
@@ -142,8 +139,7 @@ class CubeFilterGrad(CpuMad):
         cores = self.cores
         batch, rows, cols = (loop_extent(sch, lp) for lp in (n, ho, wo))
         part, n = sch.split(n, [cores, None])
-        limit = min(CHUNK_STEPS, max(cols, PACK_IN_CACHE // (packed_blocks * C0 * 4))) if PACK_PER_CHUNK else CHUNK_STEPS
-        images, bands = chunk(batch // cores, rows, cols, limit)
+        images, bands = chunk(batch // cores, rows, cols, _chunk_steps(cols, packed_blocks))
         n_o, n_i = self.split(n, images, batch // cores)
         ho_o, ho_i = self.split(ho, bands, rows)
         rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0), self.plan.rows(C0))
@@ -183,3 +179,11 @@ class CubeFilterGrad(CpuMad):
         sch.parallel(loops[0])
         self.tile_body(rf, loops[2 + len(tiles)])
         sum_parts(sch, block)
+
+
+def _chunk_steps(cols: int, packed_blocks: int) -> int:
+    """Reduction steps per dW chunk: :data:`CHUNK_STEPS`, fewer where the chunk's packs
+    (``packed_blocks`` fp32 16-channel blocks per step) would outgrow :data:`PACK_IN_CACHE` (a row at least)."""
+    if not PACK_PER_CHUNK:
+        return CHUNK_STEPS
+    return min(CHUNK_STEPS, max(cols, PACK_IN_CACHE // (packed_blocks * C0 * 4)))
