@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 import tvm
-from tvm import s_tir
+from tvm import s_tir, te
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from tvm_convgrad import Workload, build, dsl, emulate_cuda, layout
-from tvm_convgrad.tools.ptxas import MAX_REGISTERS, kernel_report, parse_report
+from tvm_convgrad.compile.ptxas import MAX_REGISTERS, kernel_report, parse_report, ptx_of, ptxas_report, spilled
 from tvm_convgrad.schedule.cuda import with_limits
 from tvm_convgrad.schedule.cuda import SHARED_BYTES, CudaRule, GemmConfig, GemmExtents, gemm_config, sm_count
 from tvm_convgrad.tools import bench
@@ -295,6 +295,47 @@ def test_tune_for_cuda_keeps_a_sampled_kernel_that_builds_and_computes(tmp_path)
     emulated = emulate_cuda(dw, target, schedules=report.database)
     assert emulated.schedule == "emulated:tuned:best"
     assert check_kernel(emulated).ok
+
+
+def _spilling_module(lanes: int = 160, threads: int = 1024) -> tvm.IRModule:
+    """A CUDA kernel that must spill: each of a block's 1024 threads (so at most 64 registers
+    each) keeps ``lanes`` float sums live over a reduction."""
+    a = te.placeholder((threads * 4, 64), name="a")
+    k = te.reduce_axis((0, 64), name="k")
+    b = te.compute((threads * 4, lanes), lambda i, j: te.sum(a[i, k] * (j + 1.0) * a[(i + j) % (threads * 4), k], axis=k), name="b")
+    sch = s_tir.Schedule(te.create_prim_func([a, b]))
+    block = sch.get_sblock("b")
+    i, j, kk = sch.get_loops(block)
+    bx, tx = sch.split(i, [None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    sch.reverse_compute_at(sch.cache_write(block, 0, "local"), tx)
+    sch.reorder(kk, j)
+    sch.unroll(j)
+    sch.decompose_reduction(block, kk)
+    return sch.mod
+
+
+@needs_nvcc
+def test_a_tuning_candidate_that_spills_registers_is_not_built():
+    """The search's builder refuses a candidate whose kernel spills (ptxas -v), so tuning never
+    keeps one; the default and the best, compared after the search, build whatever they spill;
+    the progress callback counts a refusal as rejected, not as a failed trial."""
+    from tvm_convgrad.tuning.runners import SPILLS, compile_candidate, compile_schedule
+    from tvm_convgrad.tuning.space import Progress
+
+    target = Target({"kind": "cuda", "arch": "sm_80"})
+    mod = _spilling_module()
+    (entry,) = ptxas_report(ptx_of(compile_schedule(mod, target), target), "sm_80")
+    assert entry.spill_stores > 0 and entry.spill_loads > 0, "the module must spill for the test to mean anything"
+    with pytest.raises(RuntimeError, match=f"rejected: {SPILLS}: main_kernel"):
+        compile_candidate(mod, target)
+    assert not spilled(ptxas_report(ptx_of(compile_candidate(_spilling_module(lanes=8), target), target), "sm_80"))
+    bar = Progress(2, progress=False)  # its Python object: MetaSchedule's FFI apply wants a task scheduler
+    refused = f"Traceback ...\nRuntimeError: rejected: {SPILLS}: {entry}"
+    bar._inst.apply(None, 0, [], [ms.builder.BuilderResult(None, refused), ms.builder.BuilderResult(None, "nvcc: error")],
+              [ms.runner.RunnerResult(None, "build failed")] * 2)  # fmt: skip
+    assert bar.rejected == [f"trial 1: {entry}"] and len(bar.failures) == 1 and bar.failures[0].startswith("trial 2: build")
 
 
 @needs_nvcc

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +20,7 @@ from tvm.target import Target
 from ..errors import ConvGradError
 from ..isa import IsaPlan, isa_plan
 from ..schedule.cuda import units as cuda_units
+from .ptxas import ptx_of
 from .workload import Workload
 
 __all__ = ["ArgSpec", "Kernel", "Timing", "numpy_dtype"]
@@ -214,20 +214,11 @@ class Kernel:
 
     @property
     def ptx(self) -> str:
-        """PTX of a CUDA kernel, compiled with nvcc from the generated CUDA source."""
+        """PTX of a CUDA kernel (:func:`.ptxas.ptx_of`: the CUDA runtime's, or nvcc's from the source)."""
         if self.target.kind.name != "cuda":
             raise ValueError(f"{self.name} is an LLVM kernel: it has no PTX")
         if self._ptx is None:
-            built = self.executable.mod.imports[0].inspect_source("ptx")
-            if not built:
-                if shutil.which("nvcc") is None:
-                    raise RuntimeError("PTX needs nvcc (no CUDA runtime here to compile it) and nvcc is not on PATH")
-                from tvm.support import nvcc
-
-                arch = str(self.target.attrs.get("arch", "sm_80"))
-                with self.target:
-                    built = nvcc.compile_cuda(self.source, target_format="ptx", arch=arch, compiler="nvcc").decode()
-            self._ptx = built
+            self._ptx = ptx_of(self.executable.mod, self.target)
         return self._ptx
 
     @property

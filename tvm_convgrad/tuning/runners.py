@@ -16,21 +16,39 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from ..compile import pass_context
+from ..compile.ptxas import ptx_of, ptxas_report, spilled
 from ..errors import ConvGradError
 
-__all__ = ["BUILD_TIMEOUT_S", "RPC_URL", "RUN_TIMEOUT_S", "compile_candidate", "local_builder", "measure", "release", "runner_from", "use_every_core"]
+__all__ = ["BUILD_TIMEOUT_S", "RPC_URL", "RUN_TIMEOUT_S", "SPILLS", "compile_candidate", "compile_schedule", "local_builder", "measure", "release", "runner_from", "use_every_core"]
 
 RPC_URL = re.compile(r"^rpc://(?P<host>[^:/]+):(?P<port>\d+)/(?P<key>[\w.\-]+)$")
 BUILD_TIMEOUT_S = 60
 RUN_TIMEOUT_S = 60
 
 
-def compile_candidate(mod: tvm.IRModule, target: Target, _params=None):
+SPILLS = "spills registers"
+"""In a candidate's build error where the search rejected it for spilling (:func:`compile_candidate`)."""
+
+
+def compile_schedule(mod: tvm.IRModule, target: Target, _params=None):
     """The builder's compile, as :func:`tvm_convgrad.build` compiles (its pass context); it does
     not import every tensor intrinsic as MetaSchedule's default does (about a minute per
     builder process on a small machine)."""
     with pass_context(target):
         return tvm.compile(mod, target=target).mod
+
+
+def compile_candidate(mod: tvm.IRModule, target: Target, _params=None):
+    """:func:`compile_schedule` for a search's candidate; on CUDA, where ``ptxas`` is on PATH, a
+    candidate whose kernels spill registers to local memory is not built (as one over a block's
+    threads or shared memory is not, by MetaSchedule's ``VerifyGPUCode``): the search never keeps
+    a kernel that spills, whatever a runner timed."""
+    module = compile_schedule(mod, target)
+    if target.kind.name == "cuda" and shutil.which("ptxas"):
+        spilling = spilled(ptxas_report(ptx_of(module, target), str(target.attrs.get("arch", "sm_80"))))
+        if spilling:
+            raise RuntimeError(f"rejected: {SPILLS}: " + "; ".join(map(str, spilling)))
+    return module
 
 
 def use_every_core():
@@ -69,9 +87,11 @@ def release(runner: ms.runner.Runner) -> None:
         pool.shutdown(wait=True)
 
 
-def local_builder() -> ms.builder.LocalBuilder:
-    """MetaSchedule's local builder, compiling as :func:`compile_candidate` does."""
-    return ms.builder.LocalBuilder(f_build=compile_candidate, timeout_sec=BUILD_TIMEOUT_S)
+def local_builder(candidates: bool = True) -> ms.builder.LocalBuilder:
+    """MetaSchedule's local builder, compiling as :func:`compile_candidate` does (the search's
+    candidates) or as :func:`compile_schedule` does (``candidates=False``: the schedules
+    :func:`measure` compares, the rule's default among them, built whatever they spill)."""
+    return ms.builder.LocalBuilder(f_build=compile_candidate if candidates else compile_schedule, timeout_sec=BUILD_TIMEOUT_S)
 
 
 def measure(builder, runner, mods: Sequence[tvm.IRModule], target: Target, func: tirx.PrimFunc, rounds: int = 1) -> list[list[float]]:

@@ -18,7 +18,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from ..schedule.cuda.intrinsics import cuda_intrinsics
-from .runners import measure
+from .runners import SPILLS, measure
 
 __all__ = [
     "TENSOR_INTRINSICS", "Progress", "cost_model", "design_space", "mutators", "quiet_meta_schedule_console", "seed_with_the_default",
@@ -28,7 +28,8 @@ __all__ = [
 
 @derived_object
 class Progress(ms.measure_callback.PyMeasureCallback):
-    """A progress bar over the trials, and every failed trial with its reason."""
+    """A progress bar over the trials, every failed trial with its reason, and the candidates
+    rejected for spilling registers (not failures: the search's own limit)."""
 
     def __init__(self, total: int, progress: bool):
         from tqdm import tqdm
@@ -37,13 +38,16 @@ class Progress(ms.measure_callback.PyMeasureCallback):
         self.best_s = float("inf")
         self.trials = 0
         self.failures: list[str] = []
+        self.rejected: list[str] = []
         self.curve: list[float] = []
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
         for built, ran in zip(builder_results, runner_results):
             self.trials += 1
             error = built.error_msg or ran.error_msg
-            if error:
+            if built.error_msg and f"rejected: {SPILLS}" in built.error_msg:
+                self.rejected.append(f"trial {self.trials}: " + built.error_msg.split(f"rejected: {SPILLS}: ")[-1].strip().splitlines()[0])
+            elif error:
                 self.failures.append(f"trial {self.trials}: {'build' if built.error_msg else 'run'}: {str(error).strip().splitlines()[0]}")
             else:
                 self.best_s = min(self.best_s, statistics.median(float(s) for s in ran.run_secs))

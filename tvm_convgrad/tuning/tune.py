@@ -73,6 +73,8 @@ class TuneReport:
     work_dir: str
     seconds: float
     failures: list[str] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+    """Candidates not built because their kernels spill registers (CUDA: :func:`.runners.compile_candidate`)."""
     curve_ms: list[float] = field(default_factory=list)
     """Best time so far after each trial (ms), for a trial curve."""
 
@@ -88,6 +90,8 @@ class TuneReport:
             f"{self.name} on {self.target} ({self.runner}, cost model {self.cost_model}): {self.trials} trials in {self.seconds:.0f} s",
             f"  default {self.default_ms:.3f} ms, best candidate {self.best_ms:.3f} ms: {verdict}",
         ]
+        if self.rejected:
+            lines.append(f"  {len(self.rejected)} candidate(s) rejected for spilling registers")
         if self.failures:
             lines.append(f"  {len(self.failures)} trial(s) failed, first: {self.failures[0]}")
         return "\n".join(lines)
@@ -134,7 +138,7 @@ def tune(
     work_dir = Path(work_dir)
     best_dir = Path(database) if database is not None else work_dir / "best"
     space = design_space(rule, target, postprocs)
-    builder = local_builder()
+    builder, compare = local_builder(), local_builder(candidates=False)
     run = runner_from(runner)
     try:  # the runner's worker processes end with the run, also on an error or Ctrl-C
         model = cost_model()
@@ -145,7 +149,7 @@ def tune(
         start = time.perf_counter()
         (work_dir / "trials").mkdir(parents=True, exist_ok=True)
         trials_db = ms.database.JSONDatabase(work_dir=str(work_dir / "trials"))
-        seed_with_the_default(trials_db, mod, rule, target, builder, run, func)
+        seed_with_the_default(trials_db, mod, rule, target, compare, run, func)
         with tensor_intrinsics_quickly(target):
             ms.tune_tir(
                 mod, target, str(work_dir / "trials"), max_trials_global=trials, num_trials_per_iter=min(16, trials),
@@ -162,11 +166,11 @@ def tune(
             if tvm_ffi.structural_equal(tuned.mod, default_mod):  # the default itself: however it timed, nothing to keep
                 tuned = None
         if tuned is not None:
-            rounds = measure(builder, run, [default_mod, tuned.mod], target, func, REMEASURE_ROUNDS)
+            rounds = measure(compare, run, [default_mod, tuned.mod], target, func, REMEASURE_ROUNDS)
             default_s = statistics.median(r[0] for r in rounds)
             best_s = statistics.median(r[1] for r in rounds)
         else:
-            default_s = best_s = measure(builder, run, [default_mod], target, func)[0][0]
+            default_s = best_s = measure(compare, run, [default_mod], target, func)[0][0]
         kept = tuned is not None and best_s < default_s * (1 - KEEP_MARGIN)
         keep = open_database(best_dir, create=True)  # exists even when empty: build falls back to the default
         if kept:
@@ -176,7 +180,7 @@ def tune(
             name=name, target=str(target), runner=runner if isinstance(runner, str) else type(runner).__name__,
             cost_model=model, trials=bar.trials, default_ms=default_s * 1e3, best_ms=best_s * 1e3, kept=kept,
             database=str(best_dir), work_dir=str(work_dir), seconds=time.perf_counter() - start,
-            failures=bar.failures, curve_ms=[t * 1e3 for t in bar.curve],
+            failures=bar.failures, rejected=bar.rejected, curve_ms=[t * 1e3 for t in bar.curve],
         )  # fmt: skip
     finally:
         if run is not runner:  # a runner this call made (one passed in is the caller's to end)

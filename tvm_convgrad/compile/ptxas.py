@@ -1,4 +1,5 @@
-"""What ``ptxas -v`` says about a CUDA kernel's PTX: registers, spills and shared memory per entry.
+"""A CUDA module's PTX (:func:`ptx_of`) and what ``ptxas -v`` says about it: registers, spills and
+shared memory per entry.
 
 >>> for entry in kernel_report(kernel):     # a CUDA Kernel; ptxas_report(ptx, arch) for any PTX
 ...     print(entry)          # bench_wgrad_..._kernel: 128 registers, 0 B spilled, 4096 B shared + 19456 B dynamic
@@ -16,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-__all__ = ["MAX_REGISTERS", "PtxasEntry", "dynamic_shared_bytes", "kernel_report", "parse_report", "ptxas_report"]
+__all__ = ["MAX_REGISTERS", "PtxasEntry", "dynamic_shared_bytes", "kernel_report", "parse_report", "ptx_of", "ptxas_report", "spilled"]
 
 MAX_REGISTERS = 255
 
@@ -44,6 +45,26 @@ class PtxasEntry:
         spilled = self.spill_stores + self.spill_loads
         return (f"{self.name} ({self.arch}): {self.registers} registers, {spilled} B spilled, {self.shared_bytes} B shared"
                 + (f" + {self.dynamic_shared_bytes} B dynamic" if self.dynamic_shared_bytes else ""))  # fmt: skip
+
+
+def ptx_of(module, target) -> str:
+    """PTX of a compiled CUDA module (``tvm.compile(...).mod``): the one the CUDA runtime built, or,
+    on a machine without it, nvcc's from the module's generated CUDA source for ``target``'s arch."""
+    built = module.imports[0].inspect_source("ptx")
+    if built:
+        return built
+    if shutil.which("nvcc") is None:
+        raise RuntimeError("PTX needs nvcc (no CUDA runtime here to compile it) and nvcc is not on PATH")
+    from tvm.support import nvcc
+
+    arch = str(target.attrs.get("arch", "sm_80"))
+    with target:
+        return nvcc.compile_cuda(module.imports[0].inspect_source("cuda"), target_format="ptx", arch=arch, compiler="nvcc").decode()
+
+
+def spilled(entries: list[PtxasEntry]) -> list[PtxasEntry]:
+    """The entries that spill registers to local memory (stores or loads)."""
+    return [e for e in entries if e.spill_stores or e.spill_loads]
 
 
 def ptxas_report(ptx: str, arch: str = "sm_80") -> list[PtxasEntry]:
