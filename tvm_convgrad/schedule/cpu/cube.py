@@ -21,6 +21,7 @@ from ...dsl.compute.stages import FMAP_PAD, W_COL, W_CONV
 from ...layout import C0
 from ..common import buffer_bytes, elements, loop_extent
 from .loops import CpuMad, reads_of, whole_tiles_and_edge
+from .prefetch import prefetch_stream
 from .tiles import ALIASED_TILE_PIXELS, L1_SET_STRIDE, MAX_TILE_PIXELS, divisors, dx_tile, largest_divisor
 
 __all__ = ["FLAT_TASKS_PER_CORE", "PACK_X_PER_BAND", "WEIGHTS_IN_CACHE", "X_BAND_IN_CACHE", "X_CHUNK_IN_CACHE", "CubeForward", "CubeInputGrad"]
@@ -73,6 +74,7 @@ class CubeInputGrad(CpuMad):
             sch.reorder(*task, *inside, i_o, c1_i, lane_groups, *reduction, j_i, i_i, c0)
             self._tasks(block, sch.fuse(*task), under, packs)  # (first: a tensorized tile's block is replaced)
             self.register_tile(block, [j_i, i_i], c0, co1)
+            self._prefetch(block, i_o, th)
             return
         # The columns in tiles of TW and one narrower tile at the end: two copies of the mad.
         sch.reorder(*task, *inside, i, c1_i, lane_groups, *reduction, j_i, c0)
@@ -81,6 +83,8 @@ class CubeInputGrad(CpuMad):
             c1_i, lane_groups, co1, mh, mw, co0, j_i, c0 = below
             sch.reorder(*tiles, c1_i, lane_groups, co1, mh, mw, co0, j_i, i_i, c0)
             self.register_tile(copy, [j_i, i_i], c0, co1)
+            if tiles:
+                self._prefetch(copy, tiles[-1], th)
 
     def _band_tasks(self, block, n, outer: list, j_o, th: int, under: bool) -> tuple[list, list, list]:
         """``(the task's loops, the loops inside a task above its tiles, the packs made per
@@ -157,7 +161,18 @@ class CubeInputGrad(CpuMad):
                 *chunk, co1 = sch.split(co1, [chunks, None])
             sch.reorder(*chunk, *tiles, c1_i, lane_groups, co1, mh, mw, co0, p_i, c0)
             self.register_tile(copy, [p_i], c0, (chunk or [co1])[0])
+            if tiles and chunks == 1:
+                self._prefetch(copy, tiles[-1], 1)
         return True
+
+    def _prefetch(self, block, tile_loop, tile_rows: int):
+        """The tiles of ``tile_loop`` made to prefetch the broadcast operand ahead of them
+        (:mod:`.prefetch`) where it is a framework tensor read in place (a parameter of the
+        function: a stream from memory) and a tile's part of it is contiguous (one pixel row)."""
+        params = {buf.name for func in self.sch.mod.functions.values() for buf in func.params}
+        streamed = [r.source.name for r in self.sch.get(block).reads if r.source.name != self.weights and r.source.name in params]
+        if streamed and tile_rows == 1:
+            prefetch_stream(self.sch, tile_loop, streamed[0])
 
     def _image_tiles(self, block, group: int) -> bool:
         """Images smaller than a tile (a 1x1 map: ResNet's last layers on 32x32 images, whose tile

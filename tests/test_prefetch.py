@@ -1,0 +1,93 @@
+"""Software prefetch of the streams the CPU kernels read in place (:mod:`tvm_convgrad.schedule.cpu.prefetch`):
+where the rule marks them, what :func:`lower_prefetches` emits (addresses ahead of the iteration,
+clamped into the tensor), the instructions each x86 ISA gets, and the kernels still exact."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import tvm
+from tvm import s_tir, te, tirx
+
+from tvm_convgrad import build, isa_target, lower, pass_context
+from tvm_convgrad.frontends import onednn
+from tvm_convgrad.isa import host_can_run
+from tvm_convgrad.schedule.cpu.prefetch import CACHE_LINE, PREFETCH, PREFETCH_AHEAD_BYTES, lower_prefetches, prefetch_stream, prefetched_buffers
+from tvm_convgrad.tools.verify import check_kernel
+
+ISAS = ("avx2", "avx512")
+
+
+def _input_grad(data_format: str, cin: int = 16, cout: int = 96, size: int = 14, images: int = 8):
+    """A 1x1 stride-1 dX (MobileNetV2's 16 -> 96 expansion, smaller): the flat pixel tiles."""
+    shape = (images, size, size, cout) if data_format == "NXC" else (images, cout, size, size)
+    dy = te.placeholder(shape, "float32", name="diff_dst")
+    w = te.placeholder((1, 1, cin, cout), "float32", name="weights")
+    return onednn.convolution_backward_data(dy, w, (images, size, size, cin) if data_format == "NXC" else (images, cin, size, size),
+                                            strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], dilations=[1, 1],
+                                            data_format=data_format)  # fmt: skip
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_a_1x1_dx_prefetches_the_dy_rows_it_reads_in_place(isa):
+    """The NXC dX reads dy's rows where they lie, tile after tile: each tile asks for the rows of
+    the tile about PREFETCH_AHEAD_BYTES ahead (one prefetcht0 per cache line), the address
+    clamped to dy's last element; NCX (dy packed: no stream) gets none. Exact where the host runs it."""
+    target = isa_target(isa, cores=2)
+    mod = lower(_input_grad("NXC"), target)
+    (func,) = mod.functions.values()
+    assert prefetched_buffers(func) == ["diff_dst"]
+    script = func.script()
+    lines = int(re.search(r"for line in range\(T\.int64\((\d+)\)\)", script).group(1))
+    ahead, last = map(int, re.search(r"\+ T\.int64\((\d+)\) \+ line \* T\.int64\(16\), T\.int64\((\d+)\)\)", script).groups())
+    tile = lines * CACHE_LINE // 4  # a tile's elements of dy: whole pixel rows of 96 channels
+    assert tile % 96 == 0 and ahead % tile == 0 and (ahead - tile) * 4 < PREFETCH_AHEAD_BYTES <= ahead * 4
+    assert last == 8 * 14 * 14 * 96 - 1, "every address clamped into dy"
+    with pass_context(target):
+        asm = tvm.compile(mod, target=target).mod.inspect_source("asm")
+    assert "prefetcht0" in asm
+    (planar,) = lower(_input_grad("NCX"), target).functions.values()
+    assert prefetched_buffers(planar) == []
+    if host_can_run(target):
+        assert check_kernel(build(_input_grad("NXC"), target=target)).ok
+
+
+def _stream(step: int, quadratic: bool = False) -> s_tir.Schedule:
+    """``b[i] = sum_k a[i*step + k]`` (``a[i*i + k]``: no constant step), its ``i`` loop marked."""
+    rows = 64
+    a = te.placeholder((rows * rows + step,), "float32", name="a")
+    k = te.reduce_axis((0, step), name="k")
+    b = te.compute((rows,), lambda i: te.sum(a[(i * i if quadratic else i * step) + k], axis=k), name="b")
+    sch = s_tir.Schedule(te.create_prim_func([a, b]))
+    i, _ = sch.get_loops(sch.get_sblock("b"))
+    prefetch_stream(sch, i, "a")
+    return sch
+
+
+def test_lower_prefetches_asks_for_the_iteration_ahead_and_never_past_the_tensor():
+    """One prefetch per cache line of iteration ``i + ahead``'s region (``ahead`` iterations are
+    at least PREFETCH_AHEAD_BYTES), each clamped to the buffer's last element; the mark removed;
+    a region without a constant step per iteration gets nothing; a module without marks is
+    returned as it is; the result unchanged."""
+    import numpy as np
+
+    step = 48
+    mod = lower_prefetches(_stream(step).mod)
+    script = mod.script()
+    ahead = math.ceil(PREFETCH_AHEAD_BYTES / (step * 4))
+    assert PREFETCH not in script and prefetched_buffers(mod["main"]) == ["a"]
+    assert f"for line in range({math.ceil(step * 4 / CACHE_LINE)})" in script
+    assert f"T.min(i * {step} + {ahead * step} + line * 16, {64 * 64 + step - 1})" in script
+    quadratic = lower_prefetches(_stream(step, quadratic=True).mod)
+    assert prefetched_buffers(quadratic["main"]) == [] and PREFETCH not in quadratic.script()
+    plain = tvm.IRModule({"main": te.create_prim_func([te.placeholder((4,), name="x")])})
+    assert lower_prefetches(plain)["main"].same_as(plain["main"])
+    target = tvm.target.Target({"kind": "llvm"})
+    with pass_context(target):
+        run = tvm.compile(mod, target=target)
+    a = np.random.default_rng(0).standard_normal(64 * 64 + step).astype("float32")
+    b = tvm.runtime.tensor(np.zeros(64, "float32"))
+    run["main"](tvm.runtime.tensor(a), b)
+    np.testing.assert_allclose(b.numpy(), [a[i * step : (i + 1) * step].astype("float64").sum() for i in range(64)], rtol=1e-5, atol=1e-5)
