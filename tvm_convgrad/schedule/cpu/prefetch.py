@@ -28,8 +28,14 @@ from tvm import s_tir, tirx
 from tvm.sym import Analyzer
 from tvm.sym.int_set import IntervalSet
 
-__all__ = ["CACHE_LINE", "PREFETCH", "PREFETCH_AHEAD_BYTES", "lower_prefetches", "prefetch_stream", "prefetched_buffers"]
+__all__ = ["CACHE_LINE", "PREFETCH", "PREFETCH_AHEAD_BYTES", "PREFETCH_STREAMS", "STREAM_BYTES", "lower_prefetches", "prefetch_stream", "prefetched_buffers"]
 
+PREFETCH_STREAMS = True
+"""Whether the rules mark the streams they read in place (:func:`prefetch_stream`)."""
+STREAM_BYTES = 8 * 1024 * 1024
+"""The smallest tensor marked as a stream: smaller ones are in the last-level cache after the
+operator that wrote them (Zen 3, 1x1 dX of N=32: dy of 38.5 and 14.5 MB 1.71x and 1.43x with the
+prefetches, of 4.8 MB 1.03x, of 2-3.6 MB 0.93-0.98x)."""
 PREFETCH = "convgrad.prefetch"
 """Loop annotation: the name of the buffer the loop's iterations stream (read in place)."""
 PREFETCH_AHEAD_BYTES = 8 * 1024
@@ -40,8 +46,13 @@ _PREFETCH_OF = re.compile(r'"llvm\.prefetch(?:\.p0)?", T\.tvm_access_ptr\(T\.typ
 
 
 def prefetch_stream(sch: s_tir.Schedule, loop, buffer_name: str) -> None:
-    """Mark ``loop``: each iteration reads the next contiguous part of ``buffer_name``."""
-    sch.annotate(loop, PREFETCH, buffer_name)
+    """Mark ``loop``: each iteration reads the next contiguous part of ``buffer_name``, where
+    :data:`PREFETCH_STREAMS` is set and the buffer (a parameter of the function) holds at least
+    :data:`STREAM_BYTES`."""
+    (buffer,) = [b for func in sch.mod.functions.values() for b in func.params if b.name == buffer_name]
+    size = math.prod(int(d) for d in buffer.shape) * tvm.DataType(str(buffer.dtype)).bits // 8
+    if PREFETCH_STREAMS and size >= STREAM_BYTES:
+        sch.annotate(loop, PREFETCH, buffer_name)
 
 
 def lower_prefetches(mod: tvm.IRModule) -> tvm.IRModule:
