@@ -123,15 +123,23 @@ def test_backward_data_runs_on_the_dx_cube_with_layout_stages_inlined():
     assert check_kernel(kernel).ok
 
 
-@pytest.mark.parametrize("data_format, stride, dtype, packed", [("NXC", 1, "float32", False), ("NCX", 1, "float32", False),
-                                                              ("NCX", 2, "float32", False), ("NXC", 1, "bfloat16", True)])  # fmt: skip
-def test_a_dx_whose_taps_read_no_padding_reads_dy_in_place(data_format, stride, dtype, packed):
+@pytest.mark.parametrize("data_format, stride, dtype, plane, packed", [
+    ("NXC", 1, "float32", 7, False), ("NCX", 1, "float32", 17, False), ("NCX", 2, "float32", 17, False), ("NCX", 1, "float32", 7, True),
+    ("NCX", 2, "float32", 7, True), ("NXC", 1, "bfloat16", 7, True),
+])  # fmt: skip
+def test_a_dx_whose_taps_read_no_padding_reads_dy_in_place(data_format, stride, dtype, plane, packed):
     """A 1x1 without padding (stride 1, or stride 2's one phase with taps): no tap reaches past dy,
     so an fp32 dX's mad reads diff_dst where it lies, as the forward reads an unpadded src, with
     no ``dy_pad`` pass (ResNet-50's 128 -> 512 1x1 on 28x28, N=8, Zen 4: 6.9 -> 5.1 ms); 40 dy
-    channels (a partial block read in place). bf16 keeps its pack (the conversion to fp32, or
+    channels (a partial block read in place). An NCX dy whose planes are under
+    ``PLANAR_IN_PLACE_BYTES`` (7x7 fp32: 196 B; 17x17 is 1156 B) is packed: every tile would
+    walk all of an image's small planes again. bf16 keeps its pack (the conversion to fp32, or
     the pair form). Exact."""
-    size, out = ((9, 7), (9, 7)) if stride == 1 else ((13, 11), (7, 6))
+    from tvm_convgrad.dsl.compute.backprop_input import PLANAR_IN_PLACE_BYTES
+
+    out = (plane, plane)
+    size = out if stride == 1 else (2 * plane - 1, 2 * plane)
+    assert (data_format == "NCX" and plane * plane * 4 < PLANAR_IN_PLACE_BYTES) == (packed and dtype == "float32")
     case = Case("data", 2, 24, 40, 1, size, out, (1, 1), (stride, stride), (0, 0), (0, 0), (1, 1), data_format=data_format,
                 weights_format="OIX" if data_format == "NCX" else "XIO", dtype=dtype, effective_pads=(0, 0))  # fmt: skip
     kernel = build(call(case, *placeholders(case)))

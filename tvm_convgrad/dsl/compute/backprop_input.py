@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import tvm
 from tvm import te, tirx
 
 from ... import layout
@@ -69,6 +70,13 @@ DY_IN_PLACE = True
 ``dy_pad`` (Zen 4, N=8, fp32, NXC / NCX: ResNet-50's 128 -> 512 1x1 on 28x28 6.9 -> 5.1 / 6.0 -> 4.9
 ms, 64 -> 256 on 56x56 7.4 -> 5.6 / 7.7 -> 5.7, the stride-2 256 -> 512 on 56x56 11.7 -> 9.8 / 11.5 ->
 10.2; a layer whose dy is the smaller side, 256 -> 64, unchanged)."""
+
+PLANAR_IN_PLACE_BYTES = 1024
+"""A channel-planar (NCX) dy is read in place only where its planes are at least this large: the
+cube's tiles broadcast a few pixels of every plane in turn, and on a small map each tile walks the
+image's whole dy again, a few words of each line (Zen 3, N=8, ResNet-50's 512 -> 2048 and 2048 ->
+512 1x1 dX on 7x7 planes of 196 B: packed 1.56x and 1.38x faster, 1024 -> 256 on 14x14 (784 B)
+1.01-1.08x; on 28x28 and 56x56 in place stays 1.2-1.4x faster)."""
 
 PIXEL_LANES_MAX_CIN = 8  # at most half the lanes of a channel block would be real channels
 
@@ -128,7 +136,7 @@ def conv2d_backprop_input_compute(
         elif pixel_lanes:
             phase_mads = _pixel_lane_phases
         else:
-            phase_mads = partial(_cube_phases, pairs=pairs)
+            phase_mads = partial(_cube_phases, pairs=pairs, planar=planar)
         fold = None
         found, read = phase_mads(filters, dy, params, grid, window)
         phases = [(None, ph, pw, mad) for ph, pw, mad in found]
@@ -165,10 +173,11 @@ def conv2d_backprop_input_compute(
 
 
 def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, grid, window: DyWindow, fold: DepthFold | None = None,
-                 pairs: bool = False):  # fmt: skip
+                 pairs: bool = False, planar: bool = False):  # fmt: skip
     """One ``dx_cc`` mad per phase, 16 input channels on the lanes (3-D: per depth phase too,
     its taps folded into the Cout-block reduction, see :class:`.phases.DepthFold`). With
-    ``pairs``, ``dy_pad`` and ``w_col`` hold bf16 pairs of Cout ``(2q, 2q+1)`` (:mod:`.pairs`)."""
+    ``pairs``, ``dy_pad`` and ``w_col`` hold bf16 pairs of Cout ``(2q, 2q+1)`` (:mod:`.pairs`);
+    ``planar``: dy's 5HD view is of an NCX tensor (see :data:`PLANAR_IN_PLACE_BYTES`)."""
     g = params.geom
     ext = g.group
     top, left = window.top, window.left
@@ -203,7 +212,8 @@ def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, grid
                            lambda c1, co1, kh, kw, q, ci0: pair(col_value(c1, co1, kh, kw, 2 * q, ci0), col_value(c1, co1, kh, kw, 2 * q + 1, ci0)),
                            name=W_COL, tag=W_COL)  # fmt: skip
     else:  # fp32 dy that the taps read without padding is read in place, as the forward reads an unpadded x
-        in_place = DY_IN_PLACE and fold is None and dy.dtype == ACC and window.unpadded and c1_dy <= g.c1_y
+        small_planes = planar and g.ho * g.wo * tvm.DataType(ACC).bits // 8 < PLANAR_IN_PLACE_BYTES
+        in_place = DY_IN_PLACE and fold is None and dy.dtype == ACC and window.unpadded and c1_dy <= g.c1_y and not small_planes
         dy_pad = dy if in_place else te.compute((dy_rows, c1_dy, *window.shape, C0), pad_value, name=DY_PAD, tag=DY_PAD)
         w_col = te.compute((g.c1_x, col_blocks, g.kh, g.kw, C0, C0), col_value, name=W_COL, tag=W_COL)
 

@@ -73,8 +73,8 @@ class CubeInputGrad(CpuMad):
             i_o, i_i = self.split(i, tw, most)
             sch.reorder(*task, *inside, i_o, c1_i, lane_groups, *reduction, j_i, i_i, c0)
             self._tasks(block, sch.fuse(*task), under, packs)  # (first: a tensorized tile's block is replaced)
+            self._prefetch(block, i_o, th)  # (before the tile: a tensorized tile's block is replaced)
             self.register_tile(block, [j_i, i_i], c0, co1)
-            self._prefetch(block, i_o, th)
             return
         # The columns in tiles of TW and one narrower tile at the end: two copies of the mad.
         sch.reorder(*task, *inside, i, c1_i, lane_groups, *reduction, j_i, c0)
@@ -82,9 +82,9 @@ class CubeInputGrad(CpuMad):
         for copy, tiles, i_i, below in whole_tiles_and_edge(sch, i, cols, tw):
             c1_i, lane_groups, co1, mh, mw, co0, j_i, c0 = below
             sch.reorder(*tiles, c1_i, lane_groups, co1, mh, mw, co0, j_i, i_i, c0)
-            self.register_tile(copy, [j_i, i_i], c0, co1)
             if tiles:
                 self._prefetch(copy, tiles[-1], th)
+            self.register_tile(copy, [j_i, i_i], c0, co1)
 
     def _band_tasks(self, block, n, outer: list, j_o, th: int, under: bool) -> tuple[list, list, list]:
         """``(the task's loops, the loops inside a task above its tiles, the packs made per
@@ -160,9 +160,9 @@ class CubeInputGrad(CpuMad):
             if chunks > 1 and tiles:  # (the edge: one tile, its whole reduction in registers)
                 *chunk, co1 = sch.split(co1, [chunks, None])
             sch.reorder(*chunk, *tiles, c1_i, lane_groups, co1, mh, mw, co0, p_i, c0)
-            self.register_tile(copy, [p_i], c0, (chunk or [co1])[0])
             if tiles and chunks == 1:
                 self._prefetch(copy, tiles[-1], 1)
+            self.register_tile(copy, [p_i], c0, (chunk or [co1])[0])
         return True
 
     def _prefetch(self, block, tile_loop, tile_rows: int):
