@@ -73,7 +73,7 @@ class CubeInputGrad(CpuMad):
             i_o, i_i = self.split(i, tw, most)
             sch.reorder(*task, *inside, i_o, c1_i, lane_groups, *reduction, j_i, i_i, c0)
             self._tasks(block, sch.fuse(*task), under, packs)  # (first: a tensorized tile's block is replaced)
-            self._prefetch(block, i_o, th)  # (before the tile: a tensorized tile's block is replaced)
+            self._prefetch(block, i_o, th)  # (likewise before the tile)
             self.register_tile(block, [j_i, i_i], c0, co1)
             return
         # The columns in tiles of TW and one narrower tile at the end: two copies of the mad.
