@@ -170,6 +170,12 @@ FIXED = {
     "dw-nxc-1x1-rows-in-place-s2": Case("conv_v2", 2, 32, 48, 1, (9, 7), (5, 4), (1, 1), (2, 2), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
     "dw-nxc-3x3-dy-in-place": Case("conv_v2", 2, 24, 32, 1, (7, 6), (7, 6), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
     "dx-nxc-1x1-dy-in-place-grouped": Case("data", 2, 48, 40, 2, (5, 6), (5, 6), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
+    # streams read in place with prefetches (schedule.cpu.prefetch: tensors of 8 MB or more, the addresses clamped to the tensor's
+    # end): a 1x1 dX's NXC dy and a 1x1 forward's NXC src, 9.6 MB each; an NCX 1x1 dX whose 7x7 planes are packed (PLANAR_IN_PLACE_BYTES)
+    "dx-nxc-1x1-prefetch": Case("data", 32, 16, 96, 1, (28, 28), (28, 28), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
+    "fwd-nxc-1x1-prefetch": Case("fwd", 32, 96, 24, 1, (28, 28), (28, 28), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
+    "dx-ncx-1x1-small-planes": Case("data", 2, 40, 64, 1, (7, 7), (7, 7), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
+                                    weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
     # Winograd F(2x2, 3x3): the input windows of the edge tiles (padding read as 0), a bias, OXI weights read tap by tap; a row of
     # 5 tiles (a narrower last register tile) on NCX; the dX with its own pads 2 and 0 (uneven), whole images per task
     "fwd-nxc-winograd": Case("fwd", 2, 32, 48, 1, (8, 10), (8, 10), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), weights_format="OXI", bias=True,
