@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-__all__ = ["MAX_REGISTERS", "PtxasEntry", "dynamic_shared_bytes", "kernel_report", "parse_report", "ptx_of", "ptxas_report", "spilled"]
+__all__ = ["MAX_REGISTERS", "PtxasEntry", "dynamic_shared_bytes", "kernel_report", "parse_report", "ptx_of", "ptxas_report", "spilled", "target_arch"]
 
 MAX_REGISTERS = 255
 
@@ -47,6 +47,11 @@ class PtxasEntry:
                 + (f" + {self.dynamic_shared_bytes} B dynamic" if self.dynamic_shared_bytes else ""))  # fmt: skip
 
 
+def target_arch(target) -> str:
+    """The ``sm_XX`` a CUDA target compiles for (sm_80 where it names none)."""
+    return str(target.attrs.get("arch", "sm_80"))
+
+
 def ptx_of(module, target) -> str:
     """PTX of a compiled CUDA module (``tvm.compile(...).mod``): the one the CUDA runtime built, or,
     on a machine without it, nvcc's from the module's generated CUDA source for ``target``'s arch."""
@@ -57,9 +62,8 @@ def ptx_of(module, target) -> str:
         raise RuntimeError("PTX needs nvcc (no CUDA runtime here to compile it) and nvcc is not on PATH")
     from tvm.support import nvcc
 
-    arch = str(target.attrs.get("arch", "sm_80"))
     with target:
-        return nvcc.compile_cuda(module.imports[0].inspect_source("cuda"), target_format="ptx", arch=arch, compiler="nvcc").decode()
+        return nvcc.compile_cuda(module.imports[0].inspect_source("cuda"), target_format="ptx", arch=target_arch(target), compiler="nvcc").decode()
 
 
 def spilled(entries: list[PtxasEntry]) -> list[PtxasEntry]:
@@ -153,9 +157,8 @@ def _bytes(buffer) -> int:
 def kernel_report(kernel) -> list[PtxasEntry]:
     """:func:`ptxas_report` of a CUDA kernel's PTX for its arch, each entry with the dynamic shared
     memory its launch adds (:func:`dynamic_shared_bytes`)."""
-    arch = str(kernel.target.attrs.get("arch", "sm_80"))
     dynamic = dynamic_shared_bytes(kernel)
-    entries = ptxas_report(kernel.ptx, arch)
+    entries = ptxas_report(kernel.ptx, target_arch(kernel.target))
     unknown = {e.name for e in entries} - set(dynamic)
     if unknown:
         raise ValueError(f"{kernel.name}: PTX entries {sorted(unknown)} match no kernel launch of its TIR ({sorted(dynamic)})")

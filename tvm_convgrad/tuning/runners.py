@@ -16,7 +16,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from ..compile import pass_context
-from ..compile.ptxas import ptx_of, ptxas_report, spilled
+from ..compile.ptxas import ptx_of, ptxas_report, spilled, target_arch
 from ..errors import ConvGradError
 from ..schedule.cpu.prefetch import lower_prefetches
 
@@ -46,7 +46,7 @@ def compile_candidate(mod: tvm.IRModule, target: Target, _params=None):
     a kernel that spills, whatever a runner timed."""
     module = compile_schedule(mod, target)
     if target.kind.name == "cuda" and shutil.which("ptxas"):
-        spilling = spilled(ptxas_report(ptx_of(module, target), str(target.attrs.get("arch", "sm_80"))))
+        spilling = spilled(ptxas_report(ptx_of(module, target), target_arch(target)))
         if spilling:
             raise RuntimeError(f"rejected: {SPILLS}: " + "; ".join(map(str, spilling)))
     return module

@@ -86,7 +86,7 @@ def _rewrite(stmt, buffers: dict):
                 body = tirx.SeqStmt([prefetch, body])
         if body.same_as(stmt.body) and name is None:
             return stmt
-        return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, annotations)
+        return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, annotations, stmt.step, stmt.span)
     if isinstance(stmt, tirx.SeqStmt):
         seq = [_rewrite(s, buffers) for s in stmt.seq]
         return stmt if all(a.same_as(b) for a, b in zip(seq, stmt.seq)) else tirx.SeqStmt(seq)
@@ -115,11 +115,10 @@ def _read_span(loop: tirx.For, buffer):
     found = _reading_block(loop.body, buffer, [])
     if found is None:
         return None
-    realize, inner = found
+    realize, region, inner = found
     bound = Analyzer()
     for iv, value in zip(realize.block.iter_vars, realize.iter_values):
         bound.bind(iv.var, value)
-    region = next(r for r in realize.block.reads if r.source.same_as(buffer)).region
     first = last = 0
     for extent, rng in zip(buffer.shape, region):
         first, last = first * extent + rng.min, last * extent + rng.min + rng.extent - 1
@@ -129,7 +128,8 @@ def _read_span(loop: tirx.For, buffer):
 
 
 def _reading_block(stmt, buffer, inner: list):
-    """``(the first SBlockRealize under stmt whose block reads buffer, the loops above it)``."""
+    """``(the first SBlockRealize under stmt whose block reads buffer, its read region of buffer,
+    the loops above it)``."""
     if isinstance(stmt, tirx.For):
         return _reading_block(stmt.body, buffer, inner + [stmt])
     if isinstance(stmt, tirx.SeqStmt):
@@ -139,8 +139,9 @@ def _reading_block(stmt, buffer, inner: list):
                 return found
         return None
     if isinstance(stmt, s_tir.SBlockRealize):
-        if any(r.source.same_as(buffer) for r in stmt.block.reads):
-            return stmt, inner
+        for read in stmt.block.reads:
+            if read.source.same_as(buffer):
+                return stmt, read.region, inner
         return _reading_block(stmt.block.body, buffer, inner)
     if isinstance(stmt, s_tir.SBlock):
         return _reading_block(stmt.body, buffer, inner)
