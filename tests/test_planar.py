@@ -32,7 +32,8 @@ def _activation(data_format: str, batch: int, channels: int, size, name: str, dt
 
 def _check_planar(result: te.Tensor, target, planar: bool, channels: int, pixels: int, packs: tuple[str, ...], written: str):
     """The kernel's formulation; no ``packs`` stage; where ``planar``: its tile (``channels`` of the
-    result's, ``pixels`` a plane) unrolled as :func:`planar_tile` says, within the registers, the
+    result's, ``pixels`` a plane) unrolled as :func:`planar_tile` says, within the registers, its
+    weights packed a tile's ``R`` channels innermost (``w_t[channel // R, step, .., channel % R]``), the
     result stage ``written`` inside the mad's parallel tasks, a tunable schedule with the same
     tiles; exact where the host runs it."""
     kernel = build(result, target=target)
@@ -43,6 +44,7 @@ def _check_planar(result: te.Tensor, target, planar: bool, channels: int, pixels
         plan = isa_plan(target)
         r, v = planar_tile(channels, pixels, plan)
         assert channels % r == 0 and r * v <= plan.accumulators and r * v + v + 1 <= plan.registers
+        assert re.search(rf"w_t = T.sblock_alloc_buffer\(\(T.int64\({channels // r}\), T.int64\(24\), (T.int64\(1\), )*T.int64\({r}\)\)\)", tir)
         assert re.search(rf"for \w+ in T.unroll\(T.int64\({r}\)\):\n\s+for \w+ in T.unroll\(T.int64\({v}\)\):\n\s+for \w+ in T.vectorized\(T.int64\({plan.lanes}\)\)", tir)
         sch = rule_for(target).apply(Workload.of(result).prim_func(target), target)
         assert sch.get(sch.get_loops(sch.get_sblock(written))[0]).kind == ForKind.PARALLEL  # (written back in the mad's tasks)

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
+from ...dsl.compute.stages import W_T
 from ...layout import C0
 from ..common import loop_extent
-from .loops import CpuMad, sum_parts, whole_tiles_and_edge
+from .loops import CpuMad, producers_named, sum_parts, whole_tiles_and_edge
 from .tiles import channel_tile, largest_divisor, planar_tile, tap_tile
 
 __all__ = ["DY_BAND_BYTES", "PLANAR_TASKS_PER_CORE", "CoutLanesFilterGrad", "PixelLanesInputGrad"]
@@ -147,7 +148,7 @@ class PixelLanesInputGrad(CpuMad):
         or the planar forward's ``conv_px``): an image's pixels one axis ``p = j*cols + i``, a tile ``R`` channels x ``V`` vectors of
         consecutive pixels (:func:`.tiles.planar_tile`; the plane's last pixels one narrower tile),
         per ``co`` one dy load per vector (its plane, read where it lies) and one broadcast weight
-        per channel. The tasks are an image's channels in groups (as few as give
+        per channel, the tile's ``R`` weights of consecutive steps adjacent (:meth:`_weights_by_tile`). The tasks are an image's channels in groups (as few as give
         :data:`PLANAR_TASKS_PER_CORE` tasks a core), each task's result rows written back in it;
         inside, each pixel tile's dy stays in cache while the group's channel tiles read it.
         Its sizes are no tuning samples (a tunable schedule gets the same tiles, its result a pass
@@ -167,6 +168,7 @@ class PixelLanesInputGrad(CpuMad):
         except s_tir.ScheduleError:
             return False
         r, v = planar_tile(channels, pixels, plan)
+        self._weights_by_tile(block, r)
         tiles = channels // r
         result_bytes, dy_bytes = channels * pixels * 4, douts * pixels * 4  # an image's fp32 sums, its dy
 
@@ -191,3 +193,13 @@ class PixelLanesInputGrad(CpuMad):
             sch.reorder(*p_tiles, ci_o, co, mh, mw, ci_i, vectors, lanes)
             self.register_tile(copy, [ci_i, vectors], lanes, co)
         return True
+
+    def _weights_by_tile(self, block, r: int):
+        """The weight pack ``w_t[step, channel, ...]`` (dX: ``(Cout, Cin, KH, KW)``, the forward:
+        ``(Cin, Cout)``) laid out ``[channel // r, step, ..., channel % r]``: a tile's ``r``
+        broadcasts of every reduction step in one run, the 4-16 KB a tile reads while its dy stays
+        in L1, where channel-major rows put each step's ``r`` weights on a line of its own (a
+        whole weight row apart). ResNet-50's 1x1 dX on 28x28, N=8, Zen 3: 512 -> 256 1.12x, 128 ->
+        512 1.27x, 512 -> 128 1.10x."""
+        for pack in producers_named(self.sch, block, [W_T]):
+            self.sch.transform_layout(pack, ("write", 0), lambda step, channel, *taps: (channel // r, step, *taps, channel % r))
