@@ -154,16 +154,43 @@ def _onednn_forward(shape, wshape, algorithm, **extra):
 
 
 def test_auto_takes_winograd_where_it_pays_and_the_cube_elsewhere():
-    """``"auto"``: a 64-channel layer of enough tiles runs F(2x2, 3x3); too few tiles
-    (:data:`WINOGRAD_MIN_TILES`, or per block of weights: :data:`WINOGRAD_TILES_PER_WEIGHTS`), too
-    few channels, or a layer it does not apply to, the cube."""
-    assert build(_onednn_forward((1, 64, 16, 16), (64, 64, 3, 3), "auto")).formulation == "winograd"  # 64 tiles
-    assert WINOGRAD_MIN_TILES > 16 and WINOGRAD_TILES_PER_WEIGHTS * 16 > 98 and build(_onednn_forward((1, 64, 8, 8), (64, 64, 3, 3), "auto")).formulation == "cube"
-    assert build(_onednn_forward((2, 32, 16, 16), (64, 32, 3, 3), "auto")).formulation == "cube"
-    assert build(_onednn_forward((2, 256, 14, 14), (256, 256, 3, 3), "auto")).formulation == "cube"  # 98 tiles: < 8 per 64 x 64 weights
-    assert build(_onednn_forward((4, 128, 14, 14), (128, 128, 3, 3), "auto")).formulation == "winograd"  # 196 tiles, 4 blocks
-    assert build(_onednn_forward((2, 64, 16, 16), (64, 64, 3, 3), "auto", strides=[2, 2])).formulation == "cube"
-    assert build(_onednn_forward((2, 64, 16, 16), (64, 64, 3, 3), "direct")).formulation == "cube"
+    """``"auto"`` for an AVX-512 target: a 64-channel layer of enough tiles runs F(2x2, 3x3); too
+    few tiles (:data:`WINOGRAD_MIN_TILES`, or per block of weights: :data:`WINOGRAD_TILES_PER_WEIGHTS`),
+    too few channels, or a layer it does not apply to, the cube."""
+    with isa_target("avx512"):  # (the choice follows the target in scope: see the next test)
+        assert build(_onednn_forward((1, 64, 16, 16), (64, 64, 3, 3), "auto")).formulation == "winograd"  # 64 tiles
+        assert WINOGRAD_MIN_TILES > 16 and WINOGRAD_TILES_PER_WEIGHTS * 16 > 98 and build(_onednn_forward((1, 64, 8, 8), (64, 64, 3, 3), "auto")).formulation == "cube"
+        assert build(_onednn_forward((2, 32, 16, 16), (64, 32, 3, 3), "auto")).formulation == "cube"
+        assert build(_onednn_forward((2, 256, 14, 14), (256, 256, 3, 3), "auto")).formulation == "cube"  # 98 tiles: < 8 per 64 x 64 weights
+        assert build(_onednn_forward((4, 128, 14, 14), (128, 128, 3, 3), "auto")).formulation == "winograd"  # 196 tiles, 4 blocks
+        assert build(_onednn_forward((2, 64, 16, 16), (64, 64, 3, 3), "auto", strides=[2, 2])).formulation == "cube"
+        assert build(_onednn_forward((2, 64, 16, 16), (64, 64, 3, 3), "direct")).formulation == "cube"
+
+
+@pytest.mark.parametrize("size, batch, winograd", [(14, 4, False), (7, 32, False), (8, 8, False), (12, 8, True), (16, 1, True), (28, 2, True)])
+def test_auto_on_avx2_takes_winograd_on_even_tile_grids_of_six_or_more(size, batch, winograd):
+    """``"auto"`` for an AVX2 target (16-lane rows of two registers): the forward and the dX take
+    F(2x2, 3x3) only with an even number of 2x2 tiles a side, at least
+    :data:`WINOGRAD_NARROW_MIN_TILES` (Zen 3: 14x14 maps, 7 tiles a side, 0.67-0.94x the direct
+    kernel; 12x12 1.4-1.5x); the same layers for AVX-512 (:data:`WINOGRAD_TILES_PER_WEIGHTS`
+    decides) and the dW keep their rules."""
+    from tvm_convgrad.dsl.compute.winograd import WINOGRAD_NARROW_MIN_TILES
+
+    assert WINOGRAD_NARROW_MIN_TILES == 6
+    shape, wshape = (batch, 128, size, size), (128, 128, 3, 3)
+    kw = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], data_format="NCX", weights_format="OIX")
+    with isa_target("avx2"):
+        forward = _onednn_forward(shape, wshape, "auto")
+        dy, w = te.placeholder(shape, "float32", name="diff_dst"), te.placeholder(wshape, "float32", name="weights")
+        dx = onednn.convolution_backward_data(dy, w, list(shape), algorithm="auto", **kw)
+        x = te.placeholder(shape, "float32", name="src")
+        dw = onednn.convolution_backward_weights(x, dy, list(wshape), algorithm="auto", **kw)
+    with isa_target("avx512"):
+        wide = _onednn_forward(shape, wshape, "auto")
+    for result in (forward, dx):
+        assert build(result, target=isa_target("avx2")).formulation == ("winograd" if winograd else "cube")
+    assert build(wide, target=isa_target("avx512")).formulation == "winograd"  # (64 tiles or more, 16 per 64 x 64 weights)
+    assert build(dw, target=isa_target("avx2")).formulation == "cube"  # (128 x 128 weights: the dW's own rule)
 
 
 @pytest.mark.parametrize("algorithm, extra, message", [

@@ -8,7 +8,8 @@ An operator asks for it with its ``algorithm`` (oneDNN's ``convolution_direct``,
 * ``"direct"`` (the default): the cube;
 * ``"winograd"``: F(2x2, 3x3), a :class:`~tvm_convgrad.errors.ConvGradError` where it does not
   apply (:func:`~tvm_convgrad.dsl.compute.winograd.winograd_applies`);
-* ``"auto"``: F(2x2, 3x3) where it applies and pays (:func:`~tvm_convgrad.dsl.compute.winograd.winograd_pays`),
+* ``"auto"``: F(2x2, 3x3) where it applies and pays (:func:`~tvm_convgrad.dsl.compute.winograd.winograd_pays`)
+  on the target the kernel is for (the one in scope, ``with target:``, else this CPU: ``"llvm"``),
   else the cube: what the training clients run.
 """
 
@@ -17,10 +18,13 @@ from __future__ import annotations
 from typing import Sequence
 
 from tvm import te
+from tvm.target import Target
 
 from ..dsl.compute.winograd import (forward_shape, input_grad_shape, output_index, weight_index, winograd_applies, winograd_conv, winograd_filter_grad,
                                     winograd_pays)
+from ..compile.target import resolve_target
 from ..errors import ConvGradError
+from ..isa import isa_plan
 from ..params.framework import ConvView, split_weights, weights_index
 from ..params.onednn import algorithm_choice
 
@@ -40,7 +44,14 @@ def use_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = Fal
     if algorithm == "winograd" and not applies:
         raise ConvGradError(op, "algorithm", algorithm, "applies to float32 3x3 convolutions at stride 1 without dilation or groups, "
                             "pads of at most 2, whole 16-channel blocks and an output of at least 2 x 2")  # fmt: skip
-    return applies and (algorithm == "winograd" or winograd_pays(geom, input_grad, filter_grad))
+    return applies and (algorithm == "winograd" or winograd_pays(geom, input_grad, filter_grad, _narrow_vectors()))
+
+
+def _narrow_vectors() -> bool:
+    """Whether the target in scope (else this CPU's) is a CPU whose 16-lane rows take several
+    vector registers (AVX2, SSE, NEON): where fewer layers gain from F(2x2, 3x3)."""
+    target = Target.current(allow_none=True) or resolve_target("llvm")
+    return target.kind.name == "llvm" and isa_plan(target).registers_per_row > 1
 
 
 def _activation(tensor: te.Tensor, data_format: str):

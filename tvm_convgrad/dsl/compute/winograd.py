@@ -50,7 +50,7 @@ from ...layout import C0
 from .common import ACC
 from .stages import FORMULATION, MAD_TAG, WINO_D, WINO_DW, WINO_M, WINO_U, WINO_V, WINO_W, WINO_Y, Formulation
 
-__all__ = ["ALPHA", "WINOGRAD_DW_MAX_WEIGHTS", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_MIN_TILES", "WINOGRAD_TILES_PER_WEIGHTS", "WinogradShape", "forward_shape", "input_grad_shape", "output_index", "weight_index",
+__all__ = ["ALPHA", "WINOGRAD_DW_MAX_WEIGHTS", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_NARROW_MIN_TILES", "WINOGRAD_MIN_TILES", "WINOGRAD_TILES_PER_WEIGHTS", "WinogradShape", "forward_shape", "input_grad_shape", "output_index", "weight_index",
            "input_tiles", "winograd_applies", "winograd_conv", "winograd_filter_grad", "winograd_pays"]
 
 ALPHA = 4
@@ -75,6 +75,17 @@ WINOGRAD_TILES_PER_WEIGHTS = 8
 of it (16 MB for 512 x 512) outweigh the multiplies saved on few tiles. Zen 4, the forward against
 the direct kernel: 256 -> 256 on 14x14 N=4 (12 tiles per block) 1.1-1.4x, N=1 (3) 0.7-0.9x; 512 ->
 512 on 7x7 N=8 (2) 0.55x; 128 -> 128 on 8x8 N=8 (32) 1.1-1.3x."""
+
+WINOGRAD_NARROW_MIN_TILES = 6
+"""On a target whose 16-lane rows take two registers or more (AVX2), fewest 2x2 tiles a side of a
+forward's or dX's output takes Winograd at by choice, an even number each way. Zen 3 (AVX2), N=8
+unless given, F(2x2, 3x3) against the direct kernel, dX / forward: 12x12 (6 tiles a side) 256
+channels 1.43 / 1.50x, 128 1.38x; 20x20 128 1.45x; 24x24 64 1.41x, 128 1.69 / 1.67x; 16x16 64
+1.04-1.11 / 1.00x, 128 1.11x, 256 0.94x; 28x28 and 56x56 1.5-1.7x; but 14x14 (7 tiles a side:
+tasks of one tile row, each reading all the transformed weights) 64 channels 0.75x, 128 0.82 /
+0.84x, N=32 0.90-0.94 / 0.91x, 256 0.68-0.73 / 0.67-0.83x (N=4-32); 8x8 (4 a side) 128 0.84 /
+0.89x; 7x7 (4 a side, an odd output) 256 N=32 0.62-0.74 / 0.65x. On AVX-512 (Zen 4) 14x14 runs
+1.1-1.4x (see :data:`WINOGRAD_TILES_PER_WEIGHTS`)."""
 
 # F(2x2, 3x3) (Lavin and Gray): the non-zeros of each row of B^T (4x4), G (4x3), A^T (2x4)
 _BT = (((0, 1), (2, -1)), ((1, 1), (2, 1)), ((1, -1), (2, 1)), ((1, 1), (3, -1)))
@@ -137,17 +148,21 @@ def winograd_applies(geom, dtype: str, input_grad: bool = False) -> bool:
     return shape.ho >= 2 and shape.wo >= 2
 
 
-def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False) -> bool:
+def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False, narrow: bool = False) -> bool:
     """Whether F(2x2, 3x3) is the faster of the two on a layer it applies to: at least
     :data:`WINOGRAD_MIN_CHANNELS` channels each side, :data:`WINOGRAD_MIN_TILES` tiles, and
     :data:`WINOGRAD_TILES_PER_WEIGHTS` tiles per 64 x 64 block of weights (every task reads the
     transformed weights, 16 / 9 of the weights' size); the weight gradient (``filter_grad``) at
-    most :data:`WINOGRAD_DW_MAX_WEIGHTS` weights per tap."""
+    most :data:`WINOGRAD_DW_MAX_WEIGHTS` weights per tap; the forward and dX for a target whose
+    16-lane rows take several registers (``narrow``: AVX2) an even number of tiles a side, at
+    least :data:`WINOGRAD_NARROW_MIN_TILES`."""
     shape = input_grad_shape(geom) if input_grad else forward_shape(geom)
     th, tw = shape.tiles
     tiles = shape.n * th * tw
     weight_blocks = geom.cin * geom.cout / (64 * 64)
     if filter_grad and geom.cin * geom.cout > WINOGRAD_DW_MAX_WEIGHTS:
+        return False
+    if narrow and not filter_grad and not all(side % 2 == 0 and side >= WINOGRAD_NARROW_MIN_TILES for side in (th, tw)):
         return False
     return min(geom.cin, geom.cout) >= WINOGRAD_MIN_CHANNELS and tiles >= max(WINOGRAD_MIN_TILES, WINOGRAD_TILES_PER_WEIGHTS * weight_blocks)
 
