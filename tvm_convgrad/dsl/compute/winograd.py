@@ -20,12 +20,21 @@ stage          shape                                 value
 =============  ====================================  ===============================================
 ``wino_v``     ``(N, TH, Cin/16, TW, 16, 16)``       ``B^T d B`` of tile ``(i, j)``'s window ``d``
                                                      (x rows ``2i - pt ..``, columns ``2j - pl ..``)
-``wino_u``     ``(Cout/16, Cin, 16, 16)``            ``G g G^T`` of each (co, ci) weight (a sum over
-                                                     the 9 taps)
+``wino_u``     ``(Cout/16, 16, Cin, 16)``            ``G g G^T`` of each (co, ci) weight (a sum over
+                                                     the 9 taps), position ``xi`` outside the input
+                                                     channels: see below
 ``wino_m``     ``(N, TH, Cout/16, TW, 16, 16)``      the mad (``Formulation.WINOGRAD``):
-                                                     ``sum_ci wino_v[.., ci, .., xi, :] * wino_u[.., ci, xi, ..]``
+                                                     ``sum_ci wino_v[.., ci, .., xi, :] * wino_u[.., xi, ci, ..]``
 ``wino_y``     ``(N, TH, Cout/16, TW, 2, 2, 16)``    ``A^T m A`` of each tile (+ bias), ``res_dtype``
 =============  ====================================  ===============================================
+
+A GEMM of one position ``xi`` reads ``wino_u[co1, xi, :, :]``, each input channel's 16 Cout lanes
+in turn: one contiguous run (16 KB at 256 channels). With the input channels outside the positions
+(``(Cout/16, Cin, 16, 16)``) the run was 64 B lines 1 KB apart, all in 4 of a 64-set L1's sets, so
+every pass of a register tile over the channels read them again from L2: Zen 3 (AVX2), N=8, dX
+256 -> 256 on 14x14 (7 tiles a row: four tile passes a row) 16.8 -> 10.8 ms, 256 on 16x16 1.31x,
+128 on 14x14 N=32 1.59x, 256 on 7x7 N=32 1.55x, the forward 1.27-1.46x; 8x8 maps (4 tiles a side)
+0.91x, 28x28 and larger 0.95-1.06x.
 
 The output ``(n, h, w, co)`` is ``wino_y[n, h // 2, co // 16, w // 2, h % 2, w % 2, co % 16]``
 (:func:`output_index`): a frontend's result stage reads it there, one to one where ``Ho`` and ``Wo``
@@ -78,14 +87,11 @@ the direct kernel: 256 -> 256 on 14x14 N=4 (12 tiles per block) 1.1-1.4x, N=1 (3
 
 WINOGRAD_NARROW_MIN_TILES = 6
 """On a target whose 16-lane rows take two registers or more (AVX2), fewest 2x2 tiles a side of a
-forward's or dX's output takes Winograd at by choice, an even number each way. Zen 3 (AVX2), N=8
-unless given, F(2x2, 3x3) against the direct kernel, dX / forward: 12x12 (6 tiles a side) 256
-channels 1.43 / 1.50x, 128 1.38x; 20x20 128 1.45x; 24x24 64 1.41x, 128 1.69 / 1.67x; 16x16 64
-1.04-1.11 / 1.00x, 128 1.11x, 256 0.94x; 28x28 and 56x56 1.5-1.7x; but 14x14 (7 tiles a side:
-tasks of one tile row, each reading all the transformed weights) 64 channels 0.75x, 128 0.82 /
-0.84x, N=32 0.90-0.94 / 0.91x, 256 0.68-0.73 / 0.67-0.83x (N=4-32); 8x8 (4 a side) 128 0.84 /
-0.89x; 7x7 (4 a side, an odd output) 256 N=32 0.62-0.74 / 0.65x. On AVX-512 (Zen 4) 14x14 runs
-1.1-1.4x (see :data:`WINOGRAD_TILES_PER_WEIGHTS`)."""
+forward's or dX's output taking Winograd by choice: its tiles' transforms cost more per multiply
+saved there. Zen 3 (AVX2), against the direct kernel, dX / forward: 8x8 maps (4 tiles a side)
+128 channels N=8 0.83 / 0.85x, 7x7 (4, an odd output) 256 N=32 1.04 / 0.94x; 12x12 256 N=8 1.40 /
+1.50x; 14x14 (7) 128 N=8 1.08x, N=32 1.28 / 1.33x, 256 N=8 1.17 / 1.06x, N=4 0.94x; 16x16 256
+N=8 1.22x; 28x28 and 56x56 1.5-1.9x."""
 
 # F(2x2, 3x3) (Lavin and Gray): the non-zeros of each row of B^T (4x4), G (4x3), A^T (2x4)
 _BT = (((0, 1), (2, -1)), ((1, 1), (2, 1)), ((1, -1), (2, 1)), ((1, 1), (3, -1)))
@@ -154,15 +160,15 @@ def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False, nar
     :data:`WINOGRAD_TILES_PER_WEIGHTS` tiles per 64 x 64 block of weights (every task reads the
     transformed weights, 16 / 9 of the weights' size); the weight gradient (``filter_grad``) at
     most :data:`WINOGRAD_DW_MAX_WEIGHTS` weights per tap; the forward and dX for a target whose
-    16-lane rows take several registers (``narrow``: AVX2) an even number of tiles a side, at
-    least :data:`WINOGRAD_NARROW_MIN_TILES`."""
+    16-lane rows take several registers (``narrow``: AVX2) at least
+    :data:`WINOGRAD_NARROW_MIN_TILES` tiles a side."""
     shape = input_grad_shape(geom) if input_grad else forward_shape(geom)
     th, tw = shape.tiles
     tiles = shape.n * th * tw
     weight_blocks = geom.cin * geom.cout / (64 * 64)
     if filter_grad and geom.cin * geom.cout > WINOGRAD_DW_MAX_WEIGHTS:
         return False
-    if narrow and not filter_grad and not all(side % 2 == 0 and side >= WINOGRAD_NARROW_MIN_TILES for side in (th, tw)):
+    if narrow and not filter_grad and min(th, tw) < WINOGRAD_NARROW_MIN_TILES:
         return False
     return min(geom.cin, geom.cout) >= WINOGRAD_MIN_CHANNELS and tiles >= max(WINOGRAD_MIN_TILES, WINOGRAD_TILES_PER_WEIGHTS * weight_blocks)
 
@@ -244,15 +250,15 @@ def winograd_conv(x_at: Callable, w_at: Callable, shape: WinogradShape, bias_at:
     kh = te.reduce_axis((0, 3), name="kh")
     kw = te.reduce_axis((0, 3), name="kw")
 
-    def u_value(co1, ci, xi, co0):  # a sum over the taps, so a schedule can walk the weight tap by tap
+    def u_value(co1, xi, ci, co0):  # a sum over the taps, so a schedule can walk the weight tap by tap
         return te.sum(_g(xi // ALPHA, kh) * _g(xi % ALPHA, kw) * w_at(co1 * C0 + co0, ci, kh, kw), axis=[kh, kw])
 
-    u = te.compute((cout1, shape.cin, ALPHA * ALPHA, C0), u_value, name=WINO_U)
+    u = te.compute((cout1, ALPHA * ALPHA, shape.cin, C0), u_value, name=WINO_U)
     ci1 = te.reduce_axis((0, cin1), name="ci1")
     ci0 = te.reduce_axis((0, C0), name="ci0")
     m = te.compute(
         (shape.n, th, cout1, tw, ALPHA * ALPHA, C0),
-        lambda n, i, co1, j, xi, co0: te.sum(v[n, i, ci1, j, xi, ci0] * u[co1, ci1 * C0 + ci0, xi, co0], axis=[ci1, ci0]),
+        lambda n, i, co1, j, xi, co0: te.sum(v[n, i, ci1, j, xi, ci0] * u[co1, xi, ci1 * C0 + ci0, co0], axis=[ci1, ci0]),
         name=WINO_M, tag=MAD_TAG, attrs={FORMULATION: Formulation.WINOGRAD.value},
     )
 

@@ -101,7 +101,7 @@ class WinogradConv(_Transforms):
         pass, now ~0.2)."""
         sch = self.sch
         self.placed.add(sch.get(u).name_hint)
-        co1, ci, xi, co0, kh, kw = sch.get_loops(u)
+        co1, xi, ci, co0, kh, kw = sch.get_loops(u)
         ci_o, ci_i = sch.split(ci, [None, C0]) if loop_extent(sch, ci) % C0 == 0 else (ci, None)
         inner = [ci_i] if ci_i is not None else []
         sch.reorder(co1, ci_o, kh, kw, *inner, xi, co0)
