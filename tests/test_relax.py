@@ -426,3 +426,28 @@ def test_the_exported_step_bench_runs(capsys):
     assert main(["--batch", "2", "--steps", "1", "--rounds", "1"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("small_resnet N=2") and "inference forward" in line and "PyTorch / ours" in line
+
+
+def test_relax_chooses_winograd_for_the_target_it_builds_for():
+    """``algorithm_for`` gives ``"auto"`` on a CPU, and the choice is the compile target's, not
+    the host's: a 3x3 layer on 8x8 maps (4 tiles a side) runs F(2x2, 3x3) for AVX-512 and the cube
+    for AVX2 (:data:`~tvm_convgrad.dsl.compute.winograd.WINOGRAD_NARROW_MIN_TILES`), its forward
+    and dX alike; the dW by its own rule (128 x 128 weights: the cube)."""
+    from tvm_convgrad import isa_target
+    from tvm_convgrad.frontends.conv2d import Conv2dGradients
+    from tvm_convgrad.relax.forward import forward_func
+    from tvm_convgrad.relax.gradient import gradient_funcs
+
+    gradients = Conv2dGradients((8, 128, 8, 8), (128, 128, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "float32")
+
+    class Call:  # (forward_func reads the call's gradients)
+        pass
+
+    call = Call()
+    call.gradients = gradients
+    for isa, winograd in (("avx512", True), ("avx2", False)):
+        target = isa_target(isa)
+        dx, dw = gradient_funcs(gradients, target)
+        forward = forward_func(call, target)
+        assert ("wino_m" in dx.script()) == winograd and ("wino_m" in forward.script()) == winograd, isa
+        assert "wino_dw" not in dw.script()

@@ -51,8 +51,11 @@ CONV2D = "relax.nn.conv2d"
 
 def forward_func(call: Conv2dCall, target: Target, post_ops: Sequence[PostOp] = ()) -> tvm.tirx.PrimFunc:
     """The forward of ``call`` scheduled for ``target``: ``(x, w, *src1) -> y`` in the call's
-    native layouts, ``post_ops`` applied to each value of y as it is written."""
-    return scheduled_func(call.gradients.forward("conv2d_forward", post_ops=post_ops, algorithm=algorithm_for(target)), target)
+    native layouts, ``post_ops`` applied to each value of y as it is written (``"auto"`` chosen for
+    ``target``, the one in scope)."""
+    with target:
+        y = call.gradients.forward("conv2d_forward", post_ops=post_ops, algorithm=algorithm_for(target))
+    return scheduled_func(y, target)
 
 
 _COMMUTATIVE = {"relax.add": "add", "relax.multiply": "mul", "relax.maximum": "max", "relax.minimum": "min"}

@@ -89,9 +89,11 @@ def _shape(expr: relax.Expr, name: str) -> tuple[int, ...]:
 
 def gradient_funcs(gradients: Conv2dGradients, target: Target) -> tuple[tvm.tirx.PrimFunc, tvm.tirx.PrimFunc]:
     """``(dx, dw)``: the two operators' PrimFuncs, scheduled for ``target`` (dX takes ``(dy, w)``,
-    dW ``(x, dy)``, in the gradients' layouts)."""
+    dW ``(x, dy)``, in the gradients' layouts; ``"auto"`` chooses for ``target``, the one in scope)."""
     algorithm = algorithm_for(target)
-    return scheduled_func(gradients.input_grad(algorithm=algorithm), target), scheduled_func(gradients.weight_grad(algorithm=algorithm), target)
+    with target:
+        dx, dw = gradients.input_grad(algorithm=algorithm), gradients.weight_grad(algorithm=algorithm)
+    return scheduled_func(dx, target), scheduled_func(dw, target)
 
 
 def algorithm_for(target: Target) -> str:
