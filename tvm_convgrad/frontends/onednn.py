@@ -64,7 +64,7 @@ def _filter_grad(op: str, x: te.Tensor, dy: te.Tensor, view: ConvView, data_form
     of the conv view). A bf16 result carries the builder of its bf16-pair form (``bf16_pairs``;
     ``amx``: in the AMX tile plan's layout), which a ``vdpbf16ps`` (AMX) target builds instead."""
     params = view.params(kernel_name)
-    if use_winograd(op, algorithm, view, filter_grad=True):
+    if use_winograd(op, algorithm, view, filter_grad=True, planar=data_format == "NCX"):
         attrs = {"kernel_name": kernel_name, "flops": params.flops, "weights_format": weights_format}
         result = winograd_filter_grad_result(x, dy, view, data_format, weights_format, shape, DIFF_WEIGHTS, attrs)
         return attach(result, params, inputs, FrameworkCall(op, view, data_format, weights_format))

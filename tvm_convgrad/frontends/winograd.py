@@ -31,9 +31,11 @@ from ..params.onednn import algorithm_choice
 __all__ = ["use_winograd", "winograd_data_grad", "winograd_filter_grad_result", "winograd_forward"]
 
 
-def use_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = False, post_ops: Sequence = (), filter_grad: bool = False) -> bool:
+def use_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = False, post_ops: Sequence = (), filter_grad: bool = False,
+                 planar: bool = False) -> bool:  # fmt: skip
     """Whether the forward (``input_grad``: the dX; ``filter_grad``: the dW) of ``view`` runs as
-    F(2x2, 3x3) for ``algorithm`` (a forward with ``post_ops`` keeps the cube)."""
+    F(2x2, 3x3) for ``algorithm`` (a forward with ``post_ops`` keeps the cube; ``planar``: the
+    activations are channel-planar, NCX)."""
     algorithm = algorithm_choice(op, algorithm)
     if algorithm == "direct" or view.rank != 2 or post_ops:
         if algorithm == "winograd":
@@ -44,7 +46,7 @@ def use_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = Fal
     if algorithm == "winograd" and not applies:
         raise ConvGradError(op, "algorithm", algorithm, "applies to float32 3x3 convolutions at stride 1 without dilation or groups, "
                             "pads of at most 2, whole 16-channel blocks and an output of at least 2 x 2")  # fmt: skip
-    return applies and (algorithm == "winograd" or winograd_pays(geom, input_grad, filter_grad, _narrow_vectors()))
+    return applies and (algorithm == "winograd" or winograd_pays(geom, input_grad, filter_grad, _narrow_vectors(), planar))
 
 
 def _narrow_vectors() -> bool:
