@@ -20,9 +20,9 @@ from typing import Sequence
 from tvm import te
 from tvm.target import Target
 
+from ..compile.target import resolve_target
 from ..dsl.compute.winograd import (forward_shape, input_grad_shape, output_index, weight_index, winograd_applies, winograd_conv, winograd_filter_grad,
                                     winograd_pays)
-from ..compile.target import resolve_target
 from ..errors import ConvGradError
 from ..isa import isa_plan
 from ..params.framework import ConvView, split_weights, weights_index

@@ -148,7 +148,8 @@ class PixelLanesInputGrad(CpuMad):
         or the planar forward's ``conv_px``): an image's pixels one axis ``p = j*cols + i``, a tile ``R`` channels x ``V`` vectors of
         consecutive pixels (:func:`.tiles.planar_tile`; the plane's last pixels one narrower tile),
         per ``co`` one dy load per vector (its plane, read where it lies) and one broadcast weight
-        per channel, the tile's ``R`` weights of consecutive steps adjacent (:meth:`_weights_by_tile`). The tasks are an image's channels in groups (as few as give
+        per channel, the tile's ``R`` weights of consecutive steps adjacent (:meth:`_weights_by_tile`).
+        The tasks are an image's channels in groups (as few as give
         :data:`PLANAR_TASKS_PER_CORE` tasks a core), each task's result rows written back in it;
         inside, each pixel tile's dy stays in cache while the group's channel tiles read it.
         Its sizes are no tuning samples (a tunable schedule gets the same tiles, its result a pass
@@ -198,8 +199,8 @@ class PixelLanesInputGrad(CpuMad):
         """The weight pack ``w_t[step, channel, ...]`` (dX: ``(Cout, Cin, KH, KW)``, the forward:
         ``(Cin, Cout)``) laid out ``[channel // r, step, ..., channel % r]``: a tile's ``r``
         broadcasts of every reduction step in one run, the 4-16 KB a tile reads while its dy stays
-        in L1, where channel-major rows put each step's ``r`` weights on a line of its own (a
-        whole weight row apart). ResNet-50's 1x1 dX on 28x28, N=8, Zen 3: 512 -> 256 1.12x, 128 ->
+        in L1, where one row per step put each step's ``r`` weights on a line of its own (a whole
+        row of channels apart). ResNet-50's 1x1 dX on 28x28, N=8, Zen 3: 512 -> 256 1.12x, 128 ->
         512 1.27x, 512 -> 128 1.10x."""
         for pack in producers_named(self.sch, block, [W_T]):
             self.sch.transform_layout(pack, ("write", 0), lambda step, channel, *taps: (channel // r, step, *taps, channel % r))
