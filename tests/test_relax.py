@@ -436,15 +436,10 @@ def test_relax_chooses_winograd_for_the_target_it_builds_for():
     from tvm_convgrad import isa_target
     from tvm_convgrad.frontends.conv2d import Conv2dGradients
     from tvm_convgrad.relax.forward import forward_func
-    from tvm_convgrad.relax.gradient import gradient_funcs
+    from tvm_convgrad.relax.gradient import Conv2dCall, gradient_funcs
 
     gradients = Conv2dGradients((8, 128, 8, 8), (128, 128, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "float32")
-
-    class Call:  # (forward_func reads the call's gradients)
-        pass
-
-    call = Call()
-    call.gradients = gradients
+    call = Conv2dCall(gradients, "NCHW", "OIHW")
     for isa, winograd in (("avx512", True), ("avx2", False)):
         target = isa_target(isa)
         dx, dw = gradient_funcs(gradients, target)
