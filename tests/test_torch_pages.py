@@ -1,6 +1,6 @@
-"""``tvm_convgrad.torch.pages``: the drop-in's large outputs advised onto transparent huge pages
-(the advice read back from the kernel's own record of the mapping, ``/proc/self/smaps``), small
-ones left as ``torch.empty`` makes them, and the gradients unchanged."""
+"""``tvm_convgrad.torch.pages``: the drop-in's large fresh outputs advised onto transparent huge
+pages (the advice read back from the kernel's own record of the mapping, ``/proc/self/smaps``),
+touched or small ones left as ``torch.empty`` makes them, and the gradients unchanged."""
 
 from __future__ import annotations
 
@@ -38,39 +38,52 @@ def _middle(t: "torch.Tensor") -> int:
 
 
 @needs_thp
-def test_a_tensor_glibc_always_maps_is_advised_onto_huge_pages():
-    t = pages.empty((1, 96, 320, 320), torch.float32, torch.channels_last)  # 39.3 MB
-    assert t.is_contiguous(memory_format=torch.channels_last) and t.shape == (1, 96, 320, 320)
+def test_a_fresh_tensor_is_advised_onto_huge_pages():
+    t = pages.empty((4, 96, 640, 640), torch.float32, torch.channels_last)  # 629 MB, never written: no heap piece is that large
+    assert t.is_contiguous(memory_format=torch.channels_last) and t.shape == (4, 96, 640, 640)
     assert _advised(_middle(t))
 
 
-def test_a_smaller_tensor_is_left_as_torch_makes_it(monkeypatch):
+@needs_thp
+def test_memory_already_touched_is_left_alone():
+    t = torch.empty(10 << 20, dtype=torch.uint8)
+    t.fill_(1)  # resident: no faults left to save
+    assert not pages.advise_if_fresh(t) and not _advised(_middle(t))
+    u = torch.empty(10 << 20, dtype=torch.uint8)
+    assert pages.advise_if_fresh(u) == (not pages._resident(-(-u.data_ptr() // pages.HUGE_PAGE) * pages.HUGE_PAGE))
+
+
+def test_only_large_tensors_are_looked_at_and_only_their_whole_extents_advised(monkeypatch):
     advised = []
-    monkeypatch.setattr(pages, "_MADVISE", lambda start, length, advice: advised.append((start, length, advice)) or 0)
-    pages.empty((4, 1024, 1024), torch.float32)  # 16 MB: maybe a reused piece of the heap
+    monkeypatch.setattr(pages, "_LIBC", (lambda start, length, advice: advised.append((start, length, advice)) or 0, lambda *a: 0))
+    pages.empty((1, 1024, 1023), torch.float32)  # just under 4 MB
     assert advised == []
-    t = pages.empty((9, 1024, 1024), torch.float32)  # 36 MB: its whole 2 MB extents
+    t = pages.empty((9, 1024, 1024), torch.float32)  # 36 MB
     ((start, length, advice),) = advised
     assert advice == pages.MADV_HUGEPAGE and start % pages.HUGE_PAGE == 0 and length % pages.HUGE_PAGE == 0
     assert t.data_ptr() <= start < t.data_ptr() + pages.HUGE_PAGE and start + length + pages.HUGE_PAGE > t.data_ptr() + 36 * 2**20
 
 
-@needs_thp
-def test_the_drop_ins_input_gradient_is_written_on_advised_pages(monkeypatch):
-    """dX of a 1x1 convolution: its output on advised pages once it is as large as the bound
-    (lowered here to 4 MB), and equal to PyTorch's."""
-    monkeypatch.setattr(pages, "ALWAYS_MAPPED_BYTES", 4 << 20)
+def test_the_drop_ins_input_gradient_is_allocated_by_pages(monkeypatch):
+    """dX of a 1x1 convolution into a 64 MB output: made by :func:`pages.empty` (on advised pages
+    where it was fresh), and equal to PyTorch's."""
+    looked_at = []
+    advise = pages.advise_if_fresh
+    monkeypatch.setattr(pages, "advise_if_fresh", lambda t: looked_at.append((t.data_ptr(), advise(t))) or looked_at[-1][1])
     torch.manual_seed(0)
-    x = torch.randn(1, 16, 256, 256)
+    x = torch.randn(1, 16, 1024, 1024)
     w = torch.randn(8, 16, 1, 1)
-    dy = torch.randn(1, 8, 256, 256)
+    dy = torch.randn(1, 8, 1024, 1024)
     dx = input_grad(dy, w, list(x.shape), [1, 1], [0, 0, 0, 0], [1, 1], 1, False)
-    assert _advised(_middle(dx))
+    ((address, advised),) = looked_at
+    assert address == dx.data_ptr()
+    if advised:
+        assert _advised(_middle(dx))
     expected = torch.nn.grad.conv2d_input(x.shape, w.double(), dy.double())
     torch.testing.assert_close(dx.double(), expected, rtol=1e-5, atol=1e-4)
 
 
 def test_without_transparent_huge_pages_empty_is_torch_empty(monkeypatch):
-    monkeypatch.setattr(pages, "_MADVISE", None)
+    monkeypatch.setattr(pages, "_LIBC", None)
     t = pages.empty((1, 96, 320, 320), torch.float32)
-    assert t.shape == (1, 96, 320, 320) and not pages.advise_huge_pages(t)
+    assert t.shape == (1, 96, 320, 320) and not pages.advise_if_fresh(t)
