@@ -27,7 +27,6 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
-from . import pages
 from .forward import forward as choose_forward
 from .kernels import CallPlan, as_layout, as_weights, conv_call, empty_weights, is_channels_last, memory_format, plan_for
 
@@ -62,7 +61,7 @@ def _input_grad(plan: CallPlan, grad_output: torch.Tensor, weight: torch.Tensor)
     if plan.taps is not None:
         weight = weight[:, :, plan.taps[0], plan.taps[1]]
     dy, w = _narrow(grad_output), _narrow(weight)
-    out = pages.empty(call.x_shape, dy.dtype, memory_format(call.data_format == "NXC"))
+    out = torch.empty(call.x_shape, dtype=dy.dtype, memory_format=memory_format(call.data_format == "NXC"))
     _run(plan.input_grad, as_layout(out, call), as_layout(dy, call), as_weights(w, call))
     return out if out.dtype == grad_output.dtype else out.to(grad_output.dtype)
 
