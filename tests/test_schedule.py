@@ -428,6 +428,34 @@ def test_a_1x1_weight_gradient_that_cores_cannot_share_by_blocks_sums_each_cores
         assert check_kernel(build(dw, target=target)).ok
 
 
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_a_weight_gradient_chunk_is_cut_to_what_the_cache_holds(isa, monkeypatch):
+    """A dW chunk whose dy and x (all of both, a step's share) would outgrow ``CHUNK_IN_CACHE`` runs
+    fewer steps, down to what the sums take (ResNet-18's channels-last 128 -> 128 3x3 on 14x14 at
+    N=32, Zen 3: chunks of 8 images 18.5 ms, of 2 12.1). Scaled down: 4 images of 32 -> 32 channels
+    on 14x14, NXC: 295 bytes a step (dy 128 read in place, x's padded pack 167), 37 KB of sums; a
+    64 KB budget cuts the 4-image chunk to one image, a budget below the sums' bytes only to them.
+    Exact where the host runs the ISA."""
+    from tvm import te
+
+    from tvm_convgrad.frontends import onednn
+    from tvm_convgrad.schedule.cpu import cube_dw
+
+    target = resolve_target(isa_target(isa, cores=2))
+    chunks, real = [], cube_dw.chunk
+    monkeypatch.setattr(cube_dw, "chunk", lambda *args: chunks.append(real(*args)) or chunks[-1])
+    src, dy = te.placeholder((4, 14, 14, 32), "float32", name="src"), te.placeholder((4, 14, 14, 32), "float32", name="diff_dst")
+    dw = onednn.convolution_backward_weights(src, dy, [3, 3, 32, 32], strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1],
+                                             dilations=[1, 1], data_format="NXC")  # fmt: skip
+    for budget, chunk in ((1 << 40, (4, 14)), (64 << 10, (1, 14)), (8 << 10, (1, 7))):  # (8 KB: 36,864 bytes of sums / 295 = 124 steps)
+        monkeypatch.setattr(cube_dw, "CHUNK_IN_CACHE", budget)
+        chunks.clear()
+        schedule.rule_for(target).apply(Workload.of(dw).prim_func(target), target)
+        assert chunks == [chunk], budget
+    if host_can_run(target):  # (the last budget's chunks: bands of 7 rows)
+        assert check_kernel(build(dw, target=target)).ok
+
+
 @pytest.mark.parametrize("data_format, cin, cout, kernel, stride, dy_packed, x_packed", [
     ("NXC", 32, 64, 1, 1, False, False), ("NXC", 144, 32, 1, 1, False, False), ("NXC", 64, 16, 1, 2, False, False),
     ("NXC", 24, 48, 1, 1, False, True), ("NXC", 256, 64, 1, 1, False, True), ("NXC", 64, 256, 1, 1, True, False),
