@@ -169,6 +169,9 @@ FIXED = {
     # edge), a 3x3 whose dy is read in place (x packed: padding)
     "dw-nxc-1x1-rows-in-place-s2": Case("conv_v2", 2, 32, 48, 1, (9, 7), (5, 4), (1, 1), (2, 2), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
     "dw-nxc-3x3-dy-in-place": Case("conv_v2", 2, 24, 32, 1, (7, 6), (7, 6), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
+    # a dW chunk cut to what the cache holds (cube_dw.CHUNK_IN_CACHE: 8 images' dy and x, 2.6 MB, in chunks of 2): the sums kept
+    # in memory between chunks, a stride 2 with x's padded pack
+    "dw-nxc-chunk-cut": Case("conv_v2", 8, 64, 128, 1, (28, 28), (14, 14), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
     "dx-nxc-1x1-dy-in-place-grouped": Case("data", 2, 48, 40, 2, (5, 6), (5, 6), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
     # streams read in place with prefetches (schedule.cpu.prefetch: tensors of 8 MB or more, the addresses clamped to the tensor's
     # end): a 1x1 dX's NXC dy and a 1x1 forward's NXC src, 9.6 MB each; an NCX 1x1 dX whose 7x7 planes are packed (PLANAR_IN_PLACE_BYTES)
