@@ -166,8 +166,8 @@ class CubeFilterGrad(CpuMad):
         fewer where the chunk's packs (``packed_blocks`` fp32 16-channel blocks per step) would
         outgrow :data:`PACK_IN_CACHE`, and fewer where what it reads (all of dy and x: a step's share
         of the operands the mad reads, a core's part or more) would outgrow :data:`CHUNK_IN_CACHE`
-        -- but not below the steps that read as much as a core's share of the sums, which every
-        chunk loads and stores again; a row at least."""
+        -- but not below the steps that read as many bytes as the sums, which every chunk loads
+        and stores again; a row at least."""
         stmt = self.sch.get(block)
         written = {w.source.name: w.source for w in stmt.writes}
         operands = [r.source for r in stmt.reads if r.source.name not in written]
