@@ -9,7 +9,7 @@ from tvm.target import Target
 from ..dsl.compute.stages import LAYOUT_ADAPTER
 from ..machine import usable_cores
 
-__all__ = ["buffer_bytes", "elements", "inline_layout_stages", "loop_extent", "stage_blocks", "split_loop_kinds", "target_cores"]
+__all__ = ["buffer_bytes", "elements", "inline_layout_stages", "loop_extent", "nbytes", "stage_blocks", "split_loop_kinds", "target_cores"]
 
 
 def loop_extent(sch: s_tir.Schedule, loop) -> int:
@@ -25,10 +25,15 @@ def elements(buffer) -> int:
     return size
 
 
+def nbytes(*buffers) -> int:
+    """Bytes of buffers of static shape, together."""
+    return sum(elements(b) * tvm.DataType(b.dtype).bits // 8 for b in buffers)
+
+
 def buffer_bytes(sch: s_tir.Schedule, stage: str) -> int:
     """Bytes of the buffer a stage writes."""
     (buffer,) = [w.source for w in sch.get(sch.get_sblock(stage)).writes]
-    return elements(buffer) * tvm.DataType(buffer.dtype).bits // 8
+    return nbytes(buffer)
 
 
 def stage_blocks(sch: s_tir.Schedule) -> list[s_tir.schedule.SBlockRV]:

@@ -19,7 +19,7 @@ from tvm import s_tir, tirx
 
 from ...dsl.compute.stages import FMAP_PAD, W_COL, W_CONV
 from ...layout import C0
-from ..common import buffer_bytes, elements, loop_extent
+from ..common import buffer_bytes, loop_extent, nbytes
 from .loops import CpuMad, reads_of, whole_tiles_and_edge
 from .prefetch import prefetch_stream
 from .tiles import ALIASED_TILE_PIXELS, L1_SET_STRIDE, MAX_TILE_PIXELS, divisors, dx_tile, largest_divisor
@@ -216,7 +216,7 @@ class CubeInputGrad(CpuMad):
         group streams all of the input past its weights (``groups x input``), every image all the
         weights past its input (``images x weights``, its input staying in cache)."""
         reads = [r.source for r in self.sch.get(block).reads]
-        input_bytes = sum(elements(b) * tvm.DataType(b.dtype).bits // 8 for b in reads) - weight_bytes
+        input_bytes = nbytes(*reads) - weight_bytes
         return groups > 1 and images > 1 and images * weight_bytes < groups * input_bytes
 
 
@@ -247,7 +247,7 @@ class CubeForward(CubeInputGrad):
         if len(x.shape) != 7:  # (3-D: a plane's windows read several planes, each packed again by every plane's band)
             return super()._band_tasks(block, n, outer, j_o, th, under)
         images, tile_rows, phase_rows = loop_extent(sch, n), loop_extent(sch, j_o), int(x.shape[4])
-        image_bytes = elements(x) * tvm.DataType(x.dtype).bits // 8 // images
+        image_bytes = nbytes(x) // images
         halo = phase_rows - tile_rows * th  # the rows of each stride phase past a band's own (the taps' reach)
 
         def band_bytes(band: int) -> int:
@@ -270,6 +270,6 @@ class CubeForward(CubeInputGrad):
         (x,) = [r.source for r in sch.get(block).reads if r.source.name == FMAP_PAD] or [None]
         if x is None or len(x.shape) != 7 or int(x.shape[2]) * int(x.shape[3]) == 1:
             return 1
-        working = elements(x) * tvm.DataType(x.dtype).bits // 8 // max(1, images) + group_weight_bytes
+        working = nbytes(x) // max(1, images) + group_weight_bytes
         return min(d for d in range(1, blocks + 1) if blocks % d == 0 and (working // d <= X_CHUNK_IN_CACHE or d == blocks))
 

@@ -21,11 +21,9 @@ from run to run. NXC fp32 rows that a pack would only copy are read where they l
 
 from __future__ import annotations
 
-import tvm
-
 from ...dsl.compute.stages import FMAP_L1, GRADS_2_MATRIX, KERNEL_H, KERNEL_W
 from ...layout import C0
-from ..common import elements, loop_extent
+from ..common import loop_extent, nbytes
 from .loops import CpuMad, reads_of, sum_parts
 from .tiles import CHUNK_STEPS, chunk, largest_divisor
 
@@ -171,8 +169,8 @@ class CubeFilterGrad(CpuMad):
         stmt = self.sch.get(block)
         written = {w.source.name: w.source for w in stmt.writes}
         operands = [r.source for r in stmt.reads if r.source.name not in written]
-        step_bytes = max(1, _bytes(*operands) // steps_in_all)
-        steps = max(CHUNK_IN_CACHE, _bytes(*written.values())) // step_bytes
+        step_bytes = max(1, nbytes(*operands) // steps_in_all)
+        steps = max(CHUNK_IN_CACHE, nbytes(*written.values())) // step_bytes
         if PACK_PER_CHUNK:
             steps = min(steps, PACK_IN_CACHE // (packed_blocks * C0 * 4))
         return max(cols, min(CHUNK_STEPS, steps))
@@ -204,7 +202,3 @@ class CubeFilterGrad(CpuMad):
         self.tile_body(rf, loops[2 + len(tiles)])
         sum_parts(sch, block)
 
-
-def _bytes(*buffers) -> int:
-    """Bytes of static-shape buffers, together."""
-    return sum(elements(b) * tvm.DataType(b.dtype).bits // 8 for b in buffers)
