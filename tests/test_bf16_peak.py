@@ -10,7 +10,7 @@ import pytest
 import tvm
 from tvm.target import Target
 
-from tvm_convgrad import ConvGradError
+from tvm_convgrad import ConvGradError, resolve_target
 from tvm_convgrad.isa import X86_TRIPLE, has_bf16_dot, host_can_run
 from tvm_convgrad.tools.bf16_peak import ACCUMULATORS, build_bf16_peak, measure_bf16_peak
 
@@ -37,7 +37,7 @@ def test_a_target_without_avx512_bf16_is_refused(mcpu):
 
 
 def test_the_peak_runs_where_the_host_has_avx512_bf16():
-    target = Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+    target = resolve_target("llvm")
     if not (has_bf16_dot(target) and host_can_run(target)):
         pytest.skip("this host has no AVX512-BF16 (the assembly tests above check the code for such targets)")
     peak = measure_bf16_peak(target, repeat=2, min_repeat_ms=10)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import tvm
 from tvm.target import Target
 
 from tvm_convgrad import ConvGradError, build, isa_target
@@ -208,3 +209,46 @@ def test_fma_peak_kernel_is_register_only(isa):
     memory = [line for line in loop.lines if re.search(r"\(%r\w+\)|\[x\d+", line) and re.search(r"fmadd|fmla|mulps|addps", line)]
     assert not memory, f"the peak loop reads memory: {memory[:3]}"
     assert plan.name == isa and cores == 2
+
+
+def _model_features(mcpu: str) -> set[str]:
+    return set(tvm.target.codegen.llvm_get_cpu_features(Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": mcpu})))
+
+
+@pytest.mark.parametrize(
+    "mcpu, host, mattr",
+    [
+        # a KVM guest on Sapphire Rapids that says model 167: LLVM's rocketlake, the host's BF16 and AMX
+        ("rocketlake", _model_features("rocketlake") | {"avx512bf16", "amx-tile", "amx-bf16"}, ["+avx512bf16", "+amx-tile", "+amx-bf16"]),
+        # a guest that hides AMX from a sapphirerapids model
+        ("sapphirerapids", _model_features("sapphirerapids") - {"amx-tile", "amx-bf16"}, ["-amx-tile", "-amx-bf16"]),
+        ("znver3", _model_features("znver3"), []),
+    ],
+)
+def test_this_cpu_is_its_model_with_the_features_the_host_has(monkeypatch, mcpu, host, mattr):
+    """``"llvm"`` builds for what the host's ``/proc/cpuinfo`` says it has, not only what LLVM's CPU
+    model of it has: a bf16 gradient on a guest that LLVM calls rocketlake still runs on AMX."""
+    from tvm_convgrad import isa, resolve_target
+
+    if "x86" not in tvm.target.codegen.llvm_get_system_triple():
+        pytest.skip("the host's target is made from x86 features; this host is not x86")
+    monkeypatch.setattr(isa, "host_features", lambda: host | {"sse2"})
+    monkeypatch.setattr(tvm.target.codegen, "llvm_get_system_cpu", lambda: mcpu)
+    monkeypatch.delenv("TVM_CONVGRAD_MCPU", raising=False)
+    assert isa.host_mattr(mcpu) == mattr
+    target = resolve_target("llvm")
+    assert str(target.attrs["mcpu"]) == mcpu and list(target.attrs.get("mattr", [])) == mattr
+    plan = isa_plan(target)
+    assert plan.amx_bf16 == ({"amx-tile", "amx-bf16"} <= host) and plan.bf16_dot == ("avx512bf16" in host)
+    assert isa_target("native") == target or str(isa_target("native")) == str(target)
+
+
+def test_this_cpu_target_has_the_hosts_bf16_and_amx():
+    from tvm_convgrad import resolve_target
+    from tvm_convgrad.isa import host_features
+
+    plan, host = isa_plan(resolve_target("llvm")), host_features()
+    if plan.name != "avx512":
+        pytest.skip(f"this host's plan is {plan.name}")
+    assert plan.bf16_dot == ("avx512bf16" in host) and plan.amx_bf16 == ({"amx-tile", "amx-bf16"} <= host)
+    assert host_can_run(resolve_target("llvm"))

@@ -38,7 +38,7 @@ from tvm.target import Target
 from .layout import C0
 
 __all__ = [
-    "BENCH_ISAS", "ISA_MCPU", "IsaPlan", "PLANS", "TORCH_ISA_CAPS", "X86_TRIPLE", "has_amx_bf16", "has_bf16_dot", "host_can_run", "host_features", "isa_plan",
+    "BENCH_ISAS", "ISA_MCPU", "IsaPlan", "PLANS", "TORCH_ISA_CAPS", "X86_TRIPLE", "has_amx_bf16", "has_bf16_dot", "host_can_run", "host_features", "host_mattr", "isa_plan",
     "x86_triple",
 ]  # fmt: skip
 
@@ -171,7 +171,7 @@ def has_bf16_dot(target: Target) -> bool:
 
 # LLVM feature name -> the flag Linux shows in /proc/cpuinfo, where they differ.
 _CPUINFO_NAMES = {"sse4.1": "sse4_1", "sse4.2": "sse4_2", "lzcnt": "abm", "bmi": "bmi1", "avx512bf16": "avx512_bf16", "amx-tile": "amx_tile",
-                  "amx-bf16": "amx_bf16"}  # fmt: skip
+                  "amx-bf16": "amx_bf16", "avx512fp16": "avx512_fp16"}  # fmt: skip
 # Features whose absence on the host would make a target's code fault (illegal instruction).
 _CHECKED_FEATURES = (
     "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512fp16", "avx512bf16", "amx-tile", "amx-bf16", "avx2", "avx", "fma", "f16c",
@@ -189,6 +189,22 @@ def host_features() -> set[str]:
         return _features(Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}))
     names = set(flags)
     return {feature for feature in _CHECKED_FEATURES if _CPUINFO_NAMES.get(feature, feature) in names} | {"sse2"}
+
+
+def host_mattr(mcpu: str) -> list[str]:
+    """The ``mattr`` that makes LLVM's CPU model ``mcpu`` this host: ``+feature`` for each checked
+    feature the host has and the model lacks, ``-feature`` for each the model has and the host lacks.
+
+    A virtual machine may present one CPU model and another's features: a KVM guest on a
+    Sapphire Rapids host that says family 6 model 167 is ``rocketlake`` to LLVM (no AVX512-BF16,
+    no AMX) while its ``/proc/cpuinfo`` lists ``avx512_bf16`` and ``amx_bf16``; a guest may also
+    hide a feature its model has. Empty where the model is the host (or no ``/proc/cpuinfo`` says
+    otherwise)."""
+    model = _features(Target({"kind": "llvm", "mcpu": mcpu})) & set(_CHECKED_FEATURES)
+    host = host_features() & set(_CHECKED_FEATURES)
+    return [f"+{feature}" for feature in _CHECKED_FEATURES if feature in host - model] + [
+        f"-{feature}" for feature in _CHECKED_FEATURES if feature in model - host
+    ]
 
 
 def host_can_run(target: Target) -> bool:

@@ -10,7 +10,7 @@ from tvm.ir.instrument import pass_instrument
 from tvm.target import Target
 
 from ..errors import ConvGradError
-from ..isa import ISA_MCPU, isa_plan, x86_triple
+from ..isa import ISA_MCPU, host_mattr, isa_plan, x86_triple
 from ..machine import usable_cores
 
 __all__ = ["KeepIndexWidth", "isa_target", "pass_context", "resolve_target"]
@@ -36,12 +36,23 @@ def resolve_target(target: str | dict | Target = "llvm") -> Target:
         except Exception as err:  # TVM's own message says which key is wrong
             raise ConvGradError("build", "target", target, f"is not a valid TVM target: {str(err).strip().splitlines()[-1]}") from None
     if target == "llvm":
-        cpu = os.environ.get("TVM_CONVGRAD_MCPU") or tvm.target.codegen.llvm_get_system_cpu()
-        return Target({"kind": "llvm", "mcpu": cpu, "num-cores": usable_cores()})
+        return _this_cpu(usable_cores())
     if target == "cuda":
         return Target({"kind": "cuda", "arch": _cuda_arch()})
     raise ConvGradError("build", "target", target, "must be 'llvm', 'cuda', a target dict or a tvm.target.Target")
 
+
+
+def _this_cpu(cores: int) -> Target:
+    """This CPU as an LLVM target: its model, with the features the host has and the model lacks (or
+    lacks and the model has) as ``mattr`` (:func:`tvm_convgrad.isa.host_mattr`); ``TVM_CONVGRAD_MCPU``
+    names a model to build for as it is, whatever this host has."""
+    mcpu = os.environ.get("TVM_CONVGRAD_MCPU")
+    if mcpu:
+        return Target({"kind": "llvm", "mcpu": mcpu, "num-cores": cores})
+    mcpu = tvm.target.codegen.llvm_get_system_cpu()
+    mattr = host_mattr(mcpu)
+    return Target({"kind": "llvm", "mcpu": mcpu, "num-cores": cores, **({"mattr": mattr} if mattr else {})})
 
 
 def isa_target(isa: str = "native", cores: int | None = None) -> Target:
@@ -50,10 +61,10 @@ def isa_target(isa: str = "native", cores: int | None = None) -> Target:
     tuned for it), else the model of :data:`ISA_MCPU` (e.g. AVX2 = ``haswell`` on an AVX-512
     machine) with an x86-64 triple (x86 code whatever the host: on an AArch64 one it cross-compiles);
     ``cores`` threads (default: every usable core)."""
-    host = resolve_target("llvm")
     cores = cores or usable_cores()
+    host = _this_cpu(cores)
     if isa == "native" or (isa in ISA_MCPU and isa_plan(host).name == isa):
-        return Target({"kind": "llvm", "mcpu": str(host.attrs["mcpu"]), "num-cores": cores})
+        return host
     if isa not in ISA_MCPU:
         raise ConvGradError("isa_target", "isa", isa, f"must be 'native' or one of {sorted(ISA_MCPU)}")
     return Target({"kind": "llvm", "mtriple": x86_triple(), "mcpu": ISA_MCPU[isa], "num-cores": cores})
