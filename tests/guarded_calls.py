@@ -7,7 +7,7 @@ A label names one kernel: ``<variant>:<op>:<index>`` for the ``index``-th random
 
 * ``build``: :func:`tvm_convgrad.build` for this CPU, alternating with the other ISA plans it runs;
 * ``pairs``: the call in bf16, in the bf16-pair form of a ``vdpbf16ps`` target (emulated where
-  this CPU lacks the instruction); ``amx``: a dW in an AMX target's tiles (emulated likewise);
+  this CPU lacks the instruction); ``amx``: a dW or dX in an AMX target's tiles (emulated likewise);
 * ``cuda``: the CUDA schedule emulated on this CPU (:func:`tvm_convgrad.emulate_cuda`);
 
 or ``fixed:<name>`` for a call of :data:`FIXED`. Each kernel runs with every input and its output
@@ -35,7 +35,7 @@ from tvm_convgrad import build, emulate_bf16_dot, emulate_cuda, isa_target  # no
 SEED = 20261126
 VARIANTS = ("build", "pairs", "amx", "cuda")
 PAIR_OPERATORS = ("conv", "conv_v2", "deconv", "data", "data_v1", "fwd")  # the operators that take bf16
-AMX_OPERATORS = ("conv", "conv_v2", "deconv")  # the weight gradients AMX tiles run
+AMX_OPERATORS = ("conv", "conv_v2", "deconv", "data", "data_v1")  # the gradients AMX tiles run
 
 _PADS1 = dict(pads_begin=(1, 1), pads_end=(1, 1), dilations=(1, 1), effective_pads=(1, 1))
 FIXED = {

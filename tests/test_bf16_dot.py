@@ -30,11 +30,11 @@ def _target(mcpu: str) -> Target:
 
 
 def _call(op: str, rank: int = 2, dtype: str = "bfloat16", batch: int = 2, size: int = 9, cin: int = 32, cout: int = 48, kernel: int = 3,
-          stride: int = 1, groups: int = 1):  # fmt: skip
+          stride: int = 1, groups: int = 1, dilation: int = 1, pads: tuple[int, int] = (1, 1)):  # fmt: skip
     """A call of ``op`` (``filters`` / ``transpose`` / ``data`` / ``forward``), NXC, XIO weights."""
     spatial = (size,) * rank
-    out = tuple((s + 2 - kernel) // stride + 1 for s in spatial)
-    attrs = {"strides": [stride] * rank, "pads_begin": [1] * rank, "pads_end": [1] * rank, "dilations": [1] * rank, "groups": groups}
+    out = tuple((s + sum(pads) - dilation * (kernel - 1) - 1) // stride + 1 for s in spatial)
+    attrs = {"strides": [stride] * rank, "pads_begin": [pads[0]] * rank, "pads_end": [pads[1]] * rank, "dilations": [dilation] * rank, "groups": groups}
     x = te.placeholder((batch, *spatial, cin), dtype, name="x")
     dy = te.placeholder((batch, *out, cout), dtype, name="dy")
     if op == "filters":
@@ -50,12 +50,12 @@ def _call(op: str, rank: int = 2, dtype: str = "bfloat16", batch: int = 2, size:
 @pytest.mark.parametrize(
     "mcpu, op, rank",
     [("znver4", op, rank) for op in ("filters", "transpose", "data", "forward") for rank in (1, 2, 3)]
-    + [("sapphirerapids", op, rank) for op in ("data", "forward") for rank in (1, 2, 3)]
-    + [("sapphirerapids", op, 3) for op in ("filters", "transpose")],
+    + [("sapphirerapids", "forward", rank) for rank in (1, 2, 3)]
+    + [("sapphirerapids", op, 3) for op in ("filters", "transpose", "data")],
 )  # fmt: skip
 def test_bf16_mads_run_on_vdpbf16ps_and_no_fp32_fma(mcpu, op, rank):
-    """Every bf16 gradient and the bf16 forward on a vdpbf16ps target; on an AMX one, dX, the
-    forward and the 3-D dW (2-D dW: AMX tiles)."""
+    """Every bf16 gradient and the bf16 forward on a vdpbf16ps target; on an AMX one, the forward
+    and the 3-D gradients (2-D dW and dX: AMX tiles)."""
     kernel = build(_call(op, rank, size=7 if rank == 3 else 9), _target(mcpu))
     assert kernel.formulation == "cube-bf16" and kernel.isa.bf16_dot
     loops = [loop for loop in hot_loops(kernel.source) if loop.dot_lines]
@@ -146,6 +146,17 @@ def test_random_bf16_calls_on_pairs_match_the_reference(op, seed):
     assert check.ok, f"{case!r}: {check}"
 
 
+@pytest.mark.parametrize("op", ["conv", "deconv", "data", "data_v1"])
+@pytest.mark.parametrize("seed", range(4))
+def test_random_bf16_calls_on_amx_tiles_match_the_reference(op, seed):
+    """The AMX tile plan (its arithmetic emulated where the host lacks AMX) over random valid calls:
+    a 2-D gradient on tiles, any other on vdpbf16ps pairs, within the fp32 bound."""
+    case = dataclasses.replace(valid_case(op, np.random.default_rng(3000 + seed)), dtype="bfloat16")
+    kernel = emulate_bf16_dot(valid_result(op, case), amx=True)
+    check = check_kernel(kernel, seed=seed)
+    assert check.ok, f"{case!r}: {check}"
+
+
 def _pair_kernel_and_exact(op: str, **shape):
     result = _call(op, **shape)
     return emulate_bf16_dot(result), build(result)
@@ -202,18 +213,25 @@ AMX_SHAPES = [
     dict(batch=2, size=9, cin=32, cout=48), dict(batch=3, size=13, cin=20, cout=40, stride=2), dict(batch=1, size=8, cin=16, cout=16, kernel=1),
     dict(batch=2, size=40, cin=16, cout=16), dict(batch=2, size=9, cin=32, cout=32, groups=2), dict(rank=1, batch=2, size=37, cin=16, cout=24),
 ]  # fmt: skip
-"""2-D dW (and 1-D, as 2-D with one row): odd widths, strides, a 1x1 kernel (x's even starts only), rows of
-20 pairs (two 10-pair tiles), groups, Cout not a multiple of 16."""
+"""2-D dW and dX (and 1-D, as 2-D with one row): odd widths, strides, a 1x1 kernel (x's even starts only),
+rows of 20 pairs (two 10-pair tiles), groups, Cout not a multiple of 16."""
+AMX_DX_SHAPES = [
+    dict(batch=2, size=14, cin=32, cout=32, dilation=2, pads=(2, 2)), dict(batch=1, size=17, cin=16, cout=48, kernel=5, stride=3, pads=(2, 0)),
+    dict(batch=2, size=9, cin=48, cout=16, kernel=1, stride=2, pads=(0, 0)), dict(batch=1, size=4, cin=32, cout=32, pads=(0, 2)),
+    dict(batch=3, size=7, cin=40, cout=24, groups=2, stride=2, dilation=3, pads=(3, 1)),
+]  # fmt: skip
+"""dX's phases on flat pixel rows: dilation (taps a dy row apart), a 5x5 at stride 3 (phases of 1 and
+2 taps), a strided 1x1 (phases no tap reaches), a map smaller than a tile, groups with dilation."""
 
 
-@pytest.mark.parametrize("op", ["filters", "transpose"])
+@pytest.mark.parametrize("op", ["filters", "transpose", "data"])
 @pytest.mark.parametrize("rank", [1, 2])
-def test_amx_dw_runs_on_tiles(op, rank):
-    """A 2-D bf16 dW for sapphirerapids (any host): every block one tile accumulator over its
+def test_amx_gradients_run_on_tiles(op, rank):
+    """A 2-D bf16 dW or dX for sapphirerapids (any host): every block one tile accumulator over its
     whole reduction: tileloadd x2 + tdpbf16ps per step, one tilestored, no FMA, no vdpbf16ps."""
     target = _target("sapphirerapids")
     assert has_amx_bf16(target) and not has_amx_bf16(_target("znver4"))
-    kernel = build(_call(op, rank, batch=2, size=30, cin=32, cout=32), target)
+    kernel = build(_call(op, rank, batch=2, size=30, cin=32, cout=32, stride=1 + (op == "data")), target)
     source = kernel.source
     assert kernel.formulation == "cube-amx"
     assert source.count("ldtilecfg") >= 1 and source.count("tilestored") >= 1 and source.count("tilerelease") >= 1
@@ -221,8 +239,8 @@ def test_amx_dw_runs_on_tiles(op, rank):
     assert "vdpbf16ps" not in source and fma_instructions(source) == []
 
 
-@pytest.mark.parametrize("op", ["filters", "transpose"])
-@pytest.mark.parametrize("shape", AMX_SHAPES)
+@pytest.mark.parametrize("op, shape", [(op, shape) for op in ("filters", "transpose", "data") for shape in AMX_SHAPES]
+                         + [("data", shape) for shape in AMX_DX_SHAPES])  # fmt: skip
 def test_amx_tiles_match_the_reference(op, shape):
     """The AMX tile plan's kernel (tdpbf16ps's arithmetic, emulated where the host lacks AMX)
     within the fp32 bound."""
@@ -235,7 +253,7 @@ def test_amx_tiles_match_the_reference(op, shape):
 @pytest.mark.skipif(not {"amx-tile", "amx-bf16"} <= host_features(), reason="this CPU has no AMX-BF16 (Sapphire Rapids and later)")
 def test_amx_tiles_on_this_cpu_match_the_reference():
     assert request_amx(), "Linux refused the AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM)"
-    for op in ("filters", "transpose"):
+    for op in ("filters", "transpose", "data"):
         kernel = build(_call(op, batch=2, size=30, cin=32, cout=48))
         assert kernel.formulation == "cube-amx" and kernel.schedule == "default"
         check = check_kernel(kernel, seed=6)

@@ -96,7 +96,7 @@ def emulate_bf16_dot(tensors: te.Tensor | Sequence[te.Tensor], target: str | dic
     pair, odd before even), so the results are the instruction's, on any CPU. ``Kernel.schedule``
     says ``emulated:bf16-dot`` then.
 
-    ``amx``: the kernel an AMX-BF16 target builds (a 2-D dW in AMX tiles,
+    ``amx``: the kernel an AMX-BF16 target builds (a 2-D dW or dX in AMX tiles,
     :mod:`tvm_convgrad.schedule.cpu.amx`), its ``tdpbf16ps`` tiles emulated where ``target`` lacks
     them (:data:`~tvm_convgrad.schedule.cpu.amx_llvm.AMX_EMULATED_LLVM`: even before odd, DAZ,
     FTZ); ``Kernel.schedule`` says ``emulated:amx-bf16`` then."""

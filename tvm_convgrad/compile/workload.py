@@ -48,13 +48,13 @@ class Workload:
 
     def for_target(self, target: Target) -> Workload:
         """The form ``target`` compiles: a bf16 gradient in bf16 pairs where the target has
-        ``vdpbf16ps`` (:func:`tvm_convgrad.isa.has_bf16_dot`), its 2-D dW in AMX tiles where it
+        ``vdpbf16ps`` (:func:`tvm_convgrad.isa.has_bf16_dot`), its 2-D dW and dX in AMX tiles where it
         has AMX-BF16 too (:func:`tvm_convgrad.isa.has_amx_bf16`), else this one as it is."""
         return self.paired(has_amx_bf16(target)) if self.bf16_pairs is not None and has_bf16_dot(target) else self
 
     def paired(self, amx: bool = False) -> Workload:
         """This gradient in its bf16-pair form (the same arguments, a result computed by the
-        pair mads; ``amx``: a dW's in the AMX tile plan's layout); a workload without one (not
+        pair mads; ``amx``: a 2-D dW's or dX's in the AMX tile plan's layout); a workload without one (not
         bf16, or not a framework operator) is returned as it is."""
         if self.bf16_pairs is None:
             return self

@@ -200,15 +200,15 @@ def conv_transpose_backward_weights(
 def _data_grad(op: str, dy: te.Tensor, weights: te.Tensor, view: ConvView, data_format: str, weights_format: str, shape, kernel_name: str,
                bf16_pairs: bool = False, amx: bool = False, algorithm: str = "direct") -> te.Tensor:  # fmt: skip
     """The dX compute between layout stages: ``dy`` and ``weights`` in the framework layouts, the
-    result of ``shape`` in ``data_format``; a bf16 result carries its bf16-pair form (dX has no
-    tile plan: ``amx`` is ignored, an AMX target runs its dX on ``vdpbf16ps``)."""
+    result of ``shape`` in ``data_format``; a bf16 result carries its bf16-pair form (``amx``: a
+    2-D cube dX's phases on AMX tiles), which a ``vdpbf16ps`` (AMX) target builds instead."""
     params = view.params(kernel_name, INPUT_OP)
     attrs = {"kernel_name": kernel_name, "flops": params.flops, "data_format": data_format}
     if use_winograd(op, algorithm, view, input_grad=True):
         result = winograd_data_grad(dy, weights, view, data_format, weights_format, shape, DIFF_SRC, attrs)
         return attach(result, params, (dy, weights), FrameworkCall(op, view, data_format, weights_format))
     fracz = as_fracz(weights, view, weights_format, WEIGHTS_FRACZ)
-    dx = conv2d_backprop_input_compute(fracz, as_5hd(dy, data_format, DY_5HD), params, bf16_pairs=bf16_pairs, planar=data_format == "NCX")
+    dx = conv2d_backprop_input_compute(fracz, as_5hd(dy, data_format, DY_5HD), params, bf16_pairs=bf16_pairs, planar=data_format == "NCX", amx=amx)
     result = data_stage(dx, view, shape, data_format, view.dtype, DIFF_SRC, attrs)
     paired = partial(_data_grad, op, dy, weights, view, data_format, weights_format, shape, kernel_name, True) if _pairs_apply(view, bf16_pairs) else None
     return attach(result, params, (dy, weights), FrameworkCall(op, view, data_format, weights_format), paired)

@@ -58,6 +58,7 @@ from ...layout import C0
 from ...params import ConvGradParams
 from .common import ACC, first_holding, guarded, masked, planar_gemm
 from .depthwise import depthwise, depthwise_input_phases
+from .dx_amx import amx_phases
 from .pairs import pair, pair_dot
 from .phases import (LIVE_TAPS_SPLIT_BELOW, PAIRED_SPLIT_BELOW, AxisPhase, DepthFold, DyWindow, axis_phases, depth_fold, dy_window, live_tap_regions,
                      phase_stage_name, region_grid)
@@ -103,7 +104,8 @@ def planar_pixel_lanes(params: ConvGradParams, dtype: str = ACC) -> bool:
 
 
 def conv2d_backprop_input_compute(
-    filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, bias: te.Tensor | None = None, bf16_pairs: bool = False, planar: bool = False
+    filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, bias: te.Tensor | None = None, bf16_pairs: bool = False, planar: bool = False,
+    amx: bool = False,
 ) -> te.Tensor:
     """dX of TBE's shape ``(N, ceil(Cin,16), H*W, 16)`` from FracZ ``filters`` and 5HD ``dy``
     (3-D: ``(N*D, ..)`` from FracZ_3D and NDC1HWC0 dy, see the module docstring).
@@ -113,7 +115,8 @@ def conv2d_backprop_input_compute(
 
     ``bf16_pairs`` (bf16 inputs on the cube): the packs hold bf16 pairs of Cout lanes and the mads
     sum :func:`.pairs.pair_dot` (``Formulation.CUBE_DX_BF16``), the form a ``vdpbf16ps`` target
-    runs; the depthwise and pixel-lane formulations ignore it."""
+    runs; the depthwise and pixel-lane formulations ignore it. ``amx`` (with ``bf16_pairs``, 2-D cube):
+    each phase one GEMM on flat pixel rows in AMX tiles (``Formulation.CUBE_DX_AMX``, :mod:`.dx_amx`)."""
     g = params.geom
     (sh, sw), (dil_h, dil_w), (pu, _, pl, _) = g.strides, g.dilations, g.pads
     rows = axis_phases(g.h, g.kh, sh, pu, dil_h)
@@ -121,7 +124,8 @@ def conv2d_backprop_input_compute(
     pairs = bf16_pairs and dy.dtype == "bfloat16" and filters.dtype == "bfloat16"
     grid = [(ph, pw) for ph in rows for pw in cols]
     pixel_lanes = pixel_lanes_input_grad(params, planar, dy.dtype)
-    if g.depth is None and not depthwise(params) and not pixel_lanes:  # the 2-D cube: by live-tap regions where they pay
+    tiles = pairs and amx and g.depth is None and not depthwise(params) and not pixel_lanes  # whole phases: a tile costs the same with zeros in it
+    if g.depth is None and not depthwise(params) and not pixel_lanes and not tiles:  # the 2-D cube: by live-tap regions where they pay
         below = PAIRED_SPLIT_BELOW if pairs else LIVE_TAPS_SPLIT_BELOW
         grid = region_grid(live_tap_regions(rows, sh, g.ho, below), cols, live_tap_regions(cols, sw, g.wo, below))
 
@@ -135,6 +139,8 @@ def conv2d_backprop_input_compute(
             phase_mads = depthwise_input_phases
         elif pixel_lanes:
             phase_mads = _pixel_lane_phases
+        elif tiles:
+            phase_mads = amx_phases
         else:
             phase_mads = partial(_cube_phases, pairs=pairs, planar=planar)
         fold = None

@@ -53,8 +53,8 @@ from enum import Enum
 from typing import Iterable
 
 __all__ = [
-    "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "CONV_PX", "READ_IN_PLACE", "X_ROWS", "DIFF_SRC", "DIFF_WEIGHTS", "DST", "SRC_5HD", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
-    "DX_PX", "DY_5HD", "DY_DW", "DY_PACKS", "DY_PAD", "DY_ROWS", "DW_TAG", "DX_TAG", "FMAP_5HD", "FMAP_DW", "FMAP_L1", "FORMULATION", "Formulation",
+    "AMX_STEPS", "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "CONV_PX", "READ_IN_PLACE", "X_ROWS", "DIFF_SRC", "DIFF_WEIGHTS", "DST", "SRC_5HD", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
+    "DX_PX", "DX_AMX", "DY_5HD", "DY_AMX", "W_AMX", "DY_DW", "DY_PACKS", "DY_PAD", "DY_ROWS", "DW_TAG", "DX_TAG", "FMAP_5HD", "FMAP_DW", "FMAP_L1", "FORMULATION", "Formulation",
     "GRADS_2_MATRIX", "GRADS_DW", "KERNEL_H", "KERNEL_W", "LAYOUT_ADAPTER", "LAYOUT_IN_TAG", "LAYOUT_OUT_TAG", "MAD_TAG", "PACK_STAGES", "WEIGHTS_FRACZ", "W_COL", "W_DW", "W_T", "WINO_D", "WINO_DW", "WINO_M", "WINO_U", "WINO_V", "WINO_W", "WINO_Y",
     "X_STEP", "formulation", "phase_firsts", "phase_name", "PHASE_AXES", "FMAP_PAD", "W_CONV", "CONV_CC", "CONV_RES", "CONV_TAG",
 ]  # fmt: skip
@@ -78,6 +78,9 @@ W_DW = "w_dw"
 DX_CC = "dx_cc"
 DX_PX = "dx_px"
 DX_DW = "dx_dw"
+DY_AMX = "dy_amx"  # the AMX tile plan's (:mod:`.dx_amx`)
+W_AMX = "w_amx"
+DX_AMX = "dx_amx"
 C_DDR = "c_ddr"
 # the forward convolution
 FMAP_PAD = "fmap_pad"
@@ -114,14 +117,14 @@ CONV_TAG = "convolution_C"
 MAD_TAG = "mad"
 
 DX_PHASE_PREFIXES = (DX_CC, DX_PX, DX_DW)
-PACK_STAGES = (GRADS_2_MATRIX, FMAP_L1, DY_PAD, W_COL, DY_ROWS, W_T, GRADS_DW, FMAP_DW, DY_DW, W_DW, FMAP_PAD, W_CONV, X_ROWS)
+PACK_STAGES = (GRADS_2_MATRIX, FMAP_L1, DY_PAD, W_COL, DY_ROWS, W_T, GRADS_DW, FMAP_DW, DY_DW, W_DW, FMAP_PAD, W_CONV, X_ROWS, DY_AMX, W_AMX)
 """The stages that cast (and pad) the inputs to fp32: elementwise, read by the mads."""
 DY_PACKS = (DY_PAD, DY_ROWS, DY_DW)
 """dX's packs of dy (every stride phase reads one)."""
 
 ARGUMENT_STAGES = {
     DW_TAG: ((FMAP_L1, FMAP_DW, DW_CC), (GRADS_2_MATRIX, GRADS_DW, DW_CC_T, DW_DW)),
-    DX_TAG: ((W_COL, W_T, W_DW), (DY_PAD, DY_ROWS, DY_DW), (C_DDR,)),  # filters, dy, bias
+    DX_TAG: ((W_COL, W_T, W_DW, W_AMX), (DY_PAD, DY_ROWS, DY_DW, DY_AMX), (C_DDR,)),  # filters, dy, bias
     CONV_TAG: ((FMAP_PAD, CONV_CC, X_ROWS), (W_CONV, W_T), (CONV_RES,)),  # data (read by the mad where it needs no pad), weight, bias
 }
 """Result tag -> per input in TBE argument order, the stages (of any formulation) that read it."""
@@ -135,6 +138,9 @@ PHASE_AXES = "convgrad.phase_axes"
 result's ``H x W`` pixels."""
 KERNEL_H, KERNEL_W = "kernel_h", "kernel_w"
 """Attributes of the dW cube's mad: the kernel's extents (its ``(c1, kh, kw)`` row axis is fused)."""
+AMX_STEPS = "amx_steps"
+"""Attribute of an AMX dX phase's mad: ``[dy_h, dy_w, tap_h, tap_w]``, the flat dy positions and the
+turned weight taps between consecutive taps of its rows and columns (:mod:`.dx_amx`)."""
 X_STEP = "x_step"
 """Attribute of a bf16-pair dW cube mad: the packed x columns between consecutive pair steps (:mod:`.dw_pairs`)."""
 CONVERT_IN_PLACE = "convert_in_place"
@@ -158,6 +164,7 @@ class Formulation(str, Enum):
     CUBE_DW_BF16 = "cube-bf16-dw"  # dW on the cube, bf16 pairs along wo (a vdpbf16ps target's)
     CUBE_DX_BF16 = "cube-bf16-dx"  # dX on the cube, bf16 pairs along Cout (a vdpbf16ps target's)
     CUBE_DW_AMX = "cube-amx-dw"  # dW on the cube, bf16 pairs in AMX tiles (an AMX-BF16 target's)
+    CUBE_DX_AMX = "cube-amx-dx"  # dX on flat pixel rows, bf16 pairs in AMX tiles (an AMX-BF16 target's)
     COUT_LANES = "cout-lanes"  # dW, few input channels: Cout on the lanes
     COUT_LANES_BF16 = "cout-lanes-bf16"  # dW, few input channels, bf16 pairs along wo (a vdpbf16ps target's)
     PIXEL_LANES = "pixel-lanes"  # dX, few input channels: output columns on the lanes

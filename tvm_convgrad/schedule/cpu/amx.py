@@ -35,7 +35,7 @@ from .amx_llvm import AMX_DW, amx_llvm
 from .loops import CpuMad
 from .tiles import largest_divisor
 
-__all__ = ["AMX_PAIRS_PER_ROW", "AmxFilterGrad", "amx_intrin", "request_amx"]
+__all__ = ["AMX_PAIRS_PER_ROW", "AmxFilterGrad", "amx_intrin", "pair_dot_source", "request_amx"]
 
 AMX_PAIRS_PER_ROW = 16  # a tile row is 64 bytes: 16 bf16 pairs
 
@@ -79,6 +79,13 @@ def amx_intrin(images: int, rows: int, pairs: int, x_step: int) -> str:
 _REGISTERED: set[str] = set()
 
 
+def pair_dot_source(x: str, y: str) -> str:
+    """TVMScript of :func:`~tvm_convgrad.dsl.compute.pairs.pair_dot` of two pair words ``x`` and
+    ``y`` (expressions), for a tensor intrinsic's description."""
+    return (f'T.reinterpret("float32", {x} << T.uint32(16)) * T.reinterpret("float32", {y} << T.uint32(16)) + '
+            f'T.reinterpret("float32", {x} & T.uint32(4294901760)) * T.reinterpret("float32", {y} & T.uint32(4294901760))')  # fmt: skip
+
+
 def _desc_source(images: int, rows: int, pairs: int, x_step: int, span: int) -> str:
     """The intrinsic's description: the mad's sum of ``pair_dot`` over one 16 x 16 block, with the
     reduction axes of extent 1 left out as the mad's block leaves them out."""
@@ -92,9 +99,7 @@ def _desc_source(images: int, rows: int, pairs: int, x_step: int, span: int) -> 
     bound = ", ".join(["i", "j", *axes])
     b_at = f"b[{at['n']}, 0, 0, 0, {at['h']}, {at['p']} * {x_step}, vj]"
     a_at = f"a[{at['n']}, 0, {at['h']}, vi, {at['p']}]"
-    x, y = b_at, a_at
-    product = (f'T.reinterpret("float32", {x} << T.uint32(16)) * T.reinterpret("float32", {y} << T.uint32(16)) + '
-               f'T.reinterpret("float32", {x} & T.uint32(4294901760)) * T.reinterpret("float32", {y} & T.uint32(4294901760))')  # fmt: skip
+    product = pair_dot_source(b_at, a_at)
     return f"""
 # from tvm.script import tirx as T
 @T.prim_func(s_tir=True)

@@ -7,7 +7,8 @@
 
 ``A`` is dy's pairs (16 rows of ``k`` words: Cout lane ``i``'s pairs along ``wo``, :mod:`.dw_pairs`
 of the compute), ``B`` x's pairs (``k`` rows of 16 words, one per Cin lane), ``C`` the tile
-(16 rows of 64 bytes). The loops and the addressing are one skeleton (:func:`_skeleton`) with two
+(16 rows of 64 bytes). dX on tiles (:mod:`.amx_dx`) calls the same helper for a block of 16 flat
+pixels x 16 Cin: its two outer loops walk the taps (``A`` 16 pixels of dy, ``B`` the tap's weights). The loops and the addressing are one skeleton (:func:`_skeleton`) with two
 bodies: :data:`AMX_LLVM` (``tilezero``, ``tileloadd`` of ``A`` (16 x 4k bytes) and ``B`` (k x 64
 bytes), ``tdpbf16ps``, one ``tilestored``: LLVM's ``.internal`` intrinsics, whose tile
 configuration (``ldtilecfg``) LLVM writes itself), and :data:`AMX_EMULATED_LLVM` (the same

@@ -18,6 +18,7 @@ cube dX                ``dx_cc_<rh>_<rw>``            :class:`.cube.CubeInputGra
 cube dW, bf16 pairs    ``dw_cc``                      :class:`.bf16.PairedFilterGrad` (``vdpbf16ps``)
 cube dX, bf16 pairs    ``dx_cc_<rh>_<rw>``            :class:`.bf16.PairedInputGrad` (``vdpbf16ps``)
 cube dW, AMX tiles     ``dw_cc``                      :class:`.amx.AmxFilterGrad` (``tdpbf16ps``)
+cube dX, AMX tiles     ``dx_amx_<rh>_<rw>``           :class:`.amx_dx.AmxInputGrad` (``tdpbf16ps``)
 Cout on the lanes      ``dw_cc_t``                    :class:`.lanes.CoutLanesFilterGrad`
 Cout on the lanes,     ``dw_cc_t``                    :class:`.bf16.PairedCoutLanesFilterGrad` (``vdpbf16ps``)
 bf16 pairs
@@ -55,6 +56,7 @@ from ...isa import IsaPlan, isa_plan
 from ..base import Config, Rule, mads
 from ..common import inline_layout_stages, stage_blocks, target_cores
 from .amx import AmxFilterGrad
+from .amx_dx import AmxInputGrad
 from .bf16 import PairedCoutLanesFilterGrad, PairedFilterGrad, PairedForward, PairedInputGrad
 from .cube import CubeForward, CubeInputGrad
 from .cube_dw import CubeFilterGrad
@@ -73,6 +75,7 @@ FORMULATIONS: dict[Formulation, type[CpuMad]] = {
     Formulation.CUBE_DW_BF16: PairedFilterGrad,
     Formulation.CUBE_DX_BF16: PairedInputGrad,
     Formulation.CUBE_DW_AMX: AmxFilterGrad,
+    Formulation.CUBE_DX_AMX: AmxInputGrad,
     Formulation.COUT_LANES: CoutLanesFilterGrad,
     Formulation.COUT_LANES_BF16: PairedCoutLanesFilterGrad,
     Formulation.PIXEL_LANES: PixelLanesInputGrad,
