@@ -24,7 +24,7 @@ from tvm.target import Target
 from .. import schedule
 from ..isa import host_can_run
 from ..schedule.cpu.amx import request_amx
-from ..schedule.cpu.prefetch import lower_prefetches
+from ..schedule.cpu.marks import lower_marks
 from .kernel import Kernel
 from .records import SHIPPED, database_folder, shipped_schedules, tuned_schedule
 from .target import pass_context, resolve_target
@@ -46,7 +46,7 @@ def lower(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target 
     workload = Workload.of(tensors)
     workload = workload.for_target(target) if bf16_dot else workload
     sch = schedule.apply(workload.prim_func(target), target)
-    return lower_prefetches(tvm.IRModule({workload.name: sch.mod["main"]}))
+    return lower_marks(tvm.IRModule({workload.name: sch.mod["main"]}))
 
 
 CACHED_KERNELS = 256
@@ -103,7 +103,7 @@ def build(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target 
     if kernel is not None:
         return kernel
     sch, how = _schedule(func, target, schedules)
-    mod = lower_prefetches(tvm.IRModule({name: sch.mod["main"]}))
+    mod = lower_marks(tvm.IRModule({name: sch.mod["main"]}))
     with pass_context(target):
         executable = tvm.compile(mod, target=target)
     kernel = Kernel(executable, mod, workload, target, how)

@@ -12,7 +12,7 @@ import tvm
 from tvm import s_tir, te, tirx
 from tvm.target import Target
 
-from ..schedule.cpu.prefetch import lower_prefetches
+from ..schedule.cpu.marks import lower_marks
 from .. import schedule
 from ..errors import ConvGradError
 from ..isa import has_amx_bf16, has_bf16_dot, host_can_run
@@ -107,7 +107,7 @@ def emulate_bf16_dot(tensors: te.Tensor | Sequence[te.Tensor], target: str | dic
     if workload.bf16_pairs is None:
         raise ConvGradError("emulate_bf16_dot", "tensors", workload.name, "must be a bf16 result of a tvm_convgrad.frontends operator")
     paired = workload.paired(amx)
-    mod = lower_prefetches(tvm.IRModule({paired.name: schedule.apply(paired.prim_func(host), host).mod["main"]}))
+    mod = lower_marks(tvm.IRModule({paired.name: schedule.apply(paired.prim_func(host), host).mod["main"]}))
     with pass_context(host):
         executable = tvm.compile(mod, target=host)
     if amx:

@@ -18,7 +18,7 @@ from tvm.target import Target
 from ..compile import pass_context
 from ..compile.ptxas import ptx_of, ptxas_report, spilled, target_arch
 from ..errors import ConvGradError
-from ..schedule.cpu.prefetch import lower_prefetches
+from ..schedule.cpu.marks import lower_marks
 
 __all__ = ["BUILD_TIMEOUT_S", "RPC_URL", "RUN_TIMEOUT_S", "SPILLS", "compile_candidate", "compile_schedule", "local_builder", "measure", "release", "runner_from", "use_every_core"]
 
@@ -36,7 +36,7 @@ def compile_schedule(mod: tvm.IRModule, target: Target, _params=None):
     not import every tensor intrinsic as MetaSchedule's default does (about a minute per
     builder process on a small machine)."""
     with pass_context(target):
-        return tvm.compile(lower_prefetches(mod), target=target).mod
+        return tvm.compile(lower_marks(mod), target=target).mod
 
 
 def compile_candidate(mod: tvm.IRModule, target: Target, _params=None):

@@ -42,10 +42,12 @@ from .pairs import pair, pair_dot
 from .phases import AxisPhase, DyWindow, phase_stage_name
 from .stages import AMX_STEPS, DX_AMX, DY_AMX, FORMULATION, MAD_TAG, PHASE_AXES, W_AMX, Formulation
 
-__all__ = ["AMX_TILE_ROWS", "AmxPhase", "amx_phases"]
+__all__ = ["AMX_TILE_ROWS", "PAIRED_TILES_FROM", "AmxPhase", "amx_phases"]
 
 AMX_TILE_ROWS = 16
 """Pixels of one ``C`` tile (an AMX tile's 16 rows)."""
+PAIRED_TILES_FROM = 8
+"""A phase of at least this many pixel tiles computes an even number of them (at most one more)."""
 
 
 @dataclass(frozen=True)
@@ -90,9 +92,10 @@ class AmxPhase:
 
     @property
     def pixels(self) -> int:
-        """Flat pixels computed: up to the last output, rounded up to whole tiles."""
-        last = (self.rows.count - 1) * self.pitch + self.cols.count
-        return -(-last // AMX_TILE_ROWS) * AMX_TILE_ROWS
+        """Flat pixels computed: up to the last output, rounded up to whole tiles, and to an even
+        number of them from :data:`PAIRED_TILES_FROM` on (the schedule takes two at a time)."""
+        tiles = -(-((self.rows.count - 1) * self.pitch + self.cols.count) // AMX_TILE_ROWS)
+        return (tiles + (tiles % 2 and tiles >= PAIRED_TILES_FROM)) * AMX_TILE_ROWS
 
     @property
     def reach(self) -> int:
@@ -143,7 +146,7 @@ def amx_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, grid, 
 
         return te.compute((g.batch, g.c1_x, phase.pixels, C0), mad, name=phase_stage_name(phase.rows, phase.cols, DX_AMX), tag=MAD_TAG,
                           attrs={FORMULATION: Formulation.CUBE_DX_AMX.value, PHASE_AXES: [*g.strides, g.h, g.w],
-                                 AMX_STEPS: [phase.dy_h, phase.dy_w, phase.rows.tap_step, phase.cols.tap_step]})  # fmt: skip
+                                 AMX_STEPS: [phase.dy_h, phase.dy_w, phase.rows.tap_step, phase.cols.tap_step, int(ext.g_extend > 1)]})  # fmt: skip
 
     found = [(phase.rows, phase.cols, phase_mad(phase)) for phase in phases]
     flat = {mad.op.name: phase for phase, (_, _, mad) in zip(phases, found)}

@@ -139,8 +139,9 @@ result's ``H x W`` pixels."""
 KERNEL_H, KERNEL_W = "kernel_h", "kernel_w"
 """Attributes of the dW cube's mad: the kernel's extents (its ``(c1, kh, kw)`` row axis is fused)."""
 AMX_STEPS = "amx_steps"
-"""Attribute of an AMX dX phase's mad: ``[dy_h, dy_w, tap_h, tap_w]``, the flat dy positions and the
-turned weight taps between consecutive taps of its rows and columns (:mod:`.dx_amx`)."""
+"""Attribute of an AMX dX phase's mad: ``[dy_h, dy_w, tap_h, tap_w, grouped]``, the flat dy positions
+and the turned weight taps between consecutive taps of its rows and columns (:mod:`.dx_amx`), and
+whether its channel blocks belong to more than one group."""
 X_STEP = "x_step"
 """Attribute of a bf16-pair dW cube mad: the packed x columns between consecutive pair steps (:mod:`.dw_pairs`)."""
 CONVERT_IN_PLACE = "convert_in_place"

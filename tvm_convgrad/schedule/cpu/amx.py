@@ -27,29 +27,33 @@ from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
 from ...dsl.compute.pairs import PAIR_DTYPE, pair_dot
-from ...dsl.compute.stages import X_STEP
+from ...dsl.compute.stages import FMAP_L1, GRADS_2_MATRIX, X_STEP
 from ...layout import C0
 from ...tvmscript import fast_tvmscript
-from ..common import loop_extent
-from .amx_llvm import AMX_DW, amx_llvm
+from ..common import elements, loop_extent
+from .amx_llvm import amx_helper, amx_llvm
 from .loops import CpuMad
+from .marks import OVERWRITES
 from .tiles import largest_divisor
 
-__all__ = ["AMX_PAIRS_PER_ROW", "AmxFilterGrad", "amx_intrin", "pair_dot_source", "request_amx"]
+__all__ = ["AMX_PAIRS_PER_ROW", "CHUNK_BYTES", "AmxFilterGrad", "amx_intrin", "pair_dot_source", "request_amx"]
 
 AMX_PAIRS_PER_ROW = 16  # a tile row is 64 bytes: 16 bf16 pairs
+CHUNK_BYTES = 768 * 1024
+"""The dy and x a dW task reads per chunk of its reduction: every tap of the chunk reads them again."""
 
 
-def amx_intrin(images: int, rows: int, pairs: int, x_step: int) -> str:
-    """The name of the tensor intrinsic (registered on first use) of one block's reduction:
-    ``images x rows x pairs`` steps, x's pair ``p`` at packed column ``p * x_step``."""
-    name = f"tvm_convgrad.amx_dw_{images}x{rows}x{pairs}x{x_step}"
+def amx_intrin(images: int, rows: int, pairs: int, x_step: int, ma: int = 1, accumulate: bool = False) -> str:
+    """The name of the tensor intrinsic (registered on first use) of ``ma`` Cout blocks' reduction
+    with one Cin block: ``images x rows x pairs`` steps, x's pair ``p`` at packed column ``p * x_step``
+    (``accumulate``: a chunk of the reduction, added to the blocks' sums)."""
+    name = f"tvm_convgrad.amx_dw_{ma}_{images}x{rows}x{pairs}x{x_step}" + ("_acc" if accumulate else "")
     if name in _REGISTERED:
         return name
     span = (pairs - 1) * x_step + 1
     k = largest_divisor(pairs, AMX_PAIRS_PER_ROW)
-    a_shape, b_shape = (images, 1, rows, C0, pairs), (images, 1, 1, 1, rows, span, C0)  # as the mad's regions (a match drops leading dims only)
-    desc = tvm.script.from_source(_desc_source(images, rows, pairs, x_step, span))
+    a_shape, b_shape = (images, ma, rows, C0, pairs), (images, 1, 1, 1, rows, span, C0)  # as the mad's regions (a match drops leading dims only)
+    desc = tvm.script.from_source(_desc_source(images, rows, pairs, x_step, span, ma))
 
     with fast_tvmscript():  # the decorator's source lookup without scanning sys.modules
         @T.prim_func(s_tir=True)
@@ -59,15 +63,16 @@ def amx_intrin(images: int, rows: int, pairs: int, x_step: int) -> str:
             sc0 = T.int64()
             a = T.match_buffer(a_h, a_shape, PAIR_DTYPE, offset_factor=1, strides=[sa0, sa1, sa2, sa3, 1])
             b = T.match_buffer(b_h, b_shape, PAIR_DTYPE, offset_factor=1, strides=[sb0, sb1, sb2, sb3, sb4, sb5, 1])
-            c = T.match_buffer(c_h, (C0, C0), "float32", offset_factor=1, strides=[sc0, 1])
+            c = T.match_buffer(c_h, (ma * C0, C0), "float32", offset_factor=1, strides=[sc0, 1])
             with T.sblock("root"):
-                T.reads(b[0:images, 0, 0, 0, 0:rows, 0:span, 0:C0], a[0:images, 0, 0:rows, 0:C0, 0:pairs])
-                T.writes(c[0:C0, 0:C0])
+                T.reads(b[0:images, 0, 0, 0, 0:rows, 0:span, 0:C0], a[0:images, 0:ma, 0:rows, 0:C0, 0:pairs])
+                T.writes(c[0 : ma * C0, 0:C0])
                 T.evaluate(
                     T.call_extern(
-                        "int32", AMX_DW, c.access_ptr("w"), a.access_ptr("r"), b.access_ptr("r"),
+                        "int32", amx_helper(ma, 1, accumulate), c.access_ptr("rw" if accumulate else "w"), a.access_ptr("r"), b.access_ptr("r"),
                         T.int64(images), T.int64(rows), T.int64(pairs // k), T.int64(k),
                         sa0 * 4, sa2 * 4, sa3 * 4, sb0 * 4, sb4 * 4, sb5 * 4 * x_step, sc0 * 4,
+                        sa1 * 4, T.int64(0), sc0 * 4 * C0, T.int64(0), T.int64(1), T.int64(0), T.int64(0),
                     )  # fmt: skip
                 )
 
@@ -86,36 +91,39 @@ def pair_dot_source(x: str, y: str) -> str:
             f'T.reinterpret("float32", {x} & T.uint32(4294901760)) * T.reinterpret("float32", {y} & T.uint32(4294901760))')  # fmt: skip
 
 
-def _desc_source(images: int, rows: int, pairs: int, x_step: int, span: int) -> str:
-    """The intrinsic's description: the mad's sum of ``pair_dot`` over one 16 x 16 block, with the
-    reduction axes of extent 1 left out as the mad's block leaves them out."""
+def _desc_source(images: int, rows: int, pairs: int, x_step: int, span: int, ma: int) -> str:
+    """The intrinsic's description: the mad's sum of ``pair_dot`` over ``ma`` 16 x 16 blocks, with the
+    reduction axes of extent 1 (and a single Cout block) left out as the mad's block leaves them out."""
     reduction = (("n", images), ("h", rows), ("p", pairs))
     axes = [name for name, extent in reduction if extent > 1]  # (the mad's loops keep them all)
     at = {name: (f"v{name}" if extent > 1 else "0") for name, extent in reduction}
-    loops = ", ".join(["i", "j", *(name for name, _ in reduction)])
-    extents = ", ".join(["16", "16", *(str(extent) for _, extent in reduction)])
-    kinds = "SS" + "R" * len(axes)
-    values = ", ".join(["vi", "vj", *(f"v{name}" for name in axes)])
-    bound = ", ".join(["i", "j", *axes])
+    loops = ", ".join([*(["ci"] if ma > 1 else []), "i", "j", *(name for name, _ in reduction)])
+    extents = ", ".join([*([str(ma)] if ma > 1 else []), "16", "16", *(str(extent) for _, extent in reduction)])
+    extent = dict(reduction)
+    bindings = "\n                ".join(  # one Cout iterator, as the mad's
+        [f"vco = T.axis.spatial({ma * 16}, {'ci * 16 + i' if ma > 1 else 'i'})", "vj = T.axis.spatial(16, j)"]
+        + [f"v{name} = T.axis.reduce({extent[name]}, {name})" for name in axes]
+    )
     b_at = f"b[{at['n']}, 0, 0, 0, {at['h']}, {at['p']} * {x_step}, vj]"
-    a_at = f"a[{at['n']}, 0, {at['h']}, vi, {at['p']}]"
+    a_at = f"a[{at['n']}, vco // 16, {at['h']}, vco % 16, {at['p']}]" if ma > 1 else f"a[{at['n']}, 0, {at['h']}, vco, {at['p']}]"
+    c_at = "c[vco, vj]"
     product = pair_dot_source(b_at, a_at)
     return f"""
 # from tvm.script import tirx as T
 @T.prim_func(s_tir=True)
-def desc(a: T.Buffer(({images}, 1, {rows}, 16, {pairs}), "uint32", offset_factor=1), b: T.Buffer(({images}, 1, 1, 1, {rows}, {span}, 16), "uint32", offset_factor=1),
-         c: T.Buffer((16, 16), "float32", offset_factor=1)):
+def desc(a: T.Buffer(({images}, {ma}, {rows}, 16, {pairs}), "uint32", offset_factor=1), b: T.Buffer(({images}, 1, 1, 1, {rows}, {span}, 16), "uint32", offset_factor=1),
+         c: T.Buffer(({ma * 16}, 16), "float32", offset_factor=1)):
     with T.sblock("root"):
-        T.reads(b[0:{images}, 0, 0, 0, 0:{rows}, 0:{span}, 0:16], a[0:{images}, 0, 0:{rows}, 0:16, 0:{pairs}])
-        T.writes(c[0:16, 0:16])
+        T.reads(b[0:{images}, 0, 0, 0, 0:{rows}, 0:{span}, 0:16], a[0:{images}, 0:{ma}, 0:{rows}, 0:16, 0:{pairs}])
+        T.writes(c[0:{ma * 16}, 0:16])
         for {loops} in T.grid({extents}):
             with T.sblock("update"):
-                {values} = T.axis.remap("{kinds}", [{bound}])
-                T.reads(c[vi, vj], {b_at}, {a_at})
-                T.writes(c[vi, vj])
+                {bindings}
+                T.reads({c_at}, {b_at}, {a_at})
+                T.writes({c_at})
                 with T.init():
-                    c[vi, vj] = T.float32(0)
-                c[vi, vj] = c[vi, vj] + ({product})
+                    {c_at} = T.float32(0)
+                {c_at} = {c_at} + ({product})
 """
 
 
@@ -123,20 +131,45 @@ class AmxFilterGrad(CpuMad):
     """dW on AMX tiles (``dw_cc``, ``Formulation.CUBE_DW_AMX``)."""
 
     def schedule(self, block):
-        """Every ``(g, co1, c1, kh, kw)`` block a parallel task; inside it the 16 x 16 tile and
-        its whole reduction, one call of the AMX helper."""
+        """Every ``(g, ma Cout blocks, c1)`` a parallel task (two Cout blocks where a group has an
+        even number: two accumulators sharing each x tile) that walks its reduction in chunks of
+        images whose dy and x stay in cache (:meth:`_images_per_chunk`), every tap of a chunk in
+        turn, each one call of the AMX helper (the first chunk's writing the sums, the others'
+        adding to them); with fewer such tasks than twice the cores, every tap a task of its own."""
         sch = self.sch
         attrs = sch.get(block).annotations
         kh, kw, x_step = (int(attrs[key]) for key in ("kernel_h", "kernel_w", X_STEP))
         g, fkk, co, c0, n, ho, wo = sch.get_loops(block)
         c1, tap_h, tap_w = sch.split(fkk, [None, kh, kw])
-        co1, co0 = sch.split(co, [None, C0])
-        sch.reorder(g, co1, c1, tap_h, tap_w, co0, c0, n, ho, wo)
-        task = sch.fuse(g, co1, c1, tap_h, tap_w)
+        ma = 2 if loop_extent(sch, co) % (2 * C0) == 0 else 1
+        co1, blocks, co0 = sch.split(co, [None, ma, C0])
+        images = loop_extent(sch, n)
+        chunk = self._images_per_chunk(block, images, ma)
+        chunks, n_in = sch.split(n, [None, chunk])
+        tasks = loop_extent(sch, g) * loop_extent(sch, co1) * loop_extent(sch, c1)
+        if tasks >= 2 * self.cores:  # a chunk's dy and x read by every tap while in cache
+            sch.reorder(g, co1, c1, chunks, tap_h, tap_w, blocks, co0, c0, n_in, ho, wo)
+            task = sch.fuse(g, co1, c1)
+        else:
+            sch.reorder(g, co1, c1, tap_h, tap_w, chunks, blocks, co0, c0, n_in, ho, wo)
+            task = sch.fuse(g, co1, c1, tap_h, tap_w)
         sch.parallel(task)
-        sch.annotate(task, "pragma_import_llvm", amx_llvm(self.config.plan.amx_bf16))
-        intrin = amx_intrin(loop_extent(sch, n), loop_extent(sch, ho), loop_extent(sch, wo), x_step)
-        sch.tensorize(co0, intrin)
+        accumulate = chunk < images
+        sch.annotate(task, "pragma_import_llvm", amx_llvm(self.config.plan.amx_bf16, ma, 1, accumulate))
+        intrin = amx_intrin(chunk, loop_extent(sch, ho), loop_extent(sch, wo), x_step, ma, accumulate)
+        tiled = sch.blockize(blocks if ma > 1 else co0)
+        if not accumulate:
+            sch.annotate(tiled, OVERWRITES, 1)  # the helper writes every tile: no zeros before it (.marks)
+        sch.tensorize(tiled, intrin)
+
+    def _images_per_chunk(self, block, images: int, ma: int) -> int:
+        """The most images (a divisor of the batch) whose dy of ``ma`` Cout blocks and x of one Cin
+        block a task reads take at most :data:`CHUNK_BYTES` (at least one image)."""
+        stmt = self.sch.get(block)
+        (dy,) = [r.source for r in stmt.reads if r.source.name == GRADS_2_MATRIX]
+        (x,) = [r.source for r in stmt.reads if r.source.name == FMAP_L1]
+        per_image = 4 * (ma * elements(dy) // (int(dy.shape[0]) * int(dy.shape[1])) + elements(x) // (int(x.shape[0]) * int(x.shape[1])))
+        return max([d for d in range(1, images + 1) if images % d == 0 and d * per_image <= CHUNK_BYTES] or [1])
 
 
 _ARCH_REQ_XCOMP_PERM = 0x1023

@@ -1,17 +1,20 @@
-"""bf16 dX on AMX-BF16 tiles: each 16-pixel x 16-channel block of a phase one ``tdpbf16ps`` accumulator.
+"""bf16 dX on AMX-BF16 tiles: blocks of 16 pixels x 16 channels of a phase, each a ``tdpbf16ps`` accumulator.
 
 On a target whose plan has ``amx_bf16`` a 2-D bf16 dX on the cube is built in the AMX tile plan
 (``Formulation.CUBE_DX_AMX``, :mod:`tvm_convgrad.dsl.compute.dx_amx`): each stride phase a GEMM on
 flat pixel rows, ``dx_amx[n, c1, q, c0]`` summing ``pair_dot`` over its taps ``(t_h, t_w)`` and Cout
-pairs ``p``. Every ``(n, c1, 16 pixels)`` block is a task; its whole reduction is tensorized into
-one call of the AMX helper (:data:`.amx_llvm.AMX_DW`, the dW's: the helper's two outer loops walk
-the taps here, its inner one the Cout pairs in tiles of ``k``), the fp32 accumulator a tile
-register from ``tilezero`` to ``tilestored``: ``A`` is 16 flat pixels of dy at one tap (rows a dy
-pixel apart), ``B`` ``k`` pair rows of that tap's weights. The tensor intrinsic is made per
-workload (:func:`amx_dx_intrin`); its description is the mad's own sum, so the two cannot disagree.
+pairs ``p``. A task is ``ma`` tiles of 16 pixels x ``nb`` channel blocks of one image (2 x 2 where
+both divide: four accumulators in the eight tile registers, each ``A`` tile (16 pixels of dy at a
+tap) read by ``nb`` multiplies and each ``B`` tile (that tap's weights) by ``ma``); its whole
+reduction is tensorized into one call of an AMX helper (:mod:`.amx_llvm`, the dW's: the helper's
+two outer loops walk the taps, its inner one the Cout pairs in tiles of ``k``), each accumulator a
+tile register from ``tilezero`` to ``tilestored``. The tensor intrinsic is made per workload
+(:func:`amx_dx_intrin`); its description is the mad's own sum, so the two cannot disagree.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import tvm
 from tvm.s_tir import TensorIntrin
@@ -24,42 +27,77 @@ from ...layout import C0
 from ...tvmscript import fast_tvmscript
 from ..common import loop_extent
 from .amx import AMX_PAIRS_PER_ROW, pair_dot_source
-from .amx_llvm import AMX_DW, amx_llvm
+from .amx_llvm import amx_helper, amx_llvm
 from .loops import CpuMad
+from .marks import OVERWRITES
 from .tiles import largest_divisor
 
-__all__ = ["AmxInputGrad", "amx_dx_intrin"]
+__all__ = ["AmxDxBlock", "AmxInputGrad", "amx_dx_blocks", "amx_dx_intrin"]
 
 
-def amx_dx_intrin(taps_h: int, taps_w: int, pairs: int, dy_h: int, dy_w: int, tap_h: int, tap_w: int) -> str:
-    """The name of the tensor intrinsic (registered on first use) of one 16 x 16 block's reduction:
-    ``taps_h x taps_w`` taps of ``pairs`` Cout pairs; tap ``(t_h, t_w)`` reads dy ``t_h*dy_h + t_w*dy_w``
-    flat positions on and the turned weights ``(t_h*tap_h, t_w*tap_w)`` on."""
-    name = f"tvm_convgrad.amx_dx_{taps_h}x{taps_w}x{pairs}_{dy_h}x{dy_w}_{tap_h}x{tap_w}"
+@dataclass(frozen=True)
+class AmxDxBlock:
+    """One task's part of a phase's mad: ``steps`` of ``ma`` tiles of 16 flat pixels, x ``nb`` channel
+    blocks, reducing ``taps_h x taps_w`` taps of ``pairs`` Cout pairs; tap ``(t_h, t_w)`` reads dy
+    ``t_h*dy_h + t_w*dy_w`` flat positions on and the turned weights ``(t_h*tap_h, t_w*tap_w)`` on."""
+
+    steps: int
+    ma: int
+    nb: int
+    taps_h: int
+    taps_w: int
+    pairs: int
+    dy_h: int
+    dy_w: int
+    tap_h: int
+    tap_w: int
+
+    @property
+    def pixels(self) -> int:
+        return self.steps * self.ma * AMX_TILE_ROWS
+
+    @property
+    def span(self) -> int:
+        """dy's flat positions the block reads."""
+        return self.pixels + (self.taps_h - 1) * self.dy_h + (self.taps_w - 1) * self.dy_w
+
+    @property
+    def weight_taps(self) -> tuple[int, int]:
+        """The turned weight taps the block's region spans along each axis."""
+        return 1 + (self.taps_h - 1) * self.tap_h, 1 + (self.taps_w - 1) * self.tap_w
+
+
+def amx_dx_intrin(block: AmxDxBlock) -> str:
+    """The name of the tensor intrinsic (registered on first use) of one task's block and its
+    whole reduction (see :class:`AmxDxBlock`)."""
+    b = block
+    name = f"tvm_convgrad.amx_dx_{b.steps}x{b.ma}x{b.nb}_{b.taps_h}x{b.taps_w}x{b.pairs}_{b.dy_h}x{b.dy_w}_{b.tap_h}x{b.tap_w}"
     if name in _REGISTERED:
         return name
-    k = largest_divisor(pairs, AMX_PAIRS_PER_ROW)
-    span = AMX_TILE_ROWS + (taps_h - 1) * dy_h + (taps_w - 1) * dy_w
-    w_h, w_w = 1 + (taps_h - 1) * tap_h, 1 + (taps_w - 1) * tap_w
-    desc = tvm.script.from_source(_desc_source(taps_h, taps_w, pairs, dy_h, dy_w, tap_h, tap_w, span, w_h, w_w))
+    k = largest_divisor(b.pairs, AMX_PAIRS_PER_ROW)
+    w_h, w_w = b.weight_taps
+    desc = tvm.script.from_source(_desc_source(b))
+    span, pairs, pixels, nb = b.span, b.pairs, b.pixels, b.nb
 
     with fast_tvmscript():  # the decorator's source lookup without scanning sys.modules
         @T.prim_func(s_tir=True)
         def impl(a_h: T.handle, b_h: T.handle, c_h: T.handle):
             sa0 = T.int64()
-            sb0, sb1, sb2 = T.int64(), T.int64(), T.int64()
-            sc0 = T.int64()
+            sbc, sb0, sb1, sb2 = T.int64(), T.int64(), T.int64(), T.int64()
+            scc, sc0 = T.int64(), T.int64()
             a = T.match_buffer(a_h, (span, pairs), PAIR_DTYPE, offset_factor=1, strides=[sa0, 1])
-            b = T.match_buffer(b_h, (w_h, w_w, pairs, C0), PAIR_DTYPE, offset_factor=1, strides=[sb0, sb1, sb2, 1])
-            c = T.match_buffer(c_h, (AMX_TILE_ROWS, C0), "float32", offset_factor=1, strides=[sc0, 1])
+            w = T.match_buffer(b_h, (nb, w_h, w_w, pairs, C0), PAIR_DTYPE, offset_factor=1, strides=[sbc, sb0, sb1, sb2, 1])
+            c = T.match_buffer(c_h, (nb, pixels, C0), "float32", offset_factor=1, strides=[scc, sc0, 1])
             with T.sblock("root"):
-                T.reads(b[0:w_h, 0:w_w, 0:pairs, 0:C0], a[0:span, 0:pairs])
-                T.writes(c[0:AMX_TILE_ROWS, 0:C0])
+                T.reads(w[0:nb, 0:w_h, 0:w_w, 0:pairs, 0:C0], a[0:span, 0:pairs])
+                T.writes(c[0:nb, 0:pixels, 0:C0])
                 T.evaluate(
                     T.call_extern(
-                        "int32", AMX_DW, c.access_ptr("w"), a.access_ptr("r"), b.access_ptr("r"),
-                        T.int64(taps_h), T.int64(taps_w), T.int64(pairs // k), T.int64(k),
-                        sa0 * 4 * dy_h, sa0 * 4 * dy_w, sa0 * 4, sb0 * 4 * tap_h, sb1 * 4 * tap_w, sb2 * 4, sc0 * 4,
+                        "int32", amx_helper(b.ma, b.nb), c.access_ptr("w"), a.access_ptr("r"), w.access_ptr("r"),
+                        T.int64(b.taps_h), T.int64(b.taps_w), T.int64(pairs // k), T.int64(k),
+                        sa0 * 4 * b.dy_h, sa0 * 4 * b.dy_w, sa0 * 4, sb0 * 4 * b.tap_h, sb1 * 4 * b.tap_w, sb2 * 4, sc0 * 4,
+                        sa0 * 4 * AMX_TILE_ROWS, sbc * 4, sc0 * 4 * AMX_TILE_ROWS, scc * 4,
+                        T.int64(b.steps), sa0 * 4 * AMX_TILE_ROWS * b.ma, sc0 * 4 * AMX_TILE_ROWS * b.ma,
                     )  # fmt: skip
                 )
 
@@ -71,50 +109,67 @@ def amx_dx_intrin(taps_h: int, taps_w: int, pairs: int, dy_h: int, dy_w: int, ta
 _REGISTERED: set[str] = set()
 
 
-def _desc_source(taps_h, taps_w, pairs, dy_h, dy_w, tap_h, tap_w, span, w_h, w_w) -> str:
+def _desc_source(b: AmxDxBlock) -> str:
     """The intrinsic's description: the mad's sum of ``pair_dot`` over one block, the taps of extent 1
-    left out of the block's axes as the mad's block leaves them out."""
-    taps = (("th", taps_h), ("tw", taps_w))
+    (and a single channel block) left out of the block's axes as the mad's block leaves them out."""
+    w_h, w_w = b.weight_taps
+    spatial = (["cb"] if b.nb > 1 else []) + ["i", "j"]
+    taps = (("th", b.taps_h), ("tw", b.taps_w))
     axes = [name for name, extent in taps if extent > 1] + ["p"]
     at = {name: (f"v{name}" if extent > 1 else "0") for name, extent in taps}
-    kinds = "SS" + "R" * len(axes)
-    values = ", ".join(["vi", "vj", *(f"v{name}" for name in axes)])
-    bound = ", ".join(["i", "j", *axes])
-    a_at = f"a[vi + {at['th']} * {dy_h} + {at['tw']} * {dy_w}, vp]"
-    b_at = f"b[{at['th']} * {tap_h}, {at['tw']} * {tap_w}, vp, vj]"
+    cb = "vcb" if b.nb > 1 else "0"
+    kinds = "S" * len(spatial) + "R" * len(axes)
+    values = ", ".join(f"v{name}" for name in spatial + axes)
+    bound = ", ".join(spatial + axes)
+    a_at = f"a[vi + {at['th']} * {b.dy_h} + {at['tw']} * {b.dy_w}, vp]"
+    w_at = f"w[{cb}, {at['th']} * {b.tap_h}, {at['tw']} * {b.tap_w}, vp, vj]"
+    c_at = f"c[{cb}, vi, vj]"
+    loops = ", ".join(["cb"] * (b.nb > 1) + ["i", "j", "th", "tw", "p"])
+    extents = ", ".join([str(b.nb)] * (b.nb > 1) + [str(b.pixels), "16", str(b.taps_h), str(b.taps_w), str(b.pairs)])
     return f"""
 # from tvm.script import tirx as T
 @T.prim_func(s_tir=True)
-def desc(a: T.Buffer(({span}, {pairs}), "uint32", offset_factor=1), b: T.Buffer(({w_h}, {w_w}, {pairs}, 16), "uint32", offset_factor=1),
-         c: T.Buffer(({AMX_TILE_ROWS}, 16), "float32", offset_factor=1)):
+def desc(a: T.Buffer(({b.span}, {b.pairs}), "uint32", offset_factor=1), w: T.Buffer(({b.nb}, {w_h}, {w_w}, {b.pairs}, 16), "uint32", offset_factor=1),
+         c: T.Buffer(({b.nb}, {b.pixels}, 16), "float32", offset_factor=1)):
     with T.sblock("root"):
-        T.reads(b[0:{w_h}, 0:{w_w}, 0:{pairs}, 0:16], a[0:{span}, 0:{pairs}])
-        T.writes(c[0:{AMX_TILE_ROWS}, 0:16])
-        for i, j, th, tw, p in T.grid({AMX_TILE_ROWS}, 16, {taps_h}, {taps_w}, {pairs}):
+        T.reads(w[0:{b.nb}, 0:{w_h}, 0:{w_w}, 0:{b.pairs}, 0:16], a[0:{b.span}, 0:{b.pairs}])
+        T.writes(c[0:{b.nb}, 0:{b.pixels}, 0:16])
+        for {loops} in T.grid({extents}):
             with T.sblock("update"):
                 {values} = T.axis.remap("{kinds}", [{bound}])
-                T.reads(c[vi, vj], {b_at}, {a_at})
-                T.writes(c[vi, vj])
+                T.reads({c_at}, {w_at}, {a_at})
+                T.writes({c_at})
                 with T.init():
-                    c[vi, vj] = T.float32(0)
-                c[vi, vj] = c[vi, vj] + ({pair_dot_source(b_at, a_at)})
+                    {c_at} = T.float32(0)
+                {c_at} = {c_at} + ({pair_dot_source(w_at, a_at)})
 """
+
+
+def amx_dx_blocks(pixel_tiles: int, channel_blocks: int, grouped: bool) -> tuple[int, int]:
+    """``(ma, nb)`` of a phase: 2 x 2 where the pixel tiles and the channel blocks pair up (a pair of
+    channel blocks of a grouped layer could straddle two groups' dy: 1 there)."""
+    return (2 if pixel_tiles % 2 == 0 else 1), (2 if channel_blocks % 2 == 0 and not grouped else 1)
 
 
 class AmxInputGrad(CpuMad):
     """One stride phase of dX on AMX tiles (``dx_amx_<rh>_<rw>``, ``Formulation.CUBE_DX_AMX``)."""
 
     def schedule(self, block):
-        """Every ``(n, c1, 16 flat pixels)`` block a parallel task (a channel block's weights read
-        by all of an image's pixel tiles in turn); inside it the 16 x 16 tile and its whole
-        reduction, one call of the AMX helper."""
+        """Every ``(n, nb channel blocks)`` of the phase a parallel task: one call of the AMX helper,
+        its pixel tiles ``ma`` at a time (the blocks' weights in cache), each step's whole
+        reduction in tile registers."""
         sch = self.sch
-        dy_h, dy_w, tap_h, tap_w = (int(v) for v in sch.get(block).annotations[AMX_STEPS])
+        dy_h, dy_w, tap_h, tap_w, grouped = (int(v) for v in sch.get(block).annotations[AMX_STEPS])
         n, c1, q, c0, t_h, t_w, p = sch.get_loops(block)
-        q_tile, pixels = sch.split(q, [None, AMX_TILE_ROWS])
-        sch.reorder(n, c1, q_tile, pixels, c0, t_h, t_w, p)
-        task = sch.fuse(n, c1, q_tile)
-        sch.parallel(task)
-        sch.annotate(task, "pragma_import_llvm", amx_llvm(self.plan.amx_bf16))
-        intrin = amx_dx_intrin(loop_extent(sch, t_h), loop_extent(sch, t_w), loop_extent(sch, p), dy_h, dy_w, tap_h, tap_w)
-        sch.tensorize(pixels, intrin)
+        tiles = loop_extent(sch, q) // AMX_TILE_ROWS
+        ma, nb = amx_dx_blocks(tiles, loop_extent(sch, c1), bool(grouped))
+        c1_task, channels = sch.split(c1, [None, nb])
+        sch.reorder(n, c1_task, channels, q, c0, t_h, t_w, p)
+        task = sch.fuse(n, c1_task)
+        at = channels if nb > 1 else q
+        sch.parallel(task)  # (the result stays a pass of its own: TVM cannot invert its flat-pixel reads over a task)
+        sch.annotate(task, "pragma_import_llvm", amx_llvm(self.plan.amx_bf16, ma, nb))
+        shape = AmxDxBlock(tiles // ma, ma, nb, loop_extent(sch, t_h), loop_extent(sch, t_w), loop_extent(sch, p), dy_h, dy_w, tap_h, tap_w)
+        tiled = sch.blockize(at)
+        sch.annotate(tiled, OVERWRITES, 1)  # the helper writes every tile: no zeros before it (.marks)
+        sch.tensorize(tiled, amx_dx_intrin(shape))
