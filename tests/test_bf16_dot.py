@@ -215,6 +215,8 @@ AMX_SHAPES = [
 ]  # fmt: skip
 """2-D dW and dX (and 1-D, as 2-D with one row): odd widths, strides, a 1x1 kernel (x's even starts only),
 rows of 20 pairs (two 10-pair tiles), groups, Cout not a multiple of 16."""
+AMX_DW_SHAPES = [dict(batch=2, size=15, cin=3, cout=64, kernel=7, stride=2, pads=(3, 3))]
+"""dW only: a 3-channel 7x7 stem (its channels padded to a tile's 16; its dX puts pixels on the lanes)."""
 AMX_DX_SHAPES = [
     dict(batch=2, size=14, cin=32, cout=32, dilation=2, pads=(2, 2)), dict(batch=1, size=17, cin=16, cout=48, kernel=5, stride=3, pads=(2, 0)),
     dict(batch=2, size=9, cin=48, cout=16, kernel=1, stride=2, pads=(0, 0)), dict(batch=1, size=4, cin=32, cout=32, pads=(0, 2)),
@@ -242,7 +244,7 @@ def test_amx_gradients_run_on_tiles(op, rank):
 
 
 @pytest.mark.parametrize("op, shape", [(op, shape) for op in ("filters", "transpose", "data") for shape in AMX_SHAPES]
-                         + [("data", shape) for shape in AMX_DX_SHAPES])  # fmt: skip
+                         + [("data", shape) for shape in AMX_DX_SHAPES] + [(op, shape) for op in ("filters", "transpose") for shape in AMX_DW_SHAPES])  # fmt: skip
 def test_amx_tiles_match_the_reference(op, shape):
     """The AMX tile plan's kernel (tdpbf16ps's arithmetic, emulated where the host lacks AMX)
     within the fp32 bound."""

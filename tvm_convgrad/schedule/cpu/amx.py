@@ -147,7 +147,7 @@ class AmxFilterGrad(CpuMad):
         chunk = self._images_per_chunk(block, images, ma)
         chunks, n_in = sch.split(n, [None, chunk])
         tasks = loop_extent(sch, g) * loop_extent(sch, co1) * loop_extent(sch, c1)
-        if tasks >= 2 * self.cores:  # a chunk's dy and x read by every tap while in cache
+        if tasks >= self.cores:  # a chunk's dy and x read by every tap while in cache
             sch.reorder(g, co1, c1, chunks, tap_h, tap_w, blocks, co0, c0, n_in, ho, wo)
             task = sch.fuse(g, co1, c1)
         else:

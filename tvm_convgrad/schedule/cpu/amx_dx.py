@@ -3,13 +3,14 @@
 On a target whose plan has ``amx_bf16`` a 2-D bf16 dX on the cube is built in the AMX tile plan
 (``Formulation.CUBE_DX_AMX``, :mod:`tvm_convgrad.dsl.compute.dx_amx`): each stride phase a GEMM on
 flat pixel rows, ``dx_amx[n, c1, q, c0]`` summing ``pair_dot`` over its taps ``(t_h, t_w)`` and Cout
-pairs ``p``. A task is ``ma`` tiles of 16 pixels x ``nb`` channel blocks of one image (2 x 2 where
-both divide: four accumulators in the eight tile registers, each ``A`` tile (16 pixels of dy at a
-tap) read by ``nb`` multiplies and each ``B`` tile (that tap's weights) by ``ma``); its whole
-reduction is tensorized into one call of an AMX helper (:mod:`.amx_llvm`, the dW's: the helper's
-two outer loops walk the taps, its inner one the Cout pairs in tiles of ``k``), each accumulator a
-tile register from ``tilezero`` to ``tilestored``. The tensor intrinsic is made per workload
-(:func:`amx_dx_intrin`); its description is the mad's own sum, so the two cannot disagree.
+pairs ``p``. A task is ``nb`` channel blocks of one image, its pixel tiles ``ma`` at a time (2 x 2
+where both pair up: four accumulators in the eight tile registers, each ``A`` tile (16 pixels of
+dy at a tap) read by ``nb`` multiplies and each ``B`` tile (that tap's weights) by ``ma``); the
+task is tensorized into one call of an AMX helper (:mod:`.amx_llvm`, the dW's: its step loop walks
+the pixel tiles, its two outer reduction loops the taps, its inner one the Cout pairs in tiles of
+``k``), each accumulator a tile register from ``tilezero`` to ``tilestored``. The tensor intrinsic
+is made per workload (:func:`amx_dx_intrin`); its description is the mad's own sum, so the two
+cannot disagree.
 """
 
 from __future__ import annotations
