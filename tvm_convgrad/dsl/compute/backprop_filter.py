@@ -219,10 +219,8 @@ def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvG
     and ignores it. ``cout_lanes`` (with ``bf16_pairs``, for a consumer that reads Cout innermost,
     e.g. XIO weights): the cube's register tile is turned, 16 Cin rows x 16 Cout lanes, so that
     each of its rows is 16 consecutive Cout of the result. ``amx`` (with ``bf16_pairs``, 2-D): the
-    cube in the AMX tile plan's layout (``Formulation.CUBE_DW_AMX``, see :mod:`.dw_pairs`), a few-channel
-    layer too (a stem's 3 channels padded to a tile's 16: 7x7 stride 2 on 112x112, N=32, 10.4 -> 8.9 ms
-    against Cout on the lanes on ``vdpbf16ps``, which runs at half the fp32 FMA's rate on a Sapphire
-    Rapids-class core); 3-D
+    cube in the AMX tile plan's layout (``Formulation.CUBE_DW_AMX``, see :mod:`.dw_pairs`), a stem's 3
+    channels padded to 16 too (7x7 stride 2, N=32 on 112x112: 10.4 -> 8.9 ms against Cout lanes); 3-D
     keeps the ``vdpbf16ps`` form. ``planar``: the frontend's x and dy lie channel-planar (NCX): a
     1x1 whose dy is the smaller operand runs with Cout on the lanes (:func:`planar_filter_lanes`)."""
     g = params.geom
