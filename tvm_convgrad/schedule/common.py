@@ -9,7 +9,7 @@ from tvm.target import Target
 from ..dsl.compute.stages import LAYOUT_ADAPTER
 from ..machine import usable_cores
 
-__all__ = ["buffer_bytes", "elements", "inline_layout_stages", "loop_extent", "nbytes", "stage_blocks", "split_loop_kinds", "target_cores"]
+__all__ = ["buffer_bytes", "elements", "inline_layout_stages", "loop_extent", "nbytes", "rewrite_prim_funcs", "stage_blocks", "split_loop_kinds", "target_cores"]
 
 
 def loop_extent(sch: s_tir.Schedule, loop) -> int:
@@ -69,3 +69,44 @@ def split_loop_kinds(sch: s_tir.Schedule, block) -> tuple[list, list]:
 def target_cores(target: Target) -> int:
     """The threads a kernel for ``target`` runs on: its ``num-cores``, else this machine's usable cores."""
     return int(target.attrs.get("num-cores", 0)) or usable_cores()
+
+
+def rewrite_prim_funcs(mod: tvm.IRModule, post) -> tvm.IRModule:
+    """``mod`` with ``post`` applied to every ``For`` and ``SBlock`` of its PrimFuncs, bottom up: each
+    node's children are rebuilt first, then ``post(node, func)`` returns it or its replacement (the
+    rest shared, not copied). A module ``post`` changes nothing in is returned as it is."""
+    funcs, changed = {}, False
+    for gv, func in mod.functions.items():
+        if isinstance(func, tirx.PrimFunc):
+            body = _rebuild(func.body, lambda stmt, f=func: post(stmt, f))
+            if not body.same_as(func.body):
+                func, changed = func.with_body(body), True
+        funcs[gv] = func
+    return tvm.IRModule(funcs, attrs=mod.attrs) if changed else mod
+
+
+def _rebuild(stmt, post):
+    if isinstance(stmt, tirx.For):
+        body = _rebuild(stmt.body, post)
+        if not body.same_as(stmt.body):
+            stmt = tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, stmt.annotations, stmt.step, stmt.span)
+        return post(stmt)
+    if isinstance(stmt, tirx.SeqStmt):
+        seq = [_rebuild(s, post) for s in stmt.seq]
+        return stmt if all(a.same_as(b) for a, b in zip(seq, stmt.seq)) else tirx.SeqStmt(seq)
+    if isinstance(stmt, s_tir.SBlockRealize):
+        block = _rebuild(stmt.block, post)
+        return stmt if block.same_as(stmt.block) else s_tir.SBlockRealize(list(stmt.iter_values), stmt.predicate, block)
+    if isinstance(stmt, s_tir.SBlock):
+        body = _rebuild(stmt.body, post)
+        if not body.same_as(stmt.body):
+            stmt = s_tir.SBlock(list(stmt.iter_vars), list(stmt.reads), list(stmt.writes), stmt.name_hint, body, stmt.init,
+                                list(stmt.alloc_buffers), list(stmt.match_buffers), dict(stmt.annotations or {}))  # fmt: skip
+        return post(stmt)
+    if isinstance(stmt, tirx.IfThenElse):
+        then = _rebuild(stmt.then_case, post)
+        other = None if stmt.else_case is None else _rebuild(stmt.else_case, post)
+        if then.same_as(stmt.then_case) and (other is None or other.same_as(stmt.else_case)):
+            return stmt
+        return tirx.IfThenElse(stmt.condition, then, other)
+    return stmt

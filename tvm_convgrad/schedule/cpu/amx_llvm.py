@@ -73,12 +73,12 @@ def _helper(ma: int, nb: int, native: bool, accumulate: bool) -> str:
         declarations, setup = _TILE_DECLARATIONS, ""
     else:
         setup = "\n".join(f"  %tile{i}_{j} = alloca [16 x <16 x float>], align 64" for i, j in blocks)
-        start = "call void @tvm_convgrad_amx_load(ptr %tile{i}_{j}, ptr %pc{i}_{j}, i64 %c_row)" if accumulate else \
+        start = "call void @tvm_convgrad_amx_rows(ptr %tile{i}_{j}, i64 64, ptr %pc{i}_{j}, i64 %c_row)" if accumulate else \
             "store [16 x <16 x float>] zeroinitializer, ptr %tile{i}_{j}, align 64"  # fmt: skip
         zero = "\n".join("  " + start.format(i=i, j=j) for i, j in blocks) + "\n  %acc0t = add i1 0, 0"
         step = "\n".join(f"  call void @tvm_convgrad_amx_step(ptr %tile{i}_{j}, ptr %pa{i}, i64 %a_row, ptr %pb{j}, i64 %b_row, i64 %k)" for i, j in blocks)
         step += "\n  %acc1t = add i1 %acct, 0"
-        store = "\n".join(f"  call void @tvm_convgrad_amx_store(ptr %pc{i}_{j}, i64 %c_row, ptr %tile{i}_{j})" for i, j in blocks)
+        store = "\n".join(f"  call void @tvm_convgrad_amx_rows(ptr %pc{i}_{j}, i64 %c_row, ptr %tile{i}_{j}, i64 64)" for i, j in blocks)
         declarations = ""
     a_tiles = "\n".join(f"  %aoff{i}_ = mul i64 {i}, %a_next\n  %aoff{i} = add i64 %aoff, %aoff{i}_\n  %pa{i} = getelementptr i8, ptr %a, i64 %aoff{i}" for i in range(ma))
     b_tiles = "\n".join(f"  %boff{j}_ = mul i64 {j}, %b_next\n  %boff{j} = add i64 %boff, %boff{j}_\n  %pb{j} = getelementptr i8, ptr %b, i64 %boff{j}" for j in range(nb))
@@ -189,32 +189,17 @@ i_next:
 done:
   ret void
 }
-define internal void @tvm_convgrad_amx_load(ptr %tile, ptr %c, i64 %c_row) alwaysinline {
+define internal void @tvm_convgrad_amx_rows(ptr %dst, i64 %dst_row, ptr %src, i64 %src_row) alwaysinline {
 entry:
   br label %i_loop
 i_loop:
   %i = phi i64 [0, %entry], [%i1, %i_loop]
-  %c_at = mul i64 %i, %c_row
-  %crow = getelementptr i8, ptr %c, i64 %c_at
-  %v = load <16 x float>, ptr %crow, align 4
-  %row = getelementptr <16 x float>, ptr %tile, i64 %i
-  store <16 x float> %v, ptr %row, align 64
-  %i1 = add i64 %i, 1
-  %idone = icmp eq i64 %i1, 16
-  br i1 %idone, label %done, label %i_loop
-done:
-  ret void
-}
-define internal void @tvm_convgrad_amx_store(ptr %c, i64 %c_row, ptr %tile) alwaysinline {
-entry:
-  br label %i_loop
-i_loop:
-  %i = phi i64 [0, %entry], [%i1, %i_loop]
-  %row = getelementptr <16 x float>, ptr %tile, i64 %i
-  %v = load <16 x float>, ptr %row, align 64
-  %c_at = mul i64 %i, %c_row
-  %crow = getelementptr i8, ptr %c, i64 %c_at
-  store <16 x float> %v, ptr %crow, align 4
+  %s_at = mul i64 %i, %src_row
+  %srow = getelementptr i8, ptr %src, i64 %s_at
+  %v = load <16 x float>, ptr %srow, align 4
+  %d_at = mul i64 %i, %dst_row
+  %drow = getelementptr i8, ptr %dst, i64 %d_at
+  store <16 x float> %v, ptr %drow, align 4
   %i1 = add i64 %i, 1
   %idone = icmp eq i64 %i1, 16
   br i1 %idone, label %done, label %i_loop

@@ -29,6 +29,8 @@ from tvm import s_tir, tirx
 from tvm.sym import Analyzer
 from tvm.sym.int_set import IntervalSet
 
+from ..common import rewrite_prim_funcs
+
 __all__ = ["CACHE_LINE", "PREFETCH", "PREFETCH_AHEAD_BYTES", "PREFETCH_STREAMS", "STREAM_BYTES", "lower_prefetches", "prefetch_stream", "prefetched_buffers"]
 
 PREFETCH_STREAMS = True
@@ -59,14 +61,7 @@ def prefetch_stream(sch: s_tir.Schedule, loop, buffer_name: str) -> None:
 def lower_prefetches(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with the prefetches of every marked loop (see the module docstring); a module
     without marks is returned as it is."""
-    funcs, changed = {}, False
-    for gv, func in mod.functions.items():
-        if isinstance(func, tirx.PrimFunc):
-            body = _rewrite(func.body, {buf.name: buf for buf in func.params})
-            if not body.same_as(func.body):
-                func, changed = func.with_body(body), True
-        funcs[gv] = func
-    return tvm.IRModule(funcs, attrs=mod.attrs) if changed else mod
+    return rewrite_prim_funcs(mod, lambda stmt, func: _with_prefetch(stmt, func) if isinstance(stmt, tirx.For) else stmt)
 
 
 def prefetched_buffers(func: tirx.PrimFunc) -> list[str]:
@@ -74,38 +69,18 @@ def prefetched_buffers(func: tirx.PrimFunc) -> list[str]:
     return _PREFETCH_OF.findall(func.script())
 
 
-def _rewrite(stmt, buffers: dict):
-    """``stmt`` rebuilt where a marked loop lies below it (the rest shared, not copied)."""
-    if isinstance(stmt, tirx.For):
-        body = _rewrite(stmt.body, buffers)
-        annotations = dict(stmt.annotations or {})
-        name = annotations.pop(PREFETCH, None)
-        if name is not None:
-            prefetch = _prefetch(stmt, buffers[str(name)])
-            if prefetch is not None:
-                body = tirx.SeqStmt([prefetch, body])
-        if body.same_as(stmt.body) and name is None:
-            return stmt
-        return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, annotations, stmt.step, stmt.span)
-    if isinstance(stmt, tirx.SeqStmt):
-        seq = [_rewrite(s, buffers) for s in stmt.seq]
-        return stmt if all(a.same_as(b) for a, b in zip(seq, stmt.seq)) else tirx.SeqStmt(seq)
-    if isinstance(stmt, s_tir.SBlockRealize):
-        block = _rewrite(stmt.block, buffers)
-        return stmt if block.same_as(stmt.block) else s_tir.SBlockRealize(list(stmt.iter_values), stmt.predicate, block)
-    if isinstance(stmt, s_tir.SBlock):
-        body = _rewrite(stmt.body, buffers)
-        if body.same_as(stmt.body):
-            return stmt
-        return s_tir.SBlock(list(stmt.iter_vars), list(stmt.reads), list(stmt.writes), stmt.name_hint, body, stmt.init,
-                            list(stmt.alloc_buffers), list(stmt.match_buffers), dict(stmt.annotations or {}))  # fmt: skip
-    if isinstance(stmt, tirx.IfThenElse):
-        then = _rewrite(stmt.then_case, buffers)
-        other = None if stmt.else_case is None else _rewrite(stmt.else_case, buffers)
-        if then.same_as(stmt.then_case) and (other is None or other.same_as(stmt.else_case)):
-            return stmt
-        return tirx.IfThenElse(stmt.condition, then, other)
-    return stmt
+def _with_prefetch(loop: tirx.For, func: tirx.PrimFunc) -> tirx.For:
+    """A marked ``loop`` of ``func`` without its mark, its body led by the prefetch of the stream of
+    the parameter it names (as it is where no prefetch is found); an unmarked one as it is."""
+    annotations = dict(loop.annotations or {})
+    name = annotations.pop(PREFETCH, None)
+    if name is None:
+        return loop
+    body = loop.body
+    prefetch = _prefetch(loop, {buf.name: buf for buf in func.params}[str(name)])
+    if prefetch is not None:
+        body = tirx.SeqStmt([prefetch, body])
+    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, annotations, loop.step, loop.span)
 
 
 def _read_span(loop: tirx.For, buffer):
