@@ -19,7 +19,7 @@ from tvm_convgrad import ConvGradError, build, isa_target
 from tvm_convgrad.tools.asm import hot_loops, innermost_loops
 from tvm_convgrad.tools.peak import build_fma_peak
 from tvm_convgrad.schedule.cpu import dx_tile
-from tvm_convgrad.schedule.cpu.tiles import tap_tile
+from tvm_convgrad.schedule.cpu.tiles import block_tile, tap_tile
 from tvm_convgrad.isa import PLANS, host_can_run, isa_plan
 from tvm_convgrad.tools.verify import check_kernel
 
@@ -42,6 +42,7 @@ SHAPES = {
     "dw-cout-lanes": (_dw, (1, 3, 64, 64, 64, 7, 2, 3)),
     "dx-cube-3x3": (_dx, (2, 64, 14, 14, 64, 3, 1, 1)),
     "dx-cube-7x7": (_dx, (1, 256, 7, 7, 256, 3, 1, 1)),
+    "dx-cube-1x1-blocks": (_dx, (1, 64, 14, 14, 256, 1)),
     "dx-phases-s2": (_dx, (1, 32, 14, 14, 32, 3, 2, 1)),
     "dx-pixel-lanes": (_dx, (1, 3, 64, 64, 64, 7, 2, 3)),
     "dw-depthwise": (_dw, (2, 144, 28, 28, 144, 3, 1, 1, 144)),
@@ -49,6 +50,7 @@ SHAPES = {
     "dx-depthwise-s2": (_dx, (1, 96, 28, 28, 96, 3, 2, 1, 96)),
 }
 BROADCAST_TILES = [s for s in SHAPES if "lanes" not in s and "depthwise" not in s]  # the 16x16 cube
+BLOCK_TILES = [s for s in SHAPES if s.endswith("blocks")]  # ... a 1x1 dX's tile over several channel blocks (AVX-512)
 
 
 @pytest.mark.parametrize(
@@ -93,6 +95,23 @@ def test_dx_tiles_per_isa():
     assert dx_tile(56, 56, avx512)[0] * dx_tile(56, 56, avx512)[1] >= 14  # 14-16 zmm rows
     assert dx_tile(56, 56, avx2) == (1, 6, 2)  # 6 pixels x 2 ymm, a 2-pixel edge tile per row
     assert dx_tile(7, 7, avx2) == (1, 5, 2)  # not 7 x 2 = 14 accumulators: they would spill
+
+
+def test_block_tiles_per_isa():
+    """A 1x1 dX's tile takes several result channel blocks where one register holds a 16-lane row
+    (AVX-512: 14 pixels x 2 blocks, 16 loads for 28 FMAs instead of 15 for 14), as many as the
+    accumulators, the blocks' weight rows and a broadcast leave room for and the blocks divide;
+    AVX2's and the other plans' tiles one block (their row parts already share a broadcast)."""
+    avx2, avx512 = PLANS["avx2"], PLANS["avx512"]
+    assert block_tile(14, 1, 16, avx512) == 2
+    assert block_tile(16, 1, 16, avx512) == 1  # 32 accumulators: no room
+    assert block_tile(7, 1, 6, avx512) == 3 and block_tile(7, 1, 4, avx512) == 2 and block_tile(7, 1, 1, avx512) == 1
+    assert block_tile(6, 2, 16, avx2) == 1 and block_tile(3, 1, 16, avx2) == 1
+    for plan in PLANS.values():
+        for pixels, blocks in [(14, 16), (7, 32), (1, 64), (16, 3), (5, 12)]:
+            v = plan.registers_per_row
+            b = block_tile(pixels, v, blocks, plan)
+            assert blocks % b == 0 and (b == 1 or pixels * v * b <= plan.accumulators and pixels * v * b + v * b + 1 <= plan.registers)
 
 
 def test_stem_dw_tiles_per_isa():
@@ -153,7 +172,10 @@ def test_hot_loops_use_the_isa_registers_and_never_spill(isa, shape):
     for loop in loops:
         assert loop.vector_registers == {REGISTER_KIND[isa]}, f"{loop.label}: {loop.vector_registers}"
         assert not loop.stack_accesses, f"{loop.label} spills: {loop.stack_accesses[:4]}"
-    if isa == "avx512" and shape in BROADCAST_TILES:  # the 16x16 cube: every FMA takes a {1to16} broadcast
+    if isa == "avx512" and shape in BLOCK_TILES:  # a tile of 14 pixels x 2 channel blocks: each broadcast feeds 2 FMAs
+        for loop in loops:
+            assert loop.fmas == 28 and 2 * "\n".join(loop.lines).count("vbroadcastss") == loop.fmas, loop.lines
+    elif isa == "avx512" and shape in BROADCAST_TILES:  # the 16x16 cube: every FMA takes a {1to16} broadcast
         assert all(loop.broadcast_fmas == loop.fmas for loop in loops)
         assert max(loop.fmas for loop in loops) >= 7
     if isa == "avx2":
@@ -181,7 +203,7 @@ def test_cube_tile_holds_the_plans_accumulators(isa):
 @pytest.mark.parametrize("isa", [i for i in RUNNABLE_ISAS if i != "native"])
 def test_each_runnable_plan_is_exact(isa):
     """A quick check per plan (the sweep runs them all on every case)."""
-    for make, args in (SHAPES["dw-cube-3x3"], SHAPES["dx-cube-7x7"], SHAPES["dx-pixel-lanes"]):
+    for make, args in (SHAPES["dw-cube-3x3"], SHAPES["dx-cube-7x7"], SHAPES["dx-cube-1x1-blocks"], SHAPES["dx-pixel-lanes"]):
         kernel = build(make(*args, name=f"exact_{isa}"), target=isa_target(isa))
         assert kernel.isa.name == isa
         assert check_kernel(kernel).ok

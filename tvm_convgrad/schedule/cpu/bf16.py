@@ -145,6 +145,8 @@ class _Pairs(CpuMad):
     """A bf16-pair mad: the fp32 cube's schedule on the AVX-512 register tiles (16 rows of one
     zmm; also where the emulation runs on another ISA), each row's lanes one ``dpbf16``."""
 
+    block_tiles = False  # (a tile of one channel block: the pair's tensorized row)
+
     @property
     def plan(self):
         plan = self.config.plan
