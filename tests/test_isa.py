@@ -19,7 +19,7 @@ from tvm_convgrad import ConvGradError, build, isa_target
 from tvm_convgrad.tools.asm import hot_loops, innermost_loops
 from tvm_convgrad.tools.peak import build_fma_peak
 from tvm_convgrad.schedule.cpu import dx_tile
-from tvm_convgrad.schedule.cpu.tiles import block_tile, tap_tile
+from tvm_convgrad.schedule.cpu.tiles import block_tile, dw_blocks, tap_tile
 from tvm_convgrad.isa import PLANS, host_can_run, isa_plan
 from tvm_convgrad.tools.verify import check_kernel
 
@@ -50,7 +50,7 @@ SHAPES = {
     "dx-depthwise-s2": (_dx, (1, 96, 28, 28, 96, 3, 2, 1, 96)),
 }
 BROADCAST_TILES = [s for s in SHAPES if "lanes" not in s and "depthwise" not in s]  # the 16x16 cube
-BLOCK_TILES = [s for s in SHAPES if s.endswith("blocks")]  # ... a 1x1 dX's tile over several channel blocks (AVX-512)
+BLOCK_TILES = ["dx-cube-1x1-blocks", "dw-cube-3x3", "dw-cube-1x1-direct"]  # ... a tile over 2 channel blocks (AVX-512)
 
 
 @pytest.mark.parametrize(
@@ -114,6 +114,16 @@ def test_block_tiles_per_isa():
             assert blocks % b == 0 and (b == 1 or pixels * v * b <= plan.accumulators and pixels * v * b + v * b + 1 <= plan.registers)
 
 
+def test_dw_tiles_pair_cin_blocks_on_avx512():
+    """AVX-512's dW tile: 8 Cout rows x 2 Cin blocks where a task's Cin blocks pair up (10 loads a
+    step for 16 FMAs), else 16 rows x 1; the plans whose 16-lane row takes several registers keep
+    one block."""
+    avx512 = PLANS["avx512"]
+    assert dw_blocks(4, avx512) == 2 and dw_blocks(8, avx512) == 2
+    assert dw_blocks(3, avx512) == 1 and dw_blocks(1, avx512) == 1
+    assert all(dw_blocks(4, PLANS[name]) == 1 for name in ("avx2", "sse", "neon", "generic"))
+
+
 def test_stem_dw_tiles_per_isa():
     """A 7x7 stem's dW, 64 Cout on the lanes: AVX2 takes a kernel row's 7 taps on one ymm (half a
     Cout row; 1 tap on 8 ymm reads 32 bytes of dy from L2 per FMA, which the FMAs outrun), AVX-512
@@ -172,11 +182,11 @@ def test_hot_loops_use_the_isa_registers_and_never_spill(isa, shape):
     for loop in loops:
         assert loop.vector_registers == {REGISTER_KIND[isa]}, f"{loop.label}: {loop.vector_registers}"
         assert not loop.stack_accesses, f"{loop.label} spills: {loop.stack_accesses[:4]}"
-    if isa == "avx512" and shape in BLOCK_TILES:  # a tile of 14 pixels x 2 channel blocks: each broadcast feeds 2 FMAs
+    if isa == "avx512" and shape in BROADCAST_TILES:  # the 16x16 cube: every FMA takes a broadcast, {1to16} or a register 2 blocks share
         for loop in loops:
-            assert loop.fmas == 28 and 2 * "\n".join(loop.lines).count("vbroadcastss") == loop.fmas, loop.lines
-    elif isa == "avx512" and shape in BROADCAST_TILES:  # the 16x16 cube: every FMA takes a {1to16} broadcast
-        assert all(loop.broadcast_fmas == loop.fmas for loop in loops)
+            shared = "\n".join(loop.lines).count("vbroadcastss")
+            assert loop.broadcast_fmas + 2 * shared == loop.fmas, loop.lines
+            assert (shared > 0) == (shape in BLOCK_TILES), loop.lines  # (dX 14 pixels x 2 blocks, dW 8 Cout rows x 2 Cin blocks)
         assert max(loop.fmas for loop in loops) >= 7
     if isa == "avx2":
         assert "zmm" not in kernel.source and "{1to" not in kernel.source

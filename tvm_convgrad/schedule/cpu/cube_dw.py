@@ -1,8 +1,10 @@
 """dW on the CPU's cube (:class:`CubeFilterGrad`, ``dw_cc``): 16x16 blocks of fp32 accumulators
 in vector registers, fed by broadcast FMAs.
 
-A tile is ``R`` Cout rows of one ``(co1, c1, kh, kw)`` block x 16 Cin lanes (R = 16 on AVX-512),
-each step one fmap row (constant offset per tap) times ``R`` broadcast dy values. The cores share
+A tile is ``R`` Cout rows of one ``(co1, c1, kh, kw)`` block x 16 Cin lanes, each step one fmap
+row (constant offset per tap) times ``R`` broadcast dy values; on AVX-512 ``R`` = 8 rows x 2 Cin
+blocks (:func:`.tiles.dw_blocks`: each broadcast feeds both, 10 loads a step for 16 FMAs), or 16
+rows x 1 where the blocks do not pair up. The cores share
 the work one of three ways:
 
 * each core owns a group of Cout (or Cin) blocks and walks the reduction ``(n, ho, wo)`` in chunks
@@ -25,7 +27,7 @@ from ...dsl.compute.stages import FMAP_L1, GRADS_2_MATRIX, KERNEL_H, KERNEL_W
 from ...layout import C0
 from ..common import loop_extent, nbytes
 from .loops import CpuMad, reads_of, sum_parts
-from .tiles import CHUNK_STEPS, chunk, largest_divisor
+from .tiles import CHUNK_STEPS, chunk, dw_blocks, largest_divisor
 
 __all__ = ["CHUNK_IN_CACHE", "DW_WRITE_BACK", "FMAP_PER_CHUNK", "IMAGES_PER_CORE", "IMAGES_PER_CORE_TRAFFIC", "PACK_IN_CACHE", "PACK_PER_CHUNK", "CubeFilterGrad"]
 
@@ -48,6 +50,7 @@ class CubeFilterGrad(CpuMad):
 
     write_back_in_task = True
 
+    block_tiles = True  # a tile takes several Cin blocks where the registers hold a row each (:func:`.tiles.dw_blocks`)
     ragged_parts = True  # too few tiles: the reduction in one part per core, the last one shorter (else parts that divide it)
 
     def schedule(self, block):
@@ -94,15 +97,24 @@ class CubeFilterGrad(CpuMad):
         chunk_first = cores_own_out or blocks_in % cores == 0
         # The Cout rows stay one loop (co0) until the result is placed; they are split into row groups at the end.
         below = steps if cores_own_out or blocks_in % cores == 0 else [*chunk_loops, *steps]  # the loops between co0 and c0
+        # Cin blocks per tile (AVX-512: 8 Cout rows x 2 Cin blocks where the blocks pair up), split off the Cin blocks a task owns.
+        tile_blocks = dw_blocks(blocks_in // (cores if not cores_own_out and blocks_in % cores == 0 else 1), self.plan)
+        if not self.block_tiles or self.tunable:
+            tile_blocks = 1
+        if tile_blocks > 1:
+            most //= tile_blocks
         if cores_own_out:
             sch.reorder(g, co1, c1)
             core, owned = sch.split(sch.fuse(g, co1), [cores, None])
             sch.reorder(core, *chunk_loops, owned, c1, tap_h, tap_w, co0, *below, c0)
+            c1, *c1_b = sch.split(c1, [None, tile_blocks]) if tile_blocks > 1 else (c1,)
         elif blocks_in % cores == 0:
             core, owned = sch.split(c1, [cores, None])
             sch.reorder(core, *chunk_loops, g, co1, owned, tap_h, tap_w, co0, *below, c0)
+            owned, *c1_b = sch.split(owned, [None, tile_blocks]) if tile_blocks > 1 else (owned,)
         else:  # no even split: every tile a task, its whole reduction inside
             sch.reorder(g, co1, c1, tap_h, tap_w, co0, *below, c0)
+            c1, *c1_b = sch.split(c1, [None, tile_blocks]) if tile_blocks > 1 else (c1,)
             core = sch.fuse(g, co1, c1)
         sch.parallel(core)
         chunk_bytes = images * bands * cols * owned_out * C0 * 4  # the fp32 dy one chunk of a core reads
@@ -113,8 +125,8 @@ class CubeFilterGrad(CpuMad):
         if DW_WRITE_BACK and one_chunk and chunk_first:
             self.write_back_in(block, c1 if cores_own_out else owned)  # (first: a tensorized tile's block is replaced)
         rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0) if self.tunable else most, most)
-        sch.reorder(rows_o, *below, co0)
-        self.tile_body(block, (chunk_loops or steps)[0])
+        sch.reorder(rows_o, *below, co0, *c1_b)  # (a tile's Cin blocks innermost: each broadcast feeds them all)
+        self.register_tile(block, [co0, *c1_b], sch.get_loops(block)[-1], (chunk_loops or steps)[0])
 
     def _images_per_core_pay(self, taps: int, blocks_out: int, blocks_in: int, batch: int, pixels: int) -> bool:
         """Whether each core should sum the dW of its own images (:meth:`_split_images`) instead of

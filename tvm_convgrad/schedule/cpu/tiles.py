@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 
 from ...isa import IsaPlan
+from ...layout import C0
 
 __all__ = [
-    "ALIASED_TILE_PIXELS", "CHUNK_STEPS", "FMA_LATENCY", "L1_SET_STRIDE", "L2_BYTES_PER_CYCLE", "MAX_TAP_TILE", "MAX_TILE_PIXELS", "MAX_WO_UNROLL", "block_tile", "chunk", "depthwise_dw_tile",
+    "ALIASED_TILE_PIXELS", "CHUNK_STEPS", "FMA_LATENCY", "L1_SET_STRIDE", "L2_BYTES_PER_CYCLE", "MAX_TAP_TILE", "MAX_TILE_PIXELS", "MAX_WO_UNROLL", "block_tile", "chunk", "depthwise_dw_tile", "dw_blocks",
     "channel_tile", "depthwise_dx_tile", "divisors", "dx_tile", "largest_divisor", "planar_tile", "step_cycles", "tap_tile", "winograd_dw_tile", "winograd_tile",
 ]  # fmt: skip
 
@@ -99,6 +100,17 @@ def block_tile(pixels: int, v: int, blocks: int, plan: IsaPlan) -> int:
         return 1
     options = [b for b in divisors(blocks, plan.accumulators) if pixels * v * b <= plan.accumulators and pixels * v * b + v * b + 1 <= plan.registers]
     return min(options, key=lambda b: (step_cycles(pixels, v * b, plan) / (pixels * b), b), default=1)
+
+
+def dw_blocks(blocks: int, plan: IsaPlan) -> int:
+    """Cin blocks per dW cube tile (of the ``blocks`` a task walks): 2 where one register holds a
+    16-lane row (AVX-512) and the blocks pair up, the tile then ``rows(C0) / 2`` Cout rows x 2
+    Cin blocks (8 broadcasts and 2 fmap rows a step for 16 FMAs, not 16 and 1: the loads, not
+    the FMAs, bound the 16 x 1 tile); else 1. A Sapphire Rapids-class core, against 16 x 1:
+    3x3 dW of 128 channels on 14x14 N=32 6.2-6.3 -> 5.3 ms, 256 on 7x7 N=32 6.1-6.4 -> 4.7-5.3,
+    64 on 28x28 N=32 6.8-7.4 -> 5.7-6.1, the 1x1 of 256 -> 1024 on 14x14 N=8 2.6-2.8 -> 2.4-2.5;
+    4 x 4 and 6 x 4 tiles no better, 12 x 2 and 16 x 2 (spilling) far worse."""
+    return 2 if plan.registers_per_row == 1 and plan.rows(C0) % 2 == 0 and blocks % 2 == 0 else 1
 
 
 def planar_tile(channels: int, pixels: int, plan: IsaPlan) -> tuple[int, int]:
