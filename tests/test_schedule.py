@@ -229,6 +229,35 @@ def test_an_atrous_data_gradient_runs_by_live_tap_regions(isa, data_format, dtyp
         assert check_kernel(build(dx, target=target)).ok
 
 
+@pytest.mark.parametrize("images, across", [(8, True), (1, False)])
+@pytest.mark.parametrize("data_format", ["NCX", "NXC"])
+def test_regions_of_small_maps_in_a_batch_run_across_the_images(images, across, data_format):
+    """A 3x3 dX on 4x4 maps splits into live-tap regions; with 8 images (128 pixels in all, at
+    most ``ACROSS_IMAGES_PIXELS``) each region is a mad of its own, its own parallel tasks tiled
+    across the images (an image's corner region is one pixel: a tile of it a lone FMA chain); one
+    image keeps the regions under the result's task of its channels. Exact either way."""
+    from tvm import te
+    from tvm.tirx import ForKind
+
+    from tvm_convgrad.frontends import onednn
+    from tvm_convgrad.schedule.cpu.regions import ACROSS_IMAGES_MIN, ACROSS_IMAGES_PIXELS
+
+    assert (images >= ACROSS_IMAGES_MIN and images * 16 <= ACROSS_IMAGES_PIXELS) == across
+    target = resolve_target(isa_target("avx512"))
+    dy_shape = (images, 64, 4, 4) if data_format == "NCX" else (images, 4, 4, 64)
+    dy, weights = te.placeholder(dy_shape, "float32", name="diff_dst"), te.placeholder((3, 3, 64, 64), "float32", name="weights")
+    dx = onednn.convolution_backward_data(dy, weights, [images, 64, 4, 4] if data_format == "NCX" else [images, 4, 4, 64], strides=[1, 1],
+                                          pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], data_format=data_format)  # fmt: skip
+    sch = schedule.rule_for(target).apply(Workload.of(dx).prim_func(target), target)
+    regions = sorted(set(re.findall(r'T.sblock\("(dx_cc_\d+_\d+)_update"\)', sch.mod.script())))
+    tasks = {name: _outermost_loop(sch, f"{name}_update") for name in regions}
+    assert len(regions) > 1 and all(task.kind == ForKind.PARALLEL for task in tasks.values())
+    shared = all(task.same_as(tasks[regions[0]]) for task in tasks.values())
+    assert shared != across, {name: str(task.loop_var) for name, task in tasks.items()}
+    if host_can_run(target):
+        assert check_kernel(build(dx, target=target)).ok
+
+
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
 @pytest.mark.parametrize("data_format, cin, size, rate, groups, regions", [
     ("NCX", 48, (14, 14), 6, 1, 9), ("NXC", 40, (14, 14), 18, 1, 1), ("NCX", 48, (10, 12), 4, 2, 9), ("NXC", 32, (1, 1), 1, 1, 1),
