@@ -124,6 +124,27 @@ def test_dw_tiles_pair_cin_blocks_on_avx512():
     assert all(dw_blocks(4, PLANS[name]) == 1 for name in ("avx2", "sse", "neon", "generic"))
 
 
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_a_dw_summed_per_core_pairs_cin_blocks_on_avx512(isa):
+    """A 1x1 dW whose Cout blocks the cores cannot share (3 of them) sums each core's images; its
+    tile (the rfactor block's) pairs the 2 Cin blocks on AVX-512 (8 Cout rows x 2 blocks x 16
+    lanes), keeps one on AVX2 (4 rows x 2 ymm); exact where the host runs the target."""
+    from tvm import tirx
+
+    from tvm_convgrad.compile.target import resolve_target
+    from tvm_convgrad.compile.workload import Workload
+    from tvm_convgrad.schedule import rule_for
+
+    target = resolve_target(TARGETS[isa])
+    dw = _dw(4, 32, 14, 14, 48, 1, name=f"pair_rf_{isa}")
+    sch = rule_for(target).apply(Workload.of(dw).prim_func(target), target)
+    tile = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock("dw_cc_rf_update"))[-3:]]
+    unrolled = [int(lp.extent) for lp in tile if lp.kind == tirx.ForKind.UNROLLED]
+    assert unrolled == ([8, 2] if isa == "avx512" else [4]), [(lp.loop_var.name, lp.extent, lp.kind) for lp in tile]
+    if host_can_run(target):
+        assert check_kernel(build(dw, target=target)).ok
+
+
 def test_stem_dw_tiles_per_isa():
     """A 7x7 stem's dW, 64 Cout on the lanes: AVX2 takes a kernel row's 7 taps on one ymm (half a
     Cout row; 1 tap on 8 ymm reads 32 bytes of dy from L2 per FMA, which the FMAs outrun), AVX-512
