@@ -136,6 +136,16 @@ FIXED = {
     "fwd-nxc-1x1-map": Case("fwd", 12, 40, 24, 1, (1, 1), (1, 1), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
     "dx-ncx-2x2-map": Case("data", 8, 40, 24, 1, (2, 2), (2, 2), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
                            weights_format="OIX", effective_pads=(1, 1)),  # fmt: skip
+    # register tiles over two channel blocks (AVX-512): a 1x1 dX's 14 pixels x 2 result blocks (56 channels: a partial last block;
+    # 80 reduction channels), NXC and NCX; a dW's 8 Cout rows x 2 Cin blocks (56 Cin: a partial last block)
+    "dx-1x1-block-tiles": Case("data", 2, 56, 80, 1, (14, 14), (14, 14), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
+    "dx-ncx-1x1-block-tiles": Case("data", 2, 56, 80, 1, (14, 14), (14, 14), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
+                                   weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
+    "dw-paired-cin-blocks": Case("conv_v2", 2, 56, 40, 1, (9, 9), (9, 9), (3, 3), (1, 1), **_PADS1),
+    # a batch of 4x4 maps (8 images: 128 pixels): each live-tap region of the dX and the forward its own mad, tiled across the images
+    "dx-4x4-regions-across-images": Case("data", 8, 40, 24, 1, (4, 4), (4, 4), (3, 3), (1, 1), data_format="NCX", weights_format="OIX",
+                                         **_PADS1),  # fmt: skip
+    "fwd-4x4-regions-across-images": Case("fwd", 8, 40, 24, 1, (4, 4), (4, 4), (3, 3), (1, 1), **_PADS1),
     # dX reading dy where it lies (a 1x1 without padding): 40 dy channels (a partial block read in place), a stride-2 phase on
     # NCX, extended groups
     "dx-nxc-1x1-dy-in-place": Case("data", 2, 24, 40, 1, (7, 9), (7, 9), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
