@@ -76,9 +76,7 @@ class CubeInputGrad(CpuMad):
         if cols % tw == 0 or self.tunable:
             i_o, i_i = self.split(i, tw, most)
             b = self._blocks_per_tile(th * tw, v, loop_extent(sch, c1_i), [loop_extent(sch, lp) for lp in reduction])
-            c1_b = []  # (a tile's blocks innermost: one broadcast register feeds them all)
-            if b > 1:
-                c1_i, *c1_b = sch.split(c1_i, [None, b])
+            c1_i, c1_b = self.split_blocks(c1_i, b)  # (a tile's blocks innermost: one broadcast register feeds them all)
             sch.reorder(*task, *inside, i_o, c1_i, lane_groups, *reduction, j_i, i_i, *c1_b, c0)
             self._tasks(block, sch.fuse(*task), under, packs)  # (first: a tensorized tile's block is replaced)
             self._prefetch(block, i_o, th)  # (likewise before the tile)

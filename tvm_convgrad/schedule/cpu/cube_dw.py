@@ -97,22 +97,21 @@ class CubeFilterGrad(CpuMad):
         chunk_first = cores_own_out or blocks_in % cores == 0
         # The Cout rows stay one loop (co0) until the result is placed; they are split into row groups at the end.
         below = steps if cores_own_out or blocks_in % cores == 0 else [*chunk_loops, *steps]  # the loops between co0 and c0
-        # Cin blocks per tile (AVX-512: 8 Cout rows x 2 Cin blocks where the blocks pair up), split off the Cin blocks a task owns.
-        tile_blocks = self._tile_blocks(blocks_in // (cores if not cores_own_out and blocks_in % cores == 0 else 1))
-        most //= tile_blocks
+        # A tile's Cin blocks (AVX-512: 8 Cout rows x 2 Cin blocks where they pair up) split off the Cin blocks a task owns.
         if cores_own_out:
             sch.reorder(g, co1, c1)
             core, owned = sch.split(sch.fuse(g, co1), [cores, None])
             sch.reorder(core, *chunk_loops, owned, c1, tap_h, tap_w, co0, *below, c0)
-            c1, *c1_b = sch.split(c1, [None, tile_blocks]) if tile_blocks > 1 else (c1,)
+            c1, c1_b = self._cin_blocks(c1)
         elif blocks_in % cores == 0:
             core, owned = sch.split(c1, [cores, None])
             sch.reorder(core, *chunk_loops, g, co1, owned, tap_h, tap_w, co0, *below, c0)
-            owned, *c1_b = sch.split(owned, [None, tile_blocks]) if tile_blocks > 1 else (owned,)
+            owned, c1_b = self._cin_blocks(owned)
         else:  # no even split: every tile a task, its whole reduction inside
             sch.reorder(g, co1, c1, tap_h, tap_w, co0, *below, c0)
-            c1, *c1_b = sch.split(c1, [None, tile_blocks]) if tile_blocks > 1 else (c1,)
+            c1, c1_b = self._cin_blocks(c1)
             core = sch.fuse(g, co1, c1)
+        most //= loop_extent(sch, c1_b[0]) if c1_b else 1
         sch.parallel(core)
         chunk_bytes = images * bands * cols * owned_out * C0 * 4  # the fp32 dy one chunk of a core reads
         if PACK_PER_CHUNK and chunk_first and chunk_bytes <= PACK_IN_CACHE:
@@ -125,10 +124,12 @@ class CubeFilterGrad(CpuMad):
         sch.reorder(rows_o, *below, co0, *c1_b)  # (a tile's Cin blocks innermost: each broadcast feeds them all)
         self.register_tile(block, [co0, *c1_b], sch.get_loops(block)[-1], (chunk_loops or steps)[0])
 
-    def _tile_blocks(self, blocks: int) -> int:
-        """Cin blocks per tile (:func:`.tiles.dw_blocks`) of the ``blocks`` a task walks, where
-        :attr:`block_tiles` and not tuning; else 1."""
-        return dw_blocks(blocks, self.plan) if self.block_tiles and not self.tunable else 1
+    def _cin_blocks(self, loop, pair: bool = True) -> tuple:
+        """``(outer, [the tile's Cin blocks])`` of the Cin-block ``loop`` a task walks: its blocks
+        in pairs (:func:`.tiles.dw_blocks`) where :attr:`block_tiles`, ``pair`` and not tuning,
+        else ``(loop, [])``."""
+        pairs = pair and self.block_tiles and not self.tunable
+        return self.split_blocks(loop, dw_blocks(loop_extent(self.sch, loop), self.plan) if pairs else 1)
 
     def _images_per_core_pay(self, taps: int, blocks_out: int, blocks_in: int, batch: int, pixels: int) -> bool:
         """Whether each core should sum the dW of its own images (:meth:`_split_images`) instead of
@@ -166,8 +167,8 @@ class CubeFilterGrad(CpuMad):
         n_o, n_i = self.split(n, images, batch // cores)
         ho_o, ho_i = self.split(ho, bands, rows)
         g, co1, c1, tap_h, tap_w = tiles
-        tile_blocks = self._tile_blocks(loop_extent(sch, c1)) if bands == rows else 1
-        c1, *c1_b = sch.split(c1, [None, tile_blocks]) if tile_blocks > 1 else (c1,)
+        c1, c1_b = self._cin_blocks(c1, pair=bands == rows)
+        tile_blocks = loop_extent(sch, c1_b[0]) if c1_b else 1
         rows_o, co0 = self.split(co0, self.plan.rows(C0, divides=C0) // tile_blocks, self.plan.rows(C0) // tile_blocks)
         sch.reorder(part, n_o, ho_o, g, co1, c1, tap_h, tap_w, rows_o, n_i, ho_i, wo, co0, *c1_b, c0)
         rf = sch.rfactor(part, 0)

@@ -146,6 +146,14 @@ class CpuMad(ABC):
             return self.sch.split(loop, factors)
         return self.sch.split(loop, [None, inner])
 
+    def split_blocks(self, loop, blocks: int) -> tuple:
+        """``(outer, [inner])``: a register tile's ``blocks`` channel blocks split off ``loop``
+        (to be placed innermost of the tile, unrolled); ``(loop, [])`` for a tile of one block."""
+        if blocks == 1:
+            return loop, []
+        outer, inner = self.sch.split(loop, [None, blocks])
+        return outer, [inner]
+
     def tile_body(self, block, first_reduce):
         """The 16x16 register tile: C0 rows unrolled, C0 lanes vectorized; init before the reduction."""
         *_, rows, lanes = self.sch.get_loops(block)
