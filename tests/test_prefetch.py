@@ -56,6 +56,47 @@ def test_a_1x1_dx_prefetches_the_dy_rows_it_reads_in_place(isa):
         assert check_kernel(build(_input_grad("NXC"), target=target)).ok
 
 
+def _weight_grad(cin: int, cout: int, size: int = 28, images: int = 32):
+    """A 1x1 dW on NXC tensors (MobileNetV2's channels-last 1x1 layers, smaller)."""
+    src = te.placeholder((images, size, size, cin), "float32", name="src")
+    dy = te.placeholder((images, size, size, cout), "float32", name="diff_dst")
+    return onednn.convolution_backward_weights(src, dy, (1, 1, cin, cout), strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0],
+                                               dilations=[1, 1])  # fmt: skip
+
+
+def _loop_with(asm: str, instruction: str) -> str:
+    """The instructions of the innermost loop holding ``instruction``: from the label its backward
+    jump goes to, down to that jump."""
+    lines = asm.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith(instruction))
+    end = next(i for i in range(at, len(lines)) if re.match(r"\s*j\w+\s+(\.LBB\w+)", lines[i]))
+    label = re.match(r"\s*j\w+\s+(\.LBB\w+)", lines[end]).group(1)
+    start = max(i for i in range(at + 1) if lines[i].startswith(label + ":"))
+    return "\n".join(lines[start : end + 1])
+
+
+def test_a_1x1_dw_prefetches_the_rows_it_reads_in_place_and_keeps_its_sums_in_registers():
+    """A 1x1 NXC dW reads each pixel's run of 16 dy channels (a tile's Cout rows) where it lies,
+    a row of Cout channels apart: each step asks for the run about PREFETCH_AHEAD_BYTES of runs
+    ahead, and a prefetch in the steps leaves the tile's sums in registers (no store in the loop:
+    LLVM's own declaration of the prefetch, which may write where it points, made it store and
+    load the sums at every step). x (1.6 MB) is left to the caches; where x is the one read in
+    place (144 -> 24: dy's 24 channels packed), x is the stream. Exact where the host runs it."""
+    target = isa_target("avx512", cores=2)
+    (func,) = lower(_weight_grad(16, 96), target).functions.values()
+    assert prefetched_buffers(func) == ["diff_dst"]
+    ahead = int(re.search(r"\+ T\.int64\((\d+)\) \+ line \* T\.int64\(16\)", func.script()).group(1))
+    assert ahead == math.ceil(PREFETCH_AHEAD_BYTES / (16 * 4)) * 96, "runs of 16 channels, a row of 96 apart"
+    with pass_context(target):
+        asm = tvm.compile(lower(_weight_grad(16, 96), target), target=target).mod.inspect_source("asm")
+    steps = _loop_with(asm, "prefetcht0")
+    assert steps.count("vfmadd231ps") >= 16 and not re.search(r"vmov\w+\s+%zmm\d+, -?\d*\(", steps), steps
+    (x_stream,) = lower(_weight_grad(144, 24), target).functions.values()
+    assert prefetched_buffers(x_stream) == ["src"]
+    if host_can_run(target):
+        assert check_kernel(build(_weight_grad(16, 96), target=target)).ok
+
+
 def _stream(step: int, quadratic: bool = False) -> s_tir.Schedule:
     """``b[i] = sum_k a[i*step + k]`` (``a[i*i + k]``: no constant step), its ``i`` loop marked."""
     rows = 64

@@ -26,6 +26,7 @@ import re
 
 import tvm
 from tvm import s_tir, tirx
+from tvm.ir import StringImm
 from tvm.sym import Analyzer
 from tvm.sym.int_set import IntervalSet
 
@@ -45,17 +46,35 @@ PREFETCH_AHEAD_BYTES = 8 * 1024
 """How far ahead of the iteration being computed its stream is asked for (Zen 3, the 1x1 dX: 2.3
 KB tiles, 1, 2, 4, 8 and 16 tiles ahead ran 3.1, 3.1, 2.5, 2.6, 3.2 ms)."""
 CACHE_LINE = 64
-_PREFETCH_OF = re.compile(r'"llvm\.prefetch(?:\.p0)?", T\.tvm_access_ptr\(T\.type_annotation\("\w+"\), (\w+)\.data')
+PREFETCH_HELPER = "tvm_convgrad_prefetch"
+PREFETCH_LLVM = r"""
+declare void @llvm.prefetch.p0(ptr, i32, i32, i32)
+define internal void @tvm_convgrad_prefetch(ptr %p) alwaysinline {
+  call void @llvm.prefetch.p0(ptr %p, i32 0, i32 3, i32 1) #0
+  ret void
+}
+attributes #0 = { nounwind willreturn memory(inaccessiblemem: readwrite) }
+"""
+"""The prefetch a kernel imports (``pragma_import_llvm``) and calls: ``llvm.prefetch`` (a read, to
+every cache level), the call marked as touching no memory the kernel reaches. As LLVM declares it
+(``memory(argmem: readwrite)``) it could write where it points: in a tile's steps, the sums
+reached through a pointer (a dW's, which live across chunks) were then stored and loaded again
+at every step instead of held in registers."""
+_PREFETCH_OF = re.compile(r'"tvm_convgrad_prefetch", T\.tvm_access_ptr\(T\.type_annotation\("\w+"\), (\w+)\.data')
 
 
 def prefetch_stream(sch: s_tir.Schedule, loop, buffer_name: str) -> None:
-    """Mark ``loop``: each iteration reads the next contiguous part of ``buffer_name``, where
-    :data:`PREFETCH_STREAMS` is set and the buffer (a parameter of the function) holds at least
-    :data:`STREAM_BYTES`."""
+    """Mark ``loop``: each iteration reads the next part of ``buffer_name`` (a run of it, the
+    runs a constant step apart), where :data:`PREFETCH_STREAMS` is set and the buffer (a parameter
+    of the function) holds at least :data:`STREAM_BYTES`. A loop marked for several buffers
+    prefetches each of them."""
     (buffer,) = [b for func in sch.mod.functions.values() for b in func.params if b.name == buffer_name]
     size = math.prod(int(d) for d in buffer.shape) * tvm.DataType(str(buffer.dtype)).bits // 8
     if PREFETCH_STREAMS and size >= STREAM_BYTES:
-        sch.annotate(loop, PREFETCH, buffer_name)
+        marked = sch.get(loop).annotations.get(PREFETCH)
+        names = [*str(marked).split(","), buffer_name] if marked is not None else [buffer_name]
+        sch.unannotate(loop, PREFETCH) if marked is not None else None
+        sch.annotate(loop, PREFETCH, ",".join(dict.fromkeys(names)))
 
 
 def lower_prefetches(mod: tvm.IRModule) -> tvm.IRModule:
@@ -73,13 +92,12 @@ def _with_prefetch(loop: tirx.For, func: tirx.PrimFunc) -> tirx.For:
     """A marked ``loop`` of ``func`` without its mark, its body led by the prefetch of the stream of
     the parameter it names (as it is where no prefetch is found); an unmarked one as it is."""
     annotations = dict(loop.annotations or {})
-    name = annotations.pop(PREFETCH, None)
-    if name is None:
+    names = annotations.pop(PREFETCH, None)
+    if names is None:
         return loop
-    body = loop.body
-    prefetch = _prefetch(loop, {buf.name: buf for buf in func.params}[str(name)])
-    if prefetch is not None:
-        body = tirx.SeqStmt([prefetch, body])
+    params = {buf.name: buf for buf in func.params}
+    prefetches = [p for p in (_prefetch(loop, params[name]) for name in str(names).split(",")) if p is not None]
+    body = tirx.SeqStmt([*prefetches, loop.body]) if prefetches else loop.body
     return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, annotations, loop.step, loop.span)
 
 
@@ -143,13 +161,15 @@ def _prefetch(loop: tirx.For, buffer):
     step = Analyzer().simplify(at[1] - at[0])
     if not isinstance(step, tirx.IntImm) or step.value <= 0 or not Analyzer().can_prove_equal(at[2] - at[1], step):
         return None  # (not a stream advancing by a constant number of elements per iteration)
-    if not Analyzer().can_prove_equal(end - start + 1, step):
-        return None  # (an iteration's reads not one contiguous run: rows of several pixels, planes)
+    run = Analyzer().simplify(end - start + 1)
+    if not isinstance(run, tirx.IntImm) or run.value > step.value:
+        return None  # (an iteration's reads not one run within its step: rows of several pixels, planes)
     itemsize = tvm.DataType(str(buffer.dtype)).bits // 8
-    ahead = max(1, math.ceil(PREFETCH_AHEAD_BYTES / (step.value * itemsize)))
-    lines = math.ceil(step.value * itemsize / CACHE_LINE)
+    ahead = max(1, math.ceil(PREFETCH_AHEAD_BYTES / (run.value * itemsize)))
+    lines = math.ceil(run.value * itemsize / CACHE_LINE)
     size = math.prod(int(d) for d in buffer.shape)
     line = tirx.Var("line", index)
     flat = tirx.min(start + (ahead * step.value) + line * (CACHE_LINE // itemsize), tirx.IntImm(index, size - 1))
-    call = tirx.call_llvm_intrin("void", "llvm.prefetch.p0", buffer.access_ptr("r", offset=flat), 0, 3, 1)
-    return tirx.For(line, tirx.IntImm(index, 0), tirx.IntImm(index, lines), tirx.ForKind.SERIAL, tirx.Evaluate(call))
+    call = tirx.call_extern("void", PREFETCH_HELPER, buffer.access_ptr("r", offset=flat))
+    loop = tirx.For(line, tirx.IntImm(index, 0), tirx.IntImm(index, lines), tirx.ForKind.SERIAL, tirx.Evaluate(call))
+    return tirx.AttrStmt(tirx.IntImm("int32", 0), "pragma_import_llvm", StringImm(PREFETCH_LLVM), loop)
