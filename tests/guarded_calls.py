@@ -74,6 +74,9 @@ FIXED = {
                                    **_PADS1),  # fmt: skip
     "dw-depthwise-per-image-rfactor": Case("conv_v2", 3, 40, 40, 40, (9, 10), (5, 10), (3, 1), (2, 1), (1, 0), (1, 0), (1, 1),
                                            data_format="NCX", weights_format="OIX", effective_pads=(1, 0)),  # fmt: skip
+    # ... an even batch on NXC, strided: each core sums its own images, every channel block (40: a partial one) of each
+    "dw-depthwise-images-per-core-nxc": Case("conv_v2", 4, 40, 40, 40, (13, 11), (7, 6), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1),
+                                             effective_pads=(1, 1)),  # fmt: skip
     # a 1x1 dW in OIX: its unit tap loops join the input-channel loop, written 16 lanes at a time
     "dw-1x1-oix": Case("conv_v2", 2, 40, 24, 1, (7, 7), (7, 7), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
                        weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip

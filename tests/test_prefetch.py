@@ -97,12 +97,18 @@ def test_a_1x1_dw_prefetches_the_rows_it_reads_in_place_and_keeps_its_sums_in_re
         assert check_kernel(build(_weight_grad(16, 96), target=target)).ok
 
 
-def _stream(step: int, quadratic: bool = False) -> s_tir.Schedule:
-    """``b[i] = sum_k a[i*step + k]`` (``a[i*i + k]``: no constant step), its ``i`` loop marked."""
+def _stream(step: int, quadratic: bool = False, behind: int = 0) -> s_tir.Schedule:
+    """``b[i] = sum_k a[i*step + k]`` (``a[i*i + k]``: no constant step; ``behind``: each row read
+    ``behind`` elements back, 0 where that is before ``a``), its ``i`` loop marked."""
     rows = 64
     a = te.placeholder((rows * rows + step,), "float32", name="a")
     k = te.reduce_axis((0, step), name="k")
-    b = te.compute((rows,), lambda i: te.sum(a[(i * i if quadratic else i * step) + k], axis=k), name="b")
+
+    def element(i):
+        at = (i * i if quadratic else i * step) + k - behind
+        return tirx.if_then_else(at >= 0, a[at], tirx.const(0, "float32")) if behind else a[at]
+
+    b = te.compute((rows,), lambda i: te.sum(element(i), axis=k), name="b")
     sch = s_tir.Schedule(te.create_prim_func([a, b]))
     i, _ = sch.get_loops(sch.get_sblock("b"))
     prefetch_stream(sch, i, "a")
@@ -126,6 +132,9 @@ def test_lower_prefetches_asks_for_the_iteration_ahead_and_never_past_the_tensor
     assert PREFETCH not in script and prefetched_buffers(mod["main"]) == ["a"]
     assert f"for line in range({math.ceil(step * 4 / CACHE_LINE)})" in script
     assert f"T.min(i * {step} + {ahead * step} + line * 16, {64 * 64 + step - 1})" in script
+    assert "T.max(" not in script, "i * step + ahead * step is never before the tensor"
+    behind = lower_prefetches(_stream(step, behind=4000).mod).script()
+    assert f"T.max(i * {step} - 4000 + {ahead * step} + line * 16, 0)" in behind, "nor ahead of a read that starts before it"
     quadratic = lower_prefetches(_stream(step, quadratic=True).mod)
     assert prefetched_buffers(quadratic["main"]) == [] and PREFETCH not in quadratic.script()
     plain = tvm.IRModule({"main": te.create_prim_func([te.placeholder((4,), name="x")])})

@@ -377,6 +377,33 @@ def test_a_depthwise_weight_gradient_packs_image_by_image(kernel, stride):
         assert check_kernel(build(dw, target=avx2)).ok
 
 
+def test_a_depthwise_weight_gradient_of_an_even_batch_sums_each_cores_images():
+    """An NXC depthwise dW whose images split evenly over the cores (4 on 2): each core sums its
+    own images (the rfactor part is the parallel loop), every channel block of an image before the
+    next (the images loop above the blocks), its x and dy packs made per image and block; exact."""
+    from tvm import te, tirx
+
+    from tvm_convgrad.dsl.compute.stages import DW_DW, FMAP_DW, GRADS_DW
+    from tvm_convgrad.frontends import onednn
+
+    avx512 = isa_target("avx512", cores=2)
+    target = resolve_target(avx512)
+    src = te.placeholder((4, 9, 11, 48), "float32", name="src")
+    dy = te.placeholder((4, 9, 11, 48), "float32", name="diff_dst")
+    dw = onednn.convolution_backward_weights(src, dy, [48, 1, 3, 3], strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1],
+                                             groups=48, weights_format="OIX")  # fmt: skip
+    sch = schedule.rule_for(target).apply(Workload.of(dw).prim_func(target), target)
+    mad = sch.get_loops(sch.get_sblock(f"{DW_DW}_rf_update"))  # part, images, the channel tasks (q, c1, lanes), ...
+    part, images, blocks = (sch.get(loop) for loop in (mad[0], mad[1], mad[3]))
+    assert part.kind == tirx.ForKind.PARALLEL and part.extent == 2 and images.extent == 2
+    assert blocks.extent == 3, "the channel blocks inside each image"
+    for pack in (FMAP_DW, GRADS_DW):
+        loops = sch.get_loops(sch.get_sblock(pack))
+        assert all(sch.get(a).same_as(sch.get(b)) for a, b in zip(loops[:5], mad[:5])), pack
+    if host_can_run(avx512):
+        assert check_kernel(build(dw, target=avx512)).ok
+
+
 def test_tunable_rule_samples_tiles():
     workload = Workload.of(_dx(1, 32, 14, 14, 32, 3, 1, 1, name="tunable_dx"))
     target = resolve_target("llvm")

@@ -150,6 +150,12 @@ def _substituted(expr, var, value):
     return analyzer.simplify(expr)
 
 
+def _never_negative(expr) -> bool:
+    """Whether ``expr`` is at least 0 for every value its variables (loop iterators: 0 and up) take."""
+    dom = {v: IntervalSet(tirx.IntImm(v.ty, 0), tirx.IntImm(v.ty, 2**30)) for v in tirx.analysis.undefined_vars(expr)}
+    return Analyzer().int_set(expr, dom).min_value.value >= 0 if dom else Analyzer().can_prove(expr >= 0)
+
+
 def _prefetch(loop: tirx.For, buffer):
     """The prefetch loop at the top of ``loop``'s body (see the module docstring), or None."""
     span = _read_span(loop, buffer)
@@ -169,7 +175,10 @@ def _prefetch(loop: tirx.For, buffer):
     lines = math.ceil(run.value * itemsize / CACHE_LINE)
     size = math.prod(int(d) for d in buffer.shape)
     line = tirx.Var("line", index)
-    flat = tirx.min(start + (ahead * step.value) + line * (CACHE_LINE // itemsize), tirx.IntImm(index, size - 1))
+    flat = start + (ahead * step.value) + line * (CACHE_LINE // itemsize)
+    if not _never_negative(flat):  # (a padded read's region starts before the tensor: rows above the image)
+        flat = tirx.max(flat, tirx.IntImm(index, 0))
+    flat = tirx.min(flat, tirx.IntImm(index, size - 1))
     call = tirx.call_extern("void", PREFETCH_HELPER, buffer.access_ptr("r", offset=flat))
     loop = tirx.For(line, tirx.IntImm(index, 0), tirx.IntImm(index, lines), tirx.ForKind.SERIAL, tirx.Evaluate(call))
     return tirx.AttrStmt(tirx.IntImm("int32", 0), "pragma_import_llvm", StringImm(PREFETCH_LLVM), loop)
