@@ -377,6 +377,30 @@ def test_a_depthwise_weight_gradient_packs_image_by_image(kernel, stride):
         assert check_kernel(build(dw, target=avx2)).ok
 
 
+@pytest.mark.parametrize("batch, parallel", [(4, "images"), (3, "tasks")])
+def test_a_stems_weight_gradient_runs_each_cores_images_where_they_split_evenly(batch, parallel):
+    """The Cout-on-lanes dW of a stem (3 -> 32, 3x3 / 2, nine (channel, kernel row) tasks): with
+    a batch the cores split evenly (4 on 2), each core runs every task of its images (the image
+    loop parallel); else (3) the tasks of each image are the parallel loop; exact."""
+    from tvm import te, tirx
+
+    from tvm_convgrad.dsl.compute.stages import DW_CC_T
+    from tvm_convgrad.frontends import onednn
+
+    avx512 = isa_target("avx512", cores=2)
+    target = resolve_target(avx512)
+    src = te.placeholder((batch, 3, 18, 18), "float32", name="src")
+    dy = te.placeholder((batch, 32, 9, 9), "float32", name="diff_dst")
+    dw = onednn.convolution_backward_weights(src, dy, [32, 3, 3, 3], strides=[2, 2], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1],
+                                             data_format="NCX", weights_format="OIX")  # fmt: skip
+    sch = schedule.rule_for(target).apply(Workload.of(dw).prim_func(target), target)
+    loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(f"{DW_CC_T}_rf_update"))]
+    (at,) = [k for k, loop in enumerate(loops) if loop.kind == tirx.ForKind.PARALLEL]
+    assert (at == 0 and loops[0].extent == batch) if parallel == "images" else (at > 0 and loops[0].extent == batch)
+    if host_can_run(avx512):
+        assert check_kernel(build(dw, target=avx512)).ok
+
+
 def test_a_depthwise_weight_gradient_of_an_even_batch_sums_each_cores_images():
     """An NXC depthwise dW whose images split evenly over the cores (4 on 2): each core sums its
     own images (the rfactor part is the parallel loop), every channel block of an image before the
