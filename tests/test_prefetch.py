@@ -50,7 +50,7 @@ def test_a_1x1_dx_prefetches_the_dy_rows_it_reads_in_place(isa):
         asm = tvm.compile(mod, target=target).mod.inspect_source("asm")
     assert "prefetcht0" in asm
     (planar,) = lower(_input_grad("NCX"), target).functions.values()
-    (small,) = lower(_input_grad("NXC", images=8), target).functions.values()  # (2.4 MB of dy: left to the caches)
+    (small,) = lower(_input_grad("NXC", images=4), target).functions.values()  # (1.2 MB of dy: left to the caches)
     assert prefetched_buffers(planar) == prefetched_buffers(small) == []
     if host_can_run(target):
         assert check_kernel(build(_input_grad("NXC"), target=target)).ok
