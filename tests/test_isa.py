@@ -19,7 +19,7 @@ from tvm_convgrad import ConvGradError, build, isa_target
 from tvm_convgrad.tools.asm import hot_loops, innermost_loops
 from tvm_convgrad.tools.peak import build_fma_peak
 from tvm_convgrad.schedule.cpu import dx_tile
-from tvm_convgrad.schedule.cpu.tiles import block_tile, dw_blocks, tap_tile
+from tvm_convgrad.schedule.cpu.tiles import block_tile, dw_blocks, tap_rows, tap_tile
 from tvm_convgrad.isa import PLANS, host_can_run, isa_plan
 from tvm_convgrad.tools.verify import check_kernel
 
@@ -158,6 +158,17 @@ def test_stem_dw_tiles_per_isa():
             assert kernel_w % taps == 0 and blocks % vectors == 0 and plan.registers_per_row % registers == 0
             assert vectors == 1 or registers == plan.registers_per_row  # whole rows, or a part of one
             assert taps * vectors * registers <= plan.accumulators
+            rows = tap_rows(kernel_w, taps, vectors * registers, plan)  # (a square kernel: as many rows as columns)
+            assert kernel_w % rows == 0 and rows * taps * vectors * registers <= plan.accumulators
+
+
+def test_a_stems_dw_tile_takes_kernel_rows_where_its_taps_are_few():
+    """A 3x3 stem of 32 channels on AVX-512 (3 taps x 2 zmm: six accumulators, fewer than the FMA
+    latency hides) takes the kernel's 3 rows (18 accumulators); a 7x7 stem's 7 x 2 and AVX2's
+    3 taps x one 16-lane row (two ymm) stay one row."""
+    assert tap_rows(3, 3, 2, PLANS["avx512"]) == 3
+    assert tap_rows(7, 7, 2, PLANS["avx512"]) == 1
+    assert tap_rows(3, 3, 2, PLANS["avx2"]) == 1
 
 
 def test_isa_target_names_an_isa():

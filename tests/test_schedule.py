@@ -381,7 +381,8 @@ def test_a_depthwise_weight_gradient_packs_image_by_image(kernel, stride):
 def test_a_stems_weight_gradient_runs_each_cores_images_where_they_split_evenly(batch, parallel):
     """The Cout-on-lanes dW of a stem (3 -> 32, 3x3 / 2, nine (channel, kernel row) tasks): with
     a batch the cores split evenly (4 on 2), each core runs every task of its images (the image
-    loop parallel); else (3) the tasks of each image are the parallel loop; exact."""
+    loop parallel), a tile taking the kernel's three rows (:func:`.tiles.tap_rows`); else (3) the
+    tasks of each image are the parallel loop, a tile one row; exact."""
     from tvm import te, tirx
 
     from tvm_convgrad.dsl.compute.stages import DW_CC_T
@@ -397,6 +398,8 @@ def test_a_stems_weight_gradient_runs_each_cores_images_where_they_split_evenly(
     loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(f"{DW_CC_T}_rf_update"))]
     (at,) = [k for k, loop in enumerate(loops) if loop.kind == tirx.ForKind.PARALLEL]
     assert (at == 0 and loops[0].extent == batch) if parallel == "images" else (at > 0 and loops[0].extent == batch)
+    unrolled = [int(loop.extent) for loop in loops if loop.kind == tirx.ForKind.UNROLLED]
+    assert unrolled == ([3, 3, 2] if parallel == "images" else [3, 2]), "the kernel's 3 rows x 3 taps x 2 Cout vectors where the images are the tasks"
     if host_can_run(avx512):
         assert check_kernel(build(dw, target=avx512)).ok
 

@@ -15,7 +15,7 @@ from ...layout import C0
 
 __all__ = [
     "ALIASED_TILE_PIXELS", "CHUNK_STEPS", "FMA_LATENCY", "L1_SET_STRIDE", "L2_BYTES_PER_CYCLE", "MAX_TAP_TILE", "MAX_TILE_PIXELS", "MAX_WO_UNROLL", "block_tile", "chunk", "depthwise_dw_tile", "dw_blocks",
-    "channel_tile", "depthwise_dx_tile", "divisors", "dx_tile", "largest_divisor", "planar_tile", "step_cycles", "tap_tile", "winograd_dw_tile", "winograd_tile",
+    "channel_tile", "depthwise_dx_tile", "divisors", "dx_tile", "largest_divisor", "planar_tile", "step_cycles", "tap_rows", "tap_tile", "winograd_dw_tile", "winograd_tile",
 ]  # fmt: skip
 
 MAX_TILE_PIXELS = 16  # dX pixels per tile: 16 rows of accumulators at most (AVX-512: 16 zmm of 32)
@@ -238,6 +238,20 @@ def tap_tile(kernel_w: int, cout_blocks: int, plan: IsaPlan) -> tuple[int, int, 
                     options.append((accumulators / _tap_step_cycles(taps, dy, plan), accumulators, taps, vectors, part))
     _, _, taps, vectors, part = max(options, default=(0, 1, 1, 1, per_row))
     return taps, vectors, part
+
+
+def tap_rows(kernel_h: int, taps: int, dy: int, plan: IsaPlan) -> int:
+    """Kernel rows per Cout-on-lanes dW tile of ``taps`` x ``dy`` registers (a divisor of the
+    kernel's height): each row's taps broadcast their own x value and share the step's dy loads,
+    so a few taps (a 3x3 stem of 32 channels: 3 taps x 2 zmm, six accumulators waiting on the
+    FMA latency) take more rows where the accumulators, the dy registers and a broadcast fit; the
+    most FMAs per estimated cycle (:func:`_tap_step_cycles`), then the fewest rows. E.g. AVX-512
+    that 3x3 stem: 3 rows (18 accumulators, 11 loads a step for 18 FMAs instead of 5 for 6); a
+    7x7 stem's 7 taps x 2 zmm: 1."""
+    broadcast = 0 if plan.broadcast_operand else 1
+    options = [r for r in divisors(kernel_h, kernel_h)
+               if r * taps * dy <= plan.accumulators and r * taps * dy + (dy if r * taps > 1 else 0) + broadcast < plan.registers]  # fmt: skip
+    return max(options, key=lambda r: (r * taps * dy / _tap_step_cycles(r * taps, dy, plan), -r), default=1)
 
 
 L2_BYTES_PER_CYCLE = 32  # what a core's L2 delivers to its L1 (Zen, Skylake and later: 32-64 B)
