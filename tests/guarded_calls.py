@@ -190,9 +190,9 @@ FIXED = {
     # end): a 1x1 dX's NXC dy and a 1x1 forward's NXC src, 9.6 MB each; an NCX 1x1 dX whose 7x7 planes are packed (PLANAR_IN_PLACE_BYTES)
     "dx-nxc-1x1-prefetch": Case("data", 32, 16, 96, 1, (28, 28), (28, 28), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
     "fwd-nxc-1x1-prefetch": Case("fwd", 32, 96, 24, 1, (28, 28), (28, 28), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
-    # ... a 1x1 dW's strided runs (16 of dy's 96 channels a step, cores owning Cout blocks; 144 -> 24: x's 144-channel rows,
-    # paired Cin blocks, each core its own images)
-    "dw-nxc-1x1-prefetch": Case("conv_v2", 32, 16, 96, 1, (28, 28), (28, 28), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
+    # ... a 1x1 dW's strided runs (16 of dy's 96 channels a step and x's 32, both streams, cores owning Cout blocks; 144 -> 24:
+    # x's 144-channel rows, paired Cin blocks, each core its own images)
+    "dw-nxc-1x1-prefetch": Case("conv_v2", 32, 32, 96, 1, (28, 28), (28, 28), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
     "dw-nxc-1x1-prefetch-images": Case("conv_v2", 32, 144, 24, 1, (28, 28), (28, 28), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1),
                                        effective_pads=(0, 0)),  # fmt: skip
     "dx-ncx-1x1-small-planes": Case("data", 2, 40, 64, 1, (7, 7), (7, 7), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",

@@ -81,7 +81,8 @@ def test_a_1x1_dw_prefetches_the_rows_it_reads_in_place_and_keeps_its_sums_in_re
     ahead, and a prefetch in the steps leaves the tile's sums in registers (no store in the loop:
     LLVM's own declaration of the prefetch, which may write where it points, made it store and
     load the sums at every step). x (1.6 MB) is left to the caches; where x is the one read in
-    place (144 -> 24: dy's 24 channels packed), x is the stream. Exact where the host runs it."""
+    place (144 -> 24: dy's 24 channels packed), x is the stream; where both are large, the loop
+    prefetches both. Exact where the host runs it."""
     target = isa_target("avx512", cores=2)
     (func,) = lower(_weight_grad(16, 96), target).functions.values()
     assert prefetched_buffers(func) == ["diff_dst"]
@@ -93,6 +94,8 @@ def test_a_1x1_dw_prefetches_the_rows_it_reads_in_place_and_keeps_its_sums_in_re
     assert steps.count("vfmadd231ps") >= 16 and not re.search(r"vmov\w+\s+%zmm\d+, -?\d*\(", steps), steps
     (x_stream,) = lower(_weight_grad(144, 24), target).functions.values()
     assert prefetched_buffers(x_stream) == ["src"]
+    (both,) = lower(_weight_grad(32, 96), target).functions.values()  # (x of 3.2 MB: a stream too, the same loop)
+    assert sorted(prefetched_buffers(both)) == ["diff_dst", "src"]
     if host_can_run(target):
         assert check_kernel(build(_weight_grad(16, 96), target=target)).ok
 
