@@ -22,7 +22,7 @@ from ...dsl.compute.stages import FMAP_PAD, W_COL, W_CONV
 from ...layout import C0
 from ..common import buffer_bytes, loop_extent, nbytes
 from .loops import CpuMad, reads_of, whole_tiles_and_edge
-from .prefetch import prefetch_stream
+from .prefetch import prefetch_stream, read_in_place
 from .tiles import ALIASED_TILE_PIXELS, L1_SET_STRIDE, MAX_TILE_PIXELS, block_tile, divisors, dx_tile, largest_divisor
 
 __all__ = ["BLOCK_TILES_MIN_REDUCTION", "FLAT_TASKS_PER_CORE", "PACK_X_PER_BAND", "WEIGHTS_IN_CACHE", "X_BAND_IN_CACHE", "X_CHUNK_IN_CACHE", "CubeForward", "CubeInputGrad"]
@@ -188,8 +188,7 @@ class CubeInputGrad(CpuMad):
         """The tiles of ``tile_loop`` made to prefetch the broadcast operand ahead of them
         (:mod:`.prefetch`) where it is a framework tensor read in place (a parameter of the
         function: a stream from memory) and a tile's part of it is contiguous (one pixel row)."""
-        params = {buf.name for func in self.sch.mod.functions.values() for buf in func.params}
-        streamed = [r.source.name for r in self.sch.get(block).reads if r.source.name != self.weights and r.source.name in params]
+        streamed = [name for name in read_in_place(self.sch, block) if name != self.weights]
         if streamed and tile_rows == 1:
             prefetch_stream(self.sch, tile_loop, streamed[0])
 

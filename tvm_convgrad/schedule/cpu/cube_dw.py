@@ -27,7 +27,7 @@ from ...dsl.compute.stages import FMAP_L1, GRADS_2_MATRIX, KERNEL_H, KERNEL_W
 from ...layout import C0
 from ..common import loop_extent, nbytes
 from .loops import CpuMad, reads_of, sum_parts
-from .prefetch import prefetch_stream
+from .prefetch import prefetch_stream, read_in_place
 from .tiles import CHUNK_STEPS, chunk, dw_blocks, largest_divisor
 
 __all__ = ["CHUNK_IN_CACHE", "DW_WRITE_BACK", "FMAP_PER_CHUNK", "IMAGES_PER_CORE", "IMAGES_PER_CORE_TRAFFIC", "PACK_IN_CACHE", "PACK_PER_CHUNK", "CubeFilterGrad"]
@@ -193,10 +193,8 @@ class CubeFilterGrad(CpuMad):
         on 28x28 3.1 -> 1.6). A 3x3 dW reads each row for nine taps, from cache: left as it is."""
         if taps != 1:
             return
-        params = {buf.name for func in self.sch.mod.functions.values() for buf in func.params}
-        for read in self.sch.get(block).reads:
-            if read.source.name in params:
-                prefetch_stream(self.sch, pixels, read.source.name)
+        for name in read_in_place(self.sch, block):
+            prefetch_stream(self.sch, pixels, name)
 
     def _chunk_steps(self, block, steps_in_all: int, cols: int, packed_blocks: int) -> int:
         """Reduction steps ``(n, ho, wo)`` per chunk (of ``steps_in_all``): :data:`.tiles.CHUNK_STEPS`,

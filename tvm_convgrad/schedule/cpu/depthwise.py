@@ -15,7 +15,7 @@ from .tiles import MAX_TILE_PIXELS, MAX_WO_UNROLL, depthwise_dw_tile, depthwise_
 __all__ = ["PACKS_PER_IMAGE", "PLANES_PER_CORE", "DepthwiseFilterGrad", "DepthwiseInputGrad", "phases_plane_by_plane"]
 
 PACKS_PER_IMAGE = True  # depthwise dW: x and dy packed image by image inside the tasks
-IMAGES_PER_CORE = True  # depthwise dW: each core sums its own images, every channel block of each (DepthwiseFilterGrad._images_per_core)
+IMAGES_PER_CORE = True  # depthwise dW: each core sums its own images, every channel block of each (DepthwiseFilterGrad._in_parts)
 PLANES_PER_CORE = 4  # a one-phase dX runs plane by plane where there are this many planes per core
 
 
@@ -29,7 +29,7 @@ class DepthwiseFilterGrad(CpuMad):
         by up to 4 inside the tile, so that taps reading the same x vector share its load.
 
         Where the images split evenly, each core sums the dW of its own images, every channel
-        block of an image before the next (:meth:`_images_per_core`). Else the cores take the
+        block of an image before the next (:meth:`_in_parts`). Else the cores take the
         channel blocks; where those do not split evenly (MobileNetV2's 144 channels are 9
         blocks), each core sums a part of the rows of every block (``rfactor``); parts are added
         afterwards in a fixed order.
@@ -50,22 +50,19 @@ class DepthwiseFilterGrad(CpuMad):
         count = 1
         for loop in tasks:
             count *= loop_extent(sch, loop)
+        steps = [wo_o, wo_i, *tiled, c0]  # (below the rows)
         if IMAGES_PER_CORE and loop_extent(sch, n) % self.cores == 0:
-            self._images_per_core(block, n, tasks, [ho, wo_o, wo_i, *tiled, c0], per_image)
+            # each core its own images, every channel block of an image before the next (see _in_parts)
+            part, images = sch.split(n, [self.cores, None])
+            order = [part, images, *tasks, ho, *steps]
+            self._in_parts(block, order, len(tiled), first_reduce=1, image=1 + len(tasks), per_image=per_image)
             return
         longest = max((n, ho), key=lambda lp: loop_extent(sch, lp))
         if count % self.cores and count < 8 * self.cores and loop_extent(sch, longest) >= 2 * self.cores:
             part, inner = sch.split(longest, [self.cores, None])
             reduce = [inner, ho] if longest is n else [n, inner]
-            sch.reorder(part, *tasks, *reduce, wo_o, wo_i, *tiled, c0)
-            rf = sch.rfactor(part, 0)
-            loops = sch.get_loops(rf)  # part, tasks, reduce (2), wo_o, wo_i, tiled, c0
-            sch.parallel(loops[0])
-            image = loops[1 + len(tasks)]
-            self.register_tile(rf, [loops[-2 - len(tiled)], *loops[-1 - len(tiled) : -1]], loops[-1], image)
-            sum_parts(sch, block)
-            if per_image:
-                self._pack_per_image(rf, image)
+            order = [part, *tasks, *reduce, *steps]
+            self._in_parts(block, order, len(tiled), first_reduce=1 + len(tasks), image=1 + len(tasks), per_image=per_image)
             return
         sch.reorder(*tasks, n, ho, wo_o, wo_i, *tiled, c0)
         sch.parallel(sch.fuse(*tasks))
@@ -73,24 +70,24 @@ class DepthwiseFilterGrad(CpuMad):
         if per_image:
             self._pack_per_image(block, n)
 
-    def _images_per_core(self, block, n, tasks, steps, per_image: bool):
-        """Each core sums the dW of its own images (``rfactor``, the parts added afterwards in a
-        fixed order), image after image, every channel block of an image before the next: a core
-        reads its images' rows whole, once, where owning channel blocks had both cores read
-        every row of the batch for their own 64 bytes of it (channels-last; MobileNetV2's NHWC
-        96-channel stride-2 layer at N=32, operands streamed from memory: 4.3 -> 3.5 ms). The
-        tile runs on the packs of one (image, channel block) under the task."""
+    def _in_parts(self, block, order: list, taps: int, first_reduce: int, image: int, per_image: bool):
+        """The cores sum parts of the reduction (``rfactor`` over ``order[0]``, the part, its
+        loops in ``order``; the parts added afterwards in a fixed order): the tile (the last
+        ``taps`` loops above the lanes, and ``wo_i``) set to 0 before the rf block's loop at
+        ``first_reduce``, the packs made per image under its loop at ``image``. With each core's
+        images as the parts, every channel block of an image before the next, a core reads its
+        images' rows whole, once, where owning channel blocks had both cores read every row of
+        the batch for their own 64 bytes of it (channels-last; MobileNetV2's NHWC 96-channel
+        stride-2 layer at N=32, operands streamed from memory: 4.3 -> 3.5 ms)."""
         sch = self.sch
-        taps = len(steps) - 4  # (ho, wo_o, wo_i, the tile's taps, c0)
-        part, images = sch.split(n, [self.cores, None])
-        sch.reorder(part, images, *tasks, *steps)
-        rf = sch.rfactor(part, 0)
-        loops = sch.get_loops(rf)  # part, images, tasks, ho, wo_o, wo_i, the taps, c0
+        sch.reorder(*order)
+        rf = sch.rfactor(order[0], 0)
+        loops = sch.get_loops(rf)  # (as order)
         sch.parallel(loops[0])
-        self.register_tile(rf, [loops[-2 - taps], *loops[-1 - taps : -1]], loops[-1], loops[1])
+        self.register_tile(rf, [loops[-2 - taps], *loops[-1 - taps : -1]], loops[-1], loops[first_reduce])
         sum_parts(sch, block)
         if per_image:
-            self._pack_per_image(rf, loops[1 + len(tasks)])
+            self._pack_per_image(rf, loops[image])
 
     def _packs(self, mad) -> list:
         """The mad's x and dy packs (none where it reads its inputs in place, converting)."""

@@ -37,7 +37,7 @@ from tvm.sym.int_set import IntervalSet
 
 from ..common import rewrite_prim_funcs
 
-__all__ = ["CACHE_LINE", "PREFETCH", "PREFETCH_AHEAD_BYTES", "PREFETCH_STREAMS", "STREAM_BYTES", "lower_prefetches", "prefetch_stream", "prefetched_buffers"]
+__all__ = ["CACHE_LINE", "PREFETCH", "PREFETCH_AHEAD_BYTES", "PREFETCH_STREAMS", "read_in_place", "STREAM_BYTES", "lower_prefetches", "prefetch_stream", "prefetched_buffers"]
 
 PREFETCH_STREAMS = True
 """Whether the rules mark the streams they read in place (:func:`prefetch_stream`)."""
@@ -89,6 +89,13 @@ def prefetch_stream(sch: s_tir.Schedule, loop, buffer_name: str) -> None:
             names = [*str(marked).split(","), buffer_name]
             sch.unannotate(loop, PREFETCH)
         sch.annotate(loop, PREFETCH, ",".join(dict.fromkeys(names)))
+
+
+def read_in_place(sch: s_tir.Schedule, block) -> list[str]:
+    """The names of the function parameters (framework tensors) ``block`` reads where they lie,
+    in the order of its reads: the streams a rule may mark."""
+    params = {buf.name for func in sch.mod.functions.values() for buf in func.params}
+    return [read.source.name for read in sch.get(block).reads if read.source.name in params]
 
 
 def lower_prefetches(mod: tvm.IRModule) -> tvm.IRModule:

@@ -227,14 +227,13 @@ def tap_tile(kernel_w: int, cout_blocks: int, plan: IsaPlan) -> tuple[int, int, 
     a 7x7 stem of 64 channels: AVX-512 7 taps x 2 zmm; AVX2 7 taps x 1 ymm (not 1 tap x 8 ymm,
     whose dy stream from L2 outruns the FMAs)."""
     per_row = plan.registers_per_row
-    broadcast = 0 if plan.broadcast_operand else 1
     options = []
     for taps in divisors(kernel_w, MAX_TAP_TILE):
         for part in plan.row_parts:
             for vectors in divisors(cout_blocks, cout_blocks) if part == per_row else [1]:
                 dy = vectors * part
                 accumulators = taps * dy
-                if accumulators <= plan.accumulators and accumulators + (dy if taps > 1 else 0) + broadcast < plan.registers:
+                if _tap_tile_fits(taps, dy, plan):
                     options.append((accumulators / _tap_step_cycles(taps, dy, plan), accumulators, taps, vectors, part))
     _, _, taps, vectors, part = max(options, default=(0, 1, 1, 1, per_row))
     return taps, vectors, part
@@ -248,10 +247,16 @@ def tap_rows(kernel_h: int, taps: int, dy: int, plan: IsaPlan) -> int:
     most FMAs per estimated cycle (:func:`_tap_step_cycles`), then the fewest rows. E.g. AVX-512
     that 3x3 stem: 3 rows (18 accumulators, 11 loads a step for 18 FMAs instead of 5 for 6); a
     7x7 stem's 7 taps x 2 zmm: 1."""
-    broadcast = 0 if plan.broadcast_operand else 1
-    options = [r for r in divisors(kernel_h, kernel_h)
-               if r * taps * dy <= plan.accumulators and r * taps * dy + (dy if r * taps > 1 else 0) + broadcast < plan.registers]  # fmt: skip
+    options = [r for r in divisors(kernel_h, kernel_h) if _tap_tile_fits(r * taps, dy, plan)]
     return max(options, key=lambda r: (r * taps * dy / _tap_step_cycles(r * taps, dy, plan), -r), default=1)
+
+
+def _tap_tile_fits(taps: int, dy: int, plan: IsaPlan) -> bool:
+    """Whether a Cout-on-lanes dW tile of ``taps`` x ``dy`` registers fits: its accumulators within
+    the plan's budget, and with the dy registers (held while several taps use them) and a
+    broadcast register (where the FMA cannot take it from memory) within the register file."""
+    broadcast = 0 if plan.broadcast_operand else 1
+    return taps * dy <= plan.accumulators and taps * dy + (dy if taps > 1 else 0) + broadcast < plan.registers
 
 
 L2_BYTES_PER_CYCLE = 32  # what a core's L2 delivers to its L1 (Zen, Skylake and later: 32-64 B)
