@@ -106,6 +106,10 @@ FIXED = {
                                 post_ops=(("add", 0.0, 0.0, "full"), ("relu", 0.0, 0.0, None)), **_PADS1),
     # ... and the data gradient of a 7x7 map (a partial block of dx channels)
     "dx-nxc-flat-pixels": Case("data", 8, 40, 24, 1, (7, 7), (7, 7), (3, 3), (1, 1), **_PADS1),
+    # a 1x1 on short rows, each tile pixels x 2 result blocks (AVX-512): 7x7 (an edge tile of 10), 4x11 (tiles of 11, no edge)
+    "dx-ncx-1x1-flat-blocks": Case("data", 8, 64, 64, 1, (7, 7), (7, 7), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
+                                   weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
+    "fwd-nxc-1x1-flat-blocks-whole": Case("fwd", 8, 64, 64, 1, (4, 11), (4, 11), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
     # OXI weights (PyTorch's channels-last weights, read and written in place): partial channel blocks on both sides, groups
     "dx-nxc-oxi": Case("data", 2, 40, 24, 1, (9, 7), (5, 4), (3, 3), (2, 2), weights_format="OXI", **_PADS1),
     "dw-nxc-oxi": Case("conv_v2", 2, 40, 24, 2, (9, 7), (9, 7), (3, 3), (1, 1), weights_format="OXI", **_PADS1),

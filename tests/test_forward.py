@@ -392,6 +392,34 @@ def test_a_tile_reading_pixels_one_l1_set_apart_takes_few_pixels(channels, alias
         assert check_kernel(build(dst, target=target)).ok
 
 
+@pytest.mark.parametrize("op, data_format, size, tile", [("data", "NCX", (7, 7), (13, 2)), ("data", "NXC", (4, 11), (11, 2)),
+                                                          ("fwd", "NCX", (7, 7), (13, 2)), ("fwd", "NXC", (4, 11), (11, 2))])  # fmt: skip
+def test_short_rows_of_a_1x1_take_several_result_blocks_a_tile(monkeypatch, op, data_format, size, tile):
+    """A 1x1 over a short-rowed map on AVX-512 (a 7x7 one: row tiles of 13 would leave an edge of 7
+    or 6): each image's pixels one axis, each tile ``TW`` pixels x 2 result blocks
+    (:func:`~tvm_convgrad.schedule.cpu.tiles.flat_block_tile`; one broadcast feeds both blocks),
+    with an edge tile of the image's last pixels (49 = 3 x 13 + 10) or none where the tiles divide
+    the image (44 = 4 x 11); the dX and the forward, exact."""
+    from tvm_convgrad import isa_target
+    from tvm_convgrad.isa import host_can_run
+    from tvm_convgrad.schedule.cpu import cube
+
+    target = isa_target("avx512")
+    taken = []
+    monkeypatch.setattr(cube, "FLAT_TASKS_PER_CORE", 0)  # whatever the cores
+    chosen = cube.flat_block_tile
+    monkeypatch.setattr(cube, "flat_block_tile", lambda *a: taken.append(chosen(*a)) or taken[-1])
+    cin, cout = (64, 64)  # (4 result blocks, 4 of reduction)
+    case = Case(op, 2, cin, cout, 1, size, size, (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format=data_format,
+                weights_format="XIO" if data_format == "NXC" else "OIX", effective_pads=(0, 0))  # fmt: skip
+    kernel = build(framework_call(case, *placeholders(case)), target=target, schedules=None)
+    assert taken == [tile]
+    if not host_can_run(target):
+        pytest.skip("this host cannot run AVX-512 code")
+    inputs = arrays(case, seed=5)
+    check(kernel(*inputs).astype(np.float64), expected(case, *inputs), kernel, case.name())
+
+
 @pytest.mark.parametrize("op, data_format, dtype, post_ops", [("fwd", "NXC", "float32", (("add", 0.0, 0.0, "full"), ("relu", 0.0, 0.0, None))),
                                                               ("fwd", "NCX", "bfloat16", ()), ("data", "NXC", "float32", ())])  # fmt: skip
 def test_short_rows_run_in_pixel_tiles_across_the_rows(monkeypatch, op, data_format, dtype, post_ops):

@@ -19,7 +19,7 @@ from tvm_convgrad import ConvGradError, build, isa_target
 from tvm_convgrad.tools.asm import hot_loops, innermost_loops
 from tvm_convgrad.tools.peak import build_fma_peak
 from tvm_convgrad.schedule.cpu import dx_tile
-from tvm_convgrad.schedule.cpu.tiles import block_tile, dw_blocks, tap_rows, tap_tile
+from tvm_convgrad.schedule.cpu.tiles import block_tile, dw_blocks, flat_block_tile, tap_rows, tap_tile
 from tvm_convgrad.isa import PLANS, host_can_run, isa_plan
 from tvm_convgrad.tools.verify import check_kernel
 
@@ -112,6 +112,21 @@ def test_block_tiles_per_isa():
             v = plan.registers_per_row
             b = block_tile(pixels, v, blocks, plan)
             assert blocks % b == 0 and (b == 1 or pixels * v * b <= plan.accumulators and pixels * v * b + v * b + 1 <= plan.registers)
+
+
+def test_flat_block_tiles_per_isa():
+    """A 1x1's tile over an image's pixels as one axis (a short-rowed map) takes result blocks
+    too: AVX-512 on 7x7 13 pixels x 2 blocks (the edge 10 x 2; 7 x 4 would need a 33rd register
+    for the broadcast, measured spilling), 14 x 2 on 14x14; the 16-lane row of two registers
+    (AVX2) one block of 5 or 6 pixels; every plan's tile within its registers, its blocks a divisor."""
+    avx2, avx512 = PLANS["avx2"], PLANS["avx512"]
+    assert flat_block_tile(49, 1, 4, avx512) == (13, 2) and flat_block_tile(196, 1, 8, avx512) == (14, 2)
+    assert flat_block_tile(49, 1, 1, avx512)[1] == 1 and flat_block_tile(49, 2, 4, avx2) == (5, 1)
+    for plan in PLANS.values():
+        v = plan.registers_per_row
+        for pixels, blocks in [(49, 4), (44, 8), (9, 3), (196, 16), (25, 1)]:
+            tw, b = flat_block_tile(pixels, v, blocks, plan)
+            assert blocks % b == 0 and tw * v * b <= plan.accumulators and (tw + 1) * v * b + 1 <= plan.registers
 
 
 def test_dw_tiles_pair_cin_blocks_on_avx512():

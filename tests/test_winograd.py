@@ -189,7 +189,7 @@ def test_auto_on_avx2_takes_winograd_on_six_tiles_a_side_or_more(size, batch, wi
         dx = onednn.convolution_backward_data(dy, w, list(shape), algorithm="auto", **kw)
         x = te.placeholder(shape, "float32", name="src")
         dw = onednn.convolution_backward_weights(x, dy, list(wshape), algorithm="auto", **kw)
-    with isa_target("avx512"):
+    with _cpu("znver4"):  # (an AVX-512 core of 256-bit FMA pipes: an AMX core's rule needs more tiles, see below)
         wide = _onednn_forward(shape, wshape, "auto")
     for result in (forward, dx):
         assert build(result, target=isa_target("avx2")).formulation == ("winograd" if winograd else "cube")
@@ -278,3 +278,52 @@ def test_random_winograd_calls_match_the_reference(seed):
     """Twelve random calls F(2x2, 3x3) applies to (:func:`_random_case`): within the bound."""
     case = _random_case(np.random.default_rng([20261127, seed]))
     assert _run(case).formulation == "winograd", case
+
+
+def _cpu(mcpu: str):
+    """An x86 LLVM target of the CPU model ``mcpu`` (whatever the host)."""
+    from tvm.target import Target
+
+    from tvm_convgrad.isa import X86_TRIPLE
+
+    return Target({"kind": "llvm", "mcpu": mcpu, "mtriple": X86_TRIPLE})
+
+
+def _runs_winograd(result) -> bool:
+    """Whether a frontend's result tensor is computed through F(2x2, 3x3)'s stages."""
+    seen, stack = set(), [result]
+    while stack:
+        tensor = stack.pop()
+        if tensor.op.name.startswith("wino_"):
+            return True
+        if tensor.op.name not in seen:
+            seen.add(tensor.op.name)
+            stack.extend(tensor.op.input_tensors)
+    return False
+
+
+@pytest.mark.parametrize("batch, size, channels, wide_choice", [(8, 14, 256, False), (4, 14, 256, False), (8, 7, 256, False), (32, 7, 256, True), (8, 28, 128, True)])
+def test_auto_on_full_width_fma_cores_needs_more_tiles_per_weights(batch, size, channels, wide_choice):
+    """``"auto"`` for an AMX core (two full-width FMA pipes, ``IsaPlan.full_width_fma``): the
+    forward and the dX take F(2x2, 3x3) only with :data:`WINOGRAD_WIDE_TILES_PER_WEIGHTS` tiles per
+    64 x 64 block of weights (a Sapphire Rapids-class core: 24.5 tiles per block 0.88-0.95x the
+    direct kernel, 32 1.01-1.04x); a core that runs a 512-bit FMA on two 256-bit pipes (Zen 4)
+    keeps :data:`WINOGRAD_TILES_PER_WEIGHTS`; the dW keeps its own rule on both."""
+    from tvm_convgrad.dsl.compute.winograd import WINOGRAD_WIDE_TILES_PER_WEIGHTS
+
+    amx, zen4 = _cpu("sapphirerapids"), _cpu("znver4")
+    assert isa_plan(amx).full_width_fma and not isa_plan(zen4).full_width_fma and WINOGRAD_WIDE_TILES_PER_WEIGHTS == 32
+    shape, wshape = (batch, channels, size, size), (channels, channels, 3, 3)
+    kw = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], data_format="NCX", weights_format="OIX")
+
+    def choices(target):
+        with target:
+            dy, w = te.placeholder(shape, "float32", name="diff_dst"), te.placeholder(wshape, "float32", name="weights")
+            x = te.placeholder(shape, "float32", name="src")
+            return (_runs_winograd(_onednn_forward(shape, wshape, "auto")),
+                    _runs_winograd(onednn.convolution_backward_data(dy, w, list(shape), algorithm="auto", **kw)),
+                    _runs_winograd(onednn.convolution_backward_weights(x, dy, list(wshape), algorithm="auto", **kw)))  # fmt: skip
+
+    forward, dx, dw = choices(amx)
+    assert (forward, dx) == (wide_choice, wide_choice)
+    assert choices(zen4) == (True, True, dw)  # (every layer here has 8 tiles per block or more)

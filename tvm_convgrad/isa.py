@@ -75,6 +75,15 @@ class IsaPlan:
         (AVX2: 1 or 2 ymm; AVX-512: the one zmm)."""
         return [d for d in range(1, self.registers_per_row + 1) if self.registers_per_row % d == 0]
 
+    @property
+    def full_width_fma(self) -> bool:
+        """Two FMA pipes of the full vector width: the AMX cores (Sapphire Rapids and later Xeons,
+        two 512-bit FMAs a cycle). Zen 4 runs a 512-bit FMA on its two 256-bit pipes, and a target
+        that does not say which core it is counts as narrow: on a full-width core the direct
+        kernels run twice the FMAs a cycle while Winograd's transforms (loads and stores) do not
+        (:data:`~tvm_convgrad.dsl.compute.winograd.WINOGRAD_WIDE_TILES_PER_WEIGHTS`)."""
+        return self.amx_bf16
+
     def rows(self, limit: int = C0, divides: int | None = None) -> int:
         """How many 16-lane rows of accumulators a tile may hold: at most ``limit``, and a divisor
         of ``divides`` when given (a whole number of tiles along that axis)."""

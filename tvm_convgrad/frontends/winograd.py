@@ -46,14 +46,19 @@ def use_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = Fal
     if algorithm == "winograd" and not applies:
         raise ConvGradError(op, "algorithm", algorithm, "applies to float32 3x3 convolutions at stride 1 without dilation or groups, "
                             "pads of at most 2, whole 16-channel blocks and an output of at least 2 x 2")  # fmt: skip
-    return applies and (algorithm == "winograd" or winograd_pays(geom, input_grad, filter_grad, _narrow_vectors(), planar))
+    if not applies or algorithm == "winograd":
+        return applies
+    plan = _cpu_plan()
+    narrow, wide = plan is not None and plan.registers_per_row > 1, plan is not None and plan.full_width_fma
+    return winograd_pays(geom, input_grad, filter_grad, narrow, planar, wide)
 
 
-def _narrow_vectors() -> bool:
-    """Whether the target in scope (else this CPU's) is a CPU whose 16-lane rows take several
-    vector registers (AVX2, SSE, NEON): where fewer layers gain from F(2x2, 3x3)."""
+def _cpu_plan():
+    """The ISA plan of the target in scope (else this CPU's) where it is a CPU, else None: fewer
+    layers gain from F(2x2, 3x3) where its 16-lane rows take several vector registers (AVX2, SSE,
+    NEON) or its FMA pipes are full-width (:attr:`~tvm_convgrad.isa.IsaPlan.full_width_fma`)."""
     target = Target.current(allow_none=True) or resolve_target("llvm")
-    return target.kind.name == "llvm" and isa_plan(target).registers_per_row > 1
+    return isa_plan(target) if target.kind.name == "llvm" else None
 
 
 def _activation(tensor: te.Tensor, data_format: str):

@@ -85,6 +85,14 @@ of it (16 MB for 512 x 512) outweigh the multiplies saved on few tiles. Zen 4, t
 the direct kernel: 256 -> 256 on 14x14 N=4 (12 tiles per block) 1.1-1.4x, N=1 (3) 0.7-0.9x; 512 ->
 512 on 7x7 N=8 (2) 0.55x; 128 -> 128 on 8x8 N=8 (32) 1.1-1.3x."""
 
+WINOGRAD_WIDE_TILES_PER_WEIGHTS = 32
+"""... per block of weights for the forward and the dX on a core with two full-width FMA pipes
+(:attr:`~tvm_convgrad.isa.IsaPlan.full_width_fma`): the direct kernel runs twice Zen 4's FMAs a
+cycle there. A Sapphire Rapids-class core (2 cores), against the direct kernel, forward / dX
+(NCHW): 256 -> 256 on 7x7 N=8 (8 tiles per block) 0.59 / 0.75x, 14x14 N=4 (12) 0.60 / 0.81x,
+14x14 N=8 (24.5) 0.88 / 0.95x, 7x7 N=32 (32) 1.04 / 1.01x (channels-last dX 1.30x); 128 -> 128 on
+28x28 N=8 (392) dX 1.80x."""
+
 WINOGRAD_NARROW_MIN_TILES = 6
 """On a target whose 16-lane rows take two registers or more (AVX2), fewest 2x2 tiles a side of a
 forward's or dX's output taking Winograd by choice: its tiles' transforms cost more per multiply
@@ -154,11 +162,13 @@ def winograd_applies(geom, dtype: str, input_grad: bool = False) -> bool:
     return shape.ho >= 2 and shape.wo >= 2
 
 
-def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False, narrow: bool = False, planar: bool = False) -> bool:
+def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False, narrow: bool = False, planar: bool = False,
+                  wide: bool = False) -> bool:  # fmt: skip
     """Whether F(2x2, 3x3) is the faster of the two on a layer it applies to: at least
     :data:`WINOGRAD_MIN_CHANNELS` channels each side, :data:`WINOGRAD_MIN_TILES` tiles, and
     :data:`WINOGRAD_TILES_PER_WEIGHTS` tiles per 64 x 64 block of weights (every task reads the
-    transformed weights, 16 / 9 of the weights' size); the weight gradient (``filter_grad``) at
+    transformed weights, 16 / 9 of the weights' size; the forward and dX on a core of full-width
+    FMA pipes, ``wide``: :data:`WINOGRAD_WIDE_TILES_PER_WEIGHTS`); the weight gradient (``filter_grad``) at
     most :data:`WINOGRAD_DW_MAX_WEIGHTS` weights per tap; the forward and dX for a target whose
     16-lane rows take several registers (``narrow``: AVX2) at least
     :data:`WINOGRAD_NARROW_MIN_TILES` tiles a side; there the dW over channel-planar (``planar``:
@@ -175,7 +185,8 @@ def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False, nar
         return False
     if narrow and filter_grad and planar:
         return False
-    return min(geom.cin, geom.cout) >= WINOGRAD_MIN_CHANNELS and tiles >= max(WINOGRAD_MIN_TILES, WINOGRAD_TILES_PER_WEIGHTS * weight_blocks)
+    per_weights = WINOGRAD_WIDE_TILES_PER_WEIGHTS if wide and not filter_grad else WINOGRAD_TILES_PER_WEIGHTS
+    return min(geom.cin, geom.cout) >= WINOGRAD_MIN_CHANNELS and tiles >= max(WINOGRAD_MIN_TILES, per_weights * weight_blocks)
 
 
 def output_index(n, h, w, co) -> tuple:

@@ -23,7 +23,7 @@ from ...layout import C0
 from ..common import buffer_bytes, loop_extent, nbytes
 from .loops import CpuMad, reads_of, whole_tiles_and_edge
 from .prefetch import prefetch_stream, read_in_place
-from .tiles import ALIASED_TILE_PIXELS, L1_SET_STRIDE, MAX_TILE_PIXELS, block_tile, divisors, dx_tile, largest_divisor
+from .tiles import ALIASED_TILE_PIXELS, L1_SET_STRIDE, MAX_TILE_PIXELS, block_tile, divisors, dx_tile, flat_block_tile, largest_divisor
 
 __all__ = ["BLOCK_TILES_MIN_REDUCTION", "FLAT_TASKS_PER_CORE", "PACK_X_PER_BAND", "WEIGHTS_IN_CACHE", "X_BAND_IN_CACHE", "X_CHUNK_IN_CACHE", "CubeForward", "CubeInputGrad"]
 
@@ -100,10 +100,13 @@ class CubeInputGrad(CpuMad):
         against one block a tile: 3x3 dX on 14x14 maps 0.85-0.9x channels-last, as fast NCHW,
         on 28x28 1.15x; the 1x1 dX of MobileNetV2's 24 -> 96 on 56x56 (2 blocks of reduction, its
         tiles' stores as many as its loads) 0.8x."""
+        return block_tile(pixels, v, blocks, self.plan) if self._block_tiles_apply(reduction) else 1
+
+    def _block_tiles_apply(self, reduction: list[int]) -> bool:
+        """Whether a tile may take several result blocks (:meth:`_blocks_per_tile`): a 1x1's mad
+        (``reduction``: its ``[co1, mh, mw, co0]`` extents) over enough channel blocks, not tuned."""
         blocks_in, *taps, _ = reduction
-        if not self.block_tiles or self.tunable or taps != [1, 1] or blocks_in < BLOCK_TILES_MIN_REDUCTION:
-            return 1
-        return block_tile(pixels, v, blocks, self.plan)
+        return self.block_tiles and not self.tunable and taps == [1, 1] and blocks_in >= BLOCK_TILES_MIN_REDUCTION
 
     def _band_tasks(self, block, n, outer: list, j_o, th: int, under: bool) -> tuple[list, list, list]:
         """``(the task's loops, the loops inside a task above its tiles, the packs made per
@@ -166,22 +169,27 @@ class CubeInputGrad(CpuMad):
         *_, n, c1, p, c0, co1, mh, mw, co0 = sch.get_loops(block)
         images, pixels, group_weight_bytes = loop_extent(sch, n), loop_extent(sch, p), weight_bytes * group // loop_extent(sch, c1)
         outer, c1_i = self._channel_groups(block, n, c1, group, weight_bytes)
-        _, tw, v = dx_tile(1, pixels, self.plan, whole=False, max_pixels=self._max_tile_pixels(block))
+        most = self._max_tile_pixels(block)
+        _, tw, v = dx_tile(1, pixels, self.plan, whole=False, max_pixels=most)
+        b = 1
+        if v == self.plan.registers_per_row and self._block_tiles_apply([loop_extent(sch, lp) for lp in (co1, mh, mw, co0)]):
+            tw, b = flat_block_tile(pixels, v, loop_extent(sch, c1_i), self.plan, most)
+        c1_i, c1_b = self.split_blocks(c1_i, b)
         lane_groups, c0 = sch.split(c0, [None, v * self.plan.lanes])
-        sch.reorder(*outer, p, c1_i, lane_groups, co1, mh, mw, co0, c0)
+        sch.reorder(*outer, p, c1_i, *c1_b, lane_groups, co1, mh, mw, co0, c0)
         task = sch.fuse(*outer)
         sch.parallel(task)
         self.write_back_in(block, task)  # (a task's pixels are whole images: its dst region is a box)
         chunks = self._reduction_chunks(block, loop_extent(sch, co1), images, group_weight_bytes)
         for copy, tiles, p_i, below in whole_tiles_and_edge(sch, p, pixels, tw):
-            c1_i, lane_groups, co1, mh, mw, co0, c0 = below
+            c1_i, *c1_b, lane_groups, co1, mh, mw, co0, c0 = below
             chunk = []
             if chunks > 1 and tiles:  # (the edge: one tile, its whole reduction in registers)
                 *chunk, co1 = sch.split(co1, [chunks, None])
-            sch.reorder(*chunk, *tiles, c1_i, lane_groups, co1, mh, mw, co0, p_i, c0)
+            sch.reorder(*chunk, *tiles, c1_i, lane_groups, co1, mh, mw, co0, p_i, *c1_b, c0)
             if tiles and chunks == 1:
                 self._prefetch(copy, tiles[-1], 1)
-            self.register_tile(copy, [p_i], c0, (chunk or [co1])[0])
+            self.register_tile(copy, [p_i, *c1_b], c0, (chunk or [co1])[0])
         return True
 
     def _prefetch(self, block, tile_loop, tile_rows: int):

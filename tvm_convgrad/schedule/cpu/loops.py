@@ -247,9 +247,11 @@ def whole_tiles_and_edge(sch: s_tir.Schedule, loop, extent: int, tile: int):
     ``extent % tile`` (``loop_partition``: a copy of the block under each part, so no iteration
     needs a predicate). Yields per copy ``(block, [the tile loop] or [] on the edge, the loop
     inside a tile, the loops below it)``. Each copy is a scope block of its own, out of reach of
-    the loops outside the partition: the whole reduction must be below ``loop``."""
-    whole, edge = sch.loop_partition(loop, [extent - extent % tile, None])
-    for part in (whole, edge):
+    the loops outside the partition: the whole reduction must be below ``loop``. Where ``tile``
+    divides ``extent``: the block itself, split, and no edge."""
+    parts = sch.loop_partition(loop, [extent - extent % tile, None]) if extent % tile else (loop,)
+    whole = parts[0]
+    for part in parts:
         (copy,) = sch.get_child_blocks(part)
         loops = sch.get_loops(copy)
         at = [sch.get(lp).same_as(sch.get(part)) for lp in loops].index(True)
