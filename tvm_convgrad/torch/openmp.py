@@ -28,7 +28,7 @@ from tvm.script import tirx as T
 
 from ..tvmscript import fast_tvmscript
 
-__all__ = ["LAUNCH_LLVM", "pytorch_libgomp", "use_pytorch_threads", "using_pytorch_threads"]
+__all__ = ["LAUNCH_LLVM", "load_llvm", "mapped_library", "pytorch_libgomp", "register_context_symbols", "use_pytorch_threads", "using_pytorch_threads"]
 
 LAUNCH_LLVM = r"""
 %tvm_convgrad_env = type { ptr, i32 }
@@ -108,7 +108,7 @@ team's default size; a task's error code is returned)."""
 _STATE: dict = {}
 
 
-def _mapped_library(fragment: str) -> str | None:
+def mapped_library(fragment: str) -> str | None:
     """The path of a shared library mapped into this process whose file name holds ``fragment``."""
     maps = Path("/proc/self/maps")
     for line in maps.read_text().splitlines() if maps.exists() else []:
@@ -123,7 +123,7 @@ def pytorch_libgomp() -> str | None:
     thread pool)."""
     import torch
 
-    return _mapped_library("libgomp") if "OpenMP" in torch.__config__.parallel_info() else None
+    return mapped_library("libgomp") if "OpenMP" in torch.__config__.parallel_info() else None
 
 
 with fast_tvmscript():  # the decorator's source lookup without scanning PyTorch's thousands of modules
@@ -139,6 +139,25 @@ def _host_llvm_header() -> str:
     return "\n".join(line for line in ir.splitlines() if line.startswith(("target datalayout", "target triple")))
 
 
+def load_llvm(ir: str):
+    """A TVM module of the LLVM IR ``ir`` (this host's datalayout and triple put before it), compiled
+    by TVM's own LLVM; an external symbol resolves against the libraries loaded global."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "tvm_convgrad_helper.ll"
+        path.write_text(_host_llvm_header() + "\n" + ir)
+        return tvm.runtime.load_module(str(path))
+
+
+def register_context_symbols(addresses: dict[str, int]) -> None:
+    """Set TVM FFI's context symbols (``__TVMBackend*`` names, the function pointers a module loader
+    fills in a kernel) to ``addresses`` for every module loaded from now on."""
+    ffi = ctypes.CDLL(tvm_ffi.libinfo.find_libtvm_ffi())
+    ffi.TVMFFIEnvModRegisterContextSymbol.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
+    for name, address in addresses.items():
+        if ffi.TVMFFIEnvModRegisterContextSymbol(name.encode(), address) != 0:
+            raise RuntimeError(f"TVM's FFI refused the context symbol {name}")
+
+
 def use_pytorch_threads() -> bool:
     """Register the OpenMP launcher for every kernel built or loaded from now on (once per
     process). Returns whether the kernels now run on PyTorch's threads (False where PyTorch's
@@ -150,16 +169,9 @@ def use_pytorch_threads() -> bool:
         _STATE["registered"] = False
         return False
     ctypes.CDLL(libgomp, mode=os.RTLD_GLOBAL | getattr(os, "RTLD_NOLOAD", 0))  # its symbols for TVM's JIT
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "tvm_convgrad_openmp.ll"
-        path.write_text(_host_llvm_header() + "\n" + LAUNCH_LLVM)
-        launcher = tvm.runtime.load_module(str(path))
+    launcher = load_llvm(LAUNCH_LLVM)
     launch, barrier = (int(launcher["addresses"](which)) for which in (0, 1))
-    ffi = ctypes.CDLL(tvm_ffi.libinfo.find_libtvm_ffi())
-    ffi.TVMFFIEnvModRegisterContextSymbol.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
-    for name, address in (("__TVMBackendParallelLaunch", launch), ("__TVMBackendParallelBarrier", barrier)):
-        if ffi.TVMFFIEnvModRegisterContextSymbol(name.encode(), address) != 0:
-            raise RuntimeError(f"TVM's FFI refused the context symbol {name}")
+    register_context_symbols({"__TVMBackendParallelLaunch": launch, "__TVMBackendParallelBarrier": barrier})
     _STATE.update(registered=True, launcher=launcher, libgomp=libgomp)  # the launcher's code lives as long as the process
     return True
 

@@ -1,0 +1,74 @@
+"""The drop-in's kernels take their scratch buffers from malloc (``tvm_convgrad.torch.workspace``),
+as PyTorch's own ops do: every CPU workspace a kernel built after the import asks for is served by
+the registered helper (its count rises), one built before keeps TVM's pool, and the gradients stay
+exact. (Why: glibc's heap then behaves beside the drop-in as beside PyTorch's own convolutions;
+``python -m tvm_convgrad.training.torch_beside`` measures it. Timing is not a test.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import torch
+
+pytestmark = [
+    pytest.mark.skipif(torch is None, reason="PyTorch is not installed (pip install torch==2.13.0)"),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="malloc workspaces are registered on Linux only"),
+]
+
+
+def test_the_drop_ins_kernels_take_their_workspaces_from_malloc_and_stay_exact():
+    """An NCHW 3x3 layer (its dX and dW pack dy, x and the weights into workspaces), its backward
+    through the registered helper: more workspaces served, gradients equal to float64 PyTorch's."""
+    import tvm_convgrad.torch as tt
+
+    assert tt.using_pytorch_allocator()
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 40, 13, 11, generator=generator, requires_grad=True)
+    w = torch.randn(24, 40, 3, 3, generator=generator, requires_grad=True)
+    g = torch.randn(4, 24, 13, 11, generator=generator)
+    before = tt.workspace_allocations()
+    tt.conv2d(x, w, padding=1).backward(g)
+    assert tt.workspace_allocations() >= before + 2
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    torch.nn.functional.conv2d(x64, w64, padding=1).backward(g.double())
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(w.grad.double(), w64.grad, rtol=1e-4, atol=1e-3)
+
+
+CHILD = r"""
+import json
+import numpy as np
+import tvm_convgrad
+from tvm_convgrad.frontends.conv2d import Conv2dGradients
+
+def kernel(name):
+    built = tvm_convgrad.build(Conv2dGradients((2, 40, 13, 11), (24, 40, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "float32", "NCX").weight_grad(name))
+    return built, [np.random.rand(*a.shape).astype(a.dtype) for a in built.inputs]
+
+before, inputs = kernel("before")  # built and run before the drop-in's import: TVM's pool
+before(*inputs)
+import tvm_convgrad.torch as tt
+counts = {"import": tt.workspace_allocations()}
+before(*inputs)
+counts["a kernel built before"] = tt.workspace_allocations()
+after, inputs = kernel("after")
+after(*inputs)
+counts["a kernel built after"] = tt.workspace_allocations()
+print(json.dumps(counts))
+"""
+
+
+def test_a_kernel_built_before_the_import_keeps_tvms_pool():
+    """The helper serves the kernels loaded after its registration only (the loader fills a
+    kernel's function pointers when it loads it; a JIT module on its first call): in a fresh
+    process, a kernel built and run before the drop-in's import adds nothing to the count when it
+    runs again, one built after does."""
+    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert counts["import"] == counts["a kernel built before"] == 0, counts
+    assert counts["a kernel built after"] > 0, counts
