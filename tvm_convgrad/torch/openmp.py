@@ -21,6 +21,7 @@ import ctypes
 import os
 import tempfile
 from pathlib import Path
+from typing import Sequence
 
 import tvm
 import tvm_ffi.libinfo
@@ -82,25 +83,6 @@ entry:
   call void @GOMP_barrier()
   ret i32 0
 }
-
-%tvm_convgrad_any = type { i32, i32, i64 }
-
-; TVM FFI's packed calling convention (a function of the module named "addresses"): the result is
-; the launcher's address if args is 0, the barrier's if 1 (an int, type index 1).
-define i32 @__tvm_ffi_addresses(ptr %self, ptr %args, i32 %num_args, ptr %result) {
-entry:
-  %which_at = getelementptr inbounds %tvm_convgrad_any, ptr %args, i32 0, i32 2
-  %which = load i64, ptr %which_at
-  %is_barrier = icmp eq i64 %which, 1
-  %address = select i1 %is_barrier, i64 ptrtoint (ptr @tvm_convgrad_omp_barrier to i64), i64 ptrtoint (ptr @tvm_convgrad_omp_launch to i64)
-  %type_at = getelementptr inbounds %tvm_convgrad_any, ptr %result, i32 0, i32 0
-  store i32 1, ptr %type_at
-  %pad_at = getelementptr inbounds %tvm_convgrad_any, ptr %result, i32 0, i32 1
-  store i32 0, ptr %pad_at
-  %value_at = getelementptr inbounds %tvm_convgrad_any, ptr %result, i32 0, i32 2
-  store i64 %address, ptr %value_at
-  ret i32 0
-}
 """
 """``TVMBackendParallelLaunch`` / ``TVMBackendParallelBarrier`` on GNU OpenMP (``num_task`` 0: the
 team's default size; a task's error code is returned)."""
@@ -139,13 +121,43 @@ def _host_llvm_header() -> str:
     return "\n".join(line for line in ir.splitlines() if line.startswith(("target datalayout", "target triple")))
 
 
-def load_llvm(ir: str):
-    """A TVM module of the LLVM IR ``ir`` (this host's datalayout and triple put before it), compiled
-    by TVM's own LLVM; an external symbol resolves against the libraries loaded global."""
+def load_llvm(ir: str, functions: Sequence[str]) -> tuple[object, dict[str, int]]:
+    """``(module, {name: address})``: a TVM module of the LLVM IR ``ir`` (this host's datalayout and
+    triple put before it), compiled by TVM's own LLVM (an external symbol resolves against the
+    libraries loaded global), and the addresses of its ``functions`` (globals of ``ir``), read
+    through a packed function added to it (:func:`_addresses_llvm`). The module must outlive them."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "tvm_convgrad_helper.ll"
-        path.write_text(_host_llvm_header() + "\n" + ir)
-        return tvm.runtime.load_module(str(path))
+        path.write_text(_host_llvm_header() + "\n" + ir + _addresses_llvm(functions))
+        module = tvm.runtime.load_module(str(path))
+    return module, {name: int(module["addresses"](which)) for which, name in enumerate(functions)}
+
+
+def _addresses_llvm(functions: Sequence[str]) -> str:
+    """LLVM IR of a function ``addresses`` in TVM FFI's packed calling convention: its int argument
+    ``i`` -> the address of ``functions[i]`` (an int result, type index 1)."""
+    chosen, value = [], "0"
+    for i, name in enumerate(functions):
+        chosen += [f"  %is{i} = icmp eq i64 %which, {i}", f"  %a{i} = select i1 %is{i}, i64 ptrtoint (ptr @{name} to i64), i64 {value}"]
+        value = f"%a{i}"
+    body = "\n".join(chosen)
+    return f"""
+%tvm_convgrad_any = type {{ i32, i32, i64 }}
+
+define i32 @__tvm_ffi_addresses(ptr %self, ptr %args, i32 %num_args, ptr %result) {{
+entry:
+  %which_at = getelementptr inbounds %tvm_convgrad_any, ptr %args, i32 0, i32 2
+  %which = load i64, ptr %which_at
+{body}
+  %type_at = getelementptr inbounds %tvm_convgrad_any, ptr %result, i32 0, i32 0
+  store i32 1, ptr %type_at
+  %pad_at = getelementptr inbounds %tvm_convgrad_any, ptr %result, i32 0, i32 1
+  store i32 0, ptr %pad_at
+  %value_at = getelementptr inbounds %tvm_convgrad_any, ptr %result, i32 0, i32 2
+  store i64 {value}, ptr %value_at
+  ret i32 0
+}}
+"""
 
 
 def register_context_symbols(addresses: dict[str, int]) -> None:
@@ -169,9 +181,9 @@ def use_pytorch_threads() -> bool:
         _STATE["registered"] = False
         return False
     ctypes.CDLL(libgomp, mode=os.RTLD_GLOBAL | getattr(os, "RTLD_NOLOAD", 0))  # its symbols for TVM's JIT
-    launcher = load_llvm(LAUNCH_LLVM)
-    launch, barrier = (int(launcher["addresses"](which)) for which in (0, 1))
-    register_context_symbols({"__TVMBackendParallelLaunch": launch, "__TVMBackendParallelBarrier": barrier})
+    launcher, addresses = load_llvm(LAUNCH_LLVM, ("tvm_convgrad_omp_launch", "tvm_convgrad_omp_barrier"))
+    register_context_symbols({"__TVMBackendParallelLaunch": addresses["tvm_convgrad_omp_launch"],
+                              "__TVMBackendParallelBarrier": addresses["tvm_convgrad_omp_barrier"]})  # fmt: skip
     _STATE.update(registered=True, launcher=launcher, libgomp=libgomp)  # the launcher's code lives as long as the process
     return True
 

@@ -65,27 +65,6 @@ other:
   %status = call i32 @TVMBackendFreeWorkspace(i32 %device_type, i32 %device_id, ptr %memory)
   ret i32 %status
 }
-
-%tvm_convgrad_any = type { i32, i32, i64 }
-
-; TVM FFI's packed calling convention (a function of the module named "addresses"): the address of
-; the allocator if args is 0, of the free if 1, of the count of CPU workspaces served if 2 (an int).
-define i32 @__tvm_ffi_addresses(ptr %self, ptr %args, i32 %num_args, ptr %result) {
-entry:
-  %which_at = getelementptr inbounds %tvm_convgrad_any, ptr %args, i32 0, i32 2
-  %which = load i64, ptr %which_at
-  %is_free = icmp eq i64 %which, 1
-  %is_count = icmp eq i64 %which, 2
-  %function = select i1 %is_free, i64 ptrtoint (ptr @tvm_convgrad_free_workspace to i64), i64 ptrtoint (ptr @tvm_convgrad_alloc_workspace to i64)
-  %address = select i1 %is_count, i64 ptrtoint (ptr @tvm_convgrad_workspaces to i64), i64 %function
-  %type_at = getelementptr inbounds %tvm_convgrad_any, ptr %result, i32 0, i32 0
-  store i32 1, ptr %type_at
-  %pad_at = getelementptr inbounds %tvm_convgrad_any, ptr %result, i32 0, i32 1
-  store i32 0, ptr %pad_at
-  %value_at = getelementptr inbounds %tvm_convgrad_any, ptr %result, i32 0, i32 2
-  store i64 %address, ptr %value_at
-  ret i32 0
-}
 """
 """``TVMBackendAllocWorkspace`` / ``TVMBackendFreeWorkspace`` on malloc for the CPU, TVM's own for
 other devices."""
@@ -103,10 +82,10 @@ def use_pytorch_allocator() -> bool:
         _STATE["registered"] = False
         return False
     ctypes.CDLL(runtime, mode=os.RTLD_GLOBAL | getattr(os, "RTLD_NOLOAD", 0))  # TVM's own functions for TVM's JIT
-    helper = load_llvm(WORKSPACE_LLVM)
-    alloc, free, count = (int(helper["addresses"](which)) for which in (0, 1, 2))
-    register_context_symbols({"__TVMBackendAllocWorkspace": alloc, "__TVMBackendFreeWorkspace": free})
-    _STATE.update(registered=True, helper=helper, count=count)  # the helper's code lives as long as the process
+    helper, addresses = load_llvm(WORKSPACE_LLVM, ("tvm_convgrad_alloc_workspace", "tvm_convgrad_free_workspace", "tvm_convgrad_workspaces"))
+    register_context_symbols({"__TVMBackendAllocWorkspace": addresses["tvm_convgrad_alloc_workspace"],
+                              "__TVMBackendFreeWorkspace": addresses["tvm_convgrad_free_workspace"]})  # fmt: skip
+    _STATE.update(registered=True, helper=helper, count=addresses["tvm_convgrad_workspaces"])  # the helper's code lives as long as the process
     return True
 
 
