@@ -1,12 +1,13 @@
 """The drop-in's kernels take their scratch buffers from malloc (``tvm_convgrad.torch.workspace``),
 as PyTorch's own ops do: every CPU workspace a kernel built after the import asks for is served by
 the registered helper (its count rises), one built before keeps TVM's pool, and the gradients stay
-exact. (Why: glibc's heap then behaves beside the drop-in as beside PyTorch's own convolutions;
+exact; under the ``"kept"`` policy a large workspace is mapped once and re-used by the next call. (Why: glibc's heap then behaves beside the drop-in as beside PyTorch's own convolutions;
 ``python -m tvm_convgrad.training.torch_beside`` measures it. Timing is not a test.)"""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -72,3 +73,64 @@ def test_a_kernel_built_before_the_import_keeps_tvms_pool():
     counts = json.loads(done.stdout.strip().splitlines()[-1])
     assert counts["import"] == counts["a kernel built before"] == 0, counts
     assert counts["a kernel built after"] > 0, counts
+
+
+def _layer_backward(generator_seed: int = 5):
+    """A channels-last 3x3 layer's backward whose dX and dW pack into workspaces of 256 KiB or
+    more; returns its two gradients and float64 PyTorch's."""
+    generator = torch.Generator().manual_seed(generator_seed)
+    x = torch.randn(4, 48, 30, 30, generator=generator).to(memory_format=torch.channels_last).requires_grad_()
+    w = torch.randn(64, 48, 3, 3, generator=generator, requires_grad=True)
+    g = torch.randn(4, 64, 30, 30, generator=generator)
+    import tvm_convgrad.torch as tt
+
+    tt.conv2d(x, w, padding=1).backward(g)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    torch.nn.functional.conv2d(x64, w64, padding=1).backward(g.double())
+    return (x.grad, w.grad), (x64.grad, w64.grad)
+
+
+def test_kept_workspaces_are_mapped_once_and_re_used_and_released_on_leaving():
+    """``set_workspaces("kept")``: the first backward maps its large workspaces and keeps them
+    after the call; the next two map none (re-used: same sizes) and stay exact; back to
+    ``"malloc"`` the kept ones are unmapped, and a call maps nothing."""
+    import tvm_convgrad.torch as tt
+
+    assert tt.get_workspaces() == "malloc"
+    try:
+        tt.set_workspaces("kept")
+        assert tt.get_workspaces() == "kept"
+        _layer_backward()
+        first = tt.kept_workspaces()
+        assert first["held"] >= 1 and first["bytes"] >= first["held"] * (256 << 10), first
+        for seed in (6, 7):
+            (dx, dw), (dx64, dw64) = _layer_backward(seed)
+            torch.testing.assert_close(dx.double(), dx64, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(dw.double(), dw64, rtol=1e-4, atol=1e-3)
+            assert tt.kept_workspaces() == first, (first, tt.kept_workspaces())
+    finally:
+        tt.set_workspaces("malloc")
+    assert tt.kept_workspaces() == {"maps": first["maps"], "held": 0, "bytes": 0}
+    before = tt.workspace_allocations()
+    (dx, dw), (dx64, dw64) = _layer_backward(8)
+    torch.testing.assert_close(dw.double(), dw64, rtol=1e-4, atol=1e-3)
+    assert tt.workspace_allocations() > before and tt.kept_workspaces()["maps"] == first["maps"]
+
+
+def test_a_workspace_policy_not_offered_is_refused_by_name():
+    import tvm_convgrad.torch as tt
+    from tvm_convgrad import ConvGradError
+
+    with pytest.raises(ConvGradError, match=r"policy.*'pool'.*\['malloc', 'kept'\]"):
+        tt.set_workspaces("pool")
+    assert tt.get_workspaces() == "malloc"
+
+
+def test_the_environment_chooses_the_policy_at_import():
+    """``TVM_CONVGRAD_WORKSPACES=kept`` at import: the ``"kept"`` policy from the first call;
+    a value not offered: the import fails naming the variable."""
+    code = "import tvm_convgrad.torch as tt; print(tt.get_workspaces())"
+    kept = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env={**os.environ, "TVM_CONVGRAD_WORKSPACES": "kept"})
+    assert kept.returncode == 0 and kept.stdout.split()[-1] == "kept", kept.stderr[-3000:]
+    wrong = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env={**os.environ, "TVM_CONVGRAD_WORKSPACES": "pool"})
+    assert wrong.returncode != 0 and "TVM_CONVGRAD_WORKSPACES" in wrong.stderr and "'pool'" in wrong.stderr, wrong.stderr[-3000:]

@@ -10,7 +10,8 @@ layout allows (a weight gradient is written OIHW). Registered with ``torch.libra
 in its graph. Types float32, bfloat16, float16 (and float64, computed in float32 for
 ``gradcheck``); CPU tensors. The kernels run on PyTorch's own OpenMP threads (:mod:`.openmp`,
 registered when this module is imported): one set of cores for both, neither pool spinning
-against the other; their scratch buffers come from malloc as PyTorch's do (:mod:`.workspace`).
+against the other; their scratch buffers come from malloc as PyTorch's do, or are kept between
+calls (:mod:`.workspace`: ``set_workspaces("malloc" | "kept")``).
 
     >>> from tvm_convgrad.torch import Conv2d
     >>> layer = Conv2d(64, 64, 3, padding=1, bias=False)   # same constructor and state_dict as nn.Conv2d
@@ -27,7 +28,7 @@ from torch import nn
 from ..errors import ConvGradError
 from .kernels import CACHED_CALLS, input_grad_kernel, weight_grad_kernel
 from .openmp import use_pytorch_threads, using_pytorch_threads
-from .workspace import use_pytorch_allocator, using_pytorch_allocator, workspace_allocations
+from .workspace import get_workspaces, kept_workspaces, set_workspaces, use_pytorch_allocator, using_pytorch_allocator, workspace_allocations
 from . import ops
 from .forward import forward_choices, get_forward, set_forward
 from .ops import OP, conv2d_input_grad, conv2d_weight_grad, conv_call
@@ -36,8 +37,8 @@ use_pytorch_threads()  # every kernel built from here on runs on PyTorch's OpenM
 use_pytorch_allocator()  # ... and takes its scratch buffers from malloc, as PyTorch's ops do (see .workspace)
 
 __all__ = ["CACHED_CALLS", "Conv2d", "conv2d", "convert_conv2d", "conv2d_input_grad", "conv2d_weight_grad", "conv_call", "forward_choices", "get_forward",
-           "input_grad_kernel", "pads_of", "set_forward", "use_pytorch_allocator", "use_pytorch_threads", "using_pytorch_allocator",
-           "using_pytorch_threads", "weight_grad_kernel", "workspace_allocations"]  # fmt: skip
+           "get_workspaces", "input_grad_kernel", "kept_workspaces", "pads_of", "set_forward", "set_workspaces", "use_pytorch_allocator",
+           "use_pytorch_threads", "using_pytorch_allocator", "using_pytorch_threads", "weight_grad_kernel", "workspace_allocations"]  # fmt: skip
 
 _IntPair = Union[int, Sequence[int]]
 
