@@ -134,3 +134,47 @@ def test_the_environment_chooses_the_policy_at_import():
     assert kept.returncode == 0 and kept.stdout.split()[-1] == "kept", kept.stderr[-3000:]
     wrong = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env={**os.environ, "TVM_CONVGRAD_WORKSPACES": "pool"})
     assert wrong.returncode != 0 and "TVM_CONVGRAD_WORKSPACES" in wrong.stderr and "'pool'" in wrong.stderr, wrong.stderr[-3000:]
+
+
+def test_kept_workspaces_stay_exact_and_balanced_under_concurrent_calls():
+    """Four Python threads (a kernel call releases the GIL; each thread runs its own OpenMP team)
+    call three layers' dX and dW five times each under ``"kept"``, taking and returning mappings
+    of several sizes at once: every result equals the one computed on one thread, and the slots'
+    accounting balances (back to ``"malloc"``, nothing held and 0 bytes)."""
+    import threading
+
+    import tvm_convgrad.torch as tt
+    from tvm_convgrad.torch import kernels, ops
+
+    generator = torch.Generator().manual_seed(11)
+    cases = []
+    for x_shape, w_shape, stride, pad in (((4, 48, 30, 30), (64, 48, 3, 3), 1, 1), ((2, 64, 28, 28), (32, 64, 1, 1), 1, 0),
+                                          ((2, 32, 40, 40), (64, 32, 3, 3), 2, 1)):  # fmt: skip
+        x, w = torch.randn(x_shape, generator=generator), torch.randn(w_shape, generator=generator)
+        dy = torch.randn(torch.nn.functional.conv2d(x, w, stride=stride, padding=pad).shape, generator=generator)
+        plan = kernels.plan_for(x.shape, w.shape, [stride] * 2, [pad] * 4, [1, 1], 1, torch.float32, False)
+        cases.append((plan, x, w, dy, ops._input_grad(plan, dy, w), ops._weight_grad(plan, dy, x)))
+    failures = []
+
+    def calls():
+        try:
+            for _ in range(5):
+                for plan, x, w, dy, dx_once, dw_once in cases:
+                    torch.testing.assert_close(ops._input_grad(plan, dy, w), dx_once, rtol=1e-5, atol=1e-5)
+                    torch.testing.assert_close(ops._weight_grad(plan, dy, x), dw_once, rtol=1e-5, atol=1e-4)
+        except Exception as failure:  # noqa: BLE001 - reported by the main thread
+            failures.append(failure)
+
+    try:
+        tt.set_workspaces("kept")
+        threads = [threading.Thread(target=calls) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        held = tt.kept_workspaces()
+    finally:
+        tt.set_workspaces("malloc")
+    assert not failures, failures[0]
+    assert 1 <= held["held"] and held["bytes"] >= held["held"] * (256 << 10), held
+    assert tt.kept_workspaces()["held"] == 0 and tt.kept_workspaces()["bytes"] == 0, tt.kept_workspaces()
