@@ -26,9 +26,10 @@ workspaces from it; other devices' from TVM's own functions), with two policies
   heap; huge pages advised from 2 MiB) and kept after its call in one of :data:`KEPT_SLOTS` slots
   (:data:`KEPT_BYTES` at most, round-robin out when full), for the next call that asks for
   1-1.25x its size: the kernels stop faulting, and glibc's heap no longer holds the drop-in's
-  buffers -- but stock's step beside the drop-in takes its 13,792 faults again (glibc's trims,
-  which the malloc traffic happened to prevent). The faster policy where a process trains the
-  converted model only.
+  buffers -- but stock's step beside the drop-in takes its 13,792 faults again: glibc trims its
+  heap's top after stock's frees and stock grows it back, where under malloc the drop-in's touched
+  buffers lay there for stock to re-use. The faster policy where a process trains the converted
+  model only.
 
 :func:`workspace_allocations` counts the CPU workspaces served, :func:`kept_workspaces` what the
 ``"kept"`` policy maps and holds. Smaller workspaces come from ``posix_memalign`` in both.
@@ -40,6 +41,7 @@ import ctypes
 import os
 import sys
 
+from ..errors import ConvGradError
 from .openmp import load_llvm, mapped_library, register_context_symbols
 
 __all__ = ["KEPT_BYTES", "KEPT_FROM", "KEPT_SLOTS", "POLICIES", "WORKSPACE_LLVM", "get_workspaces", "kept_workspaces", "set_workspaces",
@@ -307,8 +309,6 @@ def using_pytorch_allocator() -> bool:
 
 def _check(policy: str, name: str = "policy") -> None:
     if policy not in POLICIES:
-        from ..errors import ConvGradError
-
         raise ConvGradError("tvm_convgrad.torch.set_workspaces", name, policy, f"must be one of {list(POLICIES)}")
 
 
