@@ -65,7 +65,43 @@ declare i32 @TVMBackendFreeWorkspace(i32, i32, ptr)
 @tvm_convgrad_kept_length = global [@SLOTS@ x i64] zeroinitializer, align 64
 
 ; A CPU workspace starts 64 bytes into its block; the block's first i64 is its mapping's length
-; (0: from posix_memalign). A slot holds null (empty), 1 (being filled) or a kept workspace.
+; (0: from posix_memalign). A slot holds null (empty), 1 (being filled) or a kept workspace;
+; @tvm_convgrad_claim takes a slot's workspace of a length in [shortest, longest] (leaving
+; the replacement there, its bytes no longer counted kept), @tvm_convgrad_unmap returns one.
+
+define internal ptr @tvm_convgrad_claim(i64 %i, ptr %replacement, i64 %shortest, i64 %longest) {
+entry:
+  %at = getelementptr inbounds [@SLOTS@ x ptr], ptr @tvm_convgrad_kept, i64 0, i64 %i
+  %kept = load atomic ptr, ptr %at acquire, align 8
+  %held = icmp ugt ptr %kept, inttoptr (i64 1 to ptr)
+  br i1 %held, label %measure, label %none
+measure:
+  %length_at = getelementptr inbounds [@SLOTS@ x i64], ptr @tvm_convgrad_kept_length, i64 0, i64 %i
+  %kept_length = load atomic i64, ptr %length_at monotonic, align 8
+  %long = icmp uge i64 %kept_length, %shortest
+  %short = icmp ule i64 %kept_length, %longest
+  %fits = and i1 %long, %short
+  br i1 %fits, label %claim, label %none
+claim:
+  %pair = cmpxchg ptr %at, ptr %kept, ptr %replacement acq_rel monotonic
+  %won = extractvalue { ptr, i1 } %pair, 1
+  br i1 %won, label %claimed, label %none
+claimed:
+  %base = getelementptr inbounds i8, ptr %kept, i64 -64
+  %own_length = load i64, ptr %base, align 8
+  %gone = atomicrmw sub ptr @tvm_convgrad_kept_bytes, i64 %own_length monotonic
+  ret ptr %kept
+none:
+  ret ptr null
+}
+
+define internal void @tvm_convgrad_unmap(ptr %memory) {
+entry:
+  %base = getelementptr inbounds i8, ptr %memory, i64 -64
+  %length = load i64, ptr %base, align 8
+  %unmapped = call i32 @munmap(ptr %base, i64 %length)
+  ret void
+}
 
 define internal ptr @tvm_convgrad_take(i64 %length) {
 entry:
@@ -74,29 +110,16 @@ entry:
   br label %scan
 scan:
   %i = phi i64 [ 0, %entry ], [ %next, %next_slot ]
-  %at = getelementptr inbounds [@SLOTS@ x ptr], ptr @tvm_convgrad_kept, i64 0, i64 %i
-  %kept = load atomic ptr, ptr %at acquire, align 8
-  %held = icmp ugt ptr %kept, inttoptr (i64 1 to ptr)
-  br i1 %held, label %measure, label %next_slot
-measure:
-  %length_at = getelementptr inbounds [@SLOTS@ x i64], ptr @tvm_convgrad_kept_length, i64 0, i64 %i
-  %kept_length = load atomic i64, ptr %length_at monotonic, align 8
-  %big = icmp uge i64 %kept_length, %length
-  %snug = icmp ule i64 %kept_length, %limit
-  %fits = and i1 %big, %snug
-  br i1 %fits, label %claim, label %next_slot
-claim:
-  %pair = cmpxchg ptr %at, ptr %kept, ptr null acq_rel monotonic
-  %won = extractvalue { ptr, i1 } %pair, 1
-  br i1 %won, label %taken, label %next_slot
-taken:
+  %kept = call ptr @tvm_convgrad_claim(i64 %i, ptr null, i64 %length, i64 %limit)
+  %taken = icmp ne ptr %kept, null
+  br i1 %taken, label %check, label %next_slot
+check:
   %base = getelementptr inbounds i8, ptr %kept, i64 -64
   %own_length = load i64, ptr %base, align 8
-  %gone = atomicrmw sub ptr @tvm_convgrad_kept_bytes, i64 %own_length monotonic
   %still_fits = icmp uge i64 %own_length, %length
   br i1 %still_fits, label %found, label %misfit
 misfit:
-  %unmapped = call i32 @munmap(ptr %base, i64 %own_length)
+  call void @tvm_convgrad_unmap(ptr %kept)
   ret ptr null
 found:
   ret ptr %kept
@@ -110,7 +133,6 @@ none:
 
 define internal void @tvm_convgrad_keep_or_unmap(ptr %memory, i64 %length) {
 entry:
-  %base = getelementptr inbounds i8, ptr %memory, i64 -64
   %policy = load atomic i64, ptr @tvm_convgrad_keep monotonic, align 8
   %keeping = icmp ne i64 %policy, 0
   br i1 %keeping, label %budget, label %unmap
@@ -132,19 +154,11 @@ next_slot:
 evict:
   %turn = atomicrmw add ptr @tvm_convgrad_turn, i64 1 monotonic
   %victim = urem i64 %turn, @SLOTS@
-  %victim_at = getelementptr inbounds [@SLOTS@ x ptr], ptr @tvm_convgrad_kept, i64 0, i64 %victim
-  %old = load atomic ptr, ptr %victim_at acquire, align 8
-  %old_held = icmp ugt ptr %old, inttoptr (i64 1 to ptr)
-  br i1 %old_held, label %evict_claim, label %refuse
-evict_claim:
-  %evict_pair = cmpxchg ptr %victim_at, ptr %old, ptr inttoptr (i64 1 to ptr) acq_rel monotonic
-  %evict_won = extractvalue { ptr, i1 } %evict_pair, 1
-  br i1 %evict_won, label %evict_unmap, label %refuse
+  %old = call ptr @tvm_convgrad_claim(i64 %victim, ptr inttoptr (i64 1 to ptr), i64 0, i64 -1)
+  %evicted = icmp ne ptr %old, null
+  br i1 %evicted, label %evict_unmap, label %refuse
 evict_unmap:
-  %old_base = getelementptr inbounds i8, ptr %old, i64 -64
-  %old_length = load i64, ptr %old_base, align 8
-  %old_gone = atomicrmw sub ptr @tvm_convgrad_kept_bytes, i64 %old_length monotonic
-  %old_unmapped = call i32 @munmap(ptr %old_base, i64 %old_length)
+  call void @tvm_convgrad_unmap(ptr %old)
   br label %store
 store:
   %slot = phi i64 [ %i, %scan ], [ %victim, %evict_unmap ]
@@ -157,7 +171,7 @@ refuse:
   %back = atomicrmw sub ptr @tvm_convgrad_kept_bytes, i64 %length monotonic
   br label %unmap
 unmap:
-  %unmapped = call i32 @munmap(ptr %base, i64 %length)
+  call void @tvm_convgrad_unmap(ptr %memory)
   ret void
 }
 
@@ -166,19 +180,11 @@ entry:
   br label %scan
 scan:
   %i = phi i64 [ 0, %entry ], [ %next, %next_slot ]
-  %at = getelementptr inbounds [@SLOTS@ x ptr], ptr @tvm_convgrad_kept, i64 0, i64 %i
-  %kept = load atomic ptr, ptr %at acquire, align 8
-  %held = icmp ugt ptr %kept, inttoptr (i64 1 to ptr)
-  br i1 %held, label %claim, label %next_slot
-claim:
-  %pair = cmpxchg ptr %at, ptr %kept, ptr null acq_rel monotonic
-  %won = extractvalue { ptr, i1 } %pair, 1
-  br i1 %won, label %unmap, label %next_slot
+  %kept = call ptr @tvm_convgrad_claim(i64 %i, ptr null, i64 0, i64 -1)
+  %released = icmp ne ptr %kept, null
+  br i1 %released, label %unmap, label %next_slot
 unmap:
-  %base = getelementptr inbounds i8, ptr %kept, i64 -64
-  %length = load i64, ptr %base, align 8
-  %gone = atomicrmw sub ptr @tvm_convgrad_kept_bytes, i64 %length monotonic
-  %unmapped = call i32 @munmap(ptr %base, i64 %length)
+  call void @tvm_convgrad_unmap(ptr %kept)
   br label %next_slot
 next_slot:
   %next = add i64 %i, 1
