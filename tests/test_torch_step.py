@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 
 import pytest
 
@@ -69,10 +70,11 @@ def test_the_step_bench_times_both_and_profiles_them(tmp_path):
     (row,) = json.loads((tmp_path / "steps.json").read_text())
     assert row["config"] == {"net": "resnet18", "batch": 2, "size": 32, "channels_last": True, "dtype": "float32"}
     assert row["stock_ms"] > 0 and row["ours_ms"] > 0
+    assert len(row["stock_faults"]) == len(row["ours_faults"]) == 1 and all(isinstance(f, int) and f >= 0 for f in row["stock_faults"] + row["ours_faults"])
     assert any("tvm_convgrad::conv2d_weight_grad" in name for name, _ in row["ours_profile"])
     assert not any("tvm_convgrad" in name for name, _ in row["stock_profile"])
     report = (tmp_path / "steps.md").read_text()
-    assert "| resnet18 | 2 x 32x32 | channels-last | f32 |" in report and "stock operator" in report
+    assert "| resnet18 | 2 x 32x32 | channels-last | f32 |" in report and "stock operator" in report and "page faults / step" in report
 
 
 @pytest.mark.parametrize("option, value", [("--nets", "vgg"), ("--sizes", "8"), ("--layouts", "nhwc"), ("--dtypes", "float16")])
@@ -101,6 +103,22 @@ def test_the_layer_bench_lists_each_set_and_times_a_layer(capsys):
     assert main(["--layers", "mobilenet_v2", "--batch", "1", "--size", "32", "--rounds", "1", "--filter", r"conv1\.", "--dtype", "bfloat16"]) == 0
     out = capsys.readouterr().out
     assert "mobilenet_v2.conv1.n1" in out and "geomean" in out and "bfloat16" in out
+
+
+def test_the_layer_bench_names_the_gemms_that_ran_pytorchs(capsys, monkeypatch):
+    """``--backward auto`` where every PyTorch GEMM counts as faster: the log line names the layer's
+    two GEMMs, the summary counts them and the mode."""
+    from tvm_convgrad.torch import backward as backward_module
+    from tvm_convgrad.torch import set_backward
+    from tvm_convgrad.training.torch_backward import main
+
+    monkeypatch.setattr(backward_module, "MARGIN", 0.0)
+    try:
+        assert main(["--layers", "mobilenet_v2", "--batch", "1", "--size", "32", "--rounds", "1", "--filter", r"conv1\.", "--backward", "auto"]) == 0
+    finally:
+        set_backward(os.environ.get("TVM_CONVGRAD_BACKWARD", "auto"))
+    out = capsys.readouterr().out
+    assert "(PyTorch's dw and dx)" in out and "2 of the drop-in's GEMMs PyTorch's (backward mode auto)" in out, out
 
 
 def test_stock_beside_the_drop_in_runs_every_kind_of_process():

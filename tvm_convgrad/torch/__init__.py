@@ -3,8 +3,9 @@
 
 The forward pass is PyTorch's, or the package's kernel where it is faster for the layer
 (:mod:`.forward`: ``set_forward("auto" | "ours" | "pytorch")``); the backward pass runs the package's dX and dW kernels
-(``ConvolutionBackwardData`` / ``ConvolutionBackwardWeights`` on the cube schedules), on the tensors'
-memory through DLPack: NCHW tensors as NCX, channels-last tensors as NXC, no copies where the
+(``ConvolutionBackwardData`` / ``ConvolutionBackwardWeights`` on the cube schedules; per GEMM
+PyTorch's where it is faster for the layer, :mod:`.backward`: ``set_backward("auto" | "ours" |
+"pytorch")``), on the tensors' memory through DLPack: NCHW tensors as NCX, channels-last tensors as NXC, no copies where the
 layout allows (a weight gradient is written OIHW). Registered with ``torch.library``
 (``tvm_convgrad::conv2d`` and its two gradient operators), so ``torch.compile`` keeps the calls
 in its graph. Types float32, bfloat16, float16 (and float64, computed in float32 for
@@ -30,14 +31,15 @@ from .kernels import CACHED_CALLS, input_grad_kernel, weight_grad_kernel
 from .openmp import use_pytorch_threads, using_pytorch_threads
 from .workspace import get_workspaces, kept_workspaces, set_workspaces, use_pytorch_allocator, using_pytorch_allocator, workspace_allocations
 from . import ops
+from .backward import backward_choices, get_backward, set_backward
 from .forward import forward_choices, get_forward, set_forward
 from .ops import OP, conv2d_input_grad, conv2d_weight_grad, conv_call
 
 use_pytorch_threads()  # every kernel built from here on runs on PyTorch's OpenMP threads (see .openmp)
 use_pytorch_allocator()  # ... and takes its scratch buffers from malloc, as PyTorch's ops do (see .workspace)
 
-__all__ = ["CACHED_CALLS", "Conv2d", "conv2d", "convert_conv2d", "conv2d_input_grad", "conv2d_weight_grad", "conv_call", "forward_choices", "get_forward",
-           "get_workspaces", "input_grad_kernel", "kept_workspaces", "pads_of", "set_forward", "set_workspaces", "use_pytorch_allocator",
+__all__ = ["CACHED_CALLS", "Conv2d", "backward_choices", "conv2d", "convert_conv2d", "conv2d_input_grad", "conv2d_weight_grad", "conv_call", "forward_choices",
+           "get_backward", "get_forward", "get_workspaces", "input_grad_kernel", "kept_workspaces", "pads_of", "set_backward", "set_forward", "set_workspaces", "use_pytorch_allocator",
            "use_pytorch_threads", "using_pytorch_allocator", "using_pytorch_threads", "weight_grad_kernel", "workspace_allocations"]  # fmt: skip
 
 _IntPair = Union[int, Sequence[int]]

@@ -18,6 +18,8 @@ network, except an RGB stem's) and the same output gradient; one sample is ``y.b
 and dW, conversions and allocations included), timed with ``time.perf_counter``; ``rounds``
 samples of each, interleaved, after two warm-up calls (the kernels are built then), medians
 compared. ``--dtype bfloat16`` runs both sides in bf16 (PyTorch's bf16 convolution backward).
+``--backward ours`` times the package's kernels for every GEMM (the default mode, ``"auto"``, runs
+PyTorch's where it times faster for the layer: the log names those GEMMs, the summary counts them).
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ class LayerTime:
     layer: Layer
     torch_s: float
     ours_s: float
+    pytorch_gemms: tuple[str, ...] = ()  # the drop-in's GEMMs ("dx", "dw") that ran PyTorch's (tvm_convgrad.torch.backward)
 
     @property
     def ratio(self) -> float:
@@ -122,7 +125,7 @@ def time_layers(chosen: list[Layer], channels_last: bool = False, dtype: str = "
     """The medians of ``rounds`` interleaved backward passes of each layer, stock and drop-in."""
     import torch
 
-    from ..torch import Conv2d
+    from ..torch import Conv2d, backward_choices
 
     memory = torch.channels_last if channels_last else torch.contiguous_format
     tensor_type = getattr(torch, dtype)
@@ -140,15 +143,18 @@ def time_layers(chosen: list[Layer], channels_last: bool = False, dtype: str = "
             y.backward(g)
             return time.perf_counter() - start
 
+        chosen_before = backward_choices()
         for module in (reference, ours, reference, ours):
             sample(module)
+        given_up = tuple(sorted(gemm for (call, gemm), ours in backward_choices().items() if (call, gemm) not in chosen_before and not ours))
         theirs, mine = [], []
         for _ in range(rounds):
             theirs.append(sample(reference))
             mine.append(sample(ours))
-        rows.append(LayerTime(layer, statistics.median(theirs), statistics.median(mine)))
+        rows.append(LayerTime(layer, statistics.median(theirs), statistics.median(mine), given_up))
         r = rows[-1]
-        log(f"{layer.name:40s} x{layer.count:<2d} nn.Conv2d {r.torch_s * 1e3:8.3f} ms   tvm_convgrad {r.ours_s * 1e3:8.3f} ms   ratio {r.ratio:.2f}")
+        note = f"   (PyTorch's {' and '.join(given_up)})" if given_up else ""
+        log(f"{layer.name:40s} x{layer.count:<2d} nn.Conv2d {r.torch_s * 1e3:8.3f} ms   tvm_convgrad {r.ours_s * 1e3:8.3f} ms   ratio {r.ratio:.2f}{note}")
     return rows
 
 
@@ -156,9 +162,17 @@ def summary(rows: list[LayerTime]) -> str:
     """Geomean, min and max of the ratios; the count-weighted totals (a network's backward convs)."""
     ratios = [r.ratio for r in rows]
     theirs, mine = sum(r.torch_s * r.layer.count for r in rows), sum(r.ours_s * r.layer.count for r in rows)
+    given_up = sum(len(r.pytorch_gemms) for r in rows)
     return (f"geomean nn.Conv2d / tvm_convgrad.torch.Conv2d backward {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f} "
             f"(min {min(ratios):.2f}, max {max(ratios):.2f}, {len(rows)} layers); every call counted: "
-            f"{theirs * 1e3:.1f} ms against {mine * 1e3:.1f} ms, {theirs / mine:.2f}")  # fmt: skip
+            f"{theirs * 1e3:.1f} ms against {mine * 1e3:.1f} ms, {theirs / mine:.2f}; "
+            f"{given_up} of the drop-in's GEMMs PyTorch's (backward mode {_mode()})")  # fmt: skip
+
+
+def _mode() -> str:
+    from ..torch import get_backward
+
+    return get_backward()
 
 
 def main(argv=None) -> int:
@@ -170,7 +184,13 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--filter", default=None, help="a regex on the layer names")
+    parser.add_argument("--backward", choices=("auto", "ours", "pytorch"), default=None,
+                        help="the drop-in's backward mode (tvm_convgrad.torch.set_backward; default: TVM_CONVGRAD_BACKWARD, else auto)")
     args = parser.parse_args(argv)
+    if args.backward:
+        from ..torch import set_backward
+
+        set_backward(args.backward)
     batches = tuple(int(b) for b in args.batch.split(",") if b)
     rows = time_layers(layers(args.layers, batches, args.size, args.filter), args.channels_last, args.dtype, args.rounds)
     print(f"{summary(rows)} [{args.layers}, N={args.batch}, {'channels-last' if args.channels_last else 'NCHW'}, {args.dtype}]")

@@ -35,23 +35,13 @@ import subprocess
 import sys
 import time
 
-try:
-    import resource
-except ImportError:  # (not on Windows: no fault counts)
-    resource = None
-
-from .torch_step import StepConfig, parse_size, trainers
+from .torch_step import StepConfig, minor_faults, parse_size, trainers
 
 __all__ = ["main", "minor_faults", "stock_after", "stock_beside", "stock_step_ms"]
 
 NEIGHBOURS = ("drop-in", "alone", "stock")
 """What runs between two of stock's steps in a child: the drop-in, nothing, or a second stock model."""
 CONTROLS = ("alone", "stock")
-
-
-def minor_faults() -> int:
-    """Minor page faults of this process so far (0 where ``resource`` is missing)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource else 0
 
 
 def _timed(step) -> tuple[float, int]:

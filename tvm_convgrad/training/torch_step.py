@@ -26,7 +26,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["StepConfig", "StepResult", "configs", "main", "parse_size", "time_steps", "trainers"]
+try:
+    import resource
+except ImportError:  # (not on Windows: no fault counts)
+    resource = None
+
+__all__ = ["StepConfig", "StepResult", "configs", "main", "minor_faults", "parse_size", "time_steps", "trainers"]
 
 SIZES = ("8x64", "32x112")
 """The default batch x image sizes (any ``BATCHxSIZE`` is accepted)."""
@@ -62,6 +67,8 @@ class StepResult:
     ours_samples: list[float]
     stock_profile: list[tuple[str, float]] = field(default_factory=list)  # (operator, ms per step)
     ours_profile: list[tuple[str, float]] = field(default_factory=list)
+    stock_faults: list[int] = field(default_factory=list)  # minor page faults of each timed step
+    ours_faults: list[int] = field(default_factory=list)
 
     @property
     def ratio(self) -> float:
@@ -108,6 +115,11 @@ def trainers(config: StepConfig, seed: int = 0, convert: bool = True):
     return trainer(stock), trainer(ours)
 
 
+def minor_faults() -> int:
+    """Minor page faults of this process so far (0 where ``resource`` is missing)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource else 0
+
+
 def _profile(step, steps: int) -> list[tuple[str, float]]:
     """Self CPU time per operator (ms per step), largest first."""
     from torch.profiler import ProfilerActivity, profile
@@ -127,16 +139,25 @@ def time_steps(config: StepConfig, rounds: int = 9, warmup: int = 2, profile_ste
         stock()
         ours()
     samples: dict = {stock: [], ours: []}
+    faults: dict = {stock: [], ours: []}
     for r in range(rounds):
         for step in (stock, ours) if r % 2 == 0 else (ours, stock):
-            start = time.perf_counter()
+            before, start = minor_faults(), time.perf_counter()
             step()
             samples[step].append((time.perf_counter() - start) * 1e3)
-    result = StepResult(config, statistics.median(samples[stock]), statistics.median(samples[ours]), samples[stock], samples[ours])
+            faults[step].append(minor_faults() - before)
+    result = StepResult(config, statistics.median(samples[stock]), statistics.median(samples[ours]), samples[stock], samples[ours],
+                        stock_faults=faults[stock], ours_faults=faults[ours])  # fmt: skip
     if profile_steps:
         result.stock_profile, result.ours_profile = _profile(stock, profile_steps), _profile(ours, profile_steps)
     log(f"{config.name:52s} stock {result.stock_ms:8.1f} ms   drop-in {result.ours_ms:8.1f} ms   stock/drop-in {result.ratio:.2f}")
     return result
+
+
+def _faults(counts: list[int]) -> str:
+    """The median and range of the timed steps' page faults (each costs ~1-2 us of zeroing; glibc
+    hands a tensor of 32 MB or more fresh pages every time)."""
+    return f"{statistics.median(counts):,.0f} ({min(counts):,}-{max(counts):,})" if counts else "-"
 
 
 def _conv_share(profile: list[tuple[str, float]]) -> float:
@@ -147,11 +168,13 @@ def report(results: list[StepResult], top: int = 8) -> str:
     """Markdown: the table of steps, then each configuration's largest operators on both sides."""
     from ..torch.openmp import using_pytorch_threads
 
-    lines = ["| network | batch x size | layout | type | stock ms/step | drop-in ms/step | stock / drop-in |", "|---|---|---|---|---|---|---|"]
+    lines = ["| network | batch x size | layout | type | stock ms/step | drop-in ms/step | stock / drop-in | page faults / step, stock / drop-in |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in results:
         c = r.config
         lines.append(f"| {c.net} | {c.batch} x {c.size}x{c.size} | {'channels-last' if c.channels_last else 'NCHW'} | "
-                     f"{'bf16 autocast' if c.dtype == 'bfloat16' else 'f32'} | {r.stock_ms:.1f} | {r.ours_ms:.1f} | **{r.ratio:.2f}** |")  # fmt: skip
+                     f"{'bf16 autocast' if c.dtype == 'bfloat16' else 'f32'} | {r.stock_ms:.1f} | {r.ours_ms:.1f} | **{r.ratio:.2f}** | "
+                     f"{_faults(r.stock_faults)} / {_faults(r.ours_faults)} |")  # fmt: skip
     ratios = [r.ratio for r in results]
     lines += ["", f"geomean stock / drop-in {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f} over {len(results)} configurations "
               f"(min {min(ratios):.2f}); the drop-in's kernels on PyTorch's OpenMP threads: {using_pytorch_threads()}", ""]  # fmt: skip

@@ -1,0 +1,123 @@
+"""The drop-in's backward mode (tvm_convgrad.torch.backward): per GEMM, the package's kernel or
+PyTorch's ``convolution_backward``; ``"auto"`` times both once per signature and GEMM."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tvm_convgrad import ConvGradError  # noqa: E402
+from tvm_convgrad.torch import Conv2d, backward_choices, get_backward, input_grad_kernel, set_backward, weight_grad_kernel  # noqa: E402
+from tvm_convgrad.torch import backward as backward_module  # noqa: E402
+
+
+@pytest.fixture
+def backward_mode():
+    """Restores the run's mode (``TVM_CONVGRAD_BACKWARD``, "ours" under the tests) after the test."""
+    yield set_backward
+    set_backward(os.environ.get("TVM_CONVGRAD_BACKWARD", "auto"))
+
+
+def _grads(layer, x, g):
+    x = x.detach().requires_grad_(x.requires_grad)
+    layer.zero_grad(set_to_none=True)
+    layer(x).backward(g)
+    return x.grad, layer.weight.grad
+
+
+def _stock(layer, x, g):
+    stock = torch.nn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel_size, layer.stride, layer.padding, bias=False)
+    stock.load_state_dict(layer.state_dict())
+    return _grads(stock, x, g)
+
+
+def _layer_and_tensors(channels=16, size=8, padding=1):
+    torch.manual_seed(3)
+    layer = Conv2d(channels, 2 * channels, 3, padding=padding, bias=False)
+    x = torch.rand(2, channels, size, size).requires_grad_()
+    g = torch.rand(layer(x).shape)
+    return layer, x, g
+
+
+def test_auto_times_each_gemm_of_a_signature_once(backward_mode):
+    backward_mode("auto")
+    layer, x, g = _layer_and_tensors()
+    dx, dw = _grads(layer, x, g)
+    choices = backward_choices()
+    assert sorted(gemm for _, gemm in choices) == ["dw", "dx"]
+    assert all(call.x_shape == (2, 16, 8, 8) and isinstance(ours, bool) for (call, _), ours in choices.items())
+    again = _grads(layer, x, g)
+    assert backward_choices() == choices  # timed once per signature and GEMM
+    stock = _stock(layer, x, g)
+    for ours, theirs in zip((dx, dw, *again), stock * 2):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_auto_keeps_the_package_unless_pytorch_is_faster_by_the_margin(backward_mode, monkeypatch):
+    layer, x, g = _layer_and_tensors(channels=32)
+    backward_mode("ours")
+    ours = _grads(layer, x, g)
+    monkeypatch.setattr(backward_module, "MARGIN", 1e9)  # nothing is that much faster: the package's
+    backward_mode("auto")
+    held = _grads(layer, x, g)
+    assert set(backward_choices().values()) == {True}
+    assert all(torch.equal(a, b) for a, b in zip(held, ours))
+    monkeypatch.setattr(backward_module, "MARGIN", 0.0)  # anything is: PyTorch's
+    backward_mode("auto")
+    given_up = _grads(layer, x, g)
+    assert set(backward_choices().values()) == {False}
+    for a, b in zip(given_up, _stock(layer, x, g)):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_pytorch_mode_builds_no_kernel_and_matches_stock(backward_mode):
+    backward_mode("pytorch")
+    input_grad_kernel.cache_clear(), weight_grad_kernel.cache_clear()
+    layer, x, g = _layer_and_tensors(channels=24, size=6)
+    theirs = _grads(layer, x, g)
+    assert input_grad_kernel.cache_info().currsize == weight_grad_kernel.cache_info().currsize == 0
+    assert backward_choices() == {}
+    for a, b in zip(theirs, _stock(layer, x, g)):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_calls_pytorch_cannot_take_run_the_package_in_every_mode(backward_mode):
+    """An even kernel's ``padding="same"`` pads one side more than the other; float64 runs the
+    package's float32 sums (gradcheck's contract): the package's kernels, whatever the mode."""
+    backward_mode("pytorch")
+    input_grad_kernel.cache_clear(), weight_grad_kernel.cache_clear()
+    torch.manual_seed(4)
+    layer = Conv2d(16, 16, 2, padding="same", bias=False)
+    x = torch.rand(1, 16, 7, 7, requires_grad=True)
+    layer(x).sum().backward()
+    assert input_grad_kernel.cache_info().currsize == weight_grad_kernel.cache_info().currsize == 1
+    wide = Conv2d(16, 16, 3, padding=1, bias=False).double()
+    y = torch.rand(1, 16, 5, 5, dtype=torch.float64, requires_grad=True)
+    wide(y).sum().backward()
+    assert input_grad_kernel.cache_info().currsize == 2 and y.grad.dtype == torch.float64
+
+
+def test_a_stem_chooses_only_its_weight_gradient(backward_mode):
+    backward_mode("auto")
+    layer, x, g = _layer_and_tensors()
+    _grads(layer, x.detach(), g)  # an input that needs no gradient, as an RGB stem's
+    assert [gemm for _, gemm in backward_choices()] == ["dw"]
+
+
+def test_modes_are_checked_by_name(backward_mode):
+    with pytest.raises(ConvGradError, match="mode = 'fast'"):
+        set_backward("fast")
+    assert get_backward() in backward_module.MODES
+
+
+def test_the_environment_variable_sets_the_mode_at_import():
+    code = "import tvm_convgrad.torch as t; print(t.get_backward())"
+    run = lambda value: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,  # noqa: E731
+                                       env={**os.environ, "TVM_CONVGRAD_BACKWARD": value})  # fmt: skip
+    chosen = run("pytorch")
+    assert chosen.returncode == 0 and chosen.stdout.strip().endswith("pytorch"), chosen.stderr[-3000:]
+    wrong = run("fastest")
+    assert wrong.returncode != 0 and "TVM_CONVGRAD_BACKWARD" in wrong.stderr and "'fastest'" in wrong.stderr, wrong.stderr[-3000:]
