@@ -121,3 +121,13 @@ def test_the_environment_variable_sets_the_mode_at_import():
     assert chosen.returncode == 0 and chosen.stdout.strip().endswith("pytorch"), chosen.stderr[-3000:]
     wrong = run("fastest")
     assert wrong.returncode != 0 and "TVM_CONVGRAD_BACKWARD" in wrong.stderr and "'fastest'" in wrong.stderr, wrong.stderr[-3000:]
+
+
+def test_pytorchs_two_gemms_run_in_one_call(backward_mode):
+    backward_mode("pytorch")
+    layer, x, g = _layer_and_tensors()
+    _grads(layer, x, g)  # warm
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        _grads(layer, x, g)
+    calls = {e.key: e.count for e in prof.key_averages()}
+    assert calls.get("aten::convolution_backward") == 1 and "tvm_convgrad::conv2d_input_grad" not in calls, calls

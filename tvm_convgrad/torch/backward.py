@@ -5,7 +5,8 @@ The mode (:func:`set_backward`, or the environment variable ``TVM_CONVGRAD_BACKW
 * ``"auto"`` (the default): each GEMM of a signature (its dX, its dW) runs the package's kernel
   unless PyTorch's ``convolution_backward`` is faster for that layer by :data:`MARGIN`. The first
   call of a signature times both on its own tensors, alternating (:data:`ROUNDS` each, medians);
-  later calls take the choice made (:func:`backward_choices` lists them).
+  later calls take the choice made (:func:`backward_choices` lists them). Where both GEMMs are
+  PyTorch's, one ``convolution_backward`` call computes them.
 * ``"ours"``: the package's kernels for every call; ``"pytorch"``: PyTorch's wherever it can take
   the call.
 
@@ -28,13 +29,13 @@ import torch
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 
-__all__ = ["GEMMS", "MARGIN", "MODES", "ROUNDS", "backward_choices", "get_backward", "pytorch_gemm", "run", "set_backward"]
+__all__ = ["GEMMS", "MARGIN", "MODES", "ROUNDS", "backward_choices", "get_backward", "gradients", "pytorch_gradients", "set_backward"]
 
 MODES = ("auto", "ours", "pytorch")
 GEMMS = ("dx", "dw")
 MARGIN = 1.05
 """``"auto"`` runs PyTorch's GEMM where the package's takes at least this many times as long."""
-ROUNDS = 5
+ROUNDS = 7
 """Timed calls of each side, alternating, when ``"auto"`` meets a signature's GEMM."""
 
 _choices: dict[tuple[Conv2dGradients, str], bool] = {}
@@ -66,20 +67,21 @@ def backward_choices() -> dict[tuple[Conv2dGradients, str], bool]:
     return dict(_choices)
 
 
-def pytorch_gemm(gemm: str, grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, stride, pads, dilation,
-                 groups: int) -> Optional[Callable[[], torch.Tensor]]:  # fmt: skip
-    """PyTorch's dX (``gemm="dx"``) or dW (``"dw"``) of the call as a function of no arguments, or
-    None where it cannot take the call as the package does (see the module docstring)."""
+def pytorch_gradients(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, stride, pads, dilation,
+                      groups: int) -> Optional[Callable[[bool, bool], tuple]]:  # fmt: skip
+    """PyTorch's gradients of the call as a function of which to compute, ``(dx, dw) -> (dX or None,
+    dW or None)`` (one ``convolution_backward`` call), or None where it cannot take the call as the
+    package does (see the module docstring)."""
     top, bottom, left, right = pads
     if top != bottom or left != right or input.dtype == torch.float64:
         return None
-    mask, index = ([True, False, False], 0) if gemm == "dx" else ([False, True, False], 1)
 
-    def gradient() -> torch.Tensor:
-        return torch.ops.aten.convolution_backward(grad_output, input, weight, None, list(stride), [top, left], list(dilation), False,
-                                                   [0, 0], groups, mask)[index]  # fmt: skip
+    def gradients(dx: bool, dw: bool) -> tuple:
+        grad_input, grad_weight, _ = torch.ops.aten.convolution_backward(grad_output, input, weight, None, list(stride), [top, left],
+                                                                         list(dilation), False, [0, 0], groups, [dx, dw, False])  # fmt: skip
+        return (grad_input if dx else None), (grad_weight if dw else None)
 
-    return gradient
+    return gradients
 
 
 def _ms(fn: Callable[[], torch.Tensor]) -> float:
@@ -98,14 +100,28 @@ def _ours_holds(ours: Callable[[], torch.Tensor], theirs: Callable[[], torch.Ten
     return statistics.median(times_ours) < MARGIN * statistics.median(times_torch)
 
 
-def run(call: Conv2dGradients, gemm: str, ours: Callable[[], torch.Tensor], theirs: Optional[Callable[[], torch.Tensor]]) -> torch.Tensor:
-    """The GEMM ``gemm`` of ``call``: ``ours()`` or ``theirs()`` (PyTorch's, None where it cannot
-    take the call) as the mode says."""
+def _package_runs(call: Conv2dGradients, gemm: str, ours: Callable[[], torch.Tensor], theirs: Optional[Callable[[], torch.Tensor]]) -> bool:
+    """Whether the package's kernel runs ``call``'s GEMM ``gemm`` (``"auto"``: timed on first meeting it)."""
     if theirs is None or _mode == "ours":
-        return ours()
+        return True
     if _mode == "pytorch":
-        return theirs()
+        return False
     key = (call, gemm)
     if key not in _choices:
         _choices[key] = _ours_holds(ours, theirs)
-    return ours() if _choices[key] else theirs()
+    return _choices[key]
+
+
+def gradients(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx: Callable[[], torch.Tensor], ours_dw: Callable[[], torch.Tensor],
+              theirs: Optional[Callable[[bool, bool], tuple]]) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:  # fmt: skip
+    """dX and dW of ``call`` (None where ``needs`` says not): each the package's (``ours_dx()``,
+    ``ours_dw()``) or PyTorch's (``theirs``, see :func:`pytorch_gradients`) as the mode says, PyTorch's
+    two in one call."""
+    dx = needs[0] and not _package_runs(call, "dx", ours_dx, theirs and (lambda: theirs(True, False)[0]))
+    dw = needs[1] and not _package_runs(call, "dw", ours_dw, theirs and (lambda: theirs(False, True)[1]))
+    grad_input, grad_weight = theirs(dx, dw) if dx or dw else (None, None)
+    if needs[0] and not dx:
+        grad_input = ours_dx()
+    if needs[1] and not dw:
+        grad_weight = ours_dw()
+    return grad_input, grad_weight

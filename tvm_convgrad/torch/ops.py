@@ -21,7 +21,6 @@ tensors (``torch.autograd.gradcheck``) are rounded to float32, run there and wid
 CPU tensors only: the kernels are built for this CPU.
 """
 
-import functools
 from typing import Optional
 
 import torch
@@ -29,8 +28,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
-from .backward import pytorch_gemm
-from .backward import run as run_gemm
+from .backward import gradients, pytorch_gradients
 from .forward import forward as choose_forward
 from .kernels import CallPlan, as_layout, as_weights, conv_call, empty_weights, is_channels_last, memory_format, plan_for
 
@@ -171,11 +169,8 @@ def _backward(ctx, grad_output):
         plan = plan_for(input.shape, weight.shape, stride, pads, dilation, groups, input.dtype, channels_last, is_channels_last(weight))
         dx, dw = _profiled(_input_grad, "tvm_convgrad::conv2d_input_grad"), _profiled(_weight_grad, "tvm_convgrad::conv2d_weight_grad")
         dy = grad_output.to(input.dtype)
-        theirs = functools.partial(pytorch_gemm, grad_output=dy, input=input, weight=weight, stride=stride, pads=pads, dilation=dilation, groups=groups)
-        if ctx.needs_input_grad[0]:  # the package's dX, or PyTorch's where :mod:`.backward` chooses it
-            grad_input = run_gemm(plan.call, "dx", lambda: dx(plan, dy, weight), theirs("dx"))
-        if ctx.needs_input_grad[1]:
-            grad_weight = run_gemm(plan.call, "dw", lambda: dw(plan, dy, input), theirs("dw"))
+        theirs = pytorch_gradients(dy, input, weight, stride, pads, dilation, groups)  # where :mod:`.backward` chooses PyTorch's
+        grad_input, grad_weight = gradients(plan.call, ctx.needs_input_grad[:2], lambda: dx(plan, dy, weight), lambda: dw(plan, dy, input), theirs)
     else:  # traced, or create_graph=True: the operators, differentiable again
         if ctx.needs_input_grad[0]:
             grad_input = conv2d_input_grad(grad_output, weight, list(input.shape), stride, pads, dilation, groups, channels_last)
