@@ -56,21 +56,37 @@ def test_auto_times_each_gemm_of_a_signature_once(backward_mode):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
-def test_auto_keeps_the_package_unless_pytorch_is_faster_by_the_margin(backward_mode, monkeypatch):
+def _timed_as(times: dict, seen: list):
+    """A stand-in for ``backward._timings``: the given medians of the ways (PyTorch's GEMMs) asked for."""
+
+    def timings(runs):
+        seen.append(set(runs))
+        return {way: times[way] for way in runs}
+
+    return timings
+
+
+NONE, DX, DW, BOTH = frozenset(), frozenset({"dx"}), frozenset({"dw"}), frozenset({"dx", "dw"})
+
+
+@pytest.mark.parametrize("times, given_up", [({NONE: 10, DX: 9.8, DW: 9.9, BOTH: 9.6}, set()),  # every way within the margin: the package's
+                                             ({NONE: 10, DX: 9, DW: 6, BOTH: 7}, {"dw"}),  # PyTorch's dW alone the fastest way
+                                             ({NONE: 10, DX: 8, DW: 8, BOTH: 5}, {"dx", "dw"})])  # fmt: skip
+def test_auto_runs_the_fastest_way_unless_the_package_is_within_the_margin(times, given_up, backward_mode, monkeypatch):
     layer, x, g = _layer_and_tensors(channels=32)
     backward_mode("ours")
     ours = _grads(layer, x, g)
-    monkeypatch.setattr(backward_module, "MARGIN", 1e9)  # nothing is that much faster: the package's
+    seen = []
+    monkeypatch.setattr(backward_module, "_timings", _timed_as(times, seen))
     backward_mode("auto")
-    held = _grads(layer, x, g)
-    assert set(backward_choices().values()) == {True}
-    assert all(torch.equal(a, b) for a, b in zip(held, ours))
-    monkeypatch.setattr(backward_module, "MARGIN", 0.0)  # anything is: PyTorch's
-    backward_mode("auto")
-    given_up = _grads(layer, x, g)
-    assert set(backward_choices().values()) == {False}
-    for a, b in zip(given_up, _stock(layer, x, g)):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    got = _grads(layer, x, g)
+    assert seen == [{NONE, DX, DW, BOTH}]  # every way timed, once
+    assert {gemm for (_, gemm), package in backward_choices().items() if not package} == given_up
+    for gemm, mine, theirs, stock in zip(("dx", "dw"), got, ours, _stock(layer, x, g)):
+        if gemm in given_up:
+            torch.testing.assert_close(mine, stock, rtol=1e-6, atol=1e-6)
+        else:
+            assert torch.equal(mine, theirs)
 
 
 def test_pytorch_mode_builds_no_kernel_and_matches_stock(backward_mode):

@@ -3,10 +3,12 @@
 The mode (:func:`set_backward`, or the environment variable ``TVM_CONVGRAD_BACKWARD`` at import):
 
 * ``"auto"`` (the default): each GEMM of a signature (its dX, its dW) runs the package's kernel
-  unless PyTorch's ``convolution_backward`` is faster for that layer by :data:`MARGIN`. The first
-  call of a signature times both on its own tensors, alternating (:data:`ROUNDS` each, medians);
-  later calls take the choice made (:func:`backward_choices` lists them). Where both GEMMs are
-  PyTorch's, one ``convolution_backward`` call computes them.
+  or PyTorch's ``convolution_backward``, whichever way is faster for that layer: the first call of
+  a signature times every way on its own tensors (the package's two GEMMs, PyTorch's two in one
+  call, one of each), alternating (:data:`ROUNDS` each, medians), and keeps the package's unless
+  another way is faster by :data:`MARGIN`; later calls take the choice made
+  (:func:`backward_choices` lists it per GEMM). The ways are timed whole, as they run: PyTorch's
+  two GEMMs in one call cost less than each in a call of its own.
 * ``"ours"``: the package's kernels for every call; ``"pytorch"``: PyTorch's wherever it can take
   the call.
 
@@ -19,6 +21,8 @@ see :mod:`.ops`): those run the package's kernels in every mode.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 import statistics
 import time
@@ -34,9 +38,10 @@ __all__ = ["GEMMS", "MARGIN", "MODES", "ROUNDS", "backward_choices", "get_backwa
 MODES = ("auto", "ours", "pytorch")
 GEMMS = ("dx", "dw")
 MARGIN = 1.05
-"""``"auto"`` runs PyTorch's GEMM where the package's takes at least this many times as long."""
+"""``"auto"`` runs PyTorch's GEMMs where the package's take at least this many times as long."""
 ROUNDS = 7
-"""Timed calls of each side, alternating, when ``"auto"`` meets a signature's GEMM."""
+"""Timed calls of each way (the package's GEMMs, PyTorch's, one of each), alternating, when
+``"auto"`` meets a signature."""
 
 _choices: dict[tuple[Conv2dGradients, str], bool] = {}
 
@@ -84,44 +89,57 @@ def pytorch_gradients(grad_output: torch.Tensor, input: torch.Tensor, weight: to
     return gradients
 
 
-def _ms(fn: Callable[[], torch.Tensor]) -> float:
+def _ms(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
     return (time.perf_counter() - start) * 1e3
 
 
-def _ours_holds(ours: Callable[[], torch.Tensor], theirs: Callable[[], torch.Tensor]) -> bool:
-    """Both timed, alternating: the package's GEMM within :data:`MARGIN` of PyTorch's?"""
-    ours(), theirs()  # built and warm
-    times_ours, times_torch = [], []
+def _run(given_up: frozenset, needs: tuple[bool, bool], ours_dx: Callable[[], torch.Tensor], ours_dw: Callable[[], torch.Tensor],
+         theirs: Optional[Callable[[bool, bool], tuple]]) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:  # fmt: skip
+    """The needed gradients: PyTorch's for the GEMMs in ``given_up`` (one call), the package's for the rest."""
+    grad_input, grad_weight = theirs("dx" in given_up, "dw" in given_up) if given_up else (None, None)
+    if needs[0] and "dx" not in given_up:
+        grad_input = ours_dx()
+    if needs[1] and "dw" not in given_up:
+        grad_weight = ours_dw()
+    return grad_input, grad_weight
+
+
+def _timings(runs: dict[frozenset, Callable[[], object]]) -> dict[frozenset, float]:
+    """Each way of running the backward timed :data:`ROUNDS` times, the ways alternating: medians (ms)."""
+    for run in runs.values():  # built and warm
+        run()
+    times: dict[frozenset, list[float]] = {given_up: [] for given_up in runs}
     for _ in range(ROUNDS):
-        times_ours.append(_ms(ours))
-        times_torch.append(_ms(theirs))
-    return statistics.median(times_ours) < MARGIN * statistics.median(times_torch)
+        for given_up, run in runs.items():
+            times[given_up].append(_ms(run))
+    return {given_up: statistics.median(t) for given_up, t in times.items()}
 
 
-def _package_runs(call: Conv2dGradients, gemm: str, ours: Callable[[], torch.Tensor], theirs: Optional[Callable[[], torch.Tensor]]) -> bool:
-    """Whether the package's kernel runs ``call``'s GEMM ``gemm`` (``"auto"``: timed on first meeting it)."""
-    if theirs is None or _mode == "ours":
-        return True
-    if _mode == "pytorch":
-        return False
-    key = (call, gemm)
-    if key not in _choices:
-        _choices[key] = _ours_holds(ours, theirs)
-    return _choices[key]
+def _choose(needs: tuple[bool, bool], ours_dx, ours_dw, theirs) -> frozenset:
+    """The GEMMs that run PyTorch's: every way timed whole (:func:`_timings`), the package's for all
+    kept unless another way is :data:`MARGIN` faster."""
+    needed = [gemm for gemm, need in zip(GEMMS, needs) if need]
+    ways = [frozenset(c) for r in range(len(needed) + 1) for c in itertools.combinations(needed, r)]
+    medians = _timings({given_up: functools.partial(_run, given_up, needs, ours_dx, ours_dw, theirs) for given_up in ways})
+    fastest = min(medians, key=medians.get)
+    return fastest if medians[frozenset()] >= MARGIN * medians[fastest] else frozenset()
 
 
 def gradients(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx: Callable[[], torch.Tensor], ours_dw: Callable[[], torch.Tensor],
               theirs: Optional[Callable[[bool, bool], tuple]]) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:  # fmt: skip
     """dX and dW of ``call`` (None where ``needs`` says not): each the package's (``ours_dx()``,
-    ``ours_dw()``) or PyTorch's (``theirs``, see :func:`pytorch_gradients`) as the mode says, PyTorch's
-    two in one call."""
-    dx = needs[0] and not _package_runs(call, "dx", ours_dx, theirs and (lambda: theirs(True, False)[0]))
-    dw = needs[1] and not _package_runs(call, "dw", ours_dw, theirs and (lambda: theirs(False, True)[1]))
-    grad_input, grad_weight = theirs(dx, dw) if dx or dw else (None, None)
-    if needs[0] and not dx:
-        grad_input = ours_dx()
-    if needs[1] and not dw:
-        grad_weight = ours_dw()
-    return grad_input, grad_weight
+    ``ours_dw()``) or PyTorch's (``theirs``, see :func:`pytorch_gradients`) as the mode says,
+    PyTorch's two in one call."""
+    if theirs is None or _mode == "ours":
+        given_up = frozenset()
+    elif _mode == "pytorch":
+        given_up = frozenset(gemm for gemm, need in zip(GEMMS, needs) if need)
+    else:
+        keys = [(call, gemm) for gemm, need in zip(GEMMS, needs) if need]
+        if any(key not in _choices for key in keys):
+            chosen = _choose(needs, ours_dx, ours_dw, theirs)
+            _choices.update({key: key[1] not in chosen for key in keys})
+        given_up = frozenset(gemm for (_, gemm) in keys if not _choices[(call, gemm)])
+    return _run(given_up, needs, ours_dx, ours_dw, theirs)
