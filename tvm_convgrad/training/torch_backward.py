@@ -146,7 +146,7 @@ def time_layers(chosen: list[Layer], channels_last: bool = False, dtype: str = "
         chosen_before = backward_choices()
         for module in (reference, ours, reference, ours):
             sample(module)
-        given_up = tuple(sorted(gemm for (call, gemm), ours in backward_choices().items() if (call, gemm) not in chosen_before and not ours))
+        given_up = tuple(sorted(gemm for (call, gemm), package in backward_choices().items() if (call, gemm) not in chosen_before and not package))
         theirs, mine = [], []
         for _ in range(rounds):
             theirs.append(sample(reference))
