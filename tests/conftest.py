@@ -30,9 +30,9 @@ def _share_the_cores_among_workers():
 
 
 _share_the_cores_among_workers()
+# The PyTorch drop-in's tests check the package's dX and dW kernels: "auto" (the default) would run
+# PyTorch's in their place where it times faster (tests/test_torch_backward_mode.py tests it).
 os.environ.setdefault("TVM_CONVGRAD_BACKWARD", "ours")
-"""The PyTorch drop-in's tests check the package's dX and dW kernels: ``"auto"`` (the default) would
-run PyTorch's in their place where it times faster (tests/test_torch_backward_mode.py tests it)."""
 
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402

@@ -25,13 +25,13 @@ import functools
 import itertools
 import os
 import statistics
-import time
 from typing import Callable, Optional
 
 import torch
 
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
+from .forward import elapsed_ms
 
 __all__ = ["GEMMS", "MARGIN", "MODES", "ROUNDS", "backward_choices", "get_backward", "gradients", "pytorch_gradients", "set_backward"]
 
@@ -89,12 +89,6 @@ def pytorch_gradients(grad_output: torch.Tensor, input: torch.Tensor, weight: to
     return gradients
 
 
-def _ms(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1e3
-
-
 def _run(given_up: frozenset, needs: tuple[bool, bool], ours_dx: Callable[[], torch.Tensor], ours_dw: Callable[[], torch.Tensor],
          theirs: Optional[Callable[[bool, bool], tuple]]) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:  # fmt: skip
     """The needed gradients: PyTorch's for the GEMMs in ``given_up`` (one call), the package's for the rest."""
@@ -113,7 +107,7 @@ def _timings(runs: dict[frozenset, Callable[[], object]]) -> dict[frozenset, flo
     times: dict[frozenset, list[float]] = {given_up: [] for given_up in runs}
     for _ in range(ROUNDS):
         for given_up, run in runs.items():
-            times[given_up].append(_ms(run))
+            times[given_up].append(elapsed_ms(run))
     return {given_up: statistics.median(t) for given_up, t in times.items()}
 
 

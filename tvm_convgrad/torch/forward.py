@@ -27,7 +27,7 @@ from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 from .kernels import DTYPES, as_layout, as_weights, forward_kernel, is_channels_last, memory_format, plan_for
 
-__all__ = ["MARGIN", "MODES", "ROUNDS", "forward", "forward_choices", "get_forward", "ours", "pytorch", "set_forward"]
+__all__ = ["MARGIN", "MODES", "ROUNDS", "elapsed_ms", "forward", "forward_choices", "get_forward", "ours", "pytorch", "set_forward"]
 
 MODES = ("auto", "ours", "pytorch")
 MARGIN = 1.05
@@ -75,7 +75,8 @@ def ours(call: Conv2dGradients, input: torch.Tensor, weight: torch.Tensor, bias:
     return out
 
 
-def _ms(fn) -> float:
+def elapsed_ms(fn) -> float:
+    """Milliseconds one call of ``fn`` takes (the automatic choices' timer, here and in :mod:`.backward`)."""
     start = time.perf_counter()
     fn()
     return (time.perf_counter() - start) * 1e3
@@ -88,8 +89,8 @@ def _ours_is_faster(call: Conv2dGradients, input, weight, bias, stride, pads, di
         pytorch(input, weight, bias, stride, pads, dilation, groups)
         times_ours, times_torch = [], []
         for _ in range(ROUNDS):
-            times_ours.append(_ms(lambda: ours(call, input, weight, bias)))
-            times_torch.append(_ms(lambda: pytorch(input, weight, bias, stride, pads, dilation, groups)))
+            times_ours.append(elapsed_ms(lambda: ours(call, input, weight, bias)))
+            times_torch.append(elapsed_ms(lambda: pytorch(input, weight, bias, stride, pads, dilation, groups)))
     return statistics.median(times_torch) >= MARGIN * statistics.median(times_ours)
 
 

@@ -33,9 +33,8 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 
-from .torch_step import StepConfig, minor_faults, parse_size, trainers
+from .torch_step import StepConfig, minor_faults, parse_size, timed_step, trainers
 
 __all__ = ["main", "minor_faults", "stock_after", "stock_beside", "stock_step_ms"]
 
@@ -44,15 +43,8 @@ NEIGHBOURS = ("drop-in", "alone", "stock")
 CONTROLS = ("alone", "stock")
 
 
-def _timed(step) -> tuple[float, int]:
-    """``(ms, minor page faults)`` of one call of ``step``."""
-    faults, start = minor_faults(), time.perf_counter()
-    step()
-    return (time.perf_counter() - start) * 1e3, minor_faults() - faults
-
-
 def _medians(samples: list[tuple[float, int]]) -> tuple[float, float]:
-    """The medians of :func:`_timed`'s ``(ms, faults)`` samples."""
+    """The medians of :func:`.torch_step.timed_step`'s ``(ms, faults)`` samples."""
     return statistics.median(ms for ms, _ in samples), statistics.median(faults for _, faults in samples)
 
 
@@ -67,7 +59,7 @@ def stock_step_ms(config: StepConfig, neighbour: str, rounds: int = 11, warmup: 
         other()
     samples = []
     for _ in range(rounds):
-        samples.append(_timed(stock))
+        samples.append(timed_step(stock))
         other()
     return _medians(samples)
 
@@ -89,7 +81,7 @@ def stock_after(config: StepConfig, rounds: int = 11, warmup: int = 2) -> dict:
     for _ in range(rounds):
         for neighbour, step in (("drop-in", ours), ("stock", other)):
             step()
-            after[neighbour].append(_timed(stock))
+            after[neighbour].append(timed_step(stock))
     medians = {neighbour: _medians(samples) for neighbour, samples in after.items()}
     return {"config": config.name, "after": medians, "slowdown": medians["drop-in"][0] / medians["stock"][0] - 1}
 

@@ -31,7 +31,7 @@ try:
 except ImportError:  # (not on Windows: no fault counts)
     resource = None
 
-__all__ = ["StepConfig", "StepResult", "configs", "main", "minor_faults", "parse_size", "time_steps", "trainers"]
+__all__ = ["StepConfig", "StepResult", "configs", "main", "minor_faults", "parse_size", "time_steps", "timed_step", "trainers"]
 
 SIZES = ("8x64", "32x112")
 """The default batch x image sizes (any ``BATCHxSIZE`` is accepted)."""
@@ -120,6 +120,13 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource else 0
 
 
+def timed_step(step) -> tuple[float, int]:
+    """``(ms, minor page faults)`` of one call of ``step``."""
+    faults, start = minor_faults(), time.perf_counter()
+    step()
+    return (time.perf_counter() - start) * 1e3, minor_faults() - faults
+
+
 def _profile(step, steps: int) -> list[tuple[str, float]]:
     """Self CPU time per operator (ms per step), largest first."""
     from torch.profiler import ProfilerActivity, profile
@@ -142,10 +149,9 @@ def time_steps(config: StepConfig, rounds: int = 9, warmup: int = 2, profile_ste
     faults: dict = {stock: [], ours: []}
     for r in range(rounds):
         for step in (stock, ours) if r % 2 == 0 else (ours, stock):
-            before, start = minor_faults(), time.perf_counter()
-            step()
-            samples[step].append((time.perf_counter() - start) * 1e3)
-            faults[step].append(minor_faults() - before)
+            ms, step_faults = timed_step(step)
+            samples[step].append(ms)
+            faults[step].append(step_faults)
     result = StepResult(config, statistics.median(samples[stock]), statistics.median(samples[ours]), samples[stock], samples[ours],
                         stock_faults=faults[stock], ours_faults=faults[ours])  # fmt: skip
     if profile_steps:
