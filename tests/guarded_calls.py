@@ -216,8 +216,14 @@ FIXED = {
                             effective_pads=(2, 0), algorithm="winograd"),  # fmt: skip
     "dx-ncx-winograd-pads": Case("data", 3, 48, 32, 1, (8, 10), (8, 10), (3, 3), (1, 1), (0, 2), (2, 0), (1, 1), data_format="NCX",
                                  weights_format="OIX", effective_pads=(0, 2), algorithm="winograd"),  # fmt: skip
+    # the bf16 pair form by live-tap regions across the images (4x4 maps of 4 images: each region's tiles span them), NCX and NXC
+    "pairs-fwd-ncx-4x4-regions": Case("fwd", 4, 32, 48, 1, (4, 4), (4, 4), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
+                                      weights_format="OIX", dtype="bfloat16", effective_pads=(1, 1)),  # fmt: skip
+    "pairs-dx-nxc-4x4-regions": Case("data", 4, 48, 32, 1, (4, 4), (4, 4), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), dtype="bfloat16",
+                                     effective_pads=(1, 1)),  # fmt: skip
 }
-"""Named calls every run includes (framework operator cases of ``tests/framework_cases.py``)."""
+"""Named calls every run includes (framework operator cases of ``tests/framework_cases.py``); a
+``pairs-`` one in the bf16-pair form (emulated where this CPU lacks ``vdpbf16ps``)."""
 
 
 def labels(per_variant: dict[str, int]) -> list[str]:
@@ -234,7 +240,8 @@ def _kernel(label: str):
     variant, op, *index = label.split(":")
     if variant == "fixed":
         case = FIXED[op]
-        return case.op, case, build(valid_result(case.op, case))
+        result = valid_result(case.op, case)
+        return case.op, case, emulate_bf16_dot(result) if op.startswith("pairs-") else build(result)
     i = int(index[0])
     case = valid_case(op, np.random.default_rng([SEED, VARIANTS.index(variant), OPERATORS.index(op), i]))
     if variant in ("pairs", "amx"):

@@ -60,7 +60,7 @@ from .common import ACC, first_holding, guarded, masked, planar_gemm
 from .depthwise import depthwise, depthwise_input_phases
 from .dx_amx import amx_phases
 from .pairs import pair, pair_dot
-from .phases import (LIVE_TAPS_SPLIT_BELOW, PAIRED_SPLIT_BELOW, AxisPhase, DepthFold, DyWindow, axis_phases, depth_fold, dy_window, live_tap_regions,
+from .phases import (AxisPhase, DepthFold, DyWindow, axis_phases, depth_fold, dy_window, live_tap_regions, region_split_below,
                      phase_stage_name, region_grid)
 from .stages import C_DDR, DX_PX, DX_TAG, DY_PAD, DY_ROWS, FORMULATION, MAD_TAG, PHASE_AXES, READ_IN_PLACE, W_COL, W_T, Formulation
 
@@ -126,7 +126,7 @@ def conv2d_backprop_input_compute(
     pixel_lanes = pixel_lanes_input_grad(params, planar, dy.dtype)
     tiles = pairs and amx and g.depth is None and not depthwise(params) and not pixel_lanes  # whole phases: a tile costs the same with zeros in it
     if g.depth is None and not depthwise(params) and not pixel_lanes and not tiles:  # the 2-D cube: by live-tap regions where they pay
-        below = PAIRED_SPLIT_BELOW if pairs else LIVE_TAPS_SPLIT_BELOW
+        below = region_split_below(pairs, g.batch, g.h * g.w)
         grid = region_grid(live_tap_regions(rows, sh, g.ho, below), cols, live_tap_regions(cols, sw, g.wo, below))
 
     window = dy_window([ph for ph, _ in grid], [pw for _, pw in grid], g.ho, g.wo)

@@ -8,7 +8,9 @@ read x's zero padding in enough of their (output, tap) pairs (a 3x3 at pad 1 on 
 less), the 2-D mad is one ``conv_cc_<first row>_<first column>`` per live-tap region of the output
 (:func:`.phases.output_runs`, :func:`.phases.region_grid`), each over its taps only, and the
 result picks each pixel from its region (ResNet-50's 512 -> 512 3x3 on 7x7, N=8, Zen 4: 10.4 ->
-9.5 ms).
+9.5 ms); the bf16 pair form of an ungrouped layer likewise, below its own thresholds
+(:func:`.phases.region_split_below`; Zen 4, bf16: ASPP 2048 -> 256 on 14x14, N=4, rate 6 20-21 ->
+12.5 ms, rate 12 22-23 -> 7.6-7.9; 512 -> 512 on 4x4, N=32, 5.5-6.1 -> 4.4).
 
 Stages, sums in fp32:
 
@@ -63,7 +65,7 @@ from ...layout import C0, ceil_div
 from ...params import ConvGradParams
 from .common import ACC, NEVER, first_holding, guarded, inside, masked, planar_gemm
 from .pairs import pair, pair_dot
-from .phases import LIVE_TAPS_SPLIT_BELOW, AxisPhase, output_runs, region_grid, tap_hull, whole_axis
+from .phases import AxisPhase, output_runs, region_grid, region_split_below, tap_hull, whole_axis
 from .stages import (CONV_CC, CONV_PX, CONV_RES, CONV_TAG, FMAP_PAD, FORMULATION, MAD_TAG, PHASE_AXES, READ_IN_PLACE, W_CONV, W_T, X_ROWS, Formulation,
                      phase_name)
 
@@ -115,10 +117,10 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
     kind = Formulation.CUBE_FWD_BF16 if pairs else Formulation.CUBE_FWD
     whole_h, whole_w = whole_axis(g.ho, g.kh), whole_axis(g.wo, g.kw)
     grid = [(whole_h, whole_w)]
-    if depth is None and not pairs:  # by live-tap regions where they pay (see .phases; the pair form keeps one mad: a grouped
-        (sh, sw), (dh, dw), (pt, _, pl, _) = g.strides, g.dilations, g.pads  # layer's regions did not tensorize)
-        grid = region_grid(output_runs(g.ho, g.kh, sh, pt, dh, g.h, LIVE_TAPS_SPLIT_BELOW), [whole_w],
-                           output_runs(g.wo, g.kw, sw, pl, dw, g.w, LIVE_TAPS_SPLIT_BELOW))  # fmt: skip
+    if depth is None and (not pairs or ext.g_extend == 1):  # by live-tap regions where they pay (see .phases; the pair form
+        (sh, sw), (dh, dw), (pt, _, pl, _) = g.strides, g.dilations, g.pads  # of a grouped layer keeps one mad: its regions did not tensorize)
+        below = region_split_below(pairs, g.batch, g.ho * g.wo)
+        grid = region_grid(output_runs(g.ho, g.kh, sh, pt, dh, g.h, below), [whole_w], output_runs(g.wo, g.kw, sw, pl, dw, g.w, below))
     grid = grid or [(whole_h, whole_w)]  # (every output on padding only: one mad of zeros, not a result of constants)
     taps_h, taps_w = (tap_hull(axis) for axis in zip(*grid))  # taps no output reads are neither packed nor read
     w_conv = _w_conv(weight, params, pairs, taps_h, taps_w)

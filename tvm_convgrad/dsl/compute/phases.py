@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from .common import inside
 from .stages import DX_CC, phase_name
 
-__all__ = ["AxisPhase", "DepthFold", "DyWindow", "LIVE_TAPS_SPLIT_BELOW", "MAX_REGIONS", "MIN_BAND", "PAIRED_SPLIT_BELOW", "TINY_MAP", "axis_phases", "depth_fold", "dy_window", "filter_tap_runs", "live_tap_regions", "output_runs", "phase_stage_name", "region_grid", "tap_hull", "tap_runs", "whole_axis"]
+__all__ = ["AxisPhase", "DepthFold", "DyWindow", "ACROSS_IMAGES_MIN", "ACROSS_IMAGES_PIXELS", "LIVE_TAPS_SPLIT_BELOW", "MAX_REGIONS", "MIN_BAND", "PAIRED_ACROSS_SPLIT_BELOW", "PAIRED_SPLIT_BELOW", "TINY_MAP", "across_images", "axis_phases", "depth_fold", "dy_window", "filter_tap_runs", "live_tap_regions", "output_runs", "phase_stage_name", "region_grid", "region_split_below", "tap_hull", "tap_runs", "whole_axis"]
 
 LIVE_TAPS_SPLIT_BELOW = 0.97
 """An axis whose phases multiply real dy in fewer of their (output, tap) pairs runs as regions. A
@@ -36,6 +36,23 @@ PAIRED_SPLIT_BELOW = 0.8
 """The same for the bf16 pair form, whose tiles are whole (a 5x5 interior makes poor ones): 512 @
 7x7 N=8 5.9 -> 6.6 ms split (channels-last 5.4 -> 6.0), 256 @ 14x14 5.7 -> 5.3; ASPP r6 24.3 ->
 13.3."""
+PAIRED_ACROSS_SPLIT_BELOW = 0.85
+"""The pair form's threshold where the regions run across the images (:func:`across_images`): a
+3x3 at pad 1 splits on 4x4 maps too (83% of an axis's pairs live). Zen 4, 512 -> 512 channels,
+whole against split, NCHW: dX N=32 5.8 -> 4.4 ms (channels-last 5.7 -> 4.4), N=8 1.75 -> 1.36,
+N=4 1.33 -> 1.09; the forward N=32 5.6-6.0 -> 4.3, N=8 1.53-1.65 -> 1.22-1.29, N=4 0.95 ->
+0.70-0.72. Region by region per image it loses (N=2 dX 0.60 -> 0.78, N=64 11.2 -> 15.5-16.7)."""
+ACROSS_IMAGES_MIN = 4
+ACROSS_IMAGES_PIXELS = 512
+"""A batch of at least :data:`ACROSS_IMAGES_MIN` images and at most this many pixels in all (a
+4x4 or 7x7 map, N=4..32) keeps each region a mad of its own, tiled across the images, as a
+:data:`TINY_MAP` does: an image's region tiles are a few pixels there (a 4x4 map's corner
+one), each a short chain of FMAs that reads the task's weights for them. A Sapphire Rapids-class
+core, the 3x3 dX of 512 channels, NCHW / channels-last, region by region per image against across
+the images: 4x4 N=32 11.2 / 22.3 -> 7.6 / 7.3 ms, N=8 3.0 / 5.9 -> 2.2 / 2.2, N=4 1.8 / 3.2 -> 1.5 /
+1.5; 7x7 N=8 6.2 / 7.9 -> 5.5 / 5.4, N=4 3.8 / 4.5 -> 3.4 / 3.3; but N=1-2 (4x4 0.94 -> 1.24 N=1)
+and 7x7 N=16 (784 pixels: 12.8 -> 20.3) faster region by region per image
+(:func:`tvm_convgrad.schedule.cpu.regions.regions_one_by_one`)."""
 MAX_REGIONS = 5  # ... of at most this many regions (a 3x3 axis has 3, a 5x5 atrous one 5)
 MIN_BAND = 2  # a row region of fewer rows keeps the column phases whole (:func:`region_grid`)
 TINY_MAP = 4
@@ -88,6 +105,22 @@ class AxisPhase:
         """The ``j`` of output ``position`` (one this phase holds)."""
         return position // stride - self.first // stride
 
+
+def across_images(images: int, pixels: int) -> bool:
+    """Whether a cube's live-tap regions run across the images: a map of at most :data:`TINY_MAP`
+    pixels, or a batch of :data:`ACROSS_IMAGES_MIN` images or more with at most
+    :data:`ACROSS_IMAGES_PIXELS` pixels in all."""
+    return pixels <= TINY_MAP or (images >= ACROSS_IMAGES_MIN and images * pixels <= ACROSS_IMAGES_PIXELS)
+
+
+def region_split_below(pairs: bool, images: int, pixels: int) -> float:
+    """The live share of an axis's (output, tap) pairs under which a 2-D cube of ``images`` maps of
+    ``pixels`` outputs runs by live-tap regions: :data:`LIVE_TAPS_SPLIT_BELOW`, and for the bf16
+    pair form (``pairs``) :data:`PAIRED_ACROSS_SPLIT_BELOW` or :data:`PAIRED_SPLIT_BELOW` as its
+    regions run across the images or not."""
+    if not pairs:
+        return LIVE_TAPS_SPLIT_BELOW
+    return PAIRED_ACROSS_SPLIT_BELOW if across_images(images, pixels) else PAIRED_SPLIT_BELOW
 
 def axis_phases(size: int, kernel: int, stride: int, pad_before: int, dilation: int) -> list[AxisPhase]:
     """The stride phases of one axis that have output positions and taps, ordered by ``first``."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from ...dsl.compute.phases import TINY_MAP
+from ...dsl.compute.phases import ACROSS_IMAGES_MIN, ACROSS_IMAGES_PIXELS, across_images
 from ...dsl.compute.stages import CONV_CC, DX_CC, PHASE_AXES, phase_firsts
 from ...layout import C0
 from ..common import loop_extent, stage_blocks
@@ -32,18 +32,6 @@ NXC_TASK_BLOCKS = 16
 one run of lines (16 channels, 64 bytes, a pixel's row of 2048 fp32 channels apart, defeat the
 prefetchers: the ASPP layer at rate 6, N=4, 28.0 ms against 20.7 for NCHW)."""
 TASKS_PER_CORE = 4  # ... while the tasks stay at least this many per core
-ACROSS_IMAGES_MIN = 4
-ACROSS_IMAGES_PIXELS = 512
-"""A batch of at least :data:`ACROSS_IMAGES_MIN` images and at most this many pixels in all (a
-4x4 or 7x7 map, N=4..32) keeps each region a mad of its own, tiled across the images, as a
-:data:`.phases.TINY_MAP` does: an image's region tiles are a few pixels there (a 4x4 map's corner
-one), each a short chain of FMAs that reads the task's weights for them. A Sapphire Rapids-class
-core, the 3x3 dX of 512 channels, NCHW / channels-last, region by region per image against across
-the images: 4x4 N=32 11.2 / 22.3 -> 7.6 / 7.3 ms, N=8 3.0 / 5.9 -> 2.2 / 2.2, N=4 1.8 / 3.2 -> 1.5 /
-1.5; 7x7 N=8 6.2 / 7.9 -> 5.5 / 5.4, N=4 3.8 / 4.5 -> 3.4 / 3.3; but N=1-2 (4x4 0.94 -> 1.24 N=1)
-and 7x7 N=16 (784 pixels: 12.8 -> 20.3) faster region by region per image."""
-
-
 def region_cuts(spans: list, extent: int) -> list[int]:
     """Where an axis of ``extent`` outputs changes region: the inner edges of the regions'
     ``(first, count)`` spans; none where a span is None (stride phases, which interleave) or two
@@ -61,8 +49,8 @@ def regions_one_by_one(sch: s_tir.Schedule, cores: int) -> set[str]:
     """The result of a cube dX or forward of live-tap regions (more than one ``dx_cc`` / ``conv_cc``
     mad, each holding a contiguous range of rows and of columns) as tasks of an image's 16 channels, its pixel loops
     partitioned at the regions' edges, the regions' mads computed under the task (see the module
-    docstring), except on a map of at most :data:`.phases.TINY_MAP` pixels or a small batch of
-    small maps (:data:`ACROSS_IMAGES_PIXELS`). Tried on a copy first. Returns the stages it placed (the result and its copies),
+    docstring), except where its regions run across the images (:func:`.phases.across_images`: a
+    map of at most ``TINY_MAP`` pixels, a small batch of small maps). Tried on a copy first. Returns the stages it placed (the result and its copies),
     none where it does not apply (stride phases, 3-D, a layout without separate row and column
     loops)."""
     blocks = stage_blocks(sch)
@@ -84,7 +72,7 @@ def regions_one_by_one(sch: s_tir.Schedule, cores: int) -> set[str]:
         return set()
     (grid,) = grids
     images = int(sch.get(phases[0]).writes[0].source.shape[0])
-    if grid[0] * grid[1] <= TINY_MAP or (images >= ACROSS_IMAGES_MIN and images * grid[0] * grid[1] <= ACROSS_IMAGES_PIXELS):
+    if across_images(images, grid[0] * grid[1]):
         return set()  # each region's mad on its own, tiled across the images
     probe = sch.copy()
     try:
