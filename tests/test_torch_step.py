@@ -103,6 +103,9 @@ def test_the_layer_bench_lists_each_set_and_times_a_layer(capsys):
     assert main(["--layers", "mobilenet_v2", "--batch", "1", "--size", "32", "--rounds", "1", "--filter", r"conv1\.", "--dtype", "bfloat16"]) == 0
     out = capsys.readouterr().out
     assert "mobilenet_v2.conv1.n1" in out and "geomean" in out and "bfloat16" in out
+    with pytest.raises(SystemExit):  # a filter that matches no layer: argparse's error naming the layers
+        main(["--layers", "resnet18", "--batch", "1", "--size", "32", "--filter", "layer4"])
+    assert "matches none of the layers: resnet18.conv0.n1" in capsys.readouterr().err
 
 
 def test_the_layer_bench_names_the_gemms_that_ran_pytorchs(capsys, monkeypatch):

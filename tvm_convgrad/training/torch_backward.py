@@ -192,7 +192,11 @@ def main(argv=None) -> int:
 
         set_backward(args.backward)
     batches = tuple(int(b) for b in args.batch.split(",") if b)
-    rows = time_layers(layers(args.layers, batches, args.size, args.filter), args.channels_last, args.dtype, args.rounds)
+    chosen = layers(args.layers, batches, args.size, args.filter)
+    if not chosen:
+        names = ", ".join(layer.name for layer in layers(args.layers, batches, args.size))
+        parser.error(f"--filter {args.filter!r} matches none of the layers: {names}")
+    rows = time_layers(chosen, args.channels_last, args.dtype, args.rounds)
     print(f"{summary(rows)} [{args.layers}, N={args.batch}, {'channels-last' if args.channels_last else 'NCHW'}, {args.dtype}]")
     return 0
 
