@@ -274,7 +274,7 @@ def test_a_batch_packs_each_row_bands_x_inside_the_bands_task(isa, data_format, 
 def test_a_small_map_runs_by_live_tap_regions(isa, data_format, dtype, size, stride):
     """A 3x3 at pad 1 whose windows read padding in 10% of their (output, tap) pairs (7x7 outputs)
     runs one mad per live-tap region (a band of one row keeps its columns whole: five; f32 and
-    f16, the bf16 pair form keeps one mad), each
+    f16; the bf16 pair form splits below 80% of the pairs, 85% across the images, and keeps one mad here), each
     under the dst's task of an image's channels, the dst's pixel loops partitioned at the
     regions' edges; bias and a residual add + ReLU through it, exact against the reference.
     Scheduled for both ISAs on any host, run where the host can (512 -> 512 on 7x7, N=8, Zen 4:
