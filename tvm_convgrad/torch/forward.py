@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
-from .kernels import DTYPES, as_layout, as_weights, forward_kernel, is_channels_last, memory_format, plan_for
+from .kernels import DTYPES, CallPlan, as_layout, as_weights, forward_kernel, is_channels_last, memory_format, plan_for
 
 __all__ = ["MARGIN", "MODES", "ROUNDS", "elapsed_ms", "forward", "forward_choices", "get_forward", "ours", "pytorch", "set_forward"]
 
@@ -95,12 +95,14 @@ def _ours_is_faster(call: Conv2dGradients, input, weight, bias, stride, pads, di
 
 
 def forward(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, pads, dilation, groups: int,
-            channels_last: bool) -> torch.Tensor:  # fmt: skip
-    """The convolution, by PyTorch or the package as the mode says (see the module docstring)."""
-    if _mode == "pytorch" or input.dtype not in DTYPES or input.device.type != "cpu" or weight.dtype != input.dtype \
+            channels_last: bool, plan: Optional[CallPlan] = None) -> torch.Tensor:  # fmt: skip
+    """The convolution, by PyTorch or the package as the mode says (see the module docstring);
+    ``plan``: the call's, where the caller has it."""
+    if _mode == "pytorch" or input.dtype not in DTYPES or not input.is_cpu or weight.dtype != input.dtype \
             or (bias is not None and bias.dtype != input.dtype):  # fmt: skip
         return pytorch(input, weight, bias, stride, pads, dilation, groups)
-    call = plan_for(input.shape, weight.shape, stride, pads, dilation, groups, input.dtype, channels_last, is_channels_last(weight)).call
+    plan = plan or plan_for(input.shape, weight.shape, stride, pads, dilation, groups, input.dtype, channels_last, is_channels_last(weight))
+    call = plan.call
     if _mode == "ours":
         return ours(call, input, weight, bias)
     key = (call, bias is not None)

@@ -30,11 +30,13 @@ from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 from .backward import gradients, pytorch_gradients
 from .forward import forward as choose_forward
-from .kernels import CallPlan, as_layout, as_weights, conv_call, empty_weights, is_channels_last, memory_format, plan_for
+from .kernels import DTYPES, CallPlan, as_layout, as_weights, conv_call, empty_weights, is_channels_last, memory_format, plan_for
 
 __all__ = ["Conv2dFunction", "conv2d", "conv2d_input_grad", "conv2d_op", "conv2d_weight_grad", "conv_call", "eager", "forward", "input_grad", "weight_grad"]
 
 OP = "tvm_convgrad.torch.conv2d"
+PLANNED = (*DTYPES, torch.float64)
+"""The input types whose calls have a :class:`CallPlan` (float64: computed in float32)."""
 
 
 def forward(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, pads, dilation, groups: int) -> torch.Tensor:
@@ -45,7 +47,7 @@ def forward(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
 
 def _on_cpu(*tensors: torch.Tensor):
     for t in tensors:
-        if t.device.type != "cpu":
+        if not t.is_cpu:
             raise ConvGradError(OP, "tensor device", str(t.device), "must be cpu (the kernels are built for this CPU)")
 
 
@@ -166,7 +168,8 @@ def _backward(ctx, grad_output):
     grad_input = grad_weight = grad_bias = None
     if not torch.is_grad_enabled() and eager(grad_output, input, weight):  # first order, eager: the kernels directly
         _on_cpu(grad_output, input, weight)
-        plan = plan_for(input.shape, weight.shape, stride, pads, dilation, groups, input.dtype, channels_last, is_channels_last(weight))
+        plan = getattr(ctx, "plan", None) or plan_for(input.shape, weight.shape, stride, pads, dilation, groups, input.dtype, channels_last,
+                                                      is_channels_last(weight))  # (the operator's context has no plan)
         dx, dw = _profiled(_input_grad, "tvm_convgrad::conv2d_input_grad"), _profiled(_weight_grad, "tvm_convgrad::conv2d_weight_grad")
         dy = grad_output.to(input.dtype)
         theirs = pytorch_gradients(dy, input, weight, stride, pads, dilation, groups)  # where :mod:`.backward` chooses PyTorch's
@@ -231,9 +234,15 @@ class Conv2dFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, weight, bias, stride, pads, dilation, groups):
         # the context saved here, not in a ``setup_context``: with one, every ``apply`` binds its
-        # arguments through ``inspect.signature`` (~70 us); functorch transforms take the operator
-        output = forward(input, weight, bias, stride, pads, dilation, groups)
-        _setup_context(ctx, (input, weight, bias, stride, pads, dilation, groups), output)
+        # arguments through ``inspect.signature`` (~70 us); functorch transforms take the operator.
+        # The call's plan is looked up once, for the forward's choice and the backward's kernels.
+        channels_last = is_channels_last(input)
+        plan = plan_for(input.shape, weight.shape, stride, pads, dilation, groups, input.dtype, channels_last, is_channels_last(weight)) \
+            if input.dtype in PLANNED else None  # fmt: skip
+        output = choose_forward(input, weight, bias, stride, pads, dilation, groups, channels_last, plan)
+        ctx.save_for_backward(input, weight)
+        ctx.attrs = (list(stride), list(pads), list(dilation), int(groups), channels_last)
+        ctx.has_bias, ctx.plan = bias is not None, plan
         return output
 
     backward = staticmethod(_backward)
@@ -255,7 +264,7 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     """The convolution with the package's gradients (arguments checked by the caller):
     :class:`Conv2dFunction` in eager mode, else the ``tvm_convgrad::conv2d`` operator."""
     if not eager(input, weight, bias):
-        return conv2d_op(input, weight, bias, stride, pads, dilation, groups)
+        return conv2d_op(input, weight, bias, list(stride), list(pads), list(dilation), groups)
     if torch.is_autocast_enabled("cpu"):
         input, weight, bias = _autocast_inputs(input, weight, bias)
         with torch.autocast("cpu", enabled=False):
