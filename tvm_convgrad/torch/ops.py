@@ -151,9 +151,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _profiled(function, name: str):
-    """``function`` under a profiler label of ``name`` while PyTorch's profiler records."""
-    if not torch.autograd._profiler_enabled():
-        return function
+    """``function`` under a profiler label of ``name`` (for while PyTorch's profiler records)."""
 
     def labelled(*args):
         with torch.profiler.record_function(name):
@@ -170,8 +168,9 @@ def _backward(ctx, grad_output):
         _on_cpu(grad_output, input, weight)
         plan = getattr(ctx, "plan", None) or plan_for(input.shape, weight.shape, stride, pads, dilation, groups, input.dtype, channels_last,
                                                       is_channels_last(weight))  # (the operator's context has no plan)
-        dx, dw = _profiled(_input_grad, "tvm_convgrad::conv2d_input_grad"), _profiled(_weight_grad, "tvm_convgrad::conv2d_weight_grad")
-        dy = grad_output.to(input.dtype)
+        dx, dw = (_input_grad, _weight_grad) if not torch.autograd._profiler_enabled() else \
+            (_profiled(_input_grad, "tvm_convgrad::conv2d_input_grad"), _profiled(_weight_grad, "tvm_convgrad::conv2d_weight_grad"))  # fmt: skip
+        dy = grad_output if grad_output.dtype == input.dtype else grad_output.to(input.dtype)
         theirs = pytorch_gradients(dy, input, weight, stride, pads, dilation, groups)  # where :mod:`.backward` chooses PyTorch's
         grad_input, grad_weight = gradients(plan.call, ctx.needs_input_grad[:2], lambda: dx(plan, dy, weight), lambda: dw(plan, dy, input), theirs)
     else:  # traced, or create_graph=True: the operators, differentiable again
