@@ -122,6 +122,7 @@ def region_split_below(pairs: bool, images: int, pixels: int) -> float:
         return LIVE_TAPS_SPLIT_BELOW
     return PAIRED_ACROSS_SPLIT_BELOW if across_images(images, pixels) else PAIRED_SPLIT_BELOW
 
+
 def axis_phases(size: int, kernel: int, stride: int, pad_before: int, dilation: int) -> list[AxisPhase]:
     """The stride phases of one axis that have output positions and taps, ordered by ``first``."""
     g = math.gcd(dilation, stride)

@@ -32,6 +32,8 @@ NXC_TASK_BLOCKS = 16
 one run of lines (16 channels, 64 bytes, a pixel's row of 2048 fp32 channels apart, defeat the
 prefetchers: the ASPP layer at rate 6, N=4, 28.0 ms against 20.7 for NCHW)."""
 TASKS_PER_CORE = 4  # ... while the tasks stay at least this many per core
+
+
 def region_cuts(spans: list, extent: int) -> list[int]:
     """Where an axis of ``extent`` outputs changes region: the inner edges of the regions'
     ``(first, count)`` spans; none where a span is None (stride phases, which interleave) or two
