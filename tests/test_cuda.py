@@ -208,10 +208,10 @@ def test_split_k_runs_small_outputs_over_many_thread_blocks(monkeypatch):
     and a dX of few pixels with a long K (Cout*KH*KW), sum K slices in separate thread blocks, then
     add the slices: built within the limits, and, emulated, against the reference. (The dX as one
     phase: its 7x7 map would otherwise run as live-tap regions, one GEMM each.)"""
-    from tvm_convgrad.dsl.compute import backprop_input
+    from tvm_convgrad.dsl.compute import phases
     from tvm_convgrad.tvm import placeholder
 
-    monkeypatch.setattr(backprop_input, "LIVE_TAPS_SPLIT_BELOW", 0.0)
+    monkeypatch.setattr(phases, "LIVE_TAPS_SPLIT_BELOW", 0.0)  # (read by phases.region_split_below)
 
     x = placeholder(layout.shape_5hd(2, 32, 28, 28), name="input_x", dtype="float16")
     dy = placeholder(layout.shape_5hd(2, 32, 28, 28), name="out_backprop", dtype="float16")
