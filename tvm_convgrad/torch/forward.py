@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
-from .kernels import DTYPES, CallPlan, as_layout, as_weights, forward_kernel, is_channels_last, memory_format, plan_for
+from .kernels import DTYPES, CallPlan, as_layout, as_weights, forward_kernel, memory_format, tensors_plan
 
 __all__ = ["MARGIN", "MODES", "ROUNDS", "elapsed_ms", "forward", "forward_choices", "get_forward", "ours", "pytorch", "set_forward"]
 
@@ -101,8 +101,7 @@ def forward(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     if _mode == "pytorch" or input.dtype not in DTYPES or not input.is_cpu or weight.dtype != input.dtype \
             or (bias is not None and bias.dtype != input.dtype):  # fmt: skip
         return pytorch(input, weight, bias, stride, pads, dilation, groups)
-    plan = plan or plan_for(input.shape, weight.shape, stride, pads, dilation, groups, input.dtype, channels_last, is_channels_last(weight))
-    call = plan.call
+    call = (plan or tensors_plan(input, weight, stride, pads, dilation, groups, channels_last)).call
     if _mode == "ours":
         return ours(call, input, weight, bias)
     key = (call, bias is not None)

@@ -33,8 +33,8 @@ from ..compile import Kernel, build
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 
-__all__ = ["ALGORITHM", "CACHED_CALLS", "DTYPES", "CallPlan", "as_layout", "as_weights", "call_plan", "conv_call", "dtype_name", "empty_weights",
-           "forward_kernel", "input_grad_kernel", "is_channels_last", "memory_format", "plan_for", "weight_grad_kernel"]  # fmt: skip
+__all__ = ["ALGORITHM", "CACHED_CALLS", "DTYPES", "PLANNED", "CallPlan", "as_layout", "as_weights", "call_plan", "conv_call", "dtype_name", "empty_weights",
+           "forward_kernel", "input_grad_kernel", "is_channels_last", "memory_format", "plan_for", "tensors_plan", "weight_grad_kernel"]  # fmt: skip
 
 CACHED_CALLS = 128
 """Signatures whose kernels stay built (least recently used first out)."""
@@ -45,6 +45,8 @@ the cube (:mod:`tvm_convgrad.frontends.winograd`)."""
 
 DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 """The tensor types the kernels take; float64 tensors are computed in float32 (see :mod:`.ops`)."""
+PLANNED = (*DTYPES, torch.float64)
+"""The input types a call has a :class:`CallPlan` for (float64: computed in float32)."""
 
 
 def dtype_name(dtype: torch.dtype, op: str = "tvm_convgrad.torch.conv2d") -> str:
@@ -159,3 +161,8 @@ def plan_for(input_shape, weight_shape, stride, pads, dilation, groups: int, dty
     """:func:`call_plan` of a call's arguments as the operators pass them (lists, sizes)."""
     return call_plan(tuple(input_shape), tuple(weight_shape), tuple(stride), tuple(pads), tuple(dilation), int(groups), dtype,
                      bool(channels_last), bool(weights_last))  # fmt: skip
+
+
+def tensors_plan(input: torch.Tensor, weight: torch.Tensor, stride, pads, dilation, groups: int, channels_last: bool) -> CallPlan:
+    """:func:`plan_for` of a call's tensors (``channels_last``: the input's layout, as the caller found it)."""
+    return plan_for(input.shape, weight.shape, stride, pads, dilation, groups, input.dtype, channels_last, is_channels_last(weight))

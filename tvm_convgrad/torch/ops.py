@@ -30,13 +30,11 @@ from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 from .backward import gradients, pytorch_gradients
 from .forward import forward as choose_forward
-from .kernels import DTYPES, CallPlan, as_layout, as_weights, conv_call, empty_weights, is_channels_last, memory_format, plan_for
+from .kernels import PLANNED, CallPlan, as_layout, as_weights, conv_call, empty_weights, is_channels_last, memory_format, plan_for, tensors_plan
 
 __all__ = ["Conv2dFunction", "conv2d", "conv2d_input_grad", "conv2d_op", "conv2d_weight_grad", "conv_call", "eager", "forward", "input_grad", "weight_grad"]
 
 OP = "tvm_convgrad.torch.conv2d"
-PLANNED = (*DTYPES, torch.float64)
-"""The input types whose calls have a :class:`CallPlan` (float64: computed in float32)."""
 
 
 def forward(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, pads, dilation, groups: int) -> torch.Tensor:
@@ -143,15 +141,20 @@ def _(grad_output, input, weight_shape, stride, pads, dilation, groups, channels
     return input.new_empty(tuple(weight_shape))
 
 
+def _save(ctx, input, weight, bias, stride, pads, dilation, groups: int, channels_last: bool, plan: Optional[CallPlan] = None):
+    """What the backward reads: the tensors, the call's attributes and its plan (None: looked up there)."""
+    ctx.save_for_backward(input, weight)
+    ctx.attrs = (list(stride), list(pads), list(dilation), int(groups), channels_last)
+    ctx.has_bias, ctx.plan = bias is not None, plan
+
+
 def _setup_context(ctx, inputs, output):
     input, weight, bias, stride, pads, dilation, groups = inputs
-    ctx.save_for_backward(input, weight)
-    ctx.attrs = (list(stride), list(pads), list(dilation), int(groups), is_channels_last(input))
-    ctx.has_bias = bias is not None
+    _save(ctx, input, weight, bias, stride, pads, dilation, groups, is_channels_last(input))
 
 
 def _profiled(function, name: str):
-    """``function`` under a profiler label of ``name`` (for while PyTorch's profiler records)."""
+    """``function`` under a profiler label of ``name`` (the backward's, while PyTorch's profiler records)."""
 
     def labelled(*args):
         with torch.profiler.record_function(name):
@@ -166,8 +169,7 @@ def _backward(ctx, grad_output):
     grad_input = grad_weight = grad_bias = None
     if not torch.is_grad_enabled() and eager(grad_output, input, weight):  # first order, eager: the kernels directly
         _on_cpu(grad_output, input, weight)
-        plan = getattr(ctx, "plan", None) or plan_for(input.shape, weight.shape, stride, pads, dilation, groups, input.dtype, channels_last,
-                                                      is_channels_last(weight))  # (the operator's context has no plan)
+        plan = ctx.plan or tensors_plan(input, weight, stride, pads, dilation, groups, channels_last)
         dx, dw = (_input_grad, _weight_grad) if not torch.autograd._profiler_enabled() else \
             (_profiled(_input_grad, "tvm_convgrad::conv2d_input_grad"), _profiled(_weight_grad, "tvm_convgrad::conv2d_weight_grad"))  # fmt: skip
         dy = grad_output if grad_output.dtype == input.dtype else grad_output.to(input.dtype)
@@ -236,12 +238,9 @@ class Conv2dFunction(torch.autograd.Function):
         # arguments through ``inspect.signature`` (~70 us); functorch transforms take the operator.
         # The call's plan is looked up once, for the forward's choice and the backward's kernels.
         channels_last = is_channels_last(input)
-        plan = plan_for(input.shape, weight.shape, stride, pads, dilation, groups, input.dtype, channels_last, is_channels_last(weight)) \
-            if input.dtype in PLANNED else None  # fmt: skip
+        plan = tensors_plan(input, weight, stride, pads, dilation, groups, channels_last) if input.dtype in PLANNED else None
         output = choose_forward(input, weight, bias, stride, pads, dilation, groups, channels_last, plan)
-        ctx.save_for_backward(input, weight)
-        ctx.attrs = (list(stride), list(pads), list(dilation), int(groups), channels_last)
-        ctx.has_bias, ctx.plan = bias is not None, plan
+        _save(ctx, input, weight, bias, stride, pads, dilation, groups, channels_last, plan)
         return output
 
     backward = staticmethod(_backward)
