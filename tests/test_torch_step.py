@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import platform
 
 import pytest
 
@@ -138,6 +139,8 @@ def test_stock_beside_the_drop_in_runs_every_kind_of_process():
     for control in ("alone", "stock"):
         assert result["median_slowdown"][control] == row["drop-in"] / row[control] - 1
     assert lines[0].count("page faults") == 3 and "alone" in lines[0]
+    if platform.libc_ver()[0] == "glibc":  # the control alone keeps glibc's own heap rule, as without the package
+        assert result["heap_pinned"] == {"drop-in": True, "alone": False, "stock": True} and lines[0].count("glibc heap rule") == 1
 
 
 def test_stock_after_the_drop_in_in_one_process():

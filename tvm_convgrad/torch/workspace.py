@@ -10,7 +10,9 @@ and frees them. With the drop-in's step holding its buffers in TVM's pool instea
 the top of its heap after stock's step, and stock's next step took 13,792 page faults getting it
 back (ResNet-18 8 x 64x64, Sapphire Rapids-class guest: stock's step 74 ms beside the drop-in, 60
 alone, 64 beside a second stock model). From malloc: 2,304 faults, 65 ms
-(``python -m tvm_convgrad.training.torch_beside``).
+(``python -m tvm_convgrad.training.torch_beside``). Whether glibc trims is decided by the heap's
+layout, which every allocation in the process shapes; :mod:`.heap` now pins its thresholds, so
+that a free leaving less than 64 MiB at the heap's top trims nothing, whatever the policy.
 
 :func:`use_pytorch_allocator` registers a helper of its own (LLVM IR compiled by TVM's LLVM like
 the launcher; every kernel loaded afterwards, a JIT-compiled one on its first run, takes its
@@ -26,10 +28,10 @@ workspaces from it; other devices' from TVM's own functions), with two policies
   heap; huge pages advised from 2 MiB) and kept after its call in one of :data:`KEPT_SLOTS` slots
   (:data:`KEPT_BYTES` at most, round-robin out when full), for the next call that asks for
   1-1.25x its size: the kernels stop faulting, and glibc's heap no longer holds the drop-in's
-  buffers -- but stock's step beside the drop-in takes its 13,792 faults again: glibc trims its
-  heap's top after stock's frees and stock grows it back, where under malloc the drop-in's touched
-  buffers lay there for stock to re-use. The faster policy where a process trains the converted
-  model only.
+  buffers -- but (measured under glibc's own heap rule, before :mod:`.heap` pinned its thresholds)
+  stock's step beside the drop-in took its 13,792 faults again: glibc trimmed its heap's top after
+  stock's frees and stock grew it back, where under malloc the drop-in's touched buffers lay there
+  for stock to re-use. The faster policy where a process trains the converted model only.
 
 :func:`workspace_allocations` counts the CPU workspaces served, :func:`kept_workspaces` what the
 ``"kept"`` policy maps and holds. Smaller workspaces come from ``posix_memalign`` in both.

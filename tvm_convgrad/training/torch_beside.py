@@ -5,8 +5,9 @@ Stock's training step is timed in three kinds of child process:
 
 * **beside the drop-in**: stock's step, then the same network converted
   (:func:`tvm_convgrad.torch.convert_conv2d`, its kernels on PyTorch's OpenMP threads), alternating;
-* **alone**: stock's steps one after another, in a process that never builds the drop-in (the
-  issue's "a process that does not");
+* **alone**: stock's steps one after another, in a process that never builds the drop-in and
+  keeps glibc's own heap rule (``TVM_CONVGRAD_HEAP=glibc``: as in a process without the package;
+  the issue's "a process that does not");
 * **beside stock**: stock's step, then a second stock model of the same network, so that the
   working set between two of stock's steps is the same size and only whose kernels run differs.
 
@@ -15,21 +16,22 @@ Each child reports the median of its stock steps and of the minor page faults ea
 every round: the machines drift); the result is, for each control, the median over rounds of
 ``beside / control - 1`` (0.05: stock 5% slower beside the drop-in).
 
-Two processes differ in more than whose kernels run: glibc's heap keeps or returns memory by what
-the whole process has allocated and freed, so stock may re-fault its heap beside one neighbour and
-not the other (Zen 4, ResNet-18 8x64: 9,700-13,800 faults per stock step beside the drop-in, 0-2,300
-beside a second stock model: PyTorch's own 9.4 MB per-call buffers, which glibc returns from the
-heap's top after stock's step, and which a second stock model's step takes back before stock's
-next one while the drop-in's step, its buffers in TVM's workspace pool, does not).
-:func:`stock_after` separates the kernels' effect from that: one process holds all three models
-and times stock's step right after the drop-in's and right after the second stock model's,
-alternating.
+Two processes differ in more than whose kernels run: under glibc's own rule the heap keeps or
+returns memory by what the whole process has allocated and freed, so stock may re-fault its heap
+beside one neighbour and not the other (Zen 4, ResNet-18 8x64: 13,792 faults per stock step beside
+the drop-in, 0 alone: stock's ``zero_grad`` freed its 9.4 MB weight gradients onto a free heap top,
+which glibc trimmed). Importing :mod:`tvm_convgrad.torch` pins glibc's thresholds
+(:mod:`tvm_convgrad.torch.heap`), which ends that; the "alone" child keeps glibc's rule, so the
+comparison with it includes the pin's effect on stock. :func:`stock_after` separates the kernels'
+effect from the process's: one process holds all three models and times stock's step right after
+the drop-in's and right after the second stock model's, alternating.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -86,14 +88,17 @@ def stock_after(config: StepConfig, rounds: int = 11, warmup: int = 2) -> dict:
     return {"config": config.name, "after": medians, "slowdown": medians["drop-in"][0] / medians["stock"][0] - 1}
 
 
-def _child(config: StepConfig, neighbour: str, rounds: int) -> tuple[float, float]:
+def _child(config: StepConfig, neighbour: str, rounds: int) -> tuple[float, float, bool]:
+    """One child process of ``neighbour``'s kind: its stock step's medians (ms, minor page faults)
+    and whether its heap thresholds were pinned."""
     command = [sys.executable, "-m", __spec__.name, "--net", config.net, "--size", f"{config.batch}x{config.size}",
                "--child", neighbour, "--rounds", str(rounds)] + (["--channels-last"] if config.channels_last else [])  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True)
+    env = {**os.environ, "TVM_CONVGRAD_HEAP": "glibc"} if neighbour == "alone" else None
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
         raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    return report["stock_ms"], report["stock_faults"]
+    return report["stock_ms"], report["stock_faults"], report["heap_pinned"]
 
 
 def stock_beside(config: StepConfig, pairs: int = 6, rounds: int = 11, log=print) -> dict:
@@ -104,12 +109,13 @@ def stock_beside(config: StepConfig, pairs: int = 6, rounds: int = 11, log=print
     for i in range(pairs):
         order = NEIGHBOURS[i % len(NEIGHBOURS):] + NEIGHBOURS[:i % len(NEIGHBOURS)]
         child = {neighbour: _child(config, neighbour, rounds) for neighbour in order}
-        rows.append({neighbour: ms for neighbour, (ms, _) in child.items()})
+        rows.append({neighbour: ms for neighbour, (ms, _, _) in child.items()})
+        pinned = {neighbour: heap for neighbour, (_, _, heap) in child.items()}
         beside = child["drop-in"][0]
-        log(f"round {i + 1}: stock's step " + ", ".join(f"{_WHERE[n]} {ms:.1f} ms ({faults:.0f} page faults)" for n, (ms, faults) in child.items())
+        log(f"round {i + 1}: stock's step " + ", ".join(f"{_WHERE[n]} {ms:.1f} ms ({faults:.0f} page faults{'' if pinned else ', glibc heap rule'})" for n, (ms, faults, pinned) in child.items())
             + "; beside the drop-in against " + ", ".join(f"{_WHERE[c]} {beside / child[c][0] - 1:+.1%}" for c in CONTROLS))  # fmt: skip
     slowdowns = {control: [row["drop-in"] / row[control] - 1 for row in rows] for control in CONTROLS}
-    return {"config": config.name, "rounds": rows, "slowdowns": slowdowns,
+    return {"config": config.name, "rounds": rows, "slowdowns": slowdowns, "heap_pinned": pinned,
             "median_slowdown": {control: statistics.median(values) for control, values in slowdowns.items()}}  # fmt: skip
 
 
@@ -128,7 +134,9 @@ def main(argv=None) -> int:
     config = StepConfig(args.net, *parse_size(args.size), args.channels_last, "float32")
     if args.child:
         ms, faults = stock_step_ms(config, args.child, args.rounds)
-        print(json.dumps({"stock_ms": ms, "stock_faults": faults}))
+        from ..torch import heap_pinned
+
+        print(json.dumps({"stock_ms": ms, "stock_faults": faults, "heap_pinned": heap_pinned()}))
         return 0
     result = stock_beside(config, args.pairs, args.rounds)
     medians = result["median_slowdown"]
