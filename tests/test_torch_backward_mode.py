@@ -80,13 +80,26 @@ def test_auto_runs_the_fastest_way_unless_the_package_is_within_the_margin(times
     monkeypatch.setattr(backward_module, "_timings", _timed_as(times, seen))
     backward_mode("auto")
     got = _grads(layer, x, g)
-    assert seen == [{NONE, DX, DW, BOTH}]  # every way timed, once
+    assert seen == [{NONE, DX, DW, BOTH}] + ([{NONE, frozenset(given_up)}] if given_up else [])  # every way once; a switch again
     assert {gemm for (_, gemm), package in backward_choices().items() if not package} == given_up
     for gemm, mine, theirs, stock in zip(("dx", "dw"), got, ours, _stock(layer, x, g)):
         if gemm in given_up:
             torch.testing.assert_close(mine, stock, rtol=1e-6, atol=1e-6)
         else:
             assert torch.equal(mine, theirs)
+
+
+def test_a_switch_the_second_timing_does_not_confirm_keeps_the_packages(backward_mode, monkeypatch):
+    """PyTorch's dW the fastest way in the first timing, not in the second (the machine's speed
+    swung): the package's GEMMs stay."""
+    layer, x, g = _layer_and_tensors(channels=32)
+    timings = iter([{NONE: 10, DX: 9, DW: 6, BOTH: 7}, {NONE: 10, DW: 9.8}])
+    seen = []
+    monkeypatch.setattr(backward_module, "_timings", lambda runs: seen.append(set(runs)) or {way: t for way, t in next(timings).items() if way in runs})
+    backward_mode("auto")
+    _grads(layer, x, g)
+    assert seen == [{NONE, DX, DW, BOTH}, {NONE, DW}]
+    assert set(backward_choices().values()) == {True}
 
 
 def test_pytorch_mode_builds_no_kernel_and_matches_stock(backward_mode):
