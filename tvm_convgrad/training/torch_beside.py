@@ -103,19 +103,19 @@ def _child(config: StepConfig, neighbour: str, rounds: int) -> tuple[float, floa
 
 def stock_beside(config: StepConfig, pairs: int = 6, rounds: int = 11, log=print) -> dict:
     """``pairs`` rounds of one child process of each kind (:data:`NEIGHBOURS`), the order rotated
-    every round; returns each round's stock ms per kind and, per control (:data:`CONTROLS`), the
-    rounds' slowdowns beside the drop-in and their median."""
+    every round; returns each round's stock ms per kind, whether each kind's heap thresholds were
+    pinned and, per control (:data:`CONTROLS`), the rounds' slowdowns beside the drop-in and their median."""
     rows = []
     for i in range(pairs):
         order = NEIGHBOURS[i % len(NEIGHBOURS):] + NEIGHBOURS[:i % len(NEIGHBOURS)]
         child = {neighbour: _child(config, neighbour, rounds) for neighbour in order}
         rows.append({neighbour: ms for neighbour, (ms, _, _) in child.items()})
-        pinned = {neighbour: heap for neighbour, (_, _, heap) in child.items()}
+        heaps = {neighbour: pinned for neighbour, (_, _, pinned) in child.items()}  # the same kinds every round
         beside = child["drop-in"][0]
         log(f"round {i + 1}: stock's step " + ", ".join(f"{_WHERE[n]} {ms:.1f} ms ({faults:.0f} page faults{'' if pinned else ', glibc heap rule'})" for n, (ms, faults, pinned) in child.items())
             + "; beside the drop-in against " + ", ".join(f"{_WHERE[c]} {beside / child[c][0] - 1:+.1%}" for c in CONTROLS))  # fmt: skip
     slowdowns = {control: [row["drop-in"] / row[control] - 1 for row in rows] for control in CONTROLS}
-    return {"config": config.name, "rounds": rows, "slowdowns": slowdowns, "heap_pinned": pinned,
+    return {"config": config.name, "rounds": rows, "slowdowns": slowdowns, "heap_pinned": heaps,
             "median_slowdown": {control: statistics.median(values) for control, values in slowdowns.items()}}  # fmt: skip
 
 
