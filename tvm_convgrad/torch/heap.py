@@ -7,10 +7,10 @@ that top to the kernel (``brk``), and whatever grows the heap back takes a page 
 KiB page it touches. Both thresholds move: freeing a mapped chunk of up to 32 MiB raises the mmap
 threshold to its size and the trim threshold to twice that (glibc's ``DEFAULT_MMAP_THRESHOLD_MAX``
 on 64-bit machines). Which free finds the top large enough then depends on the heap's layout,
-that is on everything the process holds. In ResNet-18's step at 8 x 64x64 (Zen 4) both the stock
-process's and the drop-in process's thresholds had reached 9.4 / 18.9 MB (a freed 9.4 MB weight
-gradient), yet with the drop-in's model in the process stock's ``zero_grad`` freed its weight
-gradients onto a free top: glibc trimmed 56 MB and stock's backward took them back in 13,792 page
+that is on everything the process holds. In ResNet-18's step at 8 x 64x64 (Zen 4) a process
+training stock alone and one training stock beside the drop-in had both reached 9.4 / 18.9 MB (a
+freed 9.4 MB weight gradient), yet only beside the drop-in did stock's ``zero_grad`` free its
+weight gradients onto a free top: glibc trimmed 56 MB and stock's backward took them back in 13,792 page
 faults, 74-123 ms a step against 64-67 alone (``python -m tvm_convgrad.training.torch_beside``);
 the package's own one-process step ratios counted those faults against stock.
 
