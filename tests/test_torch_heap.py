@@ -38,7 +38,9 @@ print(json.dumps({"pinned": tt.heap_pinned(), "in_heap": in_heap, "break_kept": 
 
 
 def _child(**env) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if k not in ("TVM_CONVGRAD_HEAP", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")}
+    from tvm_convgrad.torch.heap import USER_SETTINGS
+
+    environ = {k: v for k, v in os.environ.items() if k not in ("TVM_CONVGRAD_HEAP", "GLIBC_TUNABLES", *USER_SETTINGS)}  # the child's own settings only
     return subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300, env={**environ, **env})
 
 

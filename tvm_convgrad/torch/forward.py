@@ -87,14 +87,15 @@ def _ours_is_faster(call: Conv2dGradients, input, weight, bias, stride, pads, di
     """Both forwards timed on these tensors, alternating, twice (the second only where the first
     says so: a shared machine's speed swings within a second): the package's at least
     :data:`MARGIN` faster in both?"""
+    with torch.no_grad():
+        ours(call, input, weight, bias)  # built and warm
+        pytorch(input, weight, bias, stride, pads, dilation, groups)
     return all(_ours_won(call, input, weight, bias, stride, pads, dilation, groups) for _ in range(2))
 
 
 def _ours_won(call: Conv2dGradients, input, weight, bias, stride, pads, dilation, groups) -> bool:
     """One timing of both forwards (:data:`ROUNDS` each, alternating): the package's at least :data:`MARGIN` faster?"""
     with torch.no_grad():
-        ours(call, input, weight, bias)  # built and warm
-        pytorch(input, weight, bias, stride, pads, dilation, groups)
         times_ours, times_torch = [], []
         for _ in range(ROUNDS):
             times_ours.append(elapsed_ms(lambda: ours(call, input, weight, bias)))
