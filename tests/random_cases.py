@@ -702,6 +702,8 @@ def _onednn_breaks(op: str) -> list[tuple[str, Callable]]:
         (f"{dy}.shape", lambda a: a.__setitem__("dy", ((*a["dy"][0], 1), a["dy"][1]))),
         (f"{x}.shape", lambda a: a.__setitem__("x", ((*a["x"][0], 1, 1, 1), a["x"][1]))),
     ]
+    if op == "conv_v2":  # the result's type: the inputs' or float32, never a third
+        breaks.append(("diff_weights_dtype", lambda a: a["attrs"].__setitem__("diff_weights_dtype", "float16" if a["x"][1] == "bfloat16" else "bfloat16")))
     if op == "deconv":
         breaks += [
             ("output_padding", _attr_set("output_padding", [-1] * 4)),
@@ -807,9 +809,11 @@ def call_of(op: str, args: dict):
     return _dsp_call(args) if op == "dsp" else _onednn_call(op, args)
 
 
-def valid_result(op: str, case):
-    """The result tensor of a valid case."""
-    return call_of(op, _args(op, case))
+def valid_result(op: str, case, **attrs):
+    """The result tensor of a valid case (``attrs``: more keyword arguments of a oneDNN operator)."""
+    args = _args(op, case)
+    args["attrs"].update(attrs)
+    return call_of(op, args)
 
 
 def inputs_and_expected(op: str, case, kernel, seed: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:

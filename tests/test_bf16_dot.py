@@ -175,6 +175,42 @@ def test_random_bf16_calls_on_amx_tiles_match_the_reference(op, seed):
     assert check.ok, f"{case!r}: {check}"
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("seed", range(4))
+def test_float32_weight_gradients_of_narrow_calls_match_the_reference(dtype, seed):
+    """``diff_weights_dtype="float32"`` (autocast's float32 weights): the fp32 sums unrounded, on
+    the exact path, the bf16 pairs and the AMX tiles (emulated where the host lacks them), within
+    float32's bound (a bf16 / f16 result is ~2**-8 / 2**-11 off it)."""
+    case = dataclasses.replace(valid_case("conv_v2", np.random.default_rng(4000 + seed)), dtype=dtype)
+    result = valid_result("conv_v2", case, diff_weights_dtype="float32")
+    kernels = [build(result)]
+    if dtype == "bfloat16":
+        kernels += [emulate_bf16_dot(result), emulate_bf16_dot(result, amx=True)]
+    for kernel in kernels:
+        assert kernel.output.dtype == "float32"
+        check = check_kernel(kernel, seed=seed)
+        assert check.ok, f"{case!r} ({kernel.formulation}): {check}"
+
+
+def test_a_float32_weight_gradient_still_runs_on_vdpbf16ps():
+    """The pair form's tile with a float32 write-back: vdpbf16ps, no fp32 FMA, no rounding to bf16."""
+    kernels = {dtype: build(onednn.convolution_backward_weights(
+        te.placeholder((2, 9, 9, 32), "bfloat16", name="x"), te.placeholder((2, 9, 9, 48), "bfloat16", name="dy"), [3, 3, 32, 48],
+        strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], diff_weights_dtype=dtype), _target("znver4")) for dtype in (None, "float32")}  # fmt: skip
+    for dtype, kernel in kernels.items():
+        assert kernel.formulation == "cube-bf16" and "vdpbf16ps" in kernel.source and fma_instructions(kernel.source) == []
+    assert kernels[None].output.dtype == "bfloat16" and kernels["float32"].output.dtype == "float32"
+    assert "vpsrld" in kernels[None].source and "vpsrld" not in kernels["float32"].source  # bf16's rounding: round-to-nearest-even by shifts
+
+
+@pytest.mark.parametrize("dtype, value", [("bfloat16", "float16"), ("float32", "bfloat16"), ("float16", "float64")])
+def test_a_weight_gradient_type_other_than_the_inputs_or_float32_is_named(dtype, value):
+    with pytest.raises(ConvGradError, match=r"diff_weights_dtype.*float32"):
+        onednn.convolution_backward_weights(te.placeholder((1, 4, 4, 16), dtype, name="x"), te.placeholder((1, 4, 4, 16), dtype, name="dy"),
+                                            [1, 1, 16, 16], strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], dilations=[1, 1],
+                                            diff_weights_dtype=value)  # fmt: skip
+
+
 def _pair_kernel_and_exact(op: str, **shape):
     result = _call(op, **shape)
     return emulate_bf16_dot(result), build(result)

@@ -227,15 +227,78 @@ def test_autocast_casts_the_inputs_as_it_casts_f_conv2d(path):
         y = layer(x)
         assert y.dtype == torch.nn.functional.conv2d(x, layer.weight, layer.bias, 1, 1).dtype == torch.bfloat16
     y.float().sum().backward()
-    assert x.grad.dtype == layer.weight.grad.dtype == torch.float32  # through autocast's casts, as for F.conv2d
+    assert x.grad.dtype == layer.weight.grad.dtype == torch.float32  # as for F.conv2d
     bf16_call = conv_call(x.shape, layer.weight.shape, (1, 1), (1, 1, 1, 1), (1, 1), 1, torch.bfloat16, False)
     assert weight_grad_kernel.cache_info().currsize == 1
-    weight_grad_kernel(bf16_call)
-    assert weight_grad_kernel.cache_info().hits == 1  # the kernel the backward built was the bf16 one
+    weight_grad_kernel(*((bf16_call, "float32") if path == "eager" else (bf16_call,)))
+    assert weight_grad_kernel.cache_info().hits == 1  # the bf16 call's kernel (eager: its float32 sums for the float32 weight)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
         assert layer(x).dtype == torch.float32
     with torch.autocast("cpu", dtype=torch.float16):
         assert layer(x).dtype == torch.float16
+
+
+_AUTOCAST_LAYERS = [LAYERS[i] for i in (0, 2, 3, 5, 7, 8)]  # strided / grouped / depthwise dilated / stem / live taps cropped
+
+
+@pytest.mark.parametrize("layer", _AUTOCAST_LAYERS, ids=lambda c: f"layer{LAYERS.index(c)}")
+@pytest.mark.parametrize("dtype, channels_last", [("bfloat16", False), ("bfloat16", True), ("float16", False)])
+def test_autocast_weight_gradients_are_the_float32_sums(layer, dtype, channels_last):
+    """Under autocast the float32 weight is kept: the call runs on its bf16 / f16 cast, and its
+    gradient is the dW kernel's float32 sums as they are (no ``ToCopyBackward0`` after the
+    backward, no rounding to bf16): within float32's bound of the float64 reference of the same
+    rounded tensors (a rounded gradient is ~2**-8 off), the input's gradient as autocast gives it."""
+    shape, out, kernel, stride, padding, dilation, groups, bias = layer
+    torch.manual_seed(0)
+    narrow = getattr(torch, dtype)
+    memory = torch.channels_last if channels_last else torch.contiguous_format
+    ours = Conv2d(shape[1], out, kernel, stride, padding, dilation, groups, bias).to(memory_format=memory)
+    x = (torch.rand(shape) * 2 - 1).to(memory_format=memory).requires_grad_()
+    with torch.autocast("cpu", dtype=narrow):
+        y = ours(x)
+    assert y.dtype == narrow
+    weight_node = [f for f, _ in y.grad_fn.next_functions if f is not None][1]
+    assert type(weight_node).__name__ == "AccumulateGrad"  # the weight itself, not autocast's cast of it
+    g = (torch.rand(y.shape) * 2 - 1).to(narrow)
+    y.backward(g)
+    reference = torch.nn.Conv2d(shape[1], out, kernel, stride, padding, dilation, groups, bias).double()
+    reference.load_state_dict({k: v.to(narrow).double() for k, v in ours.state_dict().items()})
+    x64 = x.detach().to(narrow).double().requires_grad_()
+    reference(x64).backward(g.double())
+    assert ours.weight.grad.dtype == x.grad.dtype == torch.float32
+    sized = [i for i, n in enumerate(ours.weight.shape) if n > 1]  # (strides of size-1 axes do not count: AccumulateGrad's contract)
+    assert [ours.weight.grad.stride(i) for i in sized] == [ours.weight.stride(i) for i in sized]
+    call = conv_call(x.shape, ours.weight.shape, ours.stride, pads_of(ours.padding, ours.kernel_size, ours.stride, ours.dilation), ours.dilation,
+                     groups, narrow, channels_last, channels_last and ours.weight.shape[1] > 1)  # fmt: skip
+    _close(ours.weight.grad, reference.weight.grad, weight_grad_kernel(call, "float32"), "grad_weight")
+    _close(x.grad.to(narrow), x64.grad, input_grad_kernel(call), "grad_input")
+
+
+@pytest.mark.parametrize("mode", ["pytorch", "ours"])
+def test_autocast_float32_weights_train_in_either_backward_mode_and_order(mode):
+    """PyTorch's dW where :func:`set_backward` gives it (bf16, widened by autograd), and gradients
+    of gradients under autocast (the weight's cast recorded in the backward): as ``F.conv2d``'s."""
+    from tvm_convgrad.torch import get_backward, set_backward
+
+    torch.manual_seed(0)
+    x = torch.rand(2, 8, 7, 7, requires_grad=True)
+    w = torch.rand(16, 8, 3, 3, requires_grad=True)
+    grads = {}
+    previous = get_backward()
+    set_backward(mode)
+    try:
+        for name, f in (("stock", torch.nn.functional.conv2d), ("ours", conv2d)):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = f(x, w, None, 1, 1)
+                (dx,) = torch.autograd.grad(y.float().square().sum(), x, create_graph=True)
+            (dx.square().sum() + y.float().sum()).backward()
+            grads[name] = (w.grad.clone(), x.grad.clone())
+            x.grad = w.grad = None
+    finally:
+        set_backward(previous)
+    for stock, ours in zip(grads["stock"], grads["ours"]):
+        assert ours.dtype == torch.float32
+        torch.testing.assert_close(ours, stock, rtol=3e-2, atol=3e-2 * stock.abs().max().item())
 
 
 def test_eager_calls_run_the_kernels_without_the_operators_dispatch():

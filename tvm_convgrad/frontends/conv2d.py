@@ -95,8 +95,10 @@ class Conv2dGradients:
         b = te.placeholder((self.w_shape[0],), self.dtype, name="bias") if bias else None
         return onednn.convolution(x, w, b, kernel_name=kernel_name, post_ops=list(post_ops), algorithm=algorithm, **self.attrs())
 
-    def weight_grad(self, kernel_name: str = "conv2d_weight_grad", algorithm: str = "direct") -> te.Tensor:
-        """dW: ``(x, dy) -> dw`` (``algorithm``: :data:`~tvm_convgrad.params.onednn.ALGORITHMS`)."""
+    def weight_grad(self, kernel_name: str = "conv2d_weight_grad", algorithm: str = "direct", dw_dtype: str | None = None) -> te.Tensor:
+        """dW: ``(x, dy) -> dw`` (``algorithm``: :data:`~tvm_convgrad.params.onednn.ALGORITHMS`;
+        ``dw_dtype``: dw's type, None for the call's, ``"float32"`` for a bf16 / f16 call's fp32 sums)."""
         x = te.placeholder(self.activation(self.x_shape), self.dtype, name="src")
         dy = te.placeholder(self.activation(self.y_shape), self.dtype, name="diff_dst")
-        return onednn.convolution_backward_weights(x, dy, list(self.weights()), kernel_name=kernel_name, algorithm=algorithm, **self.attrs())
+        return onednn.convolution_backward_weights(x, dy, list(self.weights()), kernel_name=kernel_name, algorithm=algorithm, diff_weights_dtype=dw_dtype,
+                                                   **self.attrs())  # fmt: skip

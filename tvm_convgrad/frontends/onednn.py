@@ -38,7 +38,7 @@ from ..dsl.compute import conv2d_backprop_filter_compute, conv2d_backprop_input_
 from ..dsl.compute.stages import DIFF_SRC, DIFF_WEIGHTS, DST, DY_5HD, FMAP_5HD, SRC_5HD, WEIGHTS_FRACZ
 from ..params import FORWARD_OP, INPUT_OP
 from ..params.framework import ConvView, FrameworkCall, split_weights
-from ..params.onednn import backward_data_view, deconv_view, forward_view, onednn_view
+from ..params.onednn import backward_data_view, deconv_view, diff_weights_choice, forward_view, onednn_view
 from ..params.post_ops import PostOp
 from .layouts import as_5hd, as_fracz, data_stage, weight_stage
 from .winograd import use_winograd, winograd_data_grad, winograd_filter_grad_result, winograd_forward
@@ -58,11 +58,12 @@ def _conv_view_weight(weights_format: str, *index) -> tuple:
 
 
 def _filter_grad(op: str, x: te.Tensor, dy: te.Tensor, view: ConvView, data_format: str, weights_format: str, shape, kernel_name: str,
-                 inputs, bf16_pairs: bool = False, amx: bool = False, algorithm: str = "direct") -> te.Tensor:  # fmt: skip
+                 inputs, bf16_pairs: bool = False, amx: bool = False, algorithm: str = "direct", dw_dtype: str | None = None) -> te.Tensor:  # fmt: skip
     """The dW compute between layout stages: ``x`` / ``dy`` are the conv view's tensors, the
     result has ``shape`` in ``weights_format`` (channels first: ``(o, i, *k)``, else ``(*k, i, o)``
-    of the conv view). A bf16 result carries the builder of its bf16-pair form (``bf16_pairs``;
-    ``amx``: in the AMX tile plan's layout), which a ``vdpbf16ps`` (AMX) target builds instead."""
+    of the conv view), in ``dw_dtype`` (None: the inputs' type). A bf16 computation carries the
+    builder of its bf16-pair form (``bf16_pairs``; ``amx``: in the AMX tile plan's layout), which
+    a ``vdpbf16ps`` (AMX) target builds instead."""
     params = view.params(kernel_name)
     if use_winograd(op, algorithm, view, filter_grad=True, planar=data_format == "NCX"):
         attrs = {"kernel_name": kernel_name, "flops": params.flops, "weights_format": weights_format}
@@ -73,8 +74,9 @@ def _filter_grad(op: str, x: te.Tensor, dy: te.Tensor, view: ConvView, data_form
                                         planar=data_format == "NCX")
     to_oix = partial(_conv_view_weight, weights_format)
     attrs = {"kernel_name": kernel_name, "flops": params.flops, "weights_format": weights_format}
-    result = weight_stage(dw, view, shape, to_oix, view.dtype, DIFF_WEIGHTS, attrs)
-    paired = partial(_filter_grad, op, x, dy, view, data_format, weights_format, shape, kernel_name, inputs, True) if _pairs_apply(view, bf16_pairs) else None
+    result = weight_stage(dw, view, shape, to_oix, dw_dtype or view.dtype, DIFF_WEIGHTS, attrs)
+    paired = partial(_filter_grad, op, x, dy, view, data_format, weights_format, shape, kernel_name, inputs, True, dw_dtype=dw_dtype) \
+        if _pairs_apply(view, bf16_pairs) else None  # fmt: skip
     return attach(result, params, inputs, FrameworkCall(op, view, data_format, weights_format), paired)
 
 
@@ -140,20 +142,25 @@ def convolution_backward_weights(
     weights_shape_attr: Sequence[int] | None = None,
     kernel_name: str = "convolution_backward_weights",
     algorithm: str = "direct",
+    diff_weights_dtype: str | None = None,
 ) -> te.Tensor:
     """``ConvolutionBackwardWeights``, oneDNN's later name of :func:`convolution_backprop_filters`
     (``src`` = input_forward, ``diff_dst`` = output_delta, ``weights_*`` = ``filter_*``); same
     semantics, returns ``diff_weights``. ``algorithm``: ``"direct"`` (default), ``"winograd"`` or
     ``"auto"`` as for :func:`convolution`: a float32 3x3 dW at stride 1 by F(2x2, 3x3) transposed
-    (:mod:`.winograd`)."""
+    (:mod:`.winograd`). ``diff_weights_dtype``: the result's type, the inputs' T by default, or
+    ``"float32"`` for bf16 / f16 inputs (the fp32 sums unrounded: oneDNN's primitive API takes an
+    f32 ``diff_weights`` for a bf16 backward, TBE's dW has ``res_dtype`` float32; PyTorch's
+    autocast keeps float32 weights)."""
     view, data_format, weights_format, shape = onednn_view(
         "ConvolutionBackwardWeights",
         {"x": "src", "dy": "diff_dst", "shape": "weights_shape", "shape_attr": "weights_shape_attr", "format": "weights_format"},
         src, diff_dst, weights_shape, weights_shape_attr, strides, pads_begin, pads_end, dilations,
         auto_pad, groups, data_format, weights_format,
     )  # fmt: skip
+    dw_dtype = diff_weights_choice("ConvolutionBackwardWeights", view.dtype, diff_weights_dtype)
     return _filter_grad("ConvolutionBackwardWeights", src, diff_dst, view, data_format, weights_format, shape, kernel_name, (src, diff_dst),
-                        algorithm=algorithm)  # fmt: skip
+                        algorithm=algorithm, dw_dtype=dw_dtype)  # fmt: skip
 
 
 def conv_transpose_backward_weights(

@@ -14,7 +14,7 @@ from .framework import (
 from .post_ops import PostOp, post_op_rules
 from .rules import Rules
 
-__all__ = ["ALGORITHMS", "algorithm_choice", "backward_data_view", "deconv_view", "forward_view", "onednn_view"]
+__all__ = ["ALGORITHMS", "algorithm_choice", "backward_data_view", "deconv_view", "diff_weights_choice", "forward_view", "onednn_view"]
 
 ALGORITHMS = ("direct", "winograd", "auto")
 """The forward's and dX's ``algorithm`` (oneDNN's ``convolution_direct`` / ``_winograd`` / ``_auto``):
@@ -24,6 +24,14 @@ the cube, Winograd's F(2x2, 3x3), or Winograd where it applies and pays (:mod:`t
 def algorithm_choice(op: str, value: Any) -> str:
     """``algorithm`` checked: one of :data:`ALGORITHMS`."""
     return format_choice(Rules(op, CODES), "algorithm", value, ALGORITHMS)
+
+
+def diff_weights_choice(op: str, dtype: str, value: Any) -> str:
+    """``diff_weights_dtype`` checked for inputs of ``dtype``: the inputs' type (None: that), or
+    float32 (the unrounded fp32 sums of bf16 / f16 inputs)."""
+    if value is None:
+        return dtype
+    return Rules(op, CODES).choice("diff_weights_dtype", value, sorted({dtype, "float32"}), CODES["type"])
 
 
 def onednn_view(

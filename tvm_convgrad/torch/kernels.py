@@ -109,9 +109,10 @@ def input_grad_kernel(call: Conv2dGradients) -> Kernel:
 
 
 @functools.lru_cache(maxsize=CACHED_CALLS)
-def weight_grad_kernel(call: Conv2dGradients) -> Kernel:
-    """dW of ``call``: ``(input, grad_output) -> grad_weight``, in the call's layouts."""
-    return build(call.weight_grad("torch_conv2d_weight_grad", algorithm=ALGORITHM))
+def weight_grad_kernel(call: Conv2dGradients, dw_dtype: str | None = None) -> Kernel:
+    """dW of ``call``: ``(input, grad_output) -> grad_weight``, in the call's layouts (``dw_dtype``:
+    grad_weight's type, None for the call's; ``"float32"``: a bf16 / f16 call's sums unrounded)."""
+    return build(call.weight_grad("torch_conv2d_weight_grad", algorithm=ALGORITHM, dw_dtype=dw_dtype))
 
 
 @functools.lru_cache(maxsize=CACHED_CALLS)
@@ -126,13 +127,13 @@ class CallPlan:
     :meth:`Conv2dGradients.cropped`, else ``call``) and ``taps`` (the kernel ``(rows, columns)`` that
     are live, None when all are); its kernels are built on first use and kept."""
 
-    __slots__ = ("call", "live", "taps", "_input_grad", "_weight_grad")
+    __slots__ = ("call", "live", "taps", "_input_grad", "_weight_grad", "_weight_grad_f32")
 
     def __init__(self, call: Conv2dGradients):
         crop = call.cropped()
         self.call = call
         self.live, self.taps = (call, None) if crop is None else (crop[0], crop[1:])
-        self._input_grad = self._weight_grad = None
+        self._input_grad = self._weight_grad = self._weight_grad_f32 = None
 
     @property
     def input_grad(self) -> Kernel:
@@ -147,6 +148,14 @@ class CallPlan:
         if self._weight_grad is None:
             self._weight_grad = weight_grad_kernel(self.live)
         return self._weight_grad
+
+    @property
+    def weight_grad_f32(self) -> Kernel:
+        """dW of ``live`` in float32 (a bf16 / f16 call's sums unrounded: autocast's float32
+        weights take it as it is): ``(input, grad_output) -> grad_weight[taps]``."""
+        if self._weight_grad_f32 is None:
+            self._weight_grad_f32 = self.weight_grad if self.live.dtype == "float32" else weight_grad_kernel(self.live, "float32")
+        return self._weight_grad_f32
 
 
 @functools.lru_cache(maxsize=4 * CACHED_CALLS)

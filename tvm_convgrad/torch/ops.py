@@ -68,18 +68,21 @@ def _input_grad(plan: CallPlan, grad_output: torch.Tensor, weight: torch.Tensor)
     return out if out.dtype == grad_output.dtype else out.to(grad_output.dtype)
 
 
-def _weight_grad(plan: CallPlan, grad_output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
-    """dW of ``plan``'s call (0 for the taps that read only padding), in the call's weight layout."""
+def _weight_grad(plan: CallPlan, grad_output: torch.Tensor, input: torch.Tensor, wide: bool = False) -> torch.Tensor:
+    """dW of ``plan``'s call (0 for the taps that read only padding), in the call's weight layout,
+    in ``input``'s type (``wide``: float32, the sums of bf16 / f16 tensors unrounded)."""
     call, x, dy = plan.live, _narrow(input), _narrow(grad_output)
+    kernel, dtype = (plan.weight_grad_f32, torch.float32) if wide else (plan.weight_grad, x.dtype)
     if plan.taps is None:
-        out = empty_weights(call.w_shape, x.dtype, call)
-        _run(plan.weight_grad, as_weights(out, call), as_layout(x, call), as_layout(dy, call))
+        out = empty_weights(call.w_shape, dtype, call)
+        _run(kernel, as_weights(out, call), as_layout(x, call), as_layout(dy, call))
     else:  # the live taps' dW into a zero one
-        out = empty_weights(plan.call.w_shape, x.dtype, call, zero=True)
-        live = empty_weights(call.w_shape, x.dtype, call)
-        _run(plan.weight_grad, as_weights(live, call), as_layout(x, call), as_layout(dy, call))
+        out = empty_weights(plan.call.w_shape, dtype, call, zero=True)
+        live = empty_weights(call.w_shape, dtype, call)
+        _run(kernel, as_weights(live, call), as_layout(x, call), as_layout(dy, call))
         out[:, :, plan.taps[0], plan.taps[1]] = live
-    return out if out.dtype == input.dtype else out.to(input.dtype)
+    result_dtype = torch.float32 if wide else input.dtype
+    return out if out.dtype == result_dtype else out.to(result_dtype)
 
 
 def input_grad(grad_output: torch.Tensor, weight: torch.Tensor, input_shape: list[int], stride: list[int], pads: list[int],
@@ -141,11 +144,13 @@ def _(grad_output, input, weight_shape, stride, pads, dilation, groups, channels
     return input.new_empty(tuple(weight_shape))
 
 
-def _save(ctx, input, weight, bias, stride, pads, dilation, groups: int, channels_last: bool, plan: Optional[CallPlan] = None):
-    """What the backward reads: the tensors, the call's attributes and its plan (None: looked up there)."""
+def _save(ctx, input, weight, bias, stride, pads, dilation, groups: int, channels_last: bool, plan: Optional[CallPlan] = None,
+          narrow_weight: Optional[torch.Tensor] = None):  # fmt: skip
+    """What the backward reads: the tensors, the call's attributes, its plan (None: looked up
+    there) and, for autocast's float32 ``weight``, the ``narrow_weight`` the call ran on (None else)."""
     ctx.save_for_backward(input, weight)
     ctx.attrs = (list(stride), list(pads), list(dilation), int(groups), channels_last)
-    ctx.has_bias, ctx.plan = bias is not None, plan
+    ctx.has_bias, ctx.plan, ctx.narrow_weight = bias is not None, plan, narrow_weight
 
 
 def _setup_context(ctx, inputs, output):
@@ -166,16 +171,20 @@ def _profiled(function, name: str):
 def _backward(ctx, grad_output):
     input, weight = ctx.saved_tensors
     stride, pads, dilation, groups, channels_last = ctx.attrs
+    wide = getattr(ctx, "narrow_weight", None) is not None  # autocast's float32 weight: its gradient float32
     grad_input = grad_weight = grad_bias = None
     if not torch.is_grad_enabled() and eager(grad_output, input, weight):  # first order, eager: the kernels directly
         _on_cpu(grad_output, input, weight)
-        plan = ctx.plan or tensors_plan(input, weight, stride, pads, dilation, groups, channels_last)
+        narrow = ctx.narrow_weight if wide else weight
+        plan = ctx.plan or tensors_plan(input, narrow, stride, pads, dilation, groups, channels_last)
         dx, dw = (_input_grad, _weight_grad) if not torch.autograd._profiler_enabled() else \
             (_profiled(_input_grad, "tvm_convgrad::conv2d_input_grad"), _profiled(_weight_grad, "tvm_convgrad::conv2d_weight_grad"))  # fmt: skip
         dy = grad_output if grad_output.dtype == input.dtype else grad_output.to(input.dtype)
-        theirs = pytorch_gradients(dy, input, weight, stride, pads, dilation, groups)  # where :mod:`.backward` chooses PyTorch's
-        grad_input, grad_weight = gradients(plan.call, ctx.needs_input_grad[:2], lambda: dx(plan, dy, weight), lambda: dw(plan, dy, input), theirs)
+        theirs = pytorch_gradients(dy, input, narrow, stride, pads, dilation, groups)  # where :mod:`.backward` chooses PyTorch's
+        grad_input, grad_weight = gradients(plan.call, ctx.needs_input_grad[:2], lambda: dx(plan, dy, narrow), lambda: dw(plan, dy, input, wide), theirs)
     else:  # traced, or create_graph=True: the operators, differentiable again
+        if wide:  # the float32 weight's cast, recorded this time
+            weight = weight.to(input.dtype)
         if ctx.needs_input_grad[0]:
             grad_input = conv2d_input_grad(grad_output, weight, list(input.shape), stride, pads, dilation, groups, channels_last)
         if ctx.needs_input_grad[1]:
@@ -183,6 +192,11 @@ def _backward(ctx, grad_output):
     if ctx.has_bias and ctx.needs_input_grad[2]:
         grad_bias = grad_output.sum((0, 2, 3))
     return grad_input, grad_weight, grad_bias, None, None, None, None
+
+
+def _function_backward(ctx, grad_output):
+    """:func:`_backward`, with ``None`` for :class:`Conv2dFunction`'s ``wide_weight``."""
+    return (*_backward(ctx, grad_output), None)
 
 
 conv2d_op.register_autograd(_backward, setup_context=_setup_context)
@@ -230,31 +244,40 @@ conv2d_weight_grad.register_autograd(_weight_grad_backward, setup_context=_save_
 
 class Conv2dFunction(torch.autograd.Function):
     """``tvm_convgrad::conv2d`` in eager mode without the operators' dispatch: the same forward
-    (PyTorch's), context and backward (the kernels called directly, see :func:`_backward`)."""
+    (PyTorch's), context and backward (the kernels called directly, see :func:`_backward`).
+
+    ``wide_weight`` (autocast): ``weight`` is float32 and ``input`` bf16 / f16; the call runs on
+    ``weight`` cast to ``input``'s type, and the weight's gradient is the dW kernel's float32
+    sums, unrounded: no cast of it back to float32 after the backward, as autocast's own cast
+    of the weight would add (``ToCopyBackward0``)."""
 
     @staticmethod
-    def forward(ctx, input, weight, bias, stride, pads, dilation, groups):
+    def forward(ctx, input, weight, bias, stride, pads, dilation, groups, wide_weight=False):
         # the context saved here, not in a ``setup_context``: with one, every ``apply`` binds its
         # arguments through ``inspect.signature`` (~70 us); functorch transforms take the operator.
         # The call's plan is looked up once, for the forward's choice and the backward's kernels.
+        narrow = weight.to(input.dtype) if wide_weight else weight
         channels_last = is_channels_last(input)
-        plan = tensors_plan(input, weight, stride, pads, dilation, groups, channels_last) if input.dtype in PLANNED else None
-        output = choose_forward(input, weight, bias, stride, pads, dilation, groups, channels_last, plan)
-        _save(ctx, input, weight, bias, stride, pads, dilation, groups, channels_last, plan)
+        plan = tensors_plan(input, narrow, stride, pads, dilation, groups, channels_last) if input.dtype in PLANNED else None
+        output = choose_forward(input, narrow, bias, stride, pads, dilation, groups, channels_last, plan)
+        _save(ctx, input, weight, bias, stride, pads, dilation, groups, channels_last, plan, narrow if wide_weight else None)
         return output
 
-    backward = staticmethod(_backward)
+    backward = staticmethod(_function_backward)
 
 
-def _autocast_inputs(input, weight, bias):
-    """The tensors cast as ``torch.autocast("cpu")`` casts ``F.conv2d``'s: to its lower-precision
-    type, float64 left alone."""
+def _autocast_inputs(input, weight, bias, keep_f32_weight: bool = False):
+    """``(input, weight, bias, wide)``: the tensors cast as ``torch.autocast("cpu")`` casts
+    ``F.conv2d``'s, to its lower-precision type, float64 left alone; but with ``keep_f32_weight``
+    a float32 weight of a call cast to bf16 / f16 is kept (``wide``: see :class:`Conv2dFunction`)."""
     dtype = torch.get_autocast_dtype("cpu")
 
     def cast(t):
         return t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
 
-    return cast(input), cast(weight), cast(bias)
+    input = cast(input)
+    wide = keep_f32_weight and weight.dtype == torch.float32 and input.dtype in (torch.bfloat16, torch.float16)
+    return input, weight if wide else cast(weight), cast(bias), wide
 
 
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: list[int], pads: list[int],
@@ -264,16 +287,16 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     if not eager(input, weight, bias):
         return conv2d_op(input, weight, bias, list(stride), list(pads), list(dilation), groups)
     if torch.is_autocast_enabled("cpu"):
-        input, weight, bias = _autocast_inputs(input, weight, bias)
+        input, weight, bias, wide = _autocast_inputs(input, weight, bias, keep_f32_weight=True)
         with torch.autocast("cpu", enabled=False):
-            return Conv2dFunction.apply(input, weight, bias, stride, pads, dilation, groups)
+            return Conv2dFunction.apply(input, weight, bias, stride, pads, dilation, groups, wide)
     return Conv2dFunction.apply(input, weight, bias, stride, pads, dilation, groups)
 
 
 def _autocast_cpu(keyset, input, weight, bias, stride, pads, dilation, groups):
     """``torch.autocast("cpu")`` for the operator: the tensors cast as for ``F.conv2d``, then the
     operator run below autocast."""
-    input, weight, bias = _autocast_inputs(input, weight, bias)
+    input, weight, bias, _ = _autocast_inputs(input, weight, bias)
     with torch.autocast("cpu", enabled=False):
         return conv2d_op(input, weight, bias, stride, pads, dilation, groups)
 
