@@ -33,7 +33,7 @@ from conftest import RUNNABLE_ISAS  # noqa: E402
 from tvm_convgrad import build, emulate_bf16_dot, emulate_cuda, isa_target  # noqa: E402
 
 SEED = 20261126
-VARIANTS = ("build", "pairs", "amx", "cuda")
+VARIANTS = ("build", "pairs", "amx", "cuda", "f32dw")
 PAIR_OPERATORS = ("conv", "conv_v2", "deconv", "data", "data_v1", "fwd")  # the operators that take bf16
 AMX_OPERATORS = ("conv", "conv_v2", "deconv", "data", "data_v1")  # the gradients AMX tiles run
 
@@ -228,7 +228,7 @@ FIXED = {
 
 def labels(per_variant: dict[str, int]) -> list[str]:
     """Every fixed call, then ``per_variant[v]`` random calls of each operator variant ``v`` takes."""
-    ops = {"build": OPERATORS, "pairs": PAIR_OPERATORS, "amx": AMX_OPERATORS, "cuda": OPERATORS}
+    ops = {"build": OPERATORS, "pairs": PAIR_OPERATORS, "amx": AMX_OPERATORS, "cuda": OPERATORS, "f32dw": ("conv_v2",)}
     out = [f"fixed:{name}" for name in FIXED]
     for variant, count in per_variant.items():
         out += [f"{variant}:{op}:{i}" for i in range(count) for op in ops[variant]]
@@ -249,6 +249,10 @@ def _kernel(label: str):
         return op, case, emulate_bf16_dot(valid_result(op, case), amx=variant == "amx")
     if variant == "cuda":
         return op, case, emulate_cuda(valid_result(op, case), {"kind": "cuda", "arch": "sm_80"})
+    if variant == "f32dw":  # a float32 weight gradient of bf16 inputs (pairs, AMX tiles) or f16 ones (this CPU's build)
+        case = dataclasses.replace(case, dtype=("bfloat16", "float16")[i % 2])
+        result = valid_result(op, case, diff_weights_dtype="float32")
+        return op, case, emulate_bf16_dot(result, amx=i % 4 == 2) if i % 2 == 0 else build(result)
     return op, case, build(valid_result(op, case), target=isa_target(RUNNABLE_ISAS[i % len(RUNNABLE_ISAS)]))
 
 

@@ -812,7 +812,8 @@ def call_of(op: str, args: dict):
 def valid_result(op: str, case, **attrs):
     """The result tensor of a valid case (``attrs``: more keyword arguments of a oneDNN operator)."""
     args = _args(op, case)
-    args["attrs"].update(attrs)
+    if attrs:
+        args["attrs"].update(attrs)
     return call_of(op, args)
 
 
