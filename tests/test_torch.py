@@ -254,9 +254,11 @@ def test_autocast_weight_gradients_are_the_float32_sums(layer, dtype, channels_l
     memory = torch.channels_last if channels_last else torch.contiguous_format
     ours = Conv2d(shape[1], out, kernel, stride, padding, dilation, groups, bias).to(memory_format=memory)
     x = (torch.rand(shape) * 2 - 1).to(memory_format=memory).requires_grad_()
-    with torch.autocast("cpu", dtype=narrow):
+    packed = []
+    with torch.autocast("cpu", dtype=narrow), torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
         y = ours(x)
     assert y.dtype == narrow
+    assert [t.dtype for t in packed if t.shape == ours.weight.shape] == [torch.float32, narrow]  # the weight's cast saved as a tensor (hooks see it)
     weight_node = [f for f, _ in y.grad_fn.next_functions if f is not None][1]
     assert type(weight_node).__name__ == "AccumulateGrad"  # the weight itself, not autocast's cast of it
     g = (torch.rand(y.shape) * 2 - 1).to(narrow)

@@ -148,9 +148,9 @@ def _save(ctx, input, weight, bias, stride, pads, dilation, groups: int, channel
           narrow_weight: Optional[torch.Tensor] = None):  # fmt: skip
     """What the backward reads: the tensors, the call's attributes, its plan (None: looked up
     there) and, for autocast's float32 ``weight``, the ``narrow_weight`` the call ran on (None else)."""
-    ctx.save_for_backward(input, weight)
+    ctx.save_for_backward(input, weight, *(() if narrow_weight is None else (narrow_weight,)))
     ctx.attrs = (list(stride), list(pads), list(dilation), int(groups), channels_last)
-    ctx.has_bias, ctx.plan, ctx.narrow_weight = bias is not None, plan, narrow_weight
+    ctx.has_bias, ctx.plan, ctx.wide = bias is not None, plan, narrow_weight is not None
 
 
 def _setup_context(ctx, inputs, output):
@@ -169,13 +169,13 @@ def _profiled(function, name: str):
 
 
 def _backward(ctx, grad_output):
-    input, weight = ctx.saved_tensors
+    input, weight, *weight_cast = ctx.saved_tensors
     stride, pads, dilation, groups, channels_last = ctx.attrs
-    wide = getattr(ctx, "narrow_weight", None) is not None  # autocast's float32 weight: its gradient float32
+    wide = ctx.wide  # autocast's float32 weight: its gradient float32
     grad_input = grad_weight = grad_bias = None
     if not torch.is_grad_enabled() and eager(grad_output, input, weight):  # first order, eager: the kernels directly
         _on_cpu(grad_output, input, weight)
-        narrow = ctx.narrow_weight if wide else weight
+        narrow = weight_cast[0] if wide else weight
         plan = ctx.plan or tensors_plan(input, narrow, stride, pads, dilation, groups, channels_last)
         dx, dw = (_input_grad, _weight_grad) if not torch.autograd._profiler_enabled() else \
             (_profiled(_input_grad, "tvm_convgrad::conv2d_input_grad"), _profiled(_weight_grad, "tvm_convgrad::conv2d_weight_grad"))  # fmt: skip
