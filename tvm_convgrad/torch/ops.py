@@ -81,8 +81,7 @@ def _weight_grad(plan: CallPlan, grad_output: torch.Tensor, input: torch.Tensor,
         live = empty_weights(call.w_shape, dtype, call)
         _run(kernel, as_weights(live, call), as_layout(x, call), as_layout(dy, call))
         out[:, :, plan.taps[0], plan.taps[1]] = live
-    result_dtype = torch.float32 if wide else input.dtype
-    return out if out.dtype == result_dtype else out.to(result_dtype)
+    return out if wide or out.dtype == input.dtype else out.to(input.dtype)
 
 
 def input_grad(grad_output: torch.Tensor, weight: torch.Tensor, input_shape: list[int], stride: list[int], pads: list[int],
@@ -150,7 +149,7 @@ def _save(ctx, input, weight, bias, stride, pads, dilation, groups: int, channel
     there) and, for autocast's float32 ``weight``, the ``narrow_weight`` the call ran on (None else)."""
     ctx.save_for_backward(input, weight, *(() if narrow_weight is None else (narrow_weight,)))
     ctx.attrs = (list(stride), list(pads), list(dilation), int(groups), channels_last)
-    ctx.has_bias, ctx.plan, ctx.wide = bias is not None, plan, narrow_weight is not None
+    ctx.has_bias, ctx.plan = bias is not None, plan
 
 
 def _setup_context(ctx, inputs, output):
@@ -171,7 +170,7 @@ def _profiled(function, name: str):
 def _backward(ctx, grad_output):
     input, weight, *weight_cast = ctx.saved_tensors
     stride, pads, dilation, groups, channels_last = ctx.attrs
-    wide = ctx.wide  # autocast's float32 weight: its gradient float32
+    wide = bool(weight_cast)  # autocast's float32 weight (its cast saved beside it): its gradient float32
     grad_input = grad_weight = grad_bias = None
     if not torch.is_grad_enabled() and eager(grad_output, input, weight):  # first order, eager: the kernels directly
         _on_cpu(grad_output, input, weight)
