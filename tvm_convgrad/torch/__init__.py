@@ -96,22 +96,24 @@ def conv2d(
                             f"got input.dim() = {input.dim()}, weight.dim() = {weight.dim()}")  # fmt: skip
     if input.dim() == 3:
         return conv2d(input.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0)
-    if not isinstance(groups, int) or groups < 1 or input.shape[1] != weight.shape[1] * groups or weight.shape[0] % groups:
-        raise ConvGradError(OP, "groups", groups, f"must divide the output channels {weight.shape[0]} and give input channels "
-                            f"weight.shape[1] x groups = {input.shape[1]}")  # fmt: skip
     try:
-        stride, pads, dilation = _arguments(tuple(weight.shape[2:]), stride, padding, dilation)
+        stride, pads, dilation = _arguments(input.shape[1], weight.shape, stride, padding, dilation, groups)
     except TypeError:  # a list among them (unhashable): checked without the cache
-        stride, pads, dilation = _arguments.__wrapped__(tuple(weight.shape[2:]), stride, padding, dilation)
+        stride, pads, dilation = _arguments.__wrapped__(input.shape[1], weight.shape, stride, padding, dilation, groups)
     return ops.conv2d(input, weight, bias, stride, pads, dilation, groups)
 
 
 @functools.lru_cache(maxsize=256)
-def _arguments(kernel: tuple, stride: _IntPair, padding: Union[str, _IntPair], dilation: _IntPair) -> tuple[tuple, tuple, tuple]:
-    """``(stride, pads, dilation)`` of a call's arguments, checked (:func:`_pair`, :func:`pads_of`):
-    worked out once per distinct arguments (a layer's are the same every step)."""
+def _arguments(channels: int, weight_shape: Sequence[int], stride: _IntPair, padding: Union[str, _IntPair], dilation: _IntPair,
+               groups: int) -> tuple[tuple, tuple, tuple]:  # fmt: skip
+    """``(stride, pads, dilation)`` of a call's arguments (``channels``: the input's), checked
+    (``groups``, :func:`_pair`, :func:`pads_of`): worked out once per distinct arguments (a layer's
+    are the same every step)."""
+    if not isinstance(groups, int) or groups < 1 or channels != weight_shape[1] * groups or weight_shape[0] % groups:
+        raise ConvGradError(OP, "groups", groups, f"must divide the output channels {weight_shape[0]} and give input channels "
+                            f"weight.shape[1] x groups = {channels}")  # fmt: skip
     stride, dilation = _pair("stride", stride, 1), _pair("dilation", dilation, 1)
-    return stride, pads_of(padding, kernel, stride, dilation), dilation
+    return stride, pads_of(padding, tuple(weight_shape[2:]), stride, dilation), dilation
 
 
 class Conv2d(nn.Conv2d):

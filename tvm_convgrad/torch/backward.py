@@ -45,6 +45,9 @@ ROUNDS = 7
 ``"auto"`` meets a signature."""
 
 _choices: dict[tuple[Conv2dGradients, str], bool] = {}
+_given_up: dict[tuple[Conv2dGradients, tuple[bool, bool]], frozenset] = {}
+"""The GEMMs PyTorch's run, per signature and needed gradients, as the mode says: worked out once
+(the choices above), looked up by every later call."""
 
 
 def _check(mode: str, name: str = "mode") -> str:
@@ -61,6 +64,7 @@ def set_backward(mode: str) -> None:
     global _mode
     _mode = _check(mode)
     _choices.clear()
+    _given_up.clear()
 
 
 def get_backward() -> str:
@@ -133,14 +137,23 @@ def gradients(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx: Callable
     """dX and dW of ``call`` (None where ``needs`` says not): each the package's (``ours_dx()``,
     ``ours_dw()``) or PyTorch's (``theirs``, see :func:`pytorch_gradients`) as the mode says,
     PyTorch's two in one call."""
-    if theirs is None or _mode == "ours":
-        given_up = frozenset()
-    elif _mode == "pytorch":
-        given_up = frozenset(gemm for gemm, need in zip(GEMMS, needs) if need)
-    else:
-        keys = [(call, gemm) for gemm, need in zip(GEMMS, needs) if need]
-        if any(key not in _choices for key in keys):
-            chosen = _choose(needs, ours_dx, ours_dw, theirs)
-            _choices.update({key: key[1] not in chosen for key in keys})
-        given_up = frozenset(gemm for (_, gemm) in keys if not _choices[(call, gemm)])
+    if theirs is None:
+        return _run(frozenset(), needs, ours_dx, ours_dw, theirs)
+    given_up = _given_up.get((call, needs))
+    if given_up is None:
+        given_up = _given_up[(call, needs)] = _ways(call, needs, ours_dx, ours_dw, theirs)
     return _run(given_up, needs, ours_dx, ours_dw, theirs)
+
+
+def _ways(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx, ours_dw, theirs) -> frozenset:
+    """The GEMMs of ``call`` that run PyTorch's in the current mode (``"auto"``: chosen by timing
+    the first time a GEMM is met, see :func:`_choose`)."""
+    if _mode == "ours":
+        return frozenset()
+    if _mode == "pytorch":
+        return frozenset(gemm for gemm, need in zip(GEMMS, needs) if need)
+    keys = [(call, gemm) for gemm, need in zip(GEMMS, needs) if need]
+    if any(key not in _choices for key in keys):
+        chosen = _choose(needs, ours_dx, ours_dw, theirs)
+        _choices.update({key: key[1] not in chosen for key in keys})
+    return frozenset(gemm for (_, gemm) in keys if not _choices[(call, gemm)])
