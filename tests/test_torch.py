@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(torch is None, reason="PyTorch is not installed 
 
 if torch is not None:
     from tvm_convgrad import ConvGradError
-    from tvm_convgrad.torch import Conv2d, conv2d, conv_call, forward_choices, input_grad_kernel, pads_of, set_forward, weight_grad_kernel
+    from tvm_convgrad.torch import Conv2d, conv2d, conv_call, convert_conv2d, forward_choices, input_grad_kernel, pads_of, set_forward, weight_grad_kernel
     from tvm_convgrad.torch import forward as forward_module
     from tvm_convgrad.torch.kernels import call_plan, forward_kernel
     from tvm_convgrad.tools.verify import error_bound
@@ -210,6 +210,33 @@ def test_double_backward_runs_the_package_operators():
     penalty = dx.square().sum()  # a gradient penalty, as WGAN-GP trains with
     penalty.backward()
     assert w.grad is not None and torch.isfinite(w.grad).all()
+
+
+def test_torch_func_transforms_take_the_drop_in():
+    """``torch.func`` (per-sample gradients, Jacobians, ``vmap``) over the drop-in: PyTorch's
+    convolution under the transforms, so the results are ``F.conv2d``'s exactly; outside them the
+    same model trains on the package's kernels."""
+    torch.manual_seed(0)
+    stock = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 4, padding="same"))
+    ours = convert_conv2d(copy.deepcopy(stock))
+    x = torch.rand(5, 3, 6, 6)
+    params = {name: p.detach() for name, p in stock.named_parameters()}
+
+    def per_sample(model):
+        def loss(p, xi):
+            return torch.func.functional_call(model, p, (xi[None],)).square().sum()
+
+        return torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, x)
+
+    expected, got = per_sample(stock), per_sample(ours)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert torch.equal(got[name], expected[name]), name
+    w = params["0.weight"]
+    jacobian = torch.func.jacrev(lambda w: conv2d(x[:1], w, None, 1, 1).sum((2, 3)))(w)
+    torch.testing.assert_close(jacobian, torch.func.jacrev(lambda w: torch.nn.functional.conv2d(x[:1], w, None, 1, 1).sum((2, 3)))(w))
+    y = ours(x.requires_grad_())
+    assert type(y.grad_fn).__name__ == "Conv2dFunctionBackward"
 
 
 @pytest.mark.parametrize("path", ["eager", "operator"])

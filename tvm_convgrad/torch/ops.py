@@ -29,6 +29,7 @@ from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 from .backward import gradients, pytorch_gradients
 from .forward import forward as choose_forward
+from .forward import pytorch as pytorch_forward
 from .kernels import PLANNED, CallPlan, as_layout, as_weights, conv_call, empty_weights, is_channels_last, memory_format, plan_for, tensors_plan
 
 __all__ = ["Conv2dFunction", "conv2d", "conv2d_input_grad", "conv2d_op", "conv2d_weight_grad", "conv_call", "eager", "forward", "input_grad", "weight_grad"]
@@ -292,7 +293,13 @@ def _autocast_inputs(input, weight, bias, keep_f32_weight: bool = False):
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: list[int], pads: list[int],
            dilation: list[int], groups: int) -> torch.Tensor:  # fmt: skip
     """The convolution with the package's gradients (arguments checked by the caller):
-    :class:`Conv2dFunction` in eager mode, else the ``tvm_convgrad::conv2d`` operator."""
+    :class:`Conv2dFunction` in eager mode, else the ``tvm_convgrad::conv2d`` operator; under a
+    ``torch.func`` transform (``grad``, ``vmap``, ``jacrev``, ...) PyTorch's convolution, which every
+    transform composes with (an operator's autograd formula does not: torch 2.13's
+    ``register_autograd`` asks functorch for a ``setup_context`` it does not define, and the
+    kernels take no batched tensors)."""
+    if torch._C._are_functorch_transforms_active():
+        return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
     if not eager(input, weight, bias):
         return conv2d_op(input, weight, bias, list(stride), list(pads), list(dilation), groups)
     if torch.is_autocast_enabled("cpu"):
