@@ -239,6 +239,28 @@ def test_torch_func_transforms_take_the_drop_in():
     assert type(y.grad_fn).__name__ == "Conv2dFunctionBackward"
 
 
+def test_torchscript_traces_and_scripts_the_drop_in():
+    """``torch.jit.trace`` records PyTorch's convolution for a drop-in call (a traced call's sizes
+    are tensors: the kernels' signature could not be built from them), ``torch.jit.script`` compiles
+    nn.Conv2d's own call (padding modes included), and both save and load; eager calls still
+    train on the package's kernels."""
+    import io
+
+    torch.manual_seed(0)
+    stock = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 4, 3, stride=2, padding=1, padding_mode="reflect"), torch.nn.Conv2d(4, 4, 2, padding="same"))  # fmt: skip
+    ours = convert_conv2d(copy.deepcopy(stock))
+    x = torch.rand(2, 3, 8, 8)
+    expected = stock(x)
+    for module in (torch.jit.trace(ours, x), torch.jit.script(ours)):
+        assert torch.equal(module(x), expected)
+        saved = io.BytesIO()
+        torch.jit.save(module, saved)
+        saved.seek(0)
+        assert torch.equal(torch.jit.load(saved)(x), expected)
+    assert type(ours(x.requires_grad_()).grad_fn).__name__ == "Conv2dFunctionBackward"
+
+
 @pytest.mark.parametrize("path", ["eager", "operator"])
 def test_autocast_casts_the_inputs_as_it_casts_f_conv2d(path):
     """Both ways in: the eager path's casts and the operator's AutocastCPU kernel."""

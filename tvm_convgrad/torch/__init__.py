@@ -122,6 +122,15 @@ class Conv2d(nn.Conv2d):
     first, as ``nn.Conv2d`` does."""
 
     def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        if torch.jit.is_scripting():  # ``torch.jit.script``: nn.Conv2d's own call (TorchScript cannot call the kernels)
+            if self.padding_mode != "zeros":
+                padded = torch.nn.functional.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
+                return torch.nn.functional.conv2d(padded, weight, bias, self.stride, (0, 0), self.dilation, self.groups)
+            return torch.nn.functional.conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+        return self._drop_in_forward(input, weight, bias)
+
+    @torch.jit.unused
+    def _drop_in_forward(self, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         if self.padding_mode != "zeros":
             padded = torch.nn.functional.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
             return conv2d(padded, weight, bias, self.stride, 0, self.dilation, self.groups)

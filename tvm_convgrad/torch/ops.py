@@ -294,11 +294,12 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
            dilation: list[int], groups: int) -> torch.Tensor:  # fmt: skip
     """The convolution with the package's gradients (arguments checked by the caller):
     :class:`Conv2dFunction` in eager mode, else the ``tvm_convgrad::conv2d`` operator; under a
-    ``torch.func`` transform (``grad``, ``vmap``, ``jacrev``, ...) PyTorch's convolution, which every
-    transform composes with (an operator's autograd formula does not: torch 2.13's
-    ``register_autograd`` asks functorch for a ``setup_context`` it does not define, and the
-    kernels take no batched tensors)."""
-    if torch._C._are_functorch_transforms_active():
+    ``torch.func`` transform (``grad``, ``vmap``, ``jacrev``, ...) or ``torch.jit.trace``, PyTorch's
+    convolution: every transform composes with it (an operator's autograd formula does not: torch
+    2.13's ``register_autograd`` asks functorch for a ``setup_context`` it does not define, and the
+    kernels take no batched tensors), and a TorchScript graph records it (a traced call's sizes are
+    tensors, and the graph could not call the kernels)."""
+    if torch._C._are_functorch_transforms_active() or torch._C._is_tracing():
         return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
     if not eager(input, weight, bias):
         return conv2d_op(input, weight, bias, list(stride), list(pads), list(dilation), groups)
