@@ -299,7 +299,7 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     2.13's ``register_autograd`` asks functorch for a ``setup_context`` it does not define, and the
     kernels take no batched tensors), and a TorchScript graph records it (a traced call's sizes are
     tensors, and the graph could not call the kernels)."""
-    if torch._C._are_functorch_transforms_active() or torch._C._is_tracing():
+    if not torch.compiler.is_compiling() and (torch._C._are_functorch_transforms_active() or torch.jit.is_tracing()):
         return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
     if not eager(input, weight, bias):
         return conv2d_op(input, weight, bias, list(stride), list(pads), list(dilation), groups)
