@@ -239,6 +239,27 @@ def test_torch_func_transforms_take_the_drop_in():
     assert type(y.grad_fn).__name__ == "Conv2dFunctionBackward"
 
 
+@pytest.mark.parametrize("tangents", ["x", "w", "b", "xwb"])
+def test_forward_mode_ad_matches_f_conv2d(tangents):
+    """``torch.autograd.forward_ad`` through the drop-in (``Conv2dFunction.jvp``: the bilinear
+    tangent): float64 tangents equal to ``F.conv2d``'s to rounding, on layers with groups, strides,
+    dilation and the asymmetric pads of an even ``"same"`` kernel; ``gradcheck`` with forward AD."""
+    import torch.autograd.forward_ad as fwad
+
+    torch.manual_seed(0)
+    for shape, out, kernel, stride, padding, dilation, groups, _ in (LAYERS[2], LAYERS[3], LAYERS[4]):
+        x = torch.rand(shape, dtype=torch.float64)
+        w = torch.rand(out, shape[1] // groups, *((kernel, kernel) if isinstance(kernel, int) else kernel), dtype=torch.float64)
+        b = torch.rand(out, dtype=torch.float64)
+        with fwad.dual_level():
+            args = [fwad.make_dual(t, torch.rand_like(t)) if name in tangents else t for name, t in zip("xwb", (x, w, b))]
+            ours = fwad.unpack_dual(conv2d(*args, stride, padding, dilation, groups)).tangent
+            reference = fwad.unpack_dual(torch.nn.functional.conv2d(*args, stride, padding, dilation, groups)).tangent
+        torch.testing.assert_close(ours, reference, rtol=1e-12, atol=1e-12)
+    x, w = torch.rand(1, 4, 5, 5, dtype=torch.float64, requires_grad=True), torch.rand(6, 2, 3, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, c: conv2d(a, c, None, 1, 1, 1, 2), (x, w), check_forward_ad=True, eps=1e-3, atol=1e-3, rtol=1e-3)
+
+
 def test_torchscript_traces_and_scripts_the_drop_in():
     """``torch.jit.trace`` records PyTorch's convolution for a drop-in call (a traced call's sizes
     are tensors: the kernels' signature could not be built from them), ``torch.jit.script`` compiles

@@ -253,16 +253,31 @@ class Conv2dFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, weight, bias, stride, pads, dilation, groups, wide_weight=False):
         # the context saved here, not in a ``setup_context``: with one, every ``apply`` binds its
-        # arguments through ``inspect.signature`` (~70 us); functorch transforms take the operator.
-        # The call's plan is looked up once, for the forward's choice and the backward's kernels.
+        # arguments through ``inspect.signature`` (~70 us); under functorch transforms :func:`conv2d`
+        # runs PyTorch's convolution. The call's plan is looked up once, for the forward's choice
+        # and the backward's kernels.
         narrow = weight.to(input.dtype) if wide_weight else weight
         channels_last = is_channels_last(input)
         plan = tensors_plan(input, narrow, stride, pads, dilation, groups, channels_last) if input.dtype in PLANNED else None
         output = choose_forward(input, narrow, bias, stride, pads, dilation, groups, channels_last, plan)
         _save(ctx, input, weight, bias, stride, pads, dilation, groups, channels_last, plan, narrow if wide_weight else None)
+        ctx.save_for_forward(input, narrow)
         return output
 
     backward = staticmethod(_function_backward)
+
+    @staticmethod
+    def jvp(ctx, input_t, weight_t, bias_t, *_):
+        """Forward-mode AD (``torch.autograd.forward_ad``): the convolution is bilinear, so the
+        output's tangent is ``conv(input_t, w) + conv(x, weight_t) + bias_t`` (PyTorch's
+        convolutions; a float32 weight's tangent cast as the weight was)."""
+        input, weight = ctx.saved_tensors
+        stride, pads, dilation, groups, _ = ctx.attrs
+        weight_t = torch.zeros_like(weight) if weight_t is None and input_t is None else weight_t
+        terms = [pytorch_forward(input_t, weight, bias_t, stride, pads, dilation, groups)] if input_t is not None else []
+        if weight_t is not None:
+            terms.append(pytorch_forward(input, weight_t.to(weight.dtype), None if terms else bias_t, stride, pads, dilation, groups))
+        return terms[0] if len(terms) == 1 else terms[0] + terms[1]
 
 
 _apply_function = super(torch.autograd.Function, Conv2dFunction).apply
