@@ -3,7 +3,7 @@
 ``"same"`` / ``"valid"``, dilations, groups, depthwise, with and without bias) through
 ``tvm_convgrad.torch.conv2d`` in float32, float64, bfloat16 and float16: the forward, the
 gradients and the gradients of the gradients (``create_graph=True``) against PyTorch in float64 on
-the same rounded tensors. None is rejected.
+the same rounded tensors; and forward-mode AD of every sample in float64. None is rejected.
 
 The bound of each result is the dtype's: every quantity here is a sum of products of the inputs,
 so running the same computation on their absolute values in float64 gives, element by element,
@@ -96,3 +96,26 @@ def test_opinfo_conv2d_samples_forward_backward_and_gradgrad(index, dtype):
         error = (ours_t.detach().double() - exact_t.detach()).abs()
         bound = scale * terms_t.detach() + 1e-30
         assert (error <= bound).all(), f"{name}: max error {error.max():.3g}, {(error / bound).max():.3g} x the bound"
+
+
+@pytest.mark.skipif(not HAS_EXPECTTEST, reason="expecttest is not installed (the test extra has it)")
+@pytest.mark.parametrize("index", tiered(range(30), lambda i, _: i % 6 == 0))
+def test_opinfo_conv2d_samples_forward_mode_ad(index):
+    """Forward-mode AD (``torch.autograd.forward_ad``) of every sample, all its tensors dual, in
+    float64: the drop-in's tangent (``Conv2dFunction.jvp``) equal to ``F.conv2d``'s to rounding."""
+    import torch.autograd.forward_ad as fwad
+
+    samples = _samples("float64")
+    if index >= len(samples):
+        pytest.skip(f"PyTorch has {len(samples)} samples")
+    sample = samples[index]
+    weight, bias = sample.args[0], sample.args[1] if len(sample.args) > 1 else None
+    torch.manual_seed(index)
+    tensors = [None if t is None else t.detach() for t in (sample.input, weight, bias)]
+    tangents = [None if t is None else torch.rand_like(t) * 2 - 1 for t in tensors]
+    results = []
+    for f in (conv2d, F.conv2d):
+        with fwad.dual_level():
+            duals = [None if t is None else fwad.make_dual(t, tt) for t, tt in zip(tensors, tangents)]
+            results.append(fwad.unpack_dual(f(*duals, **sample.kwargs)).tangent)
+    torch.testing.assert_close(results[0], results[1], rtol=1e-10, atol=1e-10 * results[1].abs().max().item())
