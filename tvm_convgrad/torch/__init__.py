@@ -122,7 +122,8 @@ class Conv2d(nn.Conv2d):
     first, as ``nn.Conv2d`` does."""
 
     def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        if torch.jit.is_scripting():  # ``torch.jit.script``: nn.Conv2d's own call (TorchScript cannot call the kernels)
+        if torch.jit.is_scripting():  # ``torch.jit.script``: nn.Conv2d's own call (TorchScript cannot call the kernels;
+            # its padding branches stay apart: TorchScript types a module's padding as it is, a str or a tuple)
             if self.padding_mode != "zeros":
                 padded = torch.nn.functional.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
                 return torch.nn.functional.conv2d(padded, weight, bias, self.stride, (0, 0), self.dilation, self.groups)

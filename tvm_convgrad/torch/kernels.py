@@ -173,5 +173,7 @@ def plan_for(input_shape, weight_shape, stride, pads, dilation, groups: int, dty
 
 
 def tensors_plan(input: torch.Tensor, weight: torch.Tensor, stride, pads, dilation, groups: int, channels_last: bool) -> CallPlan:
-    """:func:`plan_for` of a call's tensors (``channels_last``: the input's layout, as the caller found it)."""
+    """:func:`call_plan` of a call's tensors (``channels_last``: the input's layout, as the caller found
+    it): their sizes as they are (a ``torch.Size`` hashes as its tuple), one frame less than
+    :func:`plan_for` on the eager path."""
     return call_plan(input.shape, weight.shape, tuple(stride), tuple(pads), tuple(dilation), groups, input.dtype, channels_last, is_channels_last(weight))

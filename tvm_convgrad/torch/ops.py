@@ -119,8 +119,14 @@ def eager(*tensors: Optional[torch.Tensor]) -> bool:
     """Whether a call on ``tensors`` may skip the operators' dispatch: no compiler tracing, no
     dispatch mode (fake tensors, ``make_fx``), no functorch transform (``torch.func``), plain
     tensors and parameters."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or torch._C._are_functorch_transforms_active():
-        return False  # (a dispatch mode on the stack: what ``_get_current_dispatch_mode`` would return)
+    return not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active() and _plain(*tensors)
+
+
+def _plain(*tensors: Optional[torch.Tensor]) -> bool:
+    """No dispatch mode on the stack (what ``_get_current_dispatch_mode`` would return) and
+    ``tensors`` plain tensors or parameters: :func:`eager`'s test once tracing and transforms are ruled out."""
+    if torch._C._len_torch_dispatch_stack():
+        return False
     for t in tensors:
         if t is not None and type(t) not in _PLAIN:
             return False
@@ -273,11 +279,13 @@ class Conv2dFunction(torch.autograd.Function):
         convolutions; a float32 weight's tangent cast as the weight was)."""
         input, weight = ctx.saved_tensors
         stride, pads, dilation, groups, _ = ctx.attrs
-        weight_t = torch.zeros_like(weight) if weight_t is None and input_t is None else weight_t
-        terms = [pytorch_forward(input_t, weight, bias_t, stride, pads, dilation, groups)] if input_t is not None else []
+        if input_t is None and weight_t is None:  # only the bias moves: conv(x, 0) + bias_t
+            weight_t = torch.zeros_like(weight)
+        tangent = None if input_t is None else pytorch_forward(input_t, weight, bias_t, stride, pads, dilation, groups)
         if weight_t is not None:
-            terms.append(pytorch_forward(input, weight_t.to(weight.dtype), None if terms else bias_t, stride, pads, dilation, groups))
-        return terms[0] if len(terms) == 1 else terms[0] + terms[1]
+            term = pytorch_forward(input, weight_t.to(weight.dtype), bias_t if tangent is None else None, stride, pads, dilation, groups)
+            tangent = term if tangent is None else tangent + term
+        return tangent
 
 
 _apply_function = super(torch.autograd.Function, Conv2dFunction).apply
@@ -314,9 +322,10 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     2.13's ``register_autograd`` asks functorch for a ``setup_context`` it does not define, and the
     kernels take no batched tensors), and a TorchScript graph records it (a traced call's sizes are
     tensors, and the graph could not call the kernels)."""
-    if not torch.compiler.is_compiling() and (torch._C._are_functorch_transforms_active() or torch.jit.is_tracing()):
+    compiling = torch.compiler.is_compiling()
+    if not compiling and (torch._C._are_functorch_transforms_active() or torch.jit.is_tracing()):
         return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
-    if not eager(input, weight, bias):
+    if compiling or not _plain(input, weight, bias):  # (:func:`eager`'s test, its first two parts done above)
         return conv2d_op(input, weight, bias, list(stride), list(pads), list(dilation), groups)
     if torch.is_autocast_enabled("cpu"):
         input, weight, bias, wide = _autocast_inputs(input, weight, bias, keep_f32_weight=True)
