@@ -256,15 +256,15 @@ def test_a_bf16_bench_runs_through_the_onednn_api_only(tmp_path):
 def test_a_bf16_bench_checks_times_and_reports_against_the_right_roofline(tmp_path):
     """Both sides in bf16; where the CPU has AVX512-BF16 the record holds the measured bf16 peak and
     each case's share of it, elsewhere it says that ours ran on the fp32 FMAs."""
-    from tvm_convgrad.isa import has_bf16_dot
+    from tvm_convgrad.isa import isa_plan
 
     bench.main("resnet50", (1,), ("filter", "input"), r"res5b_branch2a\.", 1, tmp_path, progress=False, api="onednn", dtype="bfloat16")
     record = json.loads((tmp_path / "bench.json").read_text())
     assert record["settings"]["dtype"] == "bfloat16" and record["failed"] == [] and len(record["results"]) == 2
     report = (tmp_path / "README.md").read_text()
     assert "bfloat16 channels-last `torch.nn.grad`" in report
-    if has_bf16_dot(isa_target("native")):
+    if isa_plan(isa_target("native")).bf16_pairs:
         assert record["bf16_peak"]["gflops"] > 0 and all(r["ours_bf16_peak_fraction"] > 0 for r in record["results"])
         assert "vdpbf16ps` dot-product peak" in report
     else:
-        assert record["bf16_peak"] is None and "no AVX512-BF16" in report
+        assert record["bf16_peak"] is None and "runs no bf16 on `vdpbf16ps`" in report

@@ -144,6 +144,21 @@ def test_a_target_without_avx512_bf16_keeps_the_exact_path(mcpu):
         assert kernel.formulation == "cube" and "vdpbf16ps" not in kernel.source
 
 
+@pytest.mark.parametrize("target", [{"mcpu": "cooperlake"}, {"mcpu": "sapphirerapids", "mattr": ["-amx-tile", "-amx-bf16"]},
+                                    {"mcpu": "emeraldrapids", "mattr": ["-amx-tile", "-amx-bf16"]}, {"mcpu": "rocketlake", "mattr": ["+avx512bf16"]}])  # fmt: skip
+def test_an_intel_core_without_amx_runs_bf16_on_the_exact_path(target):
+    """Intel's vdpbf16ps does half the products of its two fp32 FMA pipes a cycle (Zen 4's twice):
+    there AVX512-BF16 is known (the bf16 peak tool measures it) but bf16 gradients and the bf16
+    forward build on the exact path: bf16 widened, fp32 FMAs, no vdpbf16ps."""
+    target = Target({"kind": "llvm", "mtriple": X86_TRIPLE, "num-cores": 2, **target})
+    plan = isa_plan(target)
+    assert has_bf16_dot(target) and plan.bf16_dot and not plan.bf16_dot_pays and not plan.bf16_pairs and not plan.amx_bf16
+    assert isa_plan(_target("znver4")).bf16_pairs and isa_plan(_target("sapphirerapids")).bf16_pairs  # pairs pay / AMX tiles
+    for op in ("filters", "data", "forward"):
+        kernel = build(_call(op), target)
+        assert kernel.formulation == "cube" and "vdpbf16ps" not in kernel.source and fma_instructions(kernel.source)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_f32_and_f16_keep_the_exact_path_on_a_bf16_target(dtype):
     for op in ("filters", "data"):

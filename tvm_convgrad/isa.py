@@ -17,9 +17,12 @@ neon       32 v        4          4 registers   24               ``fmla`` by ele
 =========  ==========  =========  ============  ===============  ====================================
 
 An ``avx512`` target with AVX512-BF16 (``+avx512bf16``: Zen 4/5, Cooper Lake, Sapphire Rapids and
-later) also has ``bf16_dot``: its bf16 gradients run on ``vdpbf16ps`` (:mod:`.schedule.cpu.bf16`);
-with AMX-BF16 as well (``+amx-tile,+amx-bf16``: Sapphire Rapids and later) ``amx_bf16``: its bf16
-weight gradients run on AMX tiles (:mod:`.schedule.cpu.amx`).
+later) also has ``bf16_dot``; its bf16 gradients run on ``vdpbf16ps`` (:mod:`.schedule.cpu.bf16`)
+where that pays (``bf16_pairs``): on Zen 4/5 a ``vdpbf16ps`` does twice the products of the fp32
+FMA a cycle, on Intel's cores (:data:`BF16_DOT_HALF_RATE`) half, and there the exact path (bf16
+widened to fp32, FMAs) is the faster one. With AMX-BF16 as well (``+amx-tile,+amx-bf16``: Sapphire
+Rapids and later) ``amx_bf16``: its 2-D bf16 dW and dX run on AMX tiles (:mod:`.schedule.cpu.amx`),
+its other bf16 kernels on ``vdpbf16ps``.
 Any other LLVM target gets the ``generic`` plan (as ``sse``: 16 registers of 128 bits), which
 is correct everywhere and small enough not to spill on a 16-register machine.
 
@@ -38,7 +41,7 @@ from tvm.target import Target
 from .layout import C0
 
 __all__ = [
-    "BENCH_ISAS", "ISA_MCPU", "IsaPlan", "PLANS", "TORCH_ISA_CAPS", "X86_TRIPLE", "has_amx_bf16", "has_bf16_dot", "host_can_run", "host_features", "host_mattr", "isa_plan",
+    "BENCH_ISAS", "BF16_DOT_HALF_RATE", "ISA_MCPU", "IsaPlan", "PLANS", "TORCH_ISA_CAPS", "X86_TRIPLE", "has_amx_bf16", "has_bf16_dot", "host_can_run", "host_features", "host_mattr", "isa_plan",
     "x86_triple",
 ]  # fmt: skip
 
@@ -58,6 +61,13 @@ class IsaPlan:
     register_kind: str = "xmm"  # how the assembly names its vector registers: zmm, ymm, xmm, v
     bf16_dot: bool = False  # AVX512-BF16's ``vdpbf16ps``: bf16 mads run on bf16 pairs (:mod:`.schedule.cpu.bf16`)
     amx_bf16: bool = False  # AMX-BF16's ``tdpbf16ps`` on 16x32 bf16 tiles: bf16 dW runs on tiles (:mod:`.schedule.cpu.amx`)
+    bf16_dot_pays: bool = False  # ``vdpbf16ps`` does more products a cycle than the fp32 FMA (not a BF16_DOT_HALF_RATE core)
+
+    @property
+    def bf16_pairs(self) -> bool:
+        """Whether bf16 gradients build in their bf16-pair form (:meth:`.compile.Workload.for_target`):
+        where ``vdpbf16ps`` pays, or AMX tiles run the 2-D dW and dX; else on the exact fp32 path."""
+        return self.amx_bf16 or self.bf16_dot_pays
 
     @property
     def lanes(self) -> int:
@@ -103,6 +113,13 @@ PLANS = {
     "neon": IsaPlan("neon", 128, 32, 24, fma=True, broadcast_operand=False, memory_operands=False, register_kind="v"),
     "generic": IsaPlan("generic", 128, 16, 8, fma=False, broadcast_operand=False, converts_fp16=False, memory_operands=False),
 }
+
+BF16_DOT_HALF_RATE = frozenset({"cooperlake", "sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d", "diamondrapids", "rocketlake"})
+"""LLVM CPU models (Intel's AVX512-BF16 cores) whose ``vdpbf16ps`` does half the products of their
+two 512-bit fp32 FMA pipes a cycle: measured 243 against 485 GFLOP/s on a Sapphire Rapids, 117-170
+against 340 on an Emerald Rapids (2 cores each, ``tools.bf16_peak`` and ``tools.peak``), where a
+Zen 4 does 468 against 234. ``rocketlake`` is how LLVM names a Sapphire Rapids guest that reports
+family 6 model 167 (:func:`host_mattr` adds its AVX512-BF16)."""
 
 ISA_MCPU = {"avx512": "skylake-avx512", "avx2": "haswell", "sse": "x86-64"}
 """The LLVM CPU model that stands for an x86 vector ISA when the host's own CPU is of another plan
@@ -164,7 +181,8 @@ def isa_plan(target: Target) -> IsaPlan:
             plan = PLANS["sse"]
         bf16_dot = plan.name == "avx512" and "avx512bf16" in features
         amx = bf16_dot and {"amx-tile", "amx-bf16"} <= features
-        return replace(plan, converts_fp16="f16c" in features, bf16_dot=bf16_dot, amx_bf16=amx)
+        pays = bf16_dot and str(target.attrs.get("mcpu", "") or "") not in BF16_DOT_HALF_RATE
+        return replace(plan, converts_fp16="f16c" in features, bf16_dot=bf16_dot, amx_bf16=amx, bf16_dot_pays=pays)
     return replace(plan, converts_fp16=False, memory_operands=False)
 
 

@@ -19,7 +19,7 @@ from tvm.target import Target
 from ..dsl import bf16_pairs_form, framework_call, result_info
 from ..dsl.compute import ARGUMENT_STAGES, formulation
 from ..errors import ConvGradError
-from ..isa import has_amx_bf16, has_bf16_dot
+from ..isa import has_amx_bf16, isa_plan
 from ..params import FILTER_OP, ConvGradParams
 from ..params.framework import FrameworkCall
 
@@ -47,10 +47,12 @@ class Workload:
         return cls(tuple(args), params, framework_call(args[-1]), bf16_pairs_form(args[-1]))
 
     def for_target(self, target: Target) -> Workload:
-        """The form ``target`` compiles: a bf16 gradient in bf16 pairs where the target has
-        ``vdpbf16ps`` (:func:`tvm_convgrad.isa.has_bf16_dot`), its 2-D dW and dX in AMX tiles where it
-        has AMX-BF16 too (:func:`tvm_convgrad.isa.has_amx_bf16`), else this one as it is."""
-        return self.paired(has_amx_bf16(target)) if self.bf16_pairs is not None and has_bf16_dot(target) else self
+        """The form ``target`` compiles: a bf16 gradient in bf16 pairs where the target's plan runs
+        them (:attr:`tvm_convgrad.isa.IsaPlan.bf16_pairs`: ``vdpbf16ps`` where it is faster than the
+        fp32 FMA), its 2-D dW and dX in AMX tiles where it has AMX-BF16 (:func:`tvm_convgrad.isa.has_amx_bf16`),
+        else this one as it is (the exact fp32 path)."""
+        pairs = self.bf16_pairs is not None and target.kind.name == "llvm" and isa_plan(target).bf16_pairs
+        return self.paired(has_amx_bf16(target)) if pairs else self
 
     def paired(self, amx: bool = False) -> Workload:
         """This gradient in its bf16-pair form (the same arguments, a result computed by the

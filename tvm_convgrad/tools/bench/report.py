@@ -141,8 +141,8 @@ def markdown_report(record: dict) -> str:
         bf16_line = [f"* bf16 roofline: the measured `vdpbf16ps` dot-product peak, {bf16['gflops']:.0f} GFLOP/s (`bench.json`: each case's "
                      "`ours_bf16_peak_fraction`); ours runs bf16 on `vdpbf16ps`"]  # fmt: skip
     else:
-        bf16_line = ["* bf16: this target has no AVX512-BF16, so no bf16 peak was measured; ours runs bf16 widened to fp32 FMAs "
-                     "(the fp32 peak is its roofline)"]  # fmt: skip
+        bf16_line = ["* bf16: this target runs no bf16 on `vdpbf16ps` (no AVX512-BF16, or an Intel core's, at half the fp32 FMAs' "
+                     "rate), so no bf16 peak was measured; ours runs bf16 widened to fp32 FMAs (the fp32 peak is its roofline)"]  # fmt: skip
     torch_type = "float32" if dtype == "float32" else dtype
     lines = [
         f"# tvm_convgrad vs PyTorch, {isa['name']} ({env['time']})",

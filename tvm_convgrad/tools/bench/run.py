@@ -138,8 +138,9 @@ def main(
     for it and PyTorch capped to it before it loads (in a child process if torch is already
     loaded here with other settings). ``api`` (``tbe``, ``onednn``): the operator API ours is
     called through; ``dtype`` (``float32``, ``bfloat16``; onednn only) its type. A bf16 run also
-    measures the bf16 dot-product peak where the target has AVX512-BF16 (``vdpbf16ps``, the
-    roofline of its bf16 kernels: ``bf16_peak`` and each case's ``ours_bf16_peak_fraction``)."""
+    measures the bf16 dot-product peak where the target runs bf16 on ``vdpbf16ps`` (the roofline of
+    its bf16 kernels: ``bf16_peak`` and each case's ``ours_bf16_peak_fraction``; not on Intel's
+    cores without AMX, where the exact path's fp32 FMAs are the faster, :data:`~tvm_convgrad.isa.BF16_DOT_HALF_RATE`)."""
     if isa not in BENCH_ISAS:
         raise ValueError(f"--isa {isa!r}: must be one of {', '.join(BENCH_ISAS)}")
     if api not in APIS:
@@ -168,7 +169,7 @@ def main(
                 raise RuntimeError(f"the benchmark child process failed: {' '.join(command)}")
             return json.loads((out_dir / "bench.json").read_text())["summary"]
         os.environ.update(caps)
-    bf16_peak = measure_bf16_peak(target) if dtype == "bfloat16" and has_bf16_dot(target) else None
+    bf16_peak = measure_bf16_peak(target) if dtype == "bfloat16" and isa_plan(target).bf16_pairs else None
     probe = FmaProbe(target)
     peaks = [probe.measure()]
     gate = QuietGate(probe, peaks[0].gflops)
@@ -179,8 +180,8 @@ def main(
     isas = describe_isas(target, results)
     print(format_table(results, summary, peaks, isas))
     if dtype == "bfloat16":
-        print(bf16_peak if bf16_peak else f"bf16 dot-product peak: not measured ({isa_plan(target).name} target without AVX512-BF16: "
-              "ours runs bf16 on fp32 FMAs, the fp32 peak is its roofline)")  # fmt: skip
+        print(bf16_peak if bf16_peak else f"bf16 dot-product peak: not measured ({isa_plan(target).name} target without "
+              f"{'a fast ' if has_bf16_dot(target) else ''}AVX512-BF16: ours runs bf16 on fp32 FMAs, the fp32 peak is its roofline)")  # fmt: skip
     bf16_fractions = peak_fractions(results, bf16_peak.gflops) if bf16_peak else {}
     if bf16_fractions:
         print(f"ResNet-50 3x3 stride-1 layers at N=8: {min(bf16_fractions.values()):.0%}-{max(bf16_fractions.values()):.0%} of the bf16 dot-product peak")
