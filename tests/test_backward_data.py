@@ -174,7 +174,7 @@ def test_a_strided_3d_batch_runs_its_phases_image_by_image():
                     data_format=data_format, weights_format="XIO", dtype=dtype, effective_pads=(0, 0, 0))  # fmt: skip
         result = call(case, *placeholders(case))
         kernel = build(result)
-        assert kernel.formulation == ("cube-bf16" if dtype == "bfloat16" and kernel.isa.bf16_pairs else "cube")  # (the pair form where it pays)
+        assert kernel.formulation == ("cube-bf16" if dtype == "bfloat16" and kernel.isa.bf16_dot_pays else "cube")  # (the pair form where it pays)
         assert "dx_cc_1_1_1" in kernel.inspect_source("tir")
         inputs = arrays(case, seed=3)
         check(kernel(*inputs), expected(case, *inputs), kernel, case.name())

@@ -263,7 +263,7 @@ def test_a_bf16_bench_checks_times_and_reports_against_the_right_roofline(tmp_pa
     assert record["settings"]["dtype"] == "bfloat16" and record["failed"] == [] and len(record["results"]) == 2
     report = (tmp_path / "README.md").read_text()
     assert "bfloat16 channels-last `torch.nn.grad`" in report
-    if isa_plan(isa_target("native")).bf16_pairs:
+    if isa_plan(isa_target("native")).bf16_dot_pays:
         assert record["bf16_peak"]["gflops"] > 0 and all(r["ours_bf16_peak_fraction"] > 0 for r in record["results"])
         assert "vdpbf16ps` dot-product peak" in report
     else:

@@ -47,15 +47,9 @@ def _call(op: str, rank: int = 2, dtype: str = "bfloat16", batch: int = 2, size:
     return onednn.convolution_backward_data(dy, w, [batch, *spatial, cin], **attrs)
 
 
-@pytest.mark.parametrize(
-    "mcpu, op, rank",
-    [("znver4", op, rank) for op in ("filters", "transpose", "data", "forward") for rank in (1, 2, 3)]
-    + [("sapphirerapids", "forward", rank) for rank in (1, 2, 3)]
-    + [("sapphirerapids", op, 3) for op in ("filters", "transpose", "data")],
-)  # fmt: skip
+@pytest.mark.parametrize("mcpu, op, rank", [("znver4", op, rank) for op in ("filters", "transpose", "data", "forward") for rank in (1, 2, 3)])
 def test_bf16_mads_run_on_vdpbf16ps_and_no_fp32_fma(mcpu, op, rank):
-    """Every bf16 gradient and the bf16 forward on a vdpbf16ps target; on an AMX one, the forward
-    and the 3-D gradients (2-D dW and dX: AMX tiles)."""
+    """Every bf16 gradient and the bf16 forward on a target whose vdpbf16ps pays (Zen 4)."""
     kernel = build(_call(op, rank, size=7 if rank == 3 else 9), _target(mcpu))
     assert kernel.formulation == "cube-bf16" and kernel.isa.bf16_dot
     loops = [loop for loop in hot_loops(kernel.source) if loop.dot_lines]
@@ -145,18 +139,20 @@ def test_a_target_without_avx512_bf16_keeps_the_exact_path(mcpu):
 
 
 @pytest.mark.parametrize("target", [{"mcpu": "cooperlake"}, {"mcpu": "sapphirerapids", "mattr": ["-amx-tile", "-amx-bf16"]},
-                                    {"mcpu": "emeraldrapids", "mattr": ["-amx-tile", "-amx-bf16"]}, {"mcpu": "rocketlake", "mattr": ["+avx512bf16"]}])  # fmt: skip
-def test_an_intel_core_without_amx_runs_bf16_on_the_exact_path(target):
+                                    {"mcpu": "emeraldrapids", "mattr": ["-amx-tile", "-amx-bf16"]}, {"mcpu": "rocketlake", "mattr": ["+avx512bf16"]},
+                                    {"mcpu": "sapphirerapids"}])  # fmt: skip
+def test_an_intel_core_runs_bf16_on_the_exact_path_or_on_amx_tiles(target):
     """Intel's vdpbf16ps does half the products of its two fp32 FMA pipes a cycle (Zen 4's twice):
-    there AVX512-BF16 is known (the bf16 peak tool measures it) but bf16 gradients and the bf16
-    forward build on the exact path: bf16 widened, fp32 FMAs, no vdpbf16ps."""
+    there AVX512-BF16 is known (the bf16 peak tool measures it) but a bf16 gradient or forward
+    builds on the exact path (bf16 widened, fp32 FMAs, no vdpbf16ps), unless AMX tiles take it (a
+    2-D dW or dX, :func:`test_amx_gradients_run_on_tiles`)."""
     target = Target({"kind": "llvm", "mtriple": X86_TRIPLE, "num-cores": 2, **target})
     plan = isa_plan(target)
-    assert has_bf16_dot(target) and plan.bf16_dot and not plan.bf16_dot_pays and not plan.bf16_pairs and not plan.amx_bf16
-    assert isa_plan(_target("znver4")).bf16_pairs and isa_plan(_target("sapphirerapids")).bf16_pairs  # pairs pay / AMX tiles
-    for op in ("filters", "data", "forward"):
-        kernel = build(_call(op), target)
-        assert kernel.formulation == "cube" and "vdpbf16ps" not in kernel.source and fma_instructions(kernel.source)
+    assert has_bf16_dot(target) and plan.bf16_dot and not plan.bf16_dot_pays and isa_plan(_target("znver4")).bf16_dot_pays
+    calls = [("filters", 3), ("data", 3), ("forward", 2), ("forward", 1)] if plan.amx_bf16 else [("filters", 2), ("data", 2), ("forward", 2)]
+    for op, rank in calls:
+        kernel = build(_call(op, rank, size=7 if rank == 3 else 9), target)
+        assert kernel.formulation == "cube" and "vdpbf16ps" not in kernel.source and fma_instructions(kernel.source), (op, rank)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

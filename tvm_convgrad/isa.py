@@ -18,11 +18,11 @@ neon       32 v        4          4 registers   24               ``fmla`` by ele
 
 An ``avx512`` target with AVX512-BF16 (``+avx512bf16``: Zen 4/5, Cooper Lake, Sapphire Rapids and
 later) also has ``bf16_dot``; its bf16 gradients run on ``vdpbf16ps`` (:mod:`.schedule.cpu.bf16`)
-where that pays (``bf16_pairs``): on Zen 4/5 a ``vdpbf16ps`` does twice the products of the fp32
+where that pays (``bf16_dot_pays``): on Zen 4/5 a ``vdpbf16ps`` does twice the products of the fp32
 FMA a cycle, on Intel's cores (:data:`BF16_DOT_HALF_RATE`) half, and there the exact path (bf16
 widened to fp32, FMAs) is the faster one. With AMX-BF16 as well (``+amx-tile,+amx-bf16``: Sapphire
 Rapids and later) ``amx_bf16``: its 2-D bf16 dW and dX run on AMX tiles (:mod:`.schedule.cpu.amx`),
-its other bf16 kernels on ``vdpbf16ps``.
+its other bf16 kernels as a core without AMX runs them.
 Any other LLVM target gets the ``generic`` plan (as ``sse``: 16 registers of 128 bits), which
 is correct everywhere and small enough not to spill on a 16-register machine.
 
@@ -62,12 +62,6 @@ class IsaPlan:
     bf16_dot: bool = False  # AVX512-BF16's ``vdpbf16ps``: bf16 mads run on bf16 pairs (:mod:`.schedule.cpu.bf16`)
     amx_bf16: bool = False  # AMX-BF16's ``tdpbf16ps`` on 16x32 bf16 tiles: bf16 dW runs on tiles (:mod:`.schedule.cpu.amx`)
     bf16_dot_pays: bool = False  # ``vdpbf16ps`` does more products a cycle than the fp32 FMA (not a BF16_DOT_HALF_RATE core)
-
-    @property
-    def bf16_pairs(self) -> bool:
-        """Whether bf16 gradients build in their bf16-pair form (:meth:`.compile.Workload.for_target`):
-        where ``vdpbf16ps`` pays, or AMX tiles run the 2-D dW and dX; else on the exact fp32 path."""
-        return self.amx_bf16 or self.bf16_dot_pays
 
     @property
     def lanes(self) -> int:

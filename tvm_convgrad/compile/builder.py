@@ -38,8 +38,8 @@ def lower(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target 
     (compile it inside :func:`~tvm_convgrad.pass_context` to get the package's code).
 
     Its one function is named by the ``kernel_name``. A bf16 gradient keeps the exact fp32 path
-    unless ``bf16_dot`` asks for its ``vdpbf16ps`` form (where ``target`` runs bf16 pairs,
-    :attr:`~tvm_convgrad.isa.IsaPlan.bf16_pairs`, as :func:`build` does): that module must then be compiled for a target with the extension too
+    unless ``bf16_dot`` asks for its ``vdpbf16ps`` form (where ``target`` runs them,
+    :meth:`~tvm_convgrad.compile.Workload.for_target`, as :func:`build` does): that module must then be compiled for a target with the extension too
     (``tvm.compile(mod, "llvm")`` means LLVM's baseline x86-64, on which LLVM aborts).
     """
     target = resolve_target(target)

@@ -90,8 +90,8 @@ def _replay(trace: s_tir.Trace, func: tirx.PrimFunc, decisions: list | None, see
 def emulate_bf16_dot(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target = "llvm", amx: bool = False) -> Kernel:
     """The kernel a ``vdpbf16ps`` target builds for a bf16 gradient (its bf16-pair form, the same
     tiles), compiled for ``target`` (default: this machine), which must be an LLVM target this
-    machine runs. Where ``target`` has AVX512-BF16 it is :func:`~tvm_convgrad.build`'s kernel;
-    elsewhere each ``vdpbf16ps`` is its arithmetic in portable code
+    machine runs. Where ``target`` has AVX512-BF16 it runs ``vdpbf16ps`` (:func:`~tvm_convgrad.build`'s
+    kernel where that pays, :attr:`~tvm_convgrad.isa.IsaPlan.bf16_dot_pays`); elsewhere each ``vdpbf16ps`` is its arithmetic in portable code
     (:data:`~tvm_convgrad.schedule.cpu.bf16.DPBF16_EMULATED_LLVM`: DAZ inputs, two FTZ FMAs per
     pair, odd before even), so the results are the instruction's, on any CPU. ``Kernel.schedule``
     says ``emulated:bf16-dot`` then.

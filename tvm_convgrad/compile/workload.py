@@ -47,12 +47,18 @@ class Workload:
         return cls(tuple(args), params, framework_call(args[-1]), bf16_pairs_form(args[-1]))
 
     def for_target(self, target: Target) -> Workload:
-        """The form ``target`` compiles: a bf16 gradient in bf16 pairs where the target's plan runs
-        them (:attr:`tvm_convgrad.isa.IsaPlan.bf16_pairs`: ``vdpbf16ps`` where it is faster than the
-        fp32 FMA), its 2-D dW and dX in AMX tiles where it has AMX-BF16 (:func:`tvm_convgrad.isa.has_amx_bf16`),
-        else this one as it is (the exact fp32 path)."""
-        pairs = self.bf16_pairs is not None and target.kind.name == "llvm" and isa_plan(target).bf16_pairs
-        return self.paired(has_amx_bf16(target)) if pairs else self
+        """The form ``target`` compiles: a bf16 gradient's 2-D dW and dX in AMX tiles where it has
+        AMX-BF16 (:func:`tvm_convgrad.isa.has_amx_bf16`), a bf16 gradient or forward in bf16 pairs on
+        ``vdpbf16ps`` where that is faster than the fp32 FMA
+        (:attr:`tvm_convgrad.isa.IsaPlan.bf16_dot_pays`: not on Intel's cores), else this one as it
+        is (the exact fp32 path)."""
+        plan = isa_plan(target) if self.bf16_pairs is not None and target.kind.name == "llvm" else None
+        if plan is None or not plan.bf16_dot:
+            return self
+        if plan.bf16_dot_pays:
+            return self.paired(plan.amx_bf16)
+        tiles = self.paired(amx=True) if plan.amx_bf16 else self
+        return tiles if tiles.formulation == "cube-amx" else self
 
     def paired(self, amx: bool = False) -> Workload:
         """This gradient in its bf16-pair form (the same arguments, a result computed by the

@@ -371,7 +371,8 @@ def _forward(op: str, src: te.Tensor, weights: te.Tensor, bias: te.Tensor | None
     """The forward compute between layout stages: src 5HD (NDC1HWC0), the weights FracZ_g
     (FracZ_3D), the ``(N*Do, C1, Ho, Wo, 16)`` result as ``dst`` of ``shape`` in ``data_format``,
     each value through ``post_ops`` as it is written; a bf16 result carries its bf16-pair form
-    (no tile plan: ``amx`` is ignored, an AMX target runs its forward on ``vdpbf16ps``)."""
+    (no tile plan: ``amx`` is ignored; an AMX target, an Intel core, runs its forward on the exact
+    path, see :meth:`tvm_convgrad.compile.Workload.for_target`)."""
     params = view.params(kernel_name, FORWARD_OP)
     attrs = {"kernel_name": kernel_name, "flops": params.flops, "data_format": data_format}
     inputs = (src, weights) + ((bias,) if bias is not None else ()) + tuple(p.src1 for p in post_ops if p.is_binary)

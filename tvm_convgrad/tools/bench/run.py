@@ -169,7 +169,7 @@ def main(
                 raise RuntimeError(f"the benchmark child process failed: {' '.join(command)}")
             return json.loads((out_dir / "bench.json").read_text())["summary"]
         os.environ.update(caps)
-    bf16_peak = measure_bf16_peak(target) if dtype == "bfloat16" and isa_plan(target).bf16_pairs else None
+    bf16_peak = measure_bf16_peak(target) if dtype == "bfloat16" and isa_plan(target).bf16_dot_pays else None
     probe = FmaProbe(target)
     peaks = [probe.measure()]
     gate = QuietGate(probe, peaks[0].gflops)
