@@ -7,7 +7,8 @@ The mode (:func:`set_backward`, or the environment variable ``TVM_CONVGRAD_BACKW
   a signature times every way on its own tensors (the package's two GEMMs, PyTorch's two in one
   call, one of each), alternating (:data:`ROUNDS` each, medians), and keeps the package's unless
   another way is faster by :data:`MARGIN`, there and in a second timing of the two; later calls
-  take the choice made
+  take the choice made. PyTorch's way of a float32 1x1 at stride 1 is its BLAS GEMMs (:mod:`.blas`)
+  where they win against its ``convolution_backward`` first
   (:func:`backward_choices` lists it per GEMM). The ways are timed whole, as they run: PyTorch's
   two GEMMs in one call cost less than each in a call of its own.
 * ``"ours"``: the package's kernels for every call; ``"pytorch"``: PyTorch's wherever it can take
@@ -32,7 +33,7 @@ import torch
 
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
-from .forward import elapsed_ms
+from .forward import elapsed_ms, wins
 
 __all__ = ["GEMMS", "MARGIN", "MODES", "ROUNDS", "backward_choices", "get_backward", "gradients", "pytorch_gradients", "set_backward"]
 
@@ -45,6 +46,8 @@ ROUNDS = 7
 ``"auto"`` meets a signature."""
 
 _choices: dict[tuple[Conv2dGradients, str], bool] = {}
+_blas: set[tuple[Conv2dGradients, tuple[bool, bool]]] = set()
+"""The signatures (and needed gradients) whose PyTorch GEMMs ``"auto"`` runs as BLAS GEMMs (:mod:`.blas`)."""
 _given_up: dict[tuple[Conv2dGradients, tuple[bool, bool]], frozenset] = {}
 """The GEMMs PyTorch's run, per signature and needed gradients, as the mode says: worked out once
 (the choices above), looked up by every later call."""
@@ -65,6 +68,7 @@ def set_backward(mode: str) -> None:
     _mode = _check(mode)
     _choices.clear()
     _given_up.clear()
+    _blas.clear()
 
 
 def get_backward() -> str:
@@ -133,16 +137,21 @@ def _choose(needs: tuple[bool, bool], ours_dx, ours_dw, theirs) -> frozenset:
 
 
 def gradients(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx: Callable[[], torch.Tensor], ours_dw: Callable[[], torch.Tensor],
-              theirs: Optional[Callable[[bool, bool], tuple]]) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:  # fmt: skip
+              theirs: Optional[Callable[[bool, bool], tuple]],
+              theirs_blas: Optional[Callable[[bool, bool], tuple]] = None) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:  # fmt: skip
     """dX and dW of ``call`` (None where ``needs`` says not): each the package's (``ours_dx()``,
     ``ours_dw()``) or PyTorch's (``theirs``, see :func:`pytorch_gradients`) as the mode says,
-    PyTorch's two in one call."""
+    PyTorch's two in one call; in ``"auto"``, PyTorch's are its BLAS GEMMs (``theirs_blas``, a 1x1's,
+    :mod:`.blas`) where those win against ``theirs`` (:func:`.forward.wins`)."""
     if theirs is None:
         return _run(frozenset(), needs, ours_dx, ours_dw, theirs)
-    given_up = _given_up.get((call, needs))
+    key = (call, needs)
+    given_up = _given_up.get(key)
     if given_up is None:
-        given_up = _given_up[(call, needs)] = _ways(call, needs, ours_dx, ours_dw, theirs)
-    return _run(given_up, needs, ours_dx, ours_dw, theirs)
+        if theirs_blas is not None and _mode == "auto" and wins(functools.partial(theirs_blas, *needs), functools.partial(theirs, *needs)):
+            _blas.add(key)
+        given_up = _given_up[key] = _ways(call, needs, ours_dx, ours_dw, theirs_blas if key in _blas else theirs)
+    return _run(given_up, needs, ours_dx, ours_dw, theirs_blas if key in _blas else theirs)
 
 
 def _ways(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx, ours_dw, theirs) -> frozenset:

@@ -5,9 +5,10 @@ The mode (:func:`set_forward`, or the environment variable ``TVM_CONVGRAD_FORWAR
 * ``"auto"`` (the default): the package's forward where it is faster than PyTorch's for that layer.
   The first call of a signature (shapes, stride, pads, dilation, groups, type, layout, bias) times
   both on its own tensors, alternating (:data:`ROUNDS` each, medians), and keeps the package's only
-  when it is faster by :data:`MARGIN`, in that timing and in a second one; later calls of the
-  signature take the choice made
-  (:func:`forward_choices` lists them).
+  when it is faster by :data:`MARGIN`, in that timing and in a second one (:func:`wins`); later
+  calls of the signature take the choice made (:func:`forward_choices` lists them). PyTorch's is
+  ``F.conv2d``, or for a float32 1x1 at stride 1 its BLAS GEMM where that wins against ``F.conv2d``
+  the same way (:mod:`.blas`).
 * ``"ours"``: the package's kernel for every call it takes; ``"pytorch"``: PyTorch's for every call.
 
 float64 calls (``gradcheck``) always run PyTorch's forward (the package's sums in float32), and so
@@ -16,19 +17,21 @@ do calls whose tensors differ in type or are not on the CPU (PyTorch's error, or
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
+from . import blas
 from .kernels import DTYPES, CallPlan, as_layout, as_weights, forward_kernel, memory_format, tensors_plan
 
-__all__ = ["MARGIN", "MODES", "ROUNDS", "elapsed_ms", "forward", "forward_choices", "get_forward", "ours", "pytorch", "set_forward"]
+__all__ = ["MARGIN", "MODES", "ROUNDS", "elapsed_ms", "forward", "forward_choices", "get_forward", "ours", "pytorch", "set_forward", "wins"]
 
 MODES = ("auto", "ours", "pytorch")
 MARGIN = 1.05
@@ -38,6 +41,8 @@ ROUNDS = 5
 
 _mode = os.environ.get("TVM_CONVGRAD_FORWARD", "auto")
 _choices: dict[tuple[Conv2dGradients, bool], bool] = {}
+_blas: set[tuple[Conv2dGradients, bool]] = set()
+"""The signatures whose PyTorch forward ``"auto"`` runs as a BLAS GEMM (:mod:`.blas`)."""
 
 
 def set_forward(mode: str) -> None:
@@ -48,6 +53,7 @@ def set_forward(mode: str) -> None:
         raise ConvGradError("tvm_convgrad.torch.set_forward", "mode", mode, f"must be one of {list(MODES)}")
     _mode = mode
     _choices.clear()
+    _blas.clear()
 
 
 def get_forward() -> str:
@@ -83,24 +89,30 @@ def elapsed_ms(fn) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def _ours_is_faster(call: Conv2dGradients, input, weight, bias, stride, pads, dilation, groups) -> bool:
-    """Both forwards timed on these tensors, alternating, twice (the second only where the first
-    says so: a shared machine's speed swings within a second): the package's at least
+def wins(candidate: Callable[[], object], incumbent: Callable[[], object]) -> bool:
+    """Two timings of both (:data:`ROUNDS` calls each, alternating, medians; the second only where
+    the first says so: a shared machine's speed swings within a second): ``candidate`` at least
     :data:`MARGIN` faster in both?"""
-    with torch.no_grad():
-        ours(call, input, weight, bias)  # built and warm
-        pytorch(input, weight, bias, stride, pads, dilation, groups)
-    return all(_ours_won(call, input, weight, bias, stride, pads, dilation, groups) for _ in range(2))
-
-
-def _ours_won(call: Conv2dGradients, input, weight, bias, stride, pads, dilation, groups) -> bool:
-    """One timing of both forwards (:data:`ROUNDS` each, alternating): the package's at least :data:`MARGIN` faster?"""
-    with torch.no_grad():
-        times_ours, times_torch = [], []
+    candidate(), incumbent()  # built and warm
+    for _ in range(2):
+        times_candidate, times_incumbent = [], []
         for _ in range(ROUNDS):
-            times_ours.append(elapsed_ms(lambda: ours(call, input, weight, bias)))
-            times_torch.append(elapsed_ms(lambda: pytorch(input, weight, bias, stride, pads, dilation, groups)))
-    return statistics.median(times_torch) >= MARGIN * statistics.median(times_ours)
+            times_candidate.append(elapsed_ms(candidate))
+            times_incumbent.append(elapsed_ms(incumbent))
+        if statistics.median(times_incumbent) < MARGIN * statistics.median(times_candidate):
+            return False
+    return True
+
+
+def _choose(key, call: Conv2dGradients, input, weight, bias, stride, pads, dilation, groups, channels_last: bool) -> bool:
+    """``"auto"``'s choice for a signature: PyTorch's way (``F.conv2d``, or its BLAS GEMM where
+    :func:`.blas.applies` and that wins, :data:`_blas`), then the package's forward if it wins against that."""
+    theirs = functools.partial(pytorch, input, weight, bias, stride, pads, dilation, groups)
+    with torch.no_grad():
+        if blas.applies(input, weight, stride, pads, groups) and wins(functools.partial(blas.forward, input, weight, bias, channels_last), theirs):
+            _blas.add(key)
+            theirs = functools.partial(blas.forward, input, weight, bias, channels_last)
+        return wins(functools.partial(ours, call, input, weight, bias), theirs)
 
 
 def forward(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, pads, dilation, groups: int,
@@ -115,5 +127,9 @@ def forward(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         return ours(call, input, weight, bias)
     key = (call, bias is not None)
     if key not in _choices:
-        _choices[key] = _ours_is_faster(call, input, weight, bias, stride, pads, dilation, groups)
-    return ours(call, input, weight, bias) if _choices[key] else pytorch(input, weight, bias, stride, pads, dilation, groups)
+        _choices[key] = _choose(key, call, input, weight, bias, stride, pads, dilation, groups, channels_last)
+    if _choices[key]:
+        return ours(call, input, weight, bias)
+    if key in _blas:
+        return blas.forward(input, weight, bias, channels_last)
+    return pytorch(input, weight, bias, stride, pads, dilation, groups)

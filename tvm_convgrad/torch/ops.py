@@ -27,6 +27,7 @@ import torch
 
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
+from . import blas
 from .backward import gradients, pytorch_gradients
 from .forward import forward as choose_forward
 from .forward import pytorch as pytorch_forward
@@ -186,7 +187,9 @@ def _backward(ctx, grad_output):
             (_profiled(_input_grad, "tvm_convgrad::conv2d_input_grad"), _profiled(_weight_grad, "tvm_convgrad::conv2d_weight_grad"))  # fmt: skip
         dy = grad_output if grad_output.dtype == input.dtype else grad_output.to(input.dtype)
         theirs = pytorch_gradients(dy, input, narrow, stride, pads, dilation, groups)  # where :mod:`.backward` chooses PyTorch's
-        grad_input, grad_weight = gradients(plan.call, ctx.needs_input_grad[:2], lambda: dx(plan, dy, narrow), lambda: dw(plan, dy, input, wide), theirs)
+        theirs_blas = blas.gradients(dy, input, narrow, channels_last) if theirs and blas.applies(input, narrow, stride, pads, groups) else None
+        grad_input, grad_weight = gradients(plan.call, ctx.needs_input_grad[:2], lambda: dx(plan, dy, narrow), lambda: dw(plan, dy, input, wide),
+                                            theirs, theirs_blas)  # fmt: skip
     else:  # traced, or create_graph=True: the operators, differentiable again
         if wide:  # the float32 weight's cast, recorded this time
             weight = weight.to(input.dtype)

@@ -1,0 +1,112 @@
+"""PyTorch's BLAS way of a 1x1 layer (tvm_convgrad.torch.blas): its three GEMMs against the float64
+convolution, in both layouts, and ``"auto"`` running it where it wins against PyTorch's convolution."""
+
+import itertools
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+
+from tvm_convgrad.torch import Conv2d, backward_choices, forward_choices, set_backward, set_forward  # noqa: E402
+from tvm_convgrad.torch import backward as backward_module  # noqa: E402
+from tvm_convgrad.torch import blas  # noqa: E402
+from tvm_convgrad.torch import forward as forward_module  # noqa: E402
+
+
+@pytest.fixture
+def auto_modes():
+    """Both modes ``"auto"`` for the test, the run's own after it."""
+    set_forward("auto")
+    set_backward("auto")
+    yield
+    set_forward(os.environ.get("TVM_CONVGRAD_FORWARD", "auto"))
+    set_backward(os.environ.get("TVM_CONVGRAD_BACKWARD", "auto"))
+
+
+def _memory(channels_last: bool):
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+@pytest.mark.parametrize("channels_last, bias, batch", list(itertools.product([False, True], [False, True], [1, 3])))
+def test_the_three_gemms_match_the_float64_convolution(channels_last, bias, batch):
+    torch.manual_seed(batch)
+    memory = _memory(channels_last)
+    x = torch.randn(batch, 24, 5, 7).to(memory_format=memory)
+    w = torch.randn(40, 24, 1, 1).to(memory_format=memory)
+    b = torch.randn(40) if bias else None
+    y = blas.forward(x, w, b, channels_last)
+    expected = F.conv2d(x.double(), w.double(), None if b is None else b.double())
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
+    dy = torch.randn(expected.shape).to(memory_format=memory)
+    dx, dw = blas.gradients(dy, x, w, channels_last)(True, True)
+    ref_dx, ref_dw, _ = torch.ops.aten.convolution_backward(dy.double(), x.double(), w.double(), None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+                                                           [True, True, False])  # fmt: skip
+    torch.testing.assert_close(dx.double(), ref_dx, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dw.double(), ref_dw, rtol=1e-5, atol=1e-5)
+    for t in (y, dx):  # the input's layout, as PyTorch's convolution lays its results
+        assert t.is_contiguous(memory_format=memory)
+    assert dw.shape == w.shape
+    assert blas.gradients(dy, x, w, channels_last)(False, True)[0] is None and blas.gradients(dy, x, w, channels_last)(True, False)[1] is None
+
+
+@pytest.mark.parametrize("kernel, stride, pads, groups, dtype, applies", [
+    (1, 1, (0, 0, 0, 0), 1, torch.float32, True),
+    (1, 2, (0, 0, 0, 0), 1, torch.float32, False),   # strided: not one GEMM over the pixels
+    (1, 1, (1, 1, 1, 1), 1, torch.float32, False),   # padded
+    (1, 1, (0, 0, 0, 0), 2, torch.float32, False),   # grouped
+    (3, 1, (1, 1, 1, 1), 1, torch.float32, False),   # 3x3
+    (1, 1, (0, 0, 0, 0), 1, torch.bfloat16, False),  # bf16: the package's sums in float32
+])  # fmt: skip
+def test_only_an_unpadded_ungrouped_float32_1x1_at_stride_1_applies(kernel, stride, pads, groups, dtype, applies):
+    x = torch.zeros(2, 8, 6, 6, dtype=dtype)
+    w = torch.zeros(8, 8 // groups, kernel, kernel, dtype=dtype)
+    assert blas.applies(x, w, (stride, stride), pads, groups) == applies
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_auto_runs_the_blas_way_where_it_wins(channels_last, auto_modes, monkeypatch):
+    """PyTorch's BLAS GEMMs winning against its convolution, the package's against neither: the
+    forward and both gradients run on BLAS (``aten::mm``, no convolution) and match stock."""
+    def blas_wins(candidate, incumbent):
+        return getattr(candidate, "func", None) is blas.forward or getattr(candidate, "func", None).__qualname__.startswith("gradients.")
+
+    monkeypatch.setattr(forward_module, "wins", blas_wins)
+    monkeypatch.setattr(backward_module, "wins", blas_wins)
+    monkeypatch.setattr(backward_module, "_timings", lambda runs: {way: 10.0 - len(way) for way in runs})  # PyTorch's two the fastest
+    torch.manual_seed(0)
+    memory = _memory(channels_last)
+    layer = Conv2d(32, 48, 1, bias=True).to(memory_format=memory)
+    stock = torch.nn.Conv2d(32, 48, 1).to(memory_format=memory)
+    stock.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 32, 6, 6).to(memory_format=memory).requires_grad_()
+    g = torch.randn(2, 48, 6, 6).to(memory_format=memory)
+    layer(x).backward(g)  # the choices
+    assert list(forward_choices().values()) == [False] and set(backward_choices().values()) == {False}
+    xs = x.detach().clone().requires_grad_()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        x.grad = None
+        layer.weight.grad = None
+        y = layer(x)
+        y.backward(g)
+    calls = {e.key for e in prof.key_averages()}
+    assert "aten::mm" in calls or "aten::addmm" in calls or "aten::bmm" in calls, calls
+    assert not calls & {"aten::convolution_backward", "aten::mkldnn_convolution", "aten::convolution"}, calls
+    y_stock = stock(xs)
+    y_stock.backward(g)
+    torch.testing.assert_close(y, y_stock, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad, xs.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer.weight.grad, stock.weight.grad, rtol=1e-5, atol=1e-5)
+    assert x.grad.is_contiguous(memory_format=memory) and y.is_contiguous(memory_format=memory)
+
+
+def test_wins_needs_both_timings(monkeypatch):
+    """``wins``: the candidate faster by the margin in the first timing and not in the second
+    (a shared machine's speed swung) does not win; faster in both does."""
+    fast, slow = (lambda: None), (lambda: None)
+    for first, second, won in ((1.0, 1.0, True), (1.0, 3.0, False), (3.0, 1.0, False)):
+        times = iter([first] * forward_module.ROUNDS + [second] * forward_module.ROUNDS)
+        monkeypatch.setattr(forward_module, "elapsed_ms", lambda fn: next(times) if fn is fast else 2.0)
+        assert forward_module.wins(fast, slow) == won
