@@ -96,8 +96,9 @@ def conv2d(
                             f"got input.dim() = {input.dim()}, weight.dim() = {weight.dim()}")  # fmt: skip
     if input.dim() == 3:
         return conv2d(input.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0)
-    try:
-        stride, pads, dilation = _arguments(input.shape[1], weight.shape, stride, padding, dilation, groups)
+    try:  # (Dynamo traces the check itself: it warns of an lru_cache it would skip)
+        check = _arguments.__wrapped__ if torch.compiler.is_compiling() else _arguments
+        stride, pads, dilation = check(input.shape[1], weight.shape, stride, padding, dilation, groups)
     except TypeError:  # a list among them (unhashable): checked without the cache
         stride, pads, dilation = _arguments.__wrapped__(input.shape[1], weight.shape, stride, padding, dilation, groups)
     return ops.conv2d(input, weight, bias, stride, pads, dilation, groups)
