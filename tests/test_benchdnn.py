@@ -67,12 +67,13 @@ def _sweep(selected: list[tuple[object, int]], dtype: str = "float32") -> None:
     assert not failures, "\n".join([head, *failures[:15]])
 
 
-def _sweep_in_children() -> None:
-    """The slow tier's work (:func:`_slow_calls`) split between a child process per core of this
-    worker (the builds are single-threaded): ``python tests/test_benchdnn.py PART PARTS``."""
-    parts = worker_cores()
-    children = [subprocess.Popen([sys.executable, __file__, str(k), str(parts)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for k in range(parts)]  # fmt: skip
+def _sweep_in_children(part: int, parts: int) -> None:
+    """Part ``part`` of ``parts`` of the slow tier's work (:func:`_slow_calls`) split between a
+    child process per core of this worker (the builds are single-threaded): ``python
+    tests/test_benchdnn.py PART PARTS CHILD CHILDREN``."""
+    cores = worker_cores()
+    children = [subprocess.Popen([sys.executable, __file__, str(part), str(parts), str(k), str(cores)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for k in range(cores)]  # fmt: skip
     failures = []
     for child in children:
         out, err = child.communicate(timeout=3600)
@@ -185,16 +186,22 @@ def _slow_calls() -> list[tuple[object, int, str]]:
     return calls
 
 
+SLOW_PARTS = 4
+"""The slow tier's sweep in this many tests, which xdist's workers share (one test of it was a
+7.5-minute tail of the suite on 2 cores)."""
+
+
 @slow
-def test_every_small_problem_matches_the_reference():
+@pytest.mark.parametrize("part", range(SLOW_PARTS))
+def test_every_small_problem_matches_the_reference(part):
     """Every problem under MAX_MACS at mb <= 2 of every vendored file, the three operators,
-    formats alternating; every tenth also in bf16. A process per core."""
-    _sweep_in_children()
+    formats alternating; every tenth also in bf16 (this part of them). A process per core."""
+    _sweep_in_children(part, SLOW_PARTS)
 
 
-if __name__ == "__main__":  # a child of _sweep_in_children: its part of the slow tier's calls
-    part, parts = int(sys.argv[1]), int(sys.argv[2])
-    mine, errors = _slow_calls()[part::parts], []
+if __name__ == "__main__":  # a child of _sweep_in_children: its share of a part of the slow tier's calls
+    part, parts, child, children = (int(a) for a in sys.argv[1:5])
+    mine, errors = _slow_calls()[part::parts][child::children], []
     for dtype in ("float32", "bfloat16"):
         try:
             _sweep([(p, i) for p, i, t in mine if t == dtype], dtype)
