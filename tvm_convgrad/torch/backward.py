@@ -150,8 +150,10 @@ def gradients(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx: Callable
     if given_up is None:
         if theirs_blas is not None and _mode == "auto" and wins(functools.partial(theirs_blas, *needs), functools.partial(theirs, *needs)):
             _blas.add(key)
-        given_up = _given_up[key] = _ways(call, needs, ours_dx, ours_dw, theirs_blas if key in _blas else theirs)
-    return _run(given_up, needs, ours_dx, ours_dw, theirs_blas if key in _blas else theirs)
+    theirs = theirs_blas if key in _blas else theirs
+    if given_up is None:
+        given_up = _given_up[key] = _ways(call, needs, ours_dx, ours_dw, theirs)
+    return _run(given_up, needs, ours_dx, ours_dw, theirs)
 
 
 def _ways(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx, ours_dw, theirs) -> frozenset:

@@ -140,7 +140,7 @@ def main(
     called through; ``dtype`` (``float32``, ``bfloat16``; onednn only) its type. A bf16 run also
     measures the bf16 dot-product peak where the target runs bf16 on ``vdpbf16ps`` (the roofline of
     its bf16 kernels: ``bf16_peak`` and each case's ``ours_bf16_peak_fraction``; not on Intel's
-    cores without AMX, where the exact path's fp32 FMAs are the faster, :data:`~tvm_convgrad.isa.BF16_DOT_HALF_RATE`)."""
+    cores, where the exact path's fp32 FMAs are the faster, :data:`~tvm_convgrad.isa.BF16_DOT_HALF_RATE`)."""
     if isa not in BENCH_ISAS:
         raise ValueError(f"--isa {isa!r}: must be one of {', '.join(BENCH_ISAS)}")
     if api not in APIS:
