@@ -302,17 +302,14 @@ def _runs_winograd(result) -> bool:
     return False
 
 
-@pytest.mark.parametrize("batch, size, channels, wide_choice", [(8, 14, 256, False), (4, 14, 256, False), (8, 7, 256, False), (32, 7, 256, True), (8, 28, 128, True)])
-def test_auto_on_full_width_fma_cores_needs_more_tiles_per_weights(batch, size, channels, wide_choice):
-    """``"auto"`` for an AMX core (two full-width FMA pipes, ``IsaPlan.full_width_fma``): the
-    forward and the dX take F(2x2, 3x3) only with :data:`WINOGRAD_WIDE_TILES_PER_WEIGHTS` tiles per
-    64 x 64 block of weights (a Sapphire Rapids-class core: 24.5 tiles per block 0.88-0.95x the
-    direct kernel, 32 1.01-1.04x); a core that runs a 512-bit FMA on two 256-bit pipes (Zen 4)
-    keeps :data:`WINOGRAD_TILES_PER_WEIGHTS`; the dW keeps its own rule on both."""
-    from tvm_convgrad.dsl.compute.winograd import WINOGRAD_WIDE_TILES_PER_WEIGHTS
-
-    amx, zen4 = _cpu("sapphirerapids"), _cpu("znver4")
-    assert isa_plan(amx).full_width_fma and not isa_plan(zen4).full_width_fma and WINOGRAD_WIDE_TILES_PER_WEIGHTS == 32
+@pytest.mark.parametrize("batch, size, channels, choice", [(8, 14, 256, True), (4, 14, 256, True), (8, 7, 256, True), (32, 7, 256, True), (8, 28, 128, True),
+                                                          (8, 7, 512, False), (1, 14, 256, False)])  # fmt: skip
+def test_auto_takes_the_same_layers_on_amx_and_zen4_cores(batch, size, channels, choice):
+    """``"auto"`` for an AMX core (two full-width FMA pipes) chooses F(2x2, 3x3) for the forward and
+    the dX where a Zen 4 does: from :data:`WINOGRAD_TILES_PER_WEIGHTS` tiles per 64 x 64 block of
+    weights (an Emerald Rapids measured 12-32 tiles per block at 1.2-1.6x the direct kernel once the
+    weights' transform ran in registers); 512 -> 512 on 7x7 N=8 (2 tiles per block) and one 14x14
+    image of 256 (3) keep the cube; the dW keeps its own rule on both."""
     shape, wshape = (batch, channels, size, size), (channels, channels, 3, 3)
     kw = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], data_format="NCX", weights_format="OIX")
 
@@ -324,6 +321,27 @@ def test_auto_on_full_width_fma_cores_needs_more_tiles_per_weights(batch, size, 
                     _runs_winograd(onednn.convolution_backward_data(dy, w, list(shape), algorithm="auto", **kw)),
                     _runs_winograd(onednn.convolution_backward_weights(x, dy, list(wshape), algorithm="auto", **kw)))  # fmt: skip
 
-    forward, dx, dw = choices(amx)
-    assert (forward, dx) == (wide_choice, wide_choice)
-    assert choices(zen4) == (True, True, dw)  # (every layer here has 8 tiles per block or more)
+    amx, zen4 = choices(_cpu("sapphirerapids")), choices(_cpu("znver4"))
+    assert amx == zen4 and amx[:2] == (choice, choice)
+
+
+@pytest.mark.parametrize("mcpu, budget", [("emeraldrapids", 1 << 20), ("sapphirerapids", 1 << 20), ("znver4", 512 << 10), ("znver3", 512 << 10),
+                                          ("haswell", 512 << 10), ("x86-64", 512 << 10)])  # fmt: skip
+def test_a_task_holds_half_the_cores_l2_of_transformed_input(mcpu, budget):
+    """A Winograd task's ``wino_v`` fits half its core's L2 (``IsaPlan.l2_bytes``), at least
+    ``WINOGRAD_TASK_BYTES``: every task reads all the transformed weights, so a 2 MB L2 takes
+    whole 14x14 images of 256 channels (7 tile rows, 784 KB) a task, not one tile row."""
+    from tvm_convgrad.schedule.cpu.winograd import WINOGRAD_TASK_BYTES, task_bytes
+
+    assert WINOGRAD_TASK_BYTES == 512 << 10 and task_bytes(isa_plan(_cpu(mcpu))) == budget
+
+
+def test_the_weights_transform_keeps_its_sums_in_registers():
+    """``wino_u`` is each position's constant combination of the nine taps, no sum over the taps
+    (a tap-by-tap sum read and wrote each of the 16 rows nine times: at 256 channels and more the
+    rows of one weight are 16 KB apart, one L1 set, and the pass took 1.5-5 ms of a 7x7 layer)."""
+    from tvm_convgrad.dsl.compute.winograd import WinogradShape, weight_tiles
+
+    w = te.placeholder((256, 256, 3, 3), "float32", name="w")
+    u = weight_tiles(lambda co, ci, kh, kw: w[co, ci, kh, kw], WinogradShape(8, 256, 256, 7, 7, (1, 1, 1, 1)))
+    assert u.op.name == "wino_u" and tuple(u.shape) == (16, 16, 256, 16) and not u.op.reduce_axis

@@ -41,7 +41,7 @@ from tvm.target import Target
 from .layout import C0
 
 __all__ = [
-    "BENCH_ISAS", "BF16_DOT_HALF_RATE", "ISA_MCPU", "IsaPlan", "PLANS", "TORCH_ISA_CAPS", "X86_TRIPLE", "has_amx_bf16", "has_bf16_dot", "host_can_run", "host_features", "host_mattr", "isa_plan",
+    "BENCH_ISAS", "BF16_DOT_HALF_RATE", "ISA_MCPU", "L2_BYTES", "IsaPlan", "PLANS", "TORCH_ISA_CAPS", "X86_TRIPLE", "has_amx_bf16", "has_bf16_dot", "host_can_run", "host_features", "host_mattr", "isa_plan",
     "x86_triple",
 ]  # fmt: skip
 
@@ -62,6 +62,7 @@ class IsaPlan:
     bf16_dot: bool = False  # AVX512-BF16's ``vdpbf16ps``: bf16 mads run on bf16 pairs (:mod:`.schedule.cpu.bf16`)
     amx_bf16: bool = False  # AMX-BF16's ``tdpbf16ps`` on 16x32 bf16 tiles: bf16 dW runs on tiles (:mod:`.schedule.cpu.amx`)
     bf16_dot_pays: bool = False  # ``vdpbf16ps`` does more products a cycle than the fp32 FMA (not a BF16_DOT_HALF_RATE core)
+    l2_bytes: int = 1 << 20  # one core's L2 (:data:`L2_BYTES` of the target's CPU model; 1 MB where it says none)
 
     @property
     def lanes(self) -> int:
@@ -78,15 +79,6 @@ class IsaPlan:
         """How many of a C0 row's registers a tile may take: the divisors of ``registers_per_row``
         (AVX2: 1 or 2 ymm; AVX-512: the one zmm)."""
         return [d for d in range(1, self.registers_per_row + 1) if self.registers_per_row % d == 0]
-
-    @property
-    def full_width_fma(self) -> bool:
-        """Two FMA pipes of the full vector width: the AMX cores (Sapphire Rapids and later Xeons,
-        two 512-bit FMAs a cycle). Zen 4 runs a 512-bit FMA on its two 256-bit pipes, and a target
-        that does not say which core it is counts as narrow: on a full-width core the direct
-        kernels run twice the FMAs a cycle while Winograd's transforms (loads and stores) do not
-        (:data:`~tvm_convgrad.dsl.compute.winograd.WINOGRAD_WIDE_TILES_PER_WEIGHTS`)."""
-        return self.amx_bf16
 
     def rows(self, limit: int = C0, divides: int | None = None) -> int:
         """How many 16-lane rows of accumulators a tile may hold: at most ``limit``, and a divisor
@@ -114,6 +106,18 @@ two 512-bit fp32 FMA pipes a cycle: measured 243 against 485 GFLOP/s on a Sapphi
 against 340 on an Emerald Rapids (2 cores each, ``tools.bf16_peak`` and ``tools.peak``), where a
 Zen 4 does 468 against 234. ``rocketlake`` is how LLVM names a Sapphire Rapids guest that reports
 family 6 model 167 (:func:`host_mattr` adds its AVX512-BF16)."""
+
+L2_BYTES = {
+    **dict.fromkeys(("znver1", "znver2", "znver3", "rocketlake", "icelake-client"), 512 << 10),
+    **dict.fromkeys(("znver4", "znver5", "skylake-avx512", "cascadelake", "cooperlake"), 1 << 20),
+    **dict.fromkeys(("icelake-server", "tigerlake", "alderlake"), 1280 << 10),
+    **dict.fromkeys(("sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d", "diamondrapids", "raptorlake"), 2 << 20),
+    **dict.fromkeys(("haswell", "broadwell", "skylake"), 256 << 10),
+}
+"""One core's L2 by LLVM CPU model (:attr:`IsaPlan.l2_bytes`; a model not named here counts as 1 MB):
+what a task that keeps its working set in cache may hold (Winograd's tasks,
+:func:`~tvm_convgrad.schedule.cpu.winograd.task_bytes`). ``rocketlake`` is counted as the client
+core LLVM names so (512 KB), though a Sapphire Rapids guest may report it."""
 
 ISA_MCPU = {"avx512": "skylake-avx512", "avx2": "haswell", "sse": "x86-64"}
 """The LLVM CPU model that stands for an x86 vector ISA when the host's own CPU is of another plan
@@ -175,8 +179,10 @@ def isa_plan(target: Target) -> IsaPlan:
             plan = PLANS["sse"]
         bf16_dot = plan.name == "avx512" and "avx512bf16" in features
         amx = bf16_dot and {"amx-tile", "amx-bf16"} <= features
-        pays = bf16_dot and str(target.attrs.get("mcpu", "") or "") not in BF16_DOT_HALF_RATE
-        return replace(plan, converts_fp16="f16c" in features, bf16_dot=bf16_dot, amx_bf16=amx, bf16_dot_pays=pays)
+        mcpu = str(target.attrs.get("mcpu", "") or "")
+        pays = bf16_dot and mcpu not in BF16_DOT_HALF_RATE
+        return replace(plan, converts_fp16="f16c" in features, bf16_dot=bf16_dot, amx_bf16=amx, bf16_dot_pays=pays,
+                       l2_bytes=L2_BYTES.get(mcpu, plan.l2_bytes))  # fmt: skip
     return replace(plan, converts_fp16=False, memory_operands=False)
 
 

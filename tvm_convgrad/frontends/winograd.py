@@ -49,14 +49,13 @@ def use_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = Fal
     if not applies or algorithm == "winograd":
         return applies
     plan = _cpu_plan()
-    narrow, wide = plan is not None and plan.registers_per_row > 1, plan is not None and plan.full_width_fma
-    return winograd_pays(geom, input_grad, filter_grad, narrow, planar, wide)
+    return winograd_pays(geom, input_grad, filter_grad, plan is not None and plan.registers_per_row > 1, planar)
 
 
 def _cpu_plan():
     """The ISA plan of the target in scope (else this CPU's) where it is a CPU, else None: fewer
     layers gain from F(2x2, 3x3) where its 16-lane rows take several vector registers (AVX2, SSE,
-    NEON) or its FMA pipes are full-width (:attr:`~tvm_convgrad.isa.IsaPlan.full_width_fma`)."""
+    NEON)."""
     target = Target.current(allow_none=True) or resolve_target("llvm")
     return isa_plan(target) if target.kind.name == "llvm" else None
 

@@ -60,7 +60,7 @@ from .common import ACC
 from .stages import FORMULATION, MAD_TAG, WINO_D, WINO_DW, WINO_M, WINO_U, WINO_V, WINO_W, WINO_Y, Formulation
 
 __all__ = ["ALPHA", "WINOGRAD_DW_MAX_WEIGHTS", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_NARROW_MIN_TILES", "WINOGRAD_MIN_TILES", "WINOGRAD_TILES_PER_WEIGHTS", "WinogradShape", "forward_shape", "input_grad_shape", "output_index", "weight_index",
-           "input_tiles", "winograd_applies", "winograd_conv", "winograd_filter_grad", "winograd_pays"]
+           "input_tiles", "weight_tiles", "winograd_applies", "winograd_conv", "winograd_filter_grad", "winograd_pays"]
 
 ALPHA = 4
 """Side of the transform domain: a 4x4 window per 2x2 outputs."""
@@ -83,15 +83,11 @@ WINOGRAD_TILES_PER_WEIGHTS = 8
 """... and fewest tiles per 64 x 64 block of weights: the weights' transform and every task's read
 of it (16 MB for 512 x 512) outweigh the multiplies saved on few tiles. Zen 4, the forward against
 the direct kernel: 256 -> 256 on 14x14 N=4 (12 tiles per block) 1.1-1.4x, N=1 (3) 0.7-0.9x; 512 ->
-512 on 7x7 N=8 (2) 0.55x; 128 -> 128 on 8x8 N=8 (32) 1.1-1.3x."""
-
-WINOGRAD_WIDE_TILES_PER_WEIGHTS = 32
-"""... per block of weights for the forward and the dX on a core with two full-width FMA pipes
-(:attr:`~tvm_convgrad.isa.IsaPlan.full_width_fma`): the direct kernel runs twice Zen 4's FMAs a
-cycle there. A Sapphire Rapids-class core (2 cores), against the direct kernel, forward / dX
-(NCHW): 256 -> 256 on 7x7 N=8 (8 tiles per block) 0.59 / 0.75x, 14x14 N=4 (12) 0.60 / 0.81x,
-14x14 N=8 (24.5) 0.88 / 0.95x, 7x7 N=32 (32) 1.04 / 1.01x (channels-last dX 1.30x); 128 -> 128 on
-28x28 N=8 (392) dX 1.80x."""
+512 on 7x7 N=8 (2) 0.55x; 128 -> 128 on 8x8 N=8 (32) 1.1-1.3x. The same holds on a core of two
+full-width FMA pipes (an Emerald Rapids, 2 cores, forward / dX NCHW, with the weights' transform
+in registers and :func:`~tvm_convgrad.schedule.cpu.winograd.task_bytes`): 256 -> 256 on 14x14 N=4
+(12) 1.30 / 1.30x, N=8 (24.5) 1.36 / 1.56x, 7x7 N=32 (32) 1.20 / 1.24x; 512 -> 512 on 7x7 N=8 (2)
+0.96 / 1.00x; 128 -> 128 on 8x8 N=8 (32) 1.54 / 1.52x."""
 
 WINOGRAD_NARROW_MIN_TILES = 6
 """On a target whose 16-lane rows take two registers or more (AVX2), fewest 2x2 tiles a side of a
@@ -162,13 +158,11 @@ def winograd_applies(geom, dtype: str, input_grad: bool = False) -> bool:
     return shape.ho >= 2 and shape.wo >= 2
 
 
-def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False, narrow: bool = False, planar: bool = False,
-                  wide: bool = False) -> bool:  # fmt: skip
+def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False, narrow: bool = False, planar: bool = False) -> bool:
     """Whether F(2x2, 3x3) is the faster of the two on a layer it applies to: at least
     :data:`WINOGRAD_MIN_CHANNELS` channels each side, :data:`WINOGRAD_MIN_TILES` tiles, and
     :data:`WINOGRAD_TILES_PER_WEIGHTS` tiles per 64 x 64 block of weights (every task reads the
-    transformed weights, 16 / 9 of the weights' size; the forward and dX on a core of full-width
-    FMA pipes, ``wide``: :data:`WINOGRAD_WIDE_TILES_PER_WEIGHTS`); the weight gradient (``filter_grad``) at
+    transformed weights, 16 / 9 of the weights' size); the weight gradient (``filter_grad``) at
     most :data:`WINOGRAD_DW_MAX_WEIGHTS` weights per tap; the forward and dX for a target whose
     16-lane rows take several registers (``narrow``: AVX2) at least
     :data:`WINOGRAD_NARROW_MIN_TILES` tiles a side; there the dW over channel-planar (``planar``:
@@ -185,8 +179,7 @@ def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False, nar
         return False
     if narrow and filter_grad and planar:
         return False
-    per_weights = WINOGRAD_WIDE_TILES_PER_WEIGHTS if wide and not filter_grad else WINOGRAD_TILES_PER_WEIGHTS
-    return min(geom.cin, geom.cout) >= WINOGRAD_MIN_CHANNELS and tiles >= max(WINOGRAD_MIN_TILES, per_weights * weight_blocks)
+    return min(geom.cin, geom.cout) >= WINOGRAD_MIN_CHANNELS and tiles >= max(WINOGRAD_MIN_TILES, WINOGRAD_TILES_PER_WEIGHTS * weight_blocks)
 
 
 def output_index(n, h, w, co) -> tuple:
@@ -254,6 +247,31 @@ def input_tiles(x_at: Callable, shape: WinogradShape) -> te.Tensor:
     return te.compute((shape.n, th, shape.cin // C0, tw, ALPHA * ALPHA, C0), v_value, name=WINO_V)
 
 
+def weight_tiles(w_at: Callable, shape: WinogradShape) -> te.Tensor:
+    """``wino_u (Cout/16, 16, Cin, 16)``: ``G g G^T`` of each 3x3 weight ``g`` (its Cout on the 16
+    lanes), each position a constant combination of the taps (the 64 non-zero products of
+    ``G``'s rows: the 16 share the nine loads), no sum over the taps in memory. ``w_at(co, ci, kh,
+    kw)`` reads a weight as fp32."""
+
+    def u_value(co1, xi, ci, co0):
+        co = co1 * C0 + co0
+
+        def at(q):
+            a, b = divmod(q, ALPHA)
+            total = None
+            for kh in range(3):
+                for kw in range(3):
+                    coef = _G[a][kh] * _G[b][kw]
+                    if coef:
+                        term = w_at(co, ci, kh, kw) if coef == 1 else tirx.const(coef, ACC) * w_at(co, ci, kh, kw)
+                        total = term if total is None else total + term
+            return total
+
+        return _by_position(xi, at)
+
+    return te.compute((shape.cout // C0, ALPHA * ALPHA, shape.cin, C0), u_value, name=WINO_U)
+
+
 def winograd_conv(x_at: Callable, w_at: Callable, shape: WinogradShape, bias_at: Callable | None = None,
                   res_dtype: str = ACC) -> te.Tensor:  # fmt: skip
     """``wino_y`` of the convolution of ``shape`` (see the module docstring). ``x_at(n, c, r, col)``
@@ -263,13 +281,7 @@ def winograd_conv(x_at: Callable, w_at: Callable, shape: WinogradShape, bias_at:
     cin1, cout1 = shape.cin // C0, shape.cout // C0
     v = input_tiles(x_at, shape)
 
-    kh = te.reduce_axis((0, 3), name="kh")
-    kw = te.reduce_axis((0, 3), name="kw")
-
-    def u_value(co1, xi, ci, co0):  # a sum over the taps, so a schedule can walk the weight tap by tap
-        return te.sum(_g(xi // ALPHA, kh) * _g(xi % ALPHA, kw) * w_at(co1 * C0 + co0, ci, kh, kw), axis=[kh, kw])
-
-    u = te.compute((cout1, ALPHA * ALPHA, shape.cin, C0), u_value, name=WINO_U)
+    u = weight_tiles(w_at, shape)
     ci1 = te.reduce_axis((0, cin1), name="ci1")
     ci0 = te.reduce_axis((0, C0), name="ci0")
     m = te.compute(

@@ -7,7 +7,7 @@
   of ``R`` tiles x ``V`` Cout rows, :func:`.tiles.winograd_tile`: each reduction step ``R``
   broadcast values of ``wino_v`` and ``V`` rows of ``wino_u``) and transforming its sums back
   (``wino_y``, the frontend's result stage folded into it) while they are in cache; the
-  transformed weights (``wino_u``) are a pass before, walked tap by tap.
+  transformed weights (``wino_u``) are a pass before, each weight's 16 positions from its nine taps in registers.
 * The dW (:class:`WinogradFilterGrad`, ``wino_dw``): each core sums a part of the tiles
   (``rfactor``) in chunks, each chunk's ``wino_v`` and ``wino_d`` made in its task, register
   tiles of ``R`` input channels x ``V`` Cout rows (:func:`.tiles.winograd_dw_tile`); the parts are
@@ -24,11 +24,19 @@ from ..common import loop_extent
 from .loops import CpuMad, restore_unit_loops, sum_parts, whole_tiles_and_edge
 from .tiles import largest_divisor, winograd_dw_tile, winograd_tile
 
-__all__ = ["TASKS_PER_CORE", "WINOGRAD_DW_CHUNK_TILES", "WINOGRAD_TASK_BYTES", "WinogradConv", "WinogradFilterGrad"]
+__all__ = ["TASKS_PER_CORE", "WINOGRAD_DW_CHUNK_TILES", "WINOGRAD_TASK_BYTES", "WinogradConv", "WinogradFilterGrad", "task_bytes"]
 
 WINOGRAD_TASK_BYTES = 512 << 10
-"""Most bytes of transformed input (``wino_v``) one task holds: half an L2 of the x86 cores the
-kernels target, the rest for the weights' rows and the sums."""
+"""Fewest bytes of transformed input (``wino_v``) one task may hold (:func:`task_bytes`)."""
+
+
+def task_bytes(plan) -> int:
+    """Most bytes of transformed input (``wino_v``) one task holds: half the core's L2
+    (:attr:`~tvm_convgrad.isa.IsaPlan.l2_bytes`), the rest for the weights' rows and the sums, and
+    at least :data:`WINOGRAD_TASK_BYTES`. Every task reads all the transformed weights, so the
+    fewer the tasks the less of them streams from L3: an Emerald Rapids core (2 MB of L2), 256 ->
+    256 on 14x14 N=8, whole images a task (8 tasks) against a tile row (56): 13.9 -> 9.1 ms."""
+    return max(WINOGRAD_TASK_BYTES, plan.l2_bytes // 2)
 
 TASKS_PER_CORE = 2
 """Fewest tasks per core: a task takes more tile rows only while this many remain."""
@@ -58,10 +66,10 @@ class WinogradConv(_Transforms):
     def schedule(self, block):
         """Tasks of tile rows (:meth:`_result_tasks`), each transforming its windows, running the 16
         GEMMs over its tiles and transforming its sums back while they are in cache; the weights'
-        transform a pass before (:meth:`_weights_tap_by_tap`)."""
+        transform a pass before (:meth:`_weights_by_position`)."""
         sch = self.sch
         (u,) = [p for p in sch.get_producers(block) if sch.get(p).name_hint == WINO_U]
-        self._weights_tap_by_tap(u)
+        self._weights_by_position(u)
         y, task = self._result_tasks(block)
         (v,) = [p for p in sch.get_producers(block) if sch.get(p).name_hint == WINO_V]
         sch.compute_at(block, task)
@@ -94,21 +102,18 @@ class WinogradConv(_Transforms):
             sch.reorder(*tiles, ci1, ci0, j_i, co1_i, co0)
             self.register_tile(copy, [j_i, co1_i], co0, ci1)
 
-    def _weights_tap_by_tap(self, u):
-        """``wino_u``, the sum over the taps, walked tap by tap over blocks of 16 input channels:
-        each weight row is read once per block, its lanes' lines kept (an OXI weight read per
-        (co, ci) over all nine taps put 144 lines into 4 of L1's sets at 256 channels: a 2 ms
-        pass, now ~0.2)."""
+    def _weights_by_position(self, u):
+        """``wino_u``, each weight's 16 positions from its nine taps in registers (one store of
+        each position's row), tasks of 16 input channels of one Cout block."""
         sch = self.sch
         self.placed.add(sch.get(u).name_hint)
-        co1, xi, ci, co0, kh, kw = sch.get_loops(u)
+        co1, xi, ci, co0 = sch.get_loops(u)
         ci_o, ci_i = sch.split(ci, [None, C0]) if loop_extent(sch, ci) % C0 == 0 else (ci, None)
         inner = [ci_i] if ci_i is not None else []
-        sch.reorder(co1, ci_o, kh, kw, *inner, xi, co0)
+        sch.reorder(co1, ci_o, *inner, xi, co0)
         sch.parallel(sch.fuse(co1, ci_o))
-        sch.unroll(xi)  # (each position's coefficients constant per tap: hoisted out of the channel loop)
+        sch.unroll(xi)
         sch.vectorize(co0)
-        sch.decompose_reduction(u, kh)
 
     def _fold_result(self, y):
         """The frontend's result stage folded into ``wino_y`` (its values written where they land)
@@ -136,9 +141,10 @@ class WinogradConv(_Transforms):
         images, rows, cols = loop_extent(sch, n), loop_extent(sch, i), loop_extent(sch, j)
         cin1 = loop_extent(sch, sch.get_loops(block)[-2])
         per_row = 16 * cin1 * C0 * cols * 4  # wino_v of one tile row
+        budget = task_bytes(self.plan)
 
         def fits(rows_per_task: int) -> bool:
-            return rows_per_task * per_row <= WINOGRAD_TASK_BYTES and images * rows // rows_per_task >= TASKS_PER_CORE * self.cores
+            return rows_per_task * per_row <= budget and images * rows // rows_per_task >= TASKS_PER_CORE * self.cores
 
         choices = [d for d in range(1, rows + 1) if rows % d == 0 and fits(d)]
         choices += [rows * k for k in range(2, images + 1) if images % k == 0 and fits(rows * k)]
