@@ -289,17 +289,20 @@ def _cpu(mcpu: str):
     return Target({"kind": "llvm", "mcpu": mcpu, "mtriple": X86_TRIPLE})
 
 
-def _runs_winograd(result) -> bool:
-    """Whether a frontend's result tensor is computed through F(2x2, 3x3)'s stages."""
+def _stage_names(result) -> set[str]:
+    """The names of the stages a result tensor is computed through (placeholders included)."""
     seen, stack = set(), [result]
     while stack:
         tensor = stack.pop()
-        if tensor.op.name.startswith("wino_"):
-            return True
         if tensor.op.name not in seen:
             seen.add(tensor.op.name)
-            stack.extend(tensor.op.input_tensors)
-    return False
+            stack.extend(getattr(tensor.op, "input_tensors", []))
+    return seen
+
+
+def _runs_winograd(result) -> bool:
+    """Whether a frontend's result tensor is computed through F(2x2, 3x3)'s stages."""
+    return any(name.startswith("wino_") for name in _stage_names(result))
 
 
 @pytest.mark.parametrize("batch, size, channels, choice", [(8, 14, 256, True), (4, 14, 256, True), (8, 7, 256, True), (32, 7, 256, True), (8, 28, 128, True),
@@ -345,3 +348,21 @@ def test_the_weights_transform_keeps_its_sums_in_registers():
     w = te.placeholder((256, 256, 3, 3), "float32", name="w")
     u = weight_tiles(lambda co, ci, kh, kw: w[co, ci, kh, kw], WinogradShape(8, 256, 256, 7, 7, (1, 1, 1, 1)))
     assert u.op.name == "wino_u" and tuple(u.shape) == (16, 16, 256, 16) and not u.op.reduce_axis
+
+
+@pytest.mark.parametrize("op, weights_format, staged", [("fwd", "OXI", True), ("fwd", "OIX", False), ("fwd", "XIO", False),
+                                                        ("data", "XIO", True), ("data", "OIX", False), ("data", "OXI", False)])  # fmt: skip
+def test_weights_whose_contiguous_axis_is_the_other_channel_are_copied_lanes_last(op, weights_format, staged):
+    """``wino_u`` puts the forward's Cout (the dX's Cin) on its lanes; where the weights' contiguous
+    axis is the other channel (an OXI forward, an XIO dX) they are first copied with the lane
+    channel last (``wino_wt``), tap by tap, so ``wino_u`` loads its vectors instead of gathering
+    9 x 16 rows whose lines share 2-4 L1 sets; the result is the same (the cases above run both)."""
+    shape, wshape = (2, 64, 8, 8), {"OIX": (64, 64, 3, 3), "OXI": (64, 3, 3, 64), "XIO": (3, 3, 64, 64)}[weights_format]
+    kw = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], data_format="NCX", weights_format=weights_format)
+    w = te.placeholder(wshape, "float32", name="weights")
+    if op == "fwd":
+        result = onednn.convolution(te.placeholder(shape, "float32", name="src"), w, algorithm="winograd", **kw)
+    else:
+        result = onednn.convolution_backward_data(te.placeholder(shape, "float32", name="diff_dst"), w, list(shape), algorithm="winograd", **kw)
+    names = _stage_names(result)
+    assert "wino_u" in names and ("wino_wt" in names) == staged

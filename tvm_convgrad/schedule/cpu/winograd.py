@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from ...dsl.compute.stages import WINO_D, WINO_U, WINO_V, WINO_W, WINO_Y
+from ...dsl.compute.stages import WINO_D, WINO_U, WINO_V, WINO_W, WINO_WT, WINO_Y
 from ...layout import C0
 from ..common import loop_extent
 from .loops import CpuMad, restore_unit_loops, sum_parts, whole_tiles_and_edge
@@ -107,6 +107,8 @@ class WinogradConv(_Transforms):
         each position's row), tasks of 16 input channels of one Cout block."""
         sch = self.sch
         self.placed.add(sch.get(u).name_hint)
+        for staged in [p for p in sch.get_producers(u) if sch.get(p).name_hint == WINO_WT]:
+            self._lanes_last(staged)
         co1, xi, ci, co0 = sch.get_loops(u)
         ci_o, ci_i = sch.split(ci, [None, C0]) if loop_extent(sch, ci) % C0 == 0 else (ci, None)
         inner = [ci_i] if ci_i is not None else []
@@ -114,6 +116,20 @@ class WinogradConv(_Transforms):
         sch.parallel(sch.fuse(co1, ci_o))
         sch.unroll(xi)
         sch.vectorize(co0)
+
+    def _lanes_last(self, staged):
+        """``wino_wt`` (the weights with ``wino_u``'s lane channel last) tap by tap over blocks of
+        16 x 16 channels: one tap's 16 rows of the layout (16 lines) serve all 16 vectors of the
+        block while they are in L1."""
+        sch = self.sch
+        self.placed.add(sch.get(staged).name_hint)
+        other, kh, kw, lane = sch.get_loops(staged)
+        lane_o, lane_i = sch.split(lane, [None, C0])
+        other_o, other_i = sch.split(other, [None, C0]) if loop_extent(sch, other) % C0 == 0 else (other, None)
+        inner = [other_i] if other_i is not None else []
+        sch.reorder(lane_o, other_o, kh, kw, *inner, lane_i)
+        sch.parallel(sch.fuse(lane_o, other_o))
+        sch.vectorize(lane_i)
 
     def _fold_result(self, y):
         """The frontend's result stage folded into ``wino_y`` (its values written where they land)
