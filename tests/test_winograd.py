@@ -366,3 +366,24 @@ def test_weights_whose_contiguous_axis_is_the_other_channel_are_copied_lanes_las
         result = onednn.convolution_backward_data(te.placeholder(shape, "float32", name="diff_dst"), w, list(shape), algorithm="winograd", **kw)
     names = _stage_names(result)
     assert "wino_u" in names and ("wino_wt" in names) == staged
+
+
+@pytest.mark.parametrize("op, data_format", [("fwd", "NCX"), ("fwd", "NXC"), ("data", "NCX"), ("data", "NXC"), ("dw", "NCX"), ("dw", "NXC")])
+def test_a_planar_inputs_windows_are_a_stage_kept_in_registers(op, data_format):
+    """Over NCX activations each vector of a tile's 4x4 window is gathered from 16 planes; the
+    window is then a stage of its own (``wino_x``, computed per tile in registers) that the 16
+    positions of ``wino_v`` read, not 16 gathers each; over NXC the positions load their vectors."""
+    shape = (2, 64, 8, 8) if data_format == "NCX" else (2, 8, 8, 64)
+    kw = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], data_format=data_format, weights_format="OIX")
+    w = te.placeholder((64, 64, 3, 3), "float32", name="weights")
+    if op == "fwd":
+        result = onednn.convolution(te.placeholder(shape, "float32", name="src"), w, algorithm="winograd", **kw)
+    elif op == "data":
+        result = onednn.convolution_backward_data(te.placeholder(shape, "float32", name="diff_dst"), w, list(shape), algorithm="winograd", **kw)
+    else:
+        x, dy = te.placeholder(shape, "float32", name="src"), te.placeholder(shape, "float32", name="diff_dst")
+        result = onednn.convolution_backward_weights(x, dy, [64, 64, 3, 3], algorithm="winograd", **kw)
+    names = _stage_names(result)
+    assert "wino_v" in names and ("wino_x" in names) == (data_format == "NCX")
+    script = build(result).mod.script()
+    assert ("wino_x" in script and 'scope="local"' in script) == (data_format == "NCX")

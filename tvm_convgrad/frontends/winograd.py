@@ -102,7 +102,7 @@ def winograd_forward(src: te.Tensor, weights: te.Tensor, bias: te.Tensor | None,
     geom = view.geometry()
     bias_at = None if bias is None else (lambda co: bias[co].astype("float32"))
     w_at = _lanes_last(w_at, geom.cout, geom.cin, weights_format == "OXI")  # (Cout on the lanes, Cin contiguous)
-    y5 = winograd_conv(_activation(src, data_format), w_at, forward_shape(geom), bias_at)
+    y5 = winograd_conv(_activation(src, data_format), w_at, forward_shape(geom), bias_at, planar=data_format == "NCX")
     return _result(y5, shape, data_format, view.dtype, name, attrs)
 
 
@@ -116,7 +116,7 @@ def winograd_data_grad(dy: te.Tensor, weights: te.Tensor, view: ConvView, data_f
 
     geom = view.geometry()
     w_at = _lanes_last(w_at, geom.cin, geom.cout, weights_format == "XIO")  # (Cin on the lanes, Cout contiguous)
-    y5 = winograd_conv(_activation(dy, data_format), w_at, input_grad_shape(geom))
+    y5 = winograd_conv(_activation(dy, data_format), w_at, input_grad_shape(geom), planar=data_format == "NCX")
     return _result(y5, shape, data_format, view.dtype, name, attrs)
 
 
@@ -124,7 +124,7 @@ def winograd_filter_grad_result(x: te.Tensor, dy: te.Tensor, view: ConvView, dat
                                 attrs: dict) -> te.Tensor:  # fmt: skip
     """The weight gradient of ``shape`` in ``weights_format`` by F(2x2, 3x3) transposed
     (:func:`~tvm_convgrad.dsl.compute.winograd.winograd_filter_grad`), rounded once to the type."""
-    w = winograd_filter_grad(_activation(x, data_format), _activation(dy, data_format), forward_shape(view.geometry()))
+    w = winograd_filter_grad(_activation(x, data_format), _activation(dy, data_format), forward_shape(view.geometry()), data_format == "NCX")
 
     def value(*index):
         o, i, (kh, kw) = split_weights(index, weights_format)

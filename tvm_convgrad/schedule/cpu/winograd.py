@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from ...dsl.compute.stages import WINO_D, WINO_U, WINO_V, WINO_W, WINO_WT, WINO_Y
+from ...dsl.compute.stages import WINO_D, WINO_U, WINO_V, WINO_W, WINO_WT, WINO_X, WINO_Y
 from ...layout import C0
 from ..common import loop_extent
 from .loops import CpuMad, restore_unit_loops, sum_parts, whole_tiles_and_edge
@@ -53,7 +53,15 @@ class _Transforms(CpuMad):
         sch.compute_at(transform, loop)
         at = [sch.get(lp).same_as(sch.get(loop)) for lp in sch.get_loops(transform)].index(True)
         restore_unit_loops(sch, transform, at + 1)
-        *_, xi, c0 = sch.get_loops(transform)
+        *_, tile, xi, c0 = sch.get_loops(transform)
+        for window in [p for p in sch.get_producers(transform) if sch.get(p).name_hint == WINO_X]:
+            sch.compute_at(window, tile)
+            sch.set_scope(window, 0, "local")
+            *_, r, col, lanes = sch.get_loops(window)
+            sch.unroll(r)
+            sch.unroll(col)
+            sch.vectorize(lanes)
+            self.placed.add(WINO_X)
         sch.unroll(xi)
         sch.vectorize(c0)
         self.placed.add(sch.get(transform).name_hint)
