@@ -385,5 +385,6 @@ def test_a_planar_inputs_windows_are_a_stage_kept_in_registers(op, data_format):
         result = onednn.convolution_backward_weights(x, dy, [64, 64, 3, 3], algorithm="winograd", **kw)
     names = _stage_names(result)
     assert "wino_v" in names and ("wino_x" in names) == (data_format == "NCX")
+    assert ("wino_dyw" in names) == (op == "dw" and data_format == "NCX")  # (the dW's 2x2 windows of dy likewise)
     script = build(result).mod.script()
     assert ("wino_x" in script and 'scope="local"' in script) == (data_format == "NCX")

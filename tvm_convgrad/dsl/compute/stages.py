@@ -55,7 +55,7 @@ from typing import Iterable
 __all__ = [
     "AMX_STEPS", "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "CONV_PX", "READ_IN_PLACE", "X_ROWS", "DIFF_SRC", "DIFF_WEIGHTS", "DST", "SRC_5HD", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
     "DX_PX", "DX_AMX", "DY_5HD", "DY_AMX", "W_AMX", "DY_DW", "DY_PACKS", "DY_PAD", "DY_ROWS", "DW_TAG", "DX_TAG", "FMAP_5HD", "FMAP_DW", "FMAP_L1", "FORMULATION", "Formulation",
-    "GRADS_2_MATRIX", "GRADS_DW", "KERNEL_H", "KERNEL_W", "LAYOUT_ADAPTER", "LAYOUT_IN_TAG", "LAYOUT_OUT_TAG", "MAD_TAG", "PACK_STAGES", "WEIGHTS_FRACZ", "W_COL", "W_DW", "W_T", "WINO_D", "WINO_DW", "WINO_M", "WINO_U", "WINO_V", "WINO_W", "WINO_WT", "WINO_X", "WINO_Y",
+    "GRADS_2_MATRIX", "GRADS_DW", "KERNEL_H", "KERNEL_W", "LAYOUT_ADAPTER", "LAYOUT_IN_TAG", "LAYOUT_OUT_TAG", "MAD_TAG", "PACK_STAGES", "WEIGHTS_FRACZ", "W_COL", "W_DW", "W_T", "WINO_D", "WINO_DW", "WINO_DYW", "WINO_M", "WINO_U", "WINO_V", "WINO_W", "WINO_WT", "WINO_X", "WINO_Y",
     "X_STEP", "formulation", "phase_firsts", "phase_name", "PHASE_AXES", "FMAP_PAD", "W_CONV", "CONV_CC", "CONV_RES", "CONV_TAG",
 ]  # fmt: skip
 
@@ -96,6 +96,7 @@ WINO_M = "wino_m"
 WINO_Y = "wino_y"
 WINO_D = "wino_d"
 WINO_DW = "wino_dw"
+WINO_DYW = "wino_dyw"
 WINO_W = "wino_w"
 WINO_WT = "wino_wt"
 WINO_X = "wino_x"

@@ -57,7 +57,7 @@ from tvm import te, tirx
 
 from ...layout import C0
 from .common import ACC
-from .stages import FORMULATION, MAD_TAG, WINO_D, WINO_DW, WINO_M, WINO_U, WINO_V, WINO_W, WINO_X, WINO_Y, Formulation
+from .stages import FORMULATION, MAD_TAG, WINO_D, WINO_DW, WINO_DYW, WINO_M, WINO_U, WINO_V, WINO_W, WINO_X, WINO_Y, Formulation
 
 __all__ = ["ALPHA", "WINOGRAD_DW_MAX_WEIGHTS", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_NARROW_MIN_TILES", "WINOGRAD_MIN_TILES", "WINOGRAD_TILES_PER_WEIGHTS", "WinogradShape", "forward_shape", "input_grad_shape", "output_index", "weight_index",
            "input_tiles", "weight_tiles", "winograd_applies", "winograd_conv", "winograd_filter_grad", "winograd_pays"]
@@ -326,19 +326,20 @@ def winograd_filter_grad(x_at: Callable, dy_at: Callable, shape: WinogradShape, 
     zero = tirx.const(0, ACC)
     v = input_tiles(x_at, shape, planar)
 
-    def d_value(n, i, co1, j, xi, co0):
-        co = co1 * C0 + co0
+    def dy_value(n, i, co1, j, r, c, co0):  # dy at row r, column c of tile (i, j), 0 past an odd edge
+        row, col = 2 * i + r, 2 * j + c
+        conds = ([row < shape.ho] if shape.ho % 2 else []) + ([col < shape.wo] if shape.wo % 2 else [])
+        value = dy_at(n, co1 * C0 + co0, row, col)
+        return tirx.if_then_else(tirx.all(*conds), value, zero) if conds else value
 
+    if planar:  # (as input_tiles' window: each tile's 2x2 of dy gathered once, in registers)
+        window = te.compute((shape.n, th, cout1, tw, 2, 2, C0), dy_value, name=WINO_DYW)
+        dy_value = lambda n, i, co1, j, r, c, co0: window[n, i, co1, j, r, c, co0]  # noqa: E731
+
+    def d_value(n, i, co1, j, xi, co0):
         def at(q):
             a, b = divmod(q, ALPHA)
-            terms = []
-            for r, sr in _A[a]:
-                for c, sc in _A[b]:
-                    row, col = 2 * i + r, 2 * j + c
-                    conds = ([row < shape.ho] if shape.ho % 2 else []) + ([col < shape.wo] if shape.wo % 2 else [])
-                    value = dy_at(n, co, row, col)
-                    terms.append((tirx.if_then_else(tirx.all(*conds), value, zero) if conds else value, sr * sc))
-            return _signed_sum(terms)
+            return _signed_sum((dy_value(n, i, co1, j, r, c, co0), sr * sc) for r, sr in _A[a] for c, sc in _A[b])
 
         return _by_position(xi, at)
 

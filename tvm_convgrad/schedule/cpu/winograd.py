@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from ...dsl.compute.stages import WINO_D, WINO_U, WINO_V, WINO_W, WINO_WT, WINO_X, WINO_Y
+from ...dsl.compute.stages import WINO_D, WINO_DYW, WINO_U, WINO_V, WINO_W, WINO_WT, WINO_X, WINO_Y
 from ...layout import C0
 from ..common import loop_extent
 from .loops import CpuMad, restore_unit_loops, sum_parts, whole_tiles_and_edge
@@ -54,14 +54,14 @@ class _Transforms(CpuMad):
         at = [sch.get(lp).same_as(sch.get(loop)) for lp in sch.get_loops(transform)].index(True)
         restore_unit_loops(sch, transform, at + 1)
         *_, tile, xi, c0 = sch.get_loops(transform)
-        for window in [p for p in sch.get_producers(transform) if sch.get(p).name_hint == WINO_X]:
+        for window in [p for p in sch.get_producers(transform) if sch.get(p).name_hint in (WINO_X, WINO_DYW)]:
             sch.compute_at(window, tile)
             sch.set_scope(window, 0, "local")
             *_, r, col, lanes = sch.get_loops(window)
             sch.unroll(r)
             sch.unroll(col)
             sch.vectorize(lanes)
-            self.placed.add(WINO_X)
+            self.placed.add(sch.get(window).name_hint)
         sch.unroll(xi)
         sch.vectorize(c0)
         self.placed.add(sch.get(transform).name_hint)
