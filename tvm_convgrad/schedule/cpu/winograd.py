@@ -53,7 +53,8 @@ class _Transforms(CpuMad):
         sch.compute_at(transform, loop)
         at = [sch.get(lp).same_as(sch.get(loop)) for lp in sch.get_loops(transform)].index(True)
         restore_unit_loops(sch, transform, at + 1)
-        *_, tile, xi, c0 = sch.get_loops(transform)
+        xi, *rest, tile, c0 = sch.get_loops(transform)[at + 1 :]
+        sch.reorder(*rest, tile, xi, c0)  # (the positions inside a tile's loop, laid out outside it)
         for window in [p for p in sch.get_producers(transform) if sch.get(p).name_hint in (WINO_X, WINO_DYW)]:
             sch.compute_at(window, tile)
             sch.set_scope(window, 0, "local")
