@@ -388,3 +388,21 @@ def test_a_planar_inputs_windows_are_a_stage_kept_in_registers(op, data_format):
     assert ("wino_dyw" in names) == (op == "dw" and data_format == "NCX")  # (the dW's 2x2 windows of dy likewise)
     script = build(result).mod.script()
     assert ("wino_x" in script and 'scope="local"' in script) == (data_format == "NCX")
+
+
+@pytest.mark.parametrize("batch, size, channels, mcpu, choice", [(8, 28, 128, "emeraldrapids", True), (32, 14, 128, "znver4", True), (8, 16, 128, "znver4", True),
+                                                                 (8, 8, 128, "emeraldrapids", False), (8, 14, 256, "emeraldrapids", False),
+                                                                 (8, 28, 128, "znver3", False), (8, 56, 64, "znver3", True)])  # fmt: skip
+def test_auto_dw_takes_winograd_up_to_128_channels_on_avx512(batch, size, channels, mcpu, choice):
+    """``"auto"``'s dW (NXC): on AVX-512 F(2x2, 3x3) up to 128 x 128 weights per tap with
+    :data:`WINOGRAD_DW_TILES_PER_WEIGHTS` tiles per 64 x 64 block (128 on 8x8 N=8 has 32: the
+    cube); on AVX2 up to 96 x 96 (:data:`WINOGRAD_DW_MAX_WEIGHTS`)."""
+    from tvm_convgrad.dsl.compute.winograd import WINOGRAD_DW_MAX_WEIGHTS, WINOGRAD_DW_TILES_PER_WEIGHTS, WINOGRAD_DW_WIDE_MAX_WEIGHTS
+
+    assert (WINOGRAD_DW_MAX_WEIGHTS, WINOGRAD_DW_WIDE_MAX_WEIGHTS, WINOGRAD_DW_TILES_PER_WEIGHTS) == (96 * 96, 128 * 128, 96)
+    shape = (batch, size, size, channels)
+    kw = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], data_format="NXC", weights_format="OIX")
+    with _cpu(mcpu):
+        x, dy = te.placeholder(shape, "float32", name="src"), te.placeholder(shape, "float32", name="diff_dst")
+        result = onednn.convolution_backward_weights(x, dy, [channels, channels, 3, 3], algorithm="auto", **kw)
+    assert _runs_winograd(result) == choice

@@ -63,7 +63,7 @@ from ...layout import C0
 from .common import ACC
 from .stages import FORMULATION, MAD_TAG, WINO_D, WINO_DW, WINO_DYW, WINO_M, WINO_U, WINO_V, WINO_W, WINO_X, WINO_Y, Formulation
 
-__all__ = ["ALPHA", "WINOGRAD_DW_MAX_WEIGHTS", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_NARROW_MIN_TILES", "WINOGRAD_MIN_TILES", "WINOGRAD_TILES_PER_WEIGHTS", "WinogradShape", "forward_shape", "input_grad_shape", "output_index", "weight_index",
+__all__ = ["ALPHA", "WINOGRAD_DW_MAX_WEIGHTS", "WINOGRAD_DW_TILES_PER_WEIGHTS", "WINOGRAD_DW_WIDE_MAX_WEIGHTS", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_NARROW_MIN_TILES", "WINOGRAD_MIN_TILES", "WINOGRAD_TILES_PER_WEIGHTS", "WinogradShape", "forward_shape", "input_grad_shape", "output_index", "weight_index",
            "input_tiles", "weight_tiles", "winograd_applies", "winograd_conv", "winograd_filter_grad", "winograd_pays"]
 
 ALPHA = 4
@@ -78,10 +78,23 @@ WINOGRAD_MIN_TILES = 64
 fill the cores."""
 
 WINOGRAD_DW_MAX_WEIGHTS = 96 * 96
-"""Most weights per tap (Cin x Cout) a weight gradient takes Winograd at by choice: each core's
+"""Most weights per tap (Cin x Cout) a weight gradient takes Winograd at by choice on a target whose
+16-lane rows take several registers (AVX2; AVX-512: :data:`WINOGRAD_DW_WIDE_MAX_WEIGHTS`): each core's
 sums of the transformed products (16 x Cin x Cout floats) are read and written once per chunk of
-tiles. Zen 4, against the direct dW: 64 -> 64 on 56x56 N=8 1.2-1.8x, 128 -> 128 on 28x28 0.9-1.2x,
-256 -> 256 on 14x14 0.7-1.0x."""
+tiles. Zen 4, against the direct dW (before ``wino_v`` / ``wino_d`` were laid out position by
+position): 64 -> 64 on 56x56 N=8 1.2-1.8x, 128 -> 128 on 28x28 0.9-1.2x, 256 -> 256 on 14x14 0.7-1.0x."""
+
+WINOGRAD_DW_WIDE_MAX_WEIGHTS = 128 * 128
+"""... on a target whose 16-lane rows are one register (AVX-512), with ``wino_v`` / ``wino_d`` laid
+out position by position, and at least :data:`WINOGRAD_DW_TILES_PER_WEIGHTS` tiles per 64 x 64
+block of weights. An Emerald Rapids (2 cores), against the direct dW, NCHW / NHWC: 128 -> 128 on
+28x28 N=8 (392 tiles per block) 1.20 / 1.23x, 14x14 N=32 (392) 1.24 / 1.24x, 16x16 N=8 (128)
+1.36 / 1.22x, 8x8 N=32 (128) 1.34 / 1.18x, 14x14 N=8 (98) 1.10 / 0.97x, 8x8 N=8 (32) 0.97 /
+0.76x; 256 -> 256 on 14x14 N=8 (24.5) 1.07 / 0.92x, 7x7 N=32 (32) 0.72 / 0.65x."""
+
+WINOGRAD_DW_TILES_PER_WEIGHTS = 96
+"""Fewest tiles per 64 x 64 block of weights an AVX-512 dW takes Winograd at by choice (see
+:data:`WINOGRAD_DW_WIDE_MAX_WEIGHTS`)."""
 
 WINOGRAD_TILES_PER_WEIGHTS = 8
 """... and fewest tiles per 64 x 64 block of weights: the weights' transform and every task's read
@@ -167,7 +180,8 @@ def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False, nar
     :data:`WINOGRAD_MIN_CHANNELS` channels each side, :data:`WINOGRAD_MIN_TILES` tiles, and
     :data:`WINOGRAD_TILES_PER_WEIGHTS` tiles per 64 x 64 block of weights (every task reads the
     transformed weights, 16 / 9 of the weights' size); the weight gradient (``filter_grad``) at
-    most :data:`WINOGRAD_DW_MAX_WEIGHTS` weights per tap; the forward and dX for a target whose
+    most :data:`WINOGRAD_DW_MAX_WEIGHTS` weights per tap (AVX-512: :data:`WINOGRAD_DW_WIDE_MAX_WEIGHTS`
+    and :data:`WINOGRAD_DW_TILES_PER_WEIGHTS`); the forward and dX for a target whose
     16-lane rows take several registers (``narrow``: AVX2) at least
     :data:`WINOGRAD_NARROW_MIN_TILES` tiles a side; there the dW over channel-planar (``planar``:
     NCX) activations keeps the cube (its transforms gather each vector from 16 planes; Zen 3, 64
@@ -177,7 +191,9 @@ def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False, nar
     th, tw = shape.tiles
     tiles = shape.n * th * tw
     weight_blocks = geom.cin * geom.cout / (64 * 64)
-    if filter_grad and geom.cin * geom.cout > WINOGRAD_DW_MAX_WEIGHTS:
+    if filter_grad and geom.cin * geom.cout > (WINOGRAD_DW_MAX_WEIGHTS if narrow else WINOGRAD_DW_WIDE_MAX_WEIGHTS):
+        return False
+    if filter_grad and not narrow and tiles < WINOGRAD_DW_TILES_PER_WEIGHTS * weight_blocks:
         return False
     if narrow and not filter_grad and min(th, tw) < WINOGRAD_NARROW_MIN_TILES:
         return False
