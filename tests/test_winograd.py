@@ -394,7 +394,7 @@ def test_a_planar_inputs_windows_are_a_stage_kept_in_registers(op, data_format):
                                                                  (8, 8, 128, "emeraldrapids", False), (8, 14, 256, "emeraldrapids", False),
                                                                  (8, 28, 128, "znver3", False), (8, 56, 64, "znver3", True)])  # fmt: skip
 def test_auto_dw_takes_winograd_up_to_128_channels_on_avx512(batch, size, channels, mcpu, choice):
-    """``"auto"``'s dW (NXC): on AVX-512 F(2x2, 3x3) up to 128 x 128 weights per tap with
+    """``"auto"``'s dW (NXC): on AVX-512 F(2x2, 3x3) up to 128 x 128 weights per tap, past 96 x 96 with
     :data:`WINOGRAD_DW_TILES_PER_WEIGHTS` tiles per 64 x 64 block (128 on 8x8 N=8 has 32: the
     cube); on AVX2 up to 96 x 96 (:data:`WINOGRAD_DW_MAX_WEIGHTS`)."""
     from tvm_convgrad.dsl.compute.winograd import WINOGRAD_DW_MAX_WEIGHTS, WINOGRAD_DW_TILES_PER_WEIGHTS, WINOGRAD_DW_WIDE_MAX_WEIGHTS

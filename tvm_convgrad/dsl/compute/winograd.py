@@ -86,15 +86,15 @@ position): 64 -> 64 on 56x56 N=8 1.2-1.8x, 128 -> 128 on 28x28 0.9-1.2x, 256 -> 
 
 WINOGRAD_DW_WIDE_MAX_WEIGHTS = 128 * 128
 """... on a target whose 16-lane rows are one register (AVX-512), with ``wino_v`` / ``wino_d`` laid
-out position by position, and at least :data:`WINOGRAD_DW_TILES_PER_WEIGHTS` tiles per 64 x 64
-block of weights. An Emerald Rapids (2 cores), against the direct dW, NCHW / NHWC: 128 -> 128 on
+out position by position; past :data:`WINOGRAD_DW_MAX_WEIGHTS`, with at least
+:data:`WINOGRAD_DW_TILES_PER_WEIGHTS` tiles per 64 x 64 block of weights. An Emerald Rapids (2 cores), against the direct dW, NCHW / NHWC: 128 -> 128 on
 28x28 N=8 (392 tiles per block) 1.20 / 1.23x, 14x14 N=32 (392) 1.24 / 1.24x, 16x16 N=8 (128)
 1.36 / 1.22x, 8x8 N=32 (128) 1.34 / 1.18x, 14x14 N=8 (98) 1.10 / 0.97x, 8x8 N=8 (32) 0.97 /
 0.76x; 256 -> 256 on 14x14 N=8 (24.5) 1.07 / 0.92x, 7x7 N=32 (32) 0.72 / 0.65x."""
 
 WINOGRAD_DW_TILES_PER_WEIGHTS = 96
-"""Fewest tiles per 64 x 64 block of weights an AVX-512 dW takes Winograd at by choice (see
-:data:`WINOGRAD_DW_WIDE_MAX_WEIGHTS`)."""
+"""Fewest tiles per 64 x 64 block of weights an AVX-512 dW of more than :data:`WINOGRAD_DW_MAX_WEIGHTS`
+weights per tap takes Winograd at by choice (see :data:`WINOGRAD_DW_WIDE_MAX_WEIGHTS`)."""
 
 WINOGRAD_TILES_PER_WEIGHTS = 8
 """... and fewest tiles per 64 x 64 block of weights: the weights' transform and every task's read
@@ -193,7 +193,7 @@ def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False, nar
     weight_blocks = geom.cin * geom.cout / (64 * 64)
     if filter_grad and geom.cin * geom.cout > (WINOGRAD_DW_MAX_WEIGHTS if narrow else WINOGRAD_DW_WIDE_MAX_WEIGHTS):
         return False
-    if filter_grad and not narrow and tiles < WINOGRAD_DW_TILES_PER_WEIGHTS * weight_blocks:
+    if filter_grad and geom.cin * geom.cout > WINOGRAD_DW_MAX_WEIGHTS and tiles < WINOGRAD_DW_TILES_PER_WEIGHTS * weight_blocks:
         return False
     if narrow and not filter_grad and min(th, tw) < WINOGRAD_NARROW_MIN_TILES:
         return False
