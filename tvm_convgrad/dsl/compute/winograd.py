@@ -87,8 +87,8 @@ position): 64 -> 64 on 56x56 N=8 1.2-1.8x, 128 -> 128 on 28x28 0.9-1.2x, 256 -> 
 WINOGRAD_DW_WIDE_MAX_WEIGHTS = 128 * 128
 """... on a target whose 16-lane rows are one register (AVX-512), with ``wino_v`` / ``wino_d`` laid
 out position by position; past :data:`WINOGRAD_DW_MAX_WEIGHTS`, with at least
-:data:`WINOGRAD_DW_TILES_PER_WEIGHTS` tiles per 64 x 64 block of weights. An Emerald Rapids (2 cores), against the direct dW, NCHW / NHWC: 128 -> 128 on
-28x28 N=8 (392 tiles per block) 1.20 / 1.23x, 14x14 N=32 (392) 1.24 / 1.24x, 16x16 N=8 (128)
+:data:`WINOGRAD_DW_TILES_PER_WEIGHTS` tiles per 64 x 64 block of weights. An Emerald Rapids
+(2 cores), against the direct dW, NCHW / NHWC: 128 -> 128 on 28x28 N=8 (392 tiles per block) 1.20 / 1.23x, 14x14 N=32 (392) 1.24 / 1.24x, 16x16 N=8 (128)
 1.36 / 1.22x, 8x8 N=32 (128) 1.34 / 1.18x, 14x14 N=8 (98) 1.10 / 0.97x, 8x8 N=8 (32) 0.97 /
 0.76x; 256 -> 256 on 14x14 N=8 (24.5) 1.07 / 0.92x, 7x7 N=32 (32) 0.72 / 0.65x."""
 
@@ -259,15 +259,15 @@ def input_tiles(x_at: Callable, shape: WinogradShape, planar: bool = False) -> t
         conds = [row >= 0, row < shape.h, column >= 0, column < shape.w]
         return tirx.if_then_else(tirx.all(*conds), x_at(n, c, row, column), zero)
 
-    value_at = lambda n, i, c1, j, r, col, c0: window(n, c1 * C0 + c0, i, j, r, col)  # noqa: E731
-    if planar:
-        win = te.compute((shape.n, th, shape.cin // C0, tw, ALPHA, ALPHA, C0), value_at, name=WINO_X)
-        value_at = lambda n, i, c1, j, r, col, c0: win[n, i, c1, j, r, col, c0]  # noqa: E731
+    def window_value(n, i, c1, j, r, col, c0):
+        return window(n, c1 * C0 + c0, i, j, r, col)
+
+    window_at = te.compute((shape.n, th, shape.cin // C0, tw, ALPHA, ALPHA, C0), window_value, name=WINO_X) if planar else window_value
 
     def v_value(xi, n, i, c1, j, c0):
         def at(q):
             a, b = divmod(q, ALPHA)
-            return _signed_sum((value_at(n, i, c1, j, r, col, c0), sr * sc) for r, sr in _BT[a] for col, sc in _BT[b])
+            return _signed_sum((window_at(n, i, c1, j, r, col, c0), sr * sc) for r, sr in _BT[a] for col, sc in _BT[b])
 
         return _by_position(xi, at)
 
@@ -352,14 +352,13 @@ def winograd_filter_grad(x_at: Callable, dy_at: Callable, shape: WinogradShape, 
         value = dy_at(n, co1 * C0 + co0, row, col)
         return tirx.if_then_else(tirx.all(*conds), value, zero) if conds else value
 
-    if planar:  # (as input_tiles' window: each tile's 2x2 of dy gathered once, in registers)
-        window = te.compute((shape.n, th, cout1, tw, 2, 2, C0), dy_value, name=WINO_DYW)
-        dy_value = lambda n, i, co1, j, r, c, co0: window[n, i, co1, j, r, c, co0]  # noqa: E731
+    # (as input_tiles' window: over NCX each tile's 2x2 of dy gathered once, a stage in registers)
+    dy_at_tile = te.compute((shape.n, th, cout1, tw, 2, 2, C0), dy_value, name=WINO_DYW) if planar else dy_value
 
     def d_value(xi, n, i, co1, j, co0):
         def at(q):
             a, b = divmod(q, ALPHA)
-            return _signed_sum((dy_value(n, i, co1, j, r, c, co0), sr * sc) for r, sr in _A[a] for c, sc in _A[b])
+            return _signed_sum((dy_at_tile(n, i, co1, j, r, c, co0), sr * sc) for r, sr in _A[a] for c, sc in _A[b])
 
         return _by_position(xi, at)
 
