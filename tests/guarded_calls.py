@@ -201,8 +201,9 @@ FIXED = {
                                        effective_pads=(0, 0)),  # fmt: skip
     "dx-ncx-1x1-small-planes": Case("data", 2, 40, 64, 1, (7, 7), (7, 7), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
                                     weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
-    # Winograd F(2x2, 3x3): the input windows of the edge tiles (padding read as 0), a bias, OXI weights read tap by tap; a row of
-    # 5 tiles (a narrower last register tile) on NCX; the dX with its own pads 2 and 0 (uneven), whole images per task
+    # Winograd F(2x2, 3x3): the input windows of the edge tiles (padding read as 0), a bias, OXI weights copied lanes-last tap by
+    # tap (wino_wt); a row of 5 tiles (a narrower last register tile) on NCX (its windows a stage: wino_x); the dX with its own
+    # pads 2 and 0 (uneven), whole images per task; an XIO dX (its weights copied lanes-last too)
     "fwd-nxc-winograd": Case("fwd", 2, 32, 48, 1, (8, 10), (8, 10), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), weights_format="OXI", bias=True,
                              effective_pads=(1, 1), algorithm="winograd"),  # fmt: skip
     "fwd-ncx-winograd-ragged": Case("fwd", 1, 16, 32, 1, (6, 10), (6, 10), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
@@ -216,6 +217,8 @@ FIXED = {
                             effective_pads=(2, 0), algorithm="winograd"),  # fmt: skip
     "dx-ncx-winograd-pads": Case("data", 3, 48, 32, 1, (8, 10), (8, 10), (3, 3), (1, 1), (0, 2), (2, 0), (1, 1), data_format="NCX",
                                  weights_format="OIX", effective_pads=(0, 2), algorithm="winograd"),  # fmt: skip
+    "dx-nxc-winograd-xio": Case("data", 2, 32, 48, 1, (6, 8), (6, 8), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), weights_format="XIO",
+                                effective_pads=(1, 1), algorithm="winograd"),  # fmt: skip
     # the bf16 pair form by live-tap regions across the images (4x4 maps of 4 images: each region's tiles span them), NCX and NXC
     "pairs-fwd-ncx-4x4-regions": Case("fwd", 4, 32, 48, 1, (4, 4), (4, 4), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
                                       weights_format="OIX", dtype="bfloat16", effective_pads=(1, 1)),  # fmt: skip
