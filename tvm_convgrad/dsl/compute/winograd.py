@@ -254,13 +254,10 @@ def input_tiles(x_at: Callable, shape: WinogradShape, planar: bool = False) -> t
     pt, _, pl, _ = shape.pads
     zero = tirx.const(0, ACC)
 
-    def window(n, c, i, j, r, col):
+    def window_value(n, i, c1, j, r, col, c0):  # x at row r, column col of tile (i, j)'s window, 0 outside x
         row, column = 2 * i - pt + r, 2 * j - pl + col
         conds = [row >= 0, row < shape.h, column >= 0, column < shape.w]
-        return tirx.if_then_else(tirx.all(*conds), x_at(n, c, row, column), zero)
-
-    def window_value(n, i, c1, j, r, col, c0):
-        return window(n, c1 * C0 + c0, i, j, r, col)
+        return tirx.if_then_else(tirx.all(*conds), x_at(n, c1 * C0 + c0, row, column), zero)
 
     window_at = te.compute((shape.n, th, shape.cin // C0, tw, ALPHA, ALPHA, C0), window_value, name=WINO_X) if planar else window_value
 

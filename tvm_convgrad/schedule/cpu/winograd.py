@@ -119,9 +119,8 @@ class WinogradConv(_Transforms):
         for staged in [p for p in sch.get_producers(u) if sch.get(p).name_hint == WINO_WT]:
             self._lanes_last(staged)
         co1, xi, ci, co0 = sch.get_loops(u)
-        ci_o, ci_i = sch.split(ci, [None, C0]) if loop_extent(sch, ci) % C0 == 0 else (ci, None)
-        inner = [ci_i] if ci_i is not None else []
-        sch.reorder(co1, ci_o, *inner, xi, co0)
+        ci_o, ci_i = sch.split(ci, [None, C0])  # (Winograd takes whole 16-channel blocks: winograd_applies)
+        sch.reorder(co1, ci_o, ci_i, xi, co0)
         sch.parallel(sch.fuse(co1, ci_o))
         sch.unroll(xi)
         sch.vectorize(co0)
@@ -134,9 +133,8 @@ class WinogradConv(_Transforms):
         self.placed.add(sch.get(staged).name_hint)
         other, kh, kw, lane = sch.get_loops(staged)
         lane_o, lane_i = sch.split(lane, [None, C0])
-        other_o, other_i = sch.split(other, [None, C0]) if loop_extent(sch, other) % C0 == 0 else (other, None)
-        inner = [other_i] if other_i is not None else []
-        sch.reorder(lane_o, other_o, kh, kw, *inner, lane_i)
+        other_o, other_i = sch.split(other, [None, C0])
+        sch.reorder(lane_o, other_o, kh, kw, other_i, lane_i)
         sch.parallel(sch.fuse(lane_o, other_o))
         sch.vectorize(lane_i)
 
