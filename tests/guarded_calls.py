@@ -83,6 +83,14 @@ FIXED = {
     # the forward: 24 channels NCX with a bias (a partial block, padded and packed)
     "fwd-ncx-24-bias": Case("fwd", 2, 24, 24, 1, (13, 11), (13, 11), (3, 3), (1, 1), data_format="NCX", weights_format="OIX", bias=True,
                             **_PADS1),  # fmt: skip
+    # ... an NCX depthwise plane by plane: its padded plane packed in parts (the image part a vector copy), rows of 11
+    # computed as 16 (40 channels, bias); stride 2 (the phases packed); dilation 2 and asymmetric pads (17 channels)
+    "fwd-depthwise-planes": Case("fwd", 2, 40, 40, 40, (13, 11), (13, 11), (3, 3), (1, 1), data_format="NCX", weights_format="OIX",
+                                 bias=True, **_PADS1),  # fmt: skip
+    "fwd-depthwise-planes-s2": Case("fwd", 2, 24, 24, 24, (15, 14), (8, 7), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), data_format="NCX",
+                                    weights_format="OIX", effective_pads=(1, 1)),  # fmt: skip
+    "fwd-depthwise-planes-dilated": Case("fwd", 1, 17, 17, 17, (12, 12), (11, 10), (3, 3), (1, 1), (2, 0), (1, 2), (2, 2), data_format="NCX",
+                                         weights_format="OIX", bias=True, effective_pads=(2, 0)),  # fmt: skip
     # ... an fp32 NXC 1x1 without padding: no pack, the mad reads src (40 channels: a partial last block) in place
     "fwd-nxc-1x1-in-place": Case("fwd", 2, 40, 24, 1, (7, 9), (7, 9), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
     # ... a stem (3 channels: the reduction over the real channels only), 7x7 stride 2

@@ -64,6 +64,7 @@ from ... import layout
 from ...layout import C0, ceil_div
 from ...params import ConvGradParams
 from .common import ACC, NEVER, first_holding, guarded, inside, masked, planar_gemm
+from .depthwise_planar import depthwise_plane_sums, planar_depthwise
 from .pairs import pair, pair_dot
 from .phases import AxisPhase, output_runs, region_grid, region_split_below, tap_hull, whole_axis
 from .stages import (CONV_CC, CONV_PX, CONV_RES, CONV_TAG, FMAP_PAD, FORMULATION, MAD_TAG, PHASE_AXES, READ_IN_PLACE, W_CONV, W_T, X_ROWS, Formulation,
@@ -101,12 +102,15 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
     stage reads it with affine indices, so the schedule can write each task's output while the
     task's sums are in cache). ``bf16_pairs``: the mad on bf16 pairs of input channels (see the
     module docstring). ``planar``: a frontend's x and y lie channel-planar (NCX, the 5HD views
-    layout stages), so a 1x1 at stride 1 runs with the pixels on the lanes (:func:`planar_forward`)."""
+    layout stages), so a 1x1 at stride 1 runs with the pixels on the lanes (:func:`planar_forward`),
+    and a depthwise layer plane by plane (:func:`.depthwise_planar.planar_depthwise`)."""
     g = params.geom
     ext = g.group
     pairs = bf16_pairs and data.dtype == "bfloat16" and weight.dtype == "bfloat16"
     if planar and planar_forward(params, data.dtype) and weight.dtype == ACC:
         return _result(_pixel_lane_sums(data, weight, params), params, bias, rows_and_columns, identity=True)
+    if planar and planar_depthwise(params, data.dtype) and weight.dtype == ACC:
+        return _result(depthwise_plane_sums(data, weight, params), params, bias, rows_and_columns, identity=True)
     _, read_x = _fmap_pad(data, params, pairs)
     depth = g.depth
     kd_n = depth.kernel if depth else 1

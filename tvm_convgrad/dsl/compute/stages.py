@@ -53,9 +53,9 @@ from enum import Enum
 from typing import Iterable
 
 __all__ = [
-    "AMX_STEPS", "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "CONV_PX", "READ_IN_PLACE", "X_ROWS", "DIFF_SRC", "DIFF_WEIGHTS", "DST", "SRC_5HD", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
+    "AMX_STEPS", "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "CONV_PX", "CONV_DW_PX", "READ_IN_PLACE", "X_ROWS", "X_PLANE", "W_PLANE", "DIFF_SRC", "DIFF_WEIGHTS", "DST", "SRC_5HD", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
     "DX_PX", "DX_AMX", "DY_5HD", "DY_AMX", "W_AMX", "DY_DW", "DY_PACKS", "DY_PAD", "DY_ROWS", "DW_TAG", "DX_TAG", "FMAP_5HD", "FMAP_DW", "FMAP_L1", "FORMULATION", "Formulation",
-    "GRADS_2_MATRIX", "GRADS_DW", "KERNEL_H", "KERNEL_W", "LAYOUT_ADAPTER", "LAYOUT_IN_TAG", "LAYOUT_OUT_TAG", "MAD_TAG", "PACK_STAGES", "WEIGHTS_FRACZ", "W_COL", "W_DW", "W_T", "WINO_D", "WINO_DW", "WINO_DYW", "WINO_M", "WINO_U", "WINO_V", "WINO_W", "WINO_WT", "WINO_X", "WINO_Y",
+    "GRADS_2_MATRIX", "GRADS_DW", "KERNEL_H", "KERNEL_W", "PAD_CUTS_H", "PAD_CUTS_W", "LAYOUT_ADAPTER", "LAYOUT_IN_TAG", "LAYOUT_OUT_TAG", "MAD_TAG", "PACK_STAGES", "WEIGHTS_FRACZ", "W_COL", "W_DW", "W_T", "WINO_D", "WINO_DW", "WINO_DYW", "WINO_M", "WINO_U", "WINO_V", "WINO_W", "WINO_WT", "WINO_X", "WINO_Y",
     "X_STEP", "formulation", "phase_firsts", "phase_name", "PHASE_AXES", "FMAP_PAD", "W_CONV", "CONV_CC", "CONV_RES", "CONV_TAG",
 ]  # fmt: skip
 
@@ -88,6 +88,9 @@ W_CONV = "w_conv"
 CONV_CC = "conv_cc"
 X_ROWS = "x_rows"
 CONV_PX = "conv_px"
+X_PLANE = "x_plane"  # the planar depthwise forward's (:mod:`.depthwise_planar`)
+W_PLANE = "w_plane"
+CONV_DW_PX = "conv_dw_px"
 CONV_RES = "C"
 # a 3x3 stride-1 convolution by Winograd's F(2x2, 3x3) (the forward or dX: :mod:`.winograd`)
 WINO_V = "wino_v"
@@ -120,7 +123,7 @@ CONV_TAG = "convolution_C"
 MAD_TAG = "mad"
 
 DX_PHASE_PREFIXES = (DX_CC, DX_PX, DX_DW)
-PACK_STAGES = (GRADS_2_MATRIX, FMAP_L1, DY_PAD, W_COL, DY_ROWS, W_T, GRADS_DW, FMAP_DW, DY_DW, W_DW, FMAP_PAD, W_CONV, X_ROWS, DY_AMX, W_AMX)
+PACK_STAGES = (GRADS_2_MATRIX, FMAP_L1, DY_PAD, W_COL, DY_ROWS, W_T, GRADS_DW, FMAP_DW, DY_DW, W_DW, FMAP_PAD, W_CONV, X_ROWS, X_PLANE, W_PLANE, DY_AMX, W_AMX)
 """The stages that cast (and pad) the inputs to fp32: elementwise, read by the mads."""
 DY_PACKS = (DY_PAD, DY_ROWS, DY_DW)
 """dX's packs of dy (every stride phase reads one)."""
@@ -128,7 +131,7 @@ DY_PACKS = (DY_PAD, DY_ROWS, DY_DW)
 ARGUMENT_STAGES = {
     DW_TAG: ((FMAP_L1, FMAP_DW, DW_CC), (GRADS_2_MATRIX, GRADS_DW, DW_CC_T, DW_DW)),
     DX_TAG: ((W_COL, W_T, W_DW, W_AMX), (DY_PAD, DY_ROWS, DY_DW, DY_AMX), (C_DDR,)),  # filters, dy, bias
-    CONV_TAG: ((FMAP_PAD, CONV_CC, X_ROWS), (W_CONV, W_T), (CONV_RES,)),  # data (read by the mad where it needs no pad), weight, bias
+    CONV_TAG: ((FMAP_PAD, CONV_CC, X_ROWS, X_PLANE), (W_CONV, W_T, W_PLANE), (CONV_RES,)),  # data (read by the mad where it needs no pad), weight, bias
 }
 """Result tag -> per input in TBE argument order, the stages (of any formulation) that read it."""
 
@@ -145,6 +148,9 @@ AMX_STEPS = "amx_steps"
 """Attribute of an AMX dX phase's mad: ``[dy_h, dy_w, tap_h, tap_w, grouped]``, the flat dy positions
 and the turned weight taps between consecutive taps of its rows and columns (:mod:`.dx_amx`), and
 whether its channel blocks belong to more than one group."""
+PAD_CUTS_H, PAD_CUTS_W = "pad_cuts_h", "pad_cuts_w"
+"""Attributes of the planar depthwise forward's ``x_plane``: the lengths of the parts of its rows
+(columns) axis before the last where padding starts or ends (:func:`.depthwise_planar.padding_cuts`)."""
 X_STEP = "x_step"
 """Attribute of a bf16-pair dW cube mad: the packed x columns between consecutive pair steps (:mod:`.dw_pairs`)."""
 CONVERT_IN_PLACE = "convert_in_place"
@@ -175,6 +181,7 @@ class Formulation(str, Enum):
     DEPTHWISE_DW = "depthwise-dw"  # dW, one input channel per group: channels on the lanes
     DEPTHWISE_DX = "depthwise-dx"  # dX, one input channel per group: one mad per stride phase
     CUBE_FWD = "cube-fwd"  # the forward convolution: pixel tiles x 16 output channels, as a dX phase
+    DEPTHWISE_FWD = "depthwise-fwd"  # the forward, one channel per group, NCX: each plane's columns on the lanes
     CUBE_FWD_BF16 = "cube-bf16-fwd"  # the forward on the cube, bf16 pairs along Cin (a vdpbf16ps target's)
     WINOGRAD = "winograd"  # a 3x3 stride-1 forward or dX by F(2x2, 3x3): 16 GEMMs over Cin, Cout on the lanes
     WINOGRAD_DW = "winograd-dw"  # its dW: 16 GEMMs over the 2x2 tiles of dy, Cout on the lanes

@@ -61,6 +61,7 @@ from .bf16 import PairedCoutLanesFilterGrad, PairedFilterGrad, PairedForward, Pa
 from .cube import CubeForward, CubeInputGrad
 from .cube_dw import CubeFilterGrad
 from .depthwise import DepthwiseFilterGrad, DepthwiseInputGrad, phases_plane_by_plane
+from .depthwise_planar import PlanarDepthwiseForward
 from .lanes import CoutLanesFilterGrad, PixelLanesInputGrad
 from .elementwise import elementwise, planar_pack
 from .loops import PHASES_PER_IMAGE, CpuMad, phases_image_by_image
@@ -82,6 +83,7 @@ FORMULATIONS: dict[Formulation, type[CpuMad]] = {
     Formulation.DEPTHWISE_DW: DepthwiseFilterGrad,
     Formulation.DEPTHWISE_DX: DepthwiseInputGrad,
     Formulation.CUBE_FWD: CubeForward,
+    Formulation.DEPTHWISE_FWD: PlanarDepthwiseForward,
     Formulation.CUBE_FWD_BF16: PairedForward,
     Formulation.WINOGRAD: WinogradConv,
     Formulation.WINOGRAD_DW: WinogradFilterGrad,

@@ -1,0 +1,103 @@
+"""The depthwise forward over channel-planar (NCX) fp32 tensors runs plane by plane, its columns on
+the lanes (``conv_dw_px``, ``Formulation.DEPTHWISE_FWD``): x read once into each plane's padded pack,
+y written from the plane's sums, no FracZ_g block of 15/16 zeros and no NCX <-> 5HD turn. Every case
+is exact against the float64 reference (``check_kernel``) where the host runs the target, and every
+target builds it; NXC, bf16, a channel multiplier and grouped layers keep their formulations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tvm import te
+
+from tvm_convgrad import build, isa_target
+from tvm_convgrad.compile import resolve_target
+from tvm_convgrad.dsl.compute.depthwise_planar import padding_cuts, row_vector
+from tvm_convgrad.frontends import onednn
+from tvm_convgrad.isa import host_can_run
+from tvm_convgrad.tools.verify import check_kernel
+
+from conftest import native_first, needs_torch, tiered
+
+# (n, channels, (h, w), (kh, kw), strides, pads_begin, pads_end, dilations, bias)
+CASES = [
+    (2, 40, (13, 11), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), True),  # a partial block of 16, bias
+    (2, 24, (15, 14), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), False),  # stride 2: the phases packed
+    (1, 17, (12, 12), (3, 3), (1, 1), (2, 0), (1, 2), (2, 2), True),  # dilation 2, asymmetric pads
+    (3, 32, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), False),  # MobileNetV2's rows: 28 computed as 32
+    (2, 16, (9, 70), (5, 3), (1, 2), (2, 1), (2, 1), (1, 1), True),  # a 5x3 kernel, a row longer than one vector
+    (1, 8, (2, 1), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), False),  # a 2x1 map: most taps on padding
+    (2, 20, (10, 9), (1, 1), (2, 2), (0, 0), (0, 0), (1, 1), False),  # a strided 1x1: one phase per axis
+    (1, 12, (11, 11), (7, 7), (3, 3), (3, 2), (1, 3), (1, 1), True),  # 7x7 at stride 3
+]
+
+
+def _forward(case, data_format="NCX", dtype="float32", multiplier=1, groups=None):
+    n, c, size, kernel, strides, pads_begin, pads_end, dilations, bias = case
+    groups = groups or c
+    src = te.placeholder((n, c, *size) if data_format == "NCX" else (n, *size, c), dtype, name="src")
+    cout = c * multiplier
+    weights = te.placeholder((cout, c // groups, *kernel) if data_format == "NCX" else (*kernel, c // groups, cout), dtype, name="weights")
+    b = te.placeholder((cout,), dtype, name="bias") if bias else None
+    return onednn.convolution(src, weights, b, strides=strides, pads_begin=pads_begin, pads_end=pads_end, dilations=dilations, groups=groups,
+                              data_format=data_format, weights_format="OIX" if data_format == "NCX" else "XIO")  # fmt: skip
+
+
+@pytest.mark.parametrize("isa", native_first(["native", "avx512", "avx2"]))
+@pytest.mark.parametrize("case", tiered(CASES, lambda i, _: i < 4), ids=str)
+def test_an_ncx_depthwise_forward_runs_plane_by_plane_and_is_exact(isa, case):
+    """Each target builds the plane-by-plane kernel (its x pack and result stage inside the planes'
+    parallel loop); where the host runs it, every element within the fp32 bound of the reference."""
+    target = resolve_target("llvm" if isa == "native" else isa_target(isa))
+    kernel = build(_forward(case), target=target)
+    assert kernel.formulation == "depthwise"
+    tir = kernel.inspect_source("tir")
+    assert 'T.sblock("conv_dw_px_update")' in tir and 'T.sblock("w_conv")' not in tir
+    if host_can_run(target):
+        assert check_kernel(kernel).ok
+
+
+@pytest.mark.parametrize("variant", ["nxc", "bfloat16", "multiplier", "grouped"])
+def test_other_layouts_types_and_groups_keep_their_formulations(variant):
+    """NXC (channels on the lanes already), bf16 (the pair forms), a channel multiplier of 2 and two
+    channels per group are no plane-by-plane depthwise forward."""
+    case = CASES[0]
+    kwargs = {"nxc": dict(data_format="NXC"), "bfloat16": dict(dtype="bfloat16"), "multiplier": dict(multiplier=2),
+              "grouped": dict(groups=case[1] // 2)}[variant]  # fmt: skip
+    kernel = build(_forward(case, **kwargs))
+    assert kernel.formulation != "depthwise" and 'T.sblock("conv_dw_px_update")' not in kernel.inspect_source("tir")
+    if variant in ("nxc", "multiplier"):
+        assert check_kernel(kernel).ok
+
+
+def test_the_pack_cuts_its_padding_from_its_image_and_rows_are_whole_registers():
+    """An unstrided axis is cut where its padding starts and ends (the image part a contiguous copy);
+    a strided one is not; a row is computed in whole registers (28 as 32, 7 as 8, 112 as itself)."""
+    assert padding_cuts(1, 28, 30, 1) == [1, 28]
+    assert padding_cuts(0, 28, 28, 1) == []
+    assert padding_cuts(2, 12, 15, 1) == [2, 12]
+    assert padding_cuts(1, 10, 11, 1) == [1]
+    assert padding_cuts(1, 56, 58, 2) == []
+    assert [row_vector(w) for w in (1, 3, 4, 7, 14, 16, 28, 56, 112)] == [1, 4, 4, 8, 16, 16, 32, 64, 112]
+
+
+@needs_torch
+def test_the_drop_in_depthwise_forward_matches_pytorch():
+    """``tvm_convgrad.torch.conv2d`` of a depthwise layer (the package's forward forced) against
+    ``F.conv2d``: NCHW stride 1 and 2, with a bias."""
+    import torch
+    import torch.nn.functional as F
+
+    from tvm_convgrad.torch import conv2d, set_forward
+
+    torch.manual_seed(0)
+    set_forward("ours")
+    try:
+        for stride in (1, 2):
+            x = torch.randn(2, 24, 15, 13)
+            w, b = torch.randn(24, 1, 3, 3), torch.randn(24)
+            y = conv2d(x, w, b, stride=stride, padding=1, groups=24)
+            np.testing.assert_allclose(y.numpy(), F.conv2d(x, w, b, stride=stride, padding=1, groups=24).numpy(), rtol=1e-5, atol=1e-5)
+    finally:
+        set_forward("auto")

@@ -1,0 +1,64 @@
+"""The planar depthwise forward on the CPU (``conv_dw_px``, :mod:`tvm_convgrad.dsl.compute.depthwise_planar`):
+each task a run of whole planes, a plane's padded x packed in the task, its output rows computed
+tap by tap with the columns on the lanes, and written back while in cache.
+"""
+
+from __future__ import annotations
+
+from ...dsl.compute.stages import PAD_CUTS_H, PAD_CUTS_W, X_PLANE
+from ..common import loop_extent
+from .loops import CpuMad, producers_named
+from .tiles import divisors
+
+__all__ = ["MAX_ROW_VECTOR", "MAX_UNROLLED_TAPS", "PlanarDepthwiseForward"]
+
+MAX_ROW_VECTOR = 64
+"""Output columns in one vector of the row loop (LLVM splits it into the ISA's registers); a longer
+row is cut into the largest divisor run of at most this many, or left whole where none is 16 or more."""
+MAX_UNROLLED_TAPS = 25  # a kernel of at most this many taps unrolled (a 3x3, a 5x5)
+
+
+class PlanarDepthwiseForward(CpuMad):
+    """The planar depthwise forward (``conv_dw_px[n, c, j, i]``, reduction ``(kh, kw)``)."""
+
+    write_back_in_task = True
+
+    def schedule(self, block):
+        """Tasks: the planes ``(n, c)``, in as many runs as the loop's parallel split makes; under
+        a plane, its ``x_plane`` pack (its padding and stride phases made in the core's cache), then
+        per output row ``j`` every tap ``(kh, kw)`` over the row's columns as vectors (each tap one
+        broadcast weight and one load of consecutive columns of a phase), the row's sums in
+        registers; the result (and the NCX layout stage folded into it) written in the task."""
+        sch = self.sch
+        n, c, j, i, kh, kw = sch.get_loops(block)
+        plane = sch.fuse(n, c)
+        cols = loop_extent(sch, i)
+        run = cols if cols <= MAX_ROW_VECTOR else max((d for d in divisors(cols, MAX_ROW_VECTOR) if d >= 16), default=cols)
+        i_o, i_i = sch.split(i, [None, run])
+        sch.reorder(j, i_o, kh, kw, i_i)
+        if loop_extent(sch, kh) * loop_extent(sch, kw) <= MAX_UNROLLED_TAPS:
+            sch.unroll(kh)
+            sch.unroll(kw)
+        sch.vectorize(i_i)
+        sch.parallel(plane)
+        for pack in producers_named(sch, block, (X_PLANE,)):
+            self._pack_plane(pack, plane)
+        sch.decompose_reduction(block, kh)
+        self.write_back_in(block, plane)
+
+    def _pack_plane(self, pack, plane):
+        """``x_plane`` computed under the plane's task, its unstrided axes cut where the padding
+        starts and ends (:func:`~tvm_convgrad.dsl.compute.depthwise_planar.padding_cuts`): inside the image a row part is a contiguous
+        vector copy, where the one loop would read every column at a clamped index (a gather)."""
+        sch = self.sch
+        sch.compute_at(pack, plane)
+        self.placed.add(sch.get(pack).name_hint)
+        attrs = sch.get(pack).annotations
+        cuts_y, cuts_x = (list(attrs[PAD_CUTS_H]), list(attrs[PAD_CUTS_W])) if PAD_CUTS_H in attrs else ([], [])
+        *_, yq, xq = sch.get_loops(pack)
+        row_parts = sch.loop_partition(yq, [*cuts_y, None]) if cuts_y else [yq]
+        for part in row_parts:
+            for copy in sch.get_child_blocks(part) if cuts_y else [pack]:
+                columns = sch.get_loops(copy)[-1]
+                for column_part in sch.loop_partition(columns, [*cuts_x, None]) if cuts_x else [columns]:
+                    sch.vectorize(column_part)
