@@ -7,6 +7,8 @@ target builds it; NXC, bf16, a channel multiplier and grouped layers keep their 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from tvm import te
@@ -101,3 +103,14 @@ def test_the_drop_in_depthwise_forward_matches_pytorch():
             np.testing.assert_allclose(y.numpy(), F.conv2d(x, w, b, stride=stride, padding=1, groups=24).numpy(), rtol=1e-5, atol=1e-5)
     finally:
         set_forward("auto")
+
+
+@pytest.mark.parametrize("case, tasks", [((2, 16, (7, 7)), 32), ((3, 32, (28, 28)), 12), ((2, 40, (13, 11)), 8)])
+def test_a_task_step_takes_one_plane_on_the_stack_or_several_that_fill_the_l1(case, tasks):
+    """One plane a task step where its pack and sums fit TVM's stack allocations (7x7: 360 + 224
+    bytes); else as many of an image's planes as fit 32 KB of packs while each core keeps four tasks
+    (28x28: 8 of 32 planes of 4 KB; 13x11: 10 of 40 of 1 KB, four tasks a core)."""
+    n, c, size = case
+    kernel = build(_forward((n, c, size, (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), False)), target=resolve_target(isa_target("avx512")))
+    parallel = re.findall(r"in T.parallel\(T.int64\((\d+)\)\):\n(?:.*\n){0,2}.*x_plane", kernel.inspect_source("tir"))
+    assert parallel == [str(tasks)]
