@@ -21,6 +21,9 @@ stage           shape                               value
                                                     % sw, j + (kh*dh) // sh, i + (kw*dw) // sw] *
                                                     w_plane[c, kh, kw]`` (``Formulation.DEPTHWISE_FWD``)
 ==============  ==================================  ===============================================
+
+``Wv`` is ``Wo`` rounded up to whole registers (:func:`row_vector`), ``Wq = Wv + (KW-1)*dw // sw``
+and ``Hq = Ho + (KH-1)*dh // sh``; a one-tap axis packs one phase (``PH = 1``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The planar depthwise forward on the CPU (``conv_dw_px``, :mod:`tvm_convgrad.dsl.compute.depthwise_planar`):
-each task a run of whole planes, a plane's padded x packed in the task, its output rows computed
+each task a step of whole planes, their padded x packed in the task, its output rows computed
 tap by tap with the columns on the lanes, and written back while in cache.
 """
 
@@ -10,7 +10,7 @@ from ..common import loop_extent
 from .loops import CpuMad, producers_named
 from .tiles import divisors
 
-__all__ = ["MAX_ROW_VECTOR", "MAX_UNROLLED_TAPS", "PlanarDepthwiseForward"]
+__all__ = ["MAX_ROW_VECTOR", "MAX_UNROLLED_TAPS", "PLANES_BYTES", "STACK_BYTES", "TASKS_PER_CORE", "PlanarDepthwiseForward"]
 
 MAX_ROW_VECTOR = 64
 """Output columns in one vector of the row loop (LLVM splits it into the ISA's registers); a longer
@@ -27,30 +27,28 @@ class PlanarDepthwiseForward(CpuMad):
     write_back_in_task = True
 
     def schedule(self, block):
-        """Tasks: the planes ``(n, c)``, in as many runs as the loop's parallel split makes; under
-        a plane, its ``x_plane`` pack (its padding and stride phases made in the core's cache), then
-        per output row ``j`` every tap ``(kh, kw)`` over the row's columns as vectors (each tap one
-        broadcast weight and one load of consecutive columns of a phase), the row's sums in
-        registers; the result (and the NCX layout stage folded into it) written in the task."""
+        """Tasks: steps of an image's planes (:meth:`_planes_per_task`); in a task its planes'
+        ``x_plane`` (their padding and stride phases made in the core's cache, :meth:`_pack_planes`),
+        then per plane and output row ``j`` every tap ``(kh, kw)`` over the row's columns as vectors
+        (each tap one broadcast weight and one load of consecutive columns of a phase), the row's
+        sums in registers; the result (and the NCX layout stage folded into it) written in the task."""
         sch = self.sch
         n, c, j, i, kh, kw = sch.get_loops(block)
-        images, channels = loop_extent(sch, n), loop_extent(sch, c)
-        per_task = self._planes_per_task(block, images, channels)
-        c, one = sch.split(c, [None, per_task])
-        plane = sch.fuse(n, c)
+        c, planes = sch.split(c, [None, self._planes_per_task(block, loop_extent(sch, n), loop_extent(sch, c))])
+        task = sch.fuse(n, c)
         cols = loop_extent(sch, i)
         run = cols if cols <= MAX_ROW_VECTOR else max((d for d in divisors(cols, MAX_ROW_VECTOR) if d >= 16), default=cols)
         i_o, i_i = sch.split(i, [None, run])
-        sch.reorder(one, j, i_o, kh, kw, i_i)
+        sch.reorder(planes, j, i_o, kh, kw, i_i)
         if loop_extent(sch, kh) * loop_extent(sch, kw) <= MAX_UNROLLED_TAPS:
             sch.unroll(kh)
             sch.unroll(kw)
         sch.vectorize(i_i)
-        sch.parallel(plane)
+        sch.parallel(task)
         for pack in producers_named(sch, block, (X_PLANE,)):
-            self._pack_plane(pack, plane)
+            self._pack_planes(pack, task)
         sch.decompose_reduction(block, kh)
-        self.write_back_in(block, plane)
+        self.write_back_in(block, task)
 
     def _vectorize_contiguous_run(self, consumer, inner):
         """The result written a row at a time, its columns one vector: the sums' rows are whole
@@ -75,16 +73,17 @@ class PlanarDepthwiseForward(CpuMad):
         fits = [d for d in divisors(channels, channels) if d * x_bytes <= PLANES_BYTES and images * channels // d >= TASKS_PER_CORE * self.cores]
         return max(fits, default=1)
 
-    def _pack_plane(self, pack, plane):
-        """``x_plane`` computed under the plane's task, its unstrided axes cut where the padding
-        starts and ends (:func:`~tvm_convgrad.dsl.compute.depthwise_planar.padding_cuts`): inside the image a row part is a contiguous
-        vector copy, where the one loop would read every column at a clamped index (a gather)."""
+    def _pack_planes(self, pack, task):
+        """``x_plane`` computed under ``task``, its unstrided axes cut where the padding starts and
+        ends (:func:`~tvm_convgrad.dsl.compute.depthwise_planar.padding_cuts`): each part's padding
+        condition is the same for all of it, so inside the image a row part is a vector copy (one
+        loop read every column under a per-lane condition; a clamped index instead made a gather)."""
         sch = self.sch
-        sch.compute_at(pack, plane)
+        sch.compute_at(pack, task)
         self.placed.add(sch.get(pack).name_hint)
         attrs = sch.get(pack).annotations
         cuts_y, cuts_x = (list(attrs[PAD_CUTS_H]), list(attrs[PAD_CUTS_W])) if PAD_CUTS_H in attrs else ([], [])
-        *_, yq, xq = sch.get_loops(pack)
+        yq = sch.get_loops(pack)[-2]
         row_parts = sch.loop_partition(yq, [*cuts_y, None]) if cuts_y else [yq]
         for part in row_parts:
             for copy in sch.get_child_blocks(part) if cuts_y else [pack]:
