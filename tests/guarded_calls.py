@@ -91,6 +91,9 @@ FIXED = {
                                     weights_format="OIX", effective_pads=(1, 1)),  # fmt: skip
     "fwd-depthwise-planes-dilated": Case("fwd", 1, 17, 17, 17, (12, 12), (11, 10), (3, 3), (1, 1), (2, 0), (1, 2), (2, 2), data_format="NCX",
                                          weights_format="OIX", bias=True, effective_pads=(2, 0)),  # fmt: skip
+    # a stride-1 NCX depthwise dX with dilation 2 and asymmetric pads (17 channels: a partial block)
+    "dx-depthwise-planes-dilated": Case("data", 2, 17, 17, 17, (12, 12), (11, 10), (3, 3), (1, 1), (2, 0), (1, 2), (2, 2), data_format="NCX",
+                                        weights_format="OIX", effective_pads=(2, 0)),  # fmt: skip
     # ... an fp32 NXC 1x1 without padding: no pack, the mad reads src (40 channels: a partial last block) in place
     "fwd-nxc-1x1-in-place": Case("fwd", 2, 40, 24, 1, (7, 9), (7, 9), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
     # ... a stem (3 channels: the reduction over the real channels only), 7x7 stride 2

@@ -32,6 +32,10 @@ CASES = [
     (1, 8, (2, 1), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), False),  # a 2x1 map: most taps on padding
     (2, 20, (10, 9), (1, 1), (2, 2), (0, 0), (0, 0), (1, 1), False),  # a strided 1x1: one phase per axis
     (1, 12, (11, 11), (7, 7), (3, 3), (3, 2), (1, 3), (1, 1), True),  # 7x7 at stride 3
+    (1, 16, (1, 1), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), False),  # a 1x1 map: a task's pack one element, no loop of its own
+    (2, 8, (1, 5), (1, 3), (1, 1), (0, 1), (0, 1), (1, 1), False),  # one-row planes
+    (1, 4, (1, 1), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), False),  # a 1x1 map under a 3x3: eight taps on padding
+    (1, 3, (4, 4), (2, 2), (1, 1), (0, 0), (1, 1), (1, 1), True),  # an even kernel, padded after only
 ]
 
 
@@ -46,12 +50,15 @@ def _forward(case, data_format="NCX", dtype="float32", multiplier=1, groups=None
                               data_format=data_format, weights_format="OIX" if data_format == "NCX" else "XIO")  # fmt: skip
 
 
-@pytest.mark.parametrize("isa", native_first(["native", "avx512", "avx2"]))
+NEON = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1", "num-cores": 2}
+
+
+@pytest.mark.parametrize("isa", native_first(["native", "avx512", "avx2", "sse", "neon"]))
 @pytest.mark.parametrize("case", tiered(CASES, lambda i, _: i < 4), ids=str)
 def test_an_ncx_depthwise_forward_runs_plane_by_plane_and_is_exact(isa, case):
-    """Each target builds the plane-by-plane kernel (its x pack and result stage inside the planes'
-    parallel loop); where the host runs it, every element within the fp32 bound of the reference."""
-    target = resolve_target("llvm" if isa == "native" else isa_target(isa))
+    """Each target (x86's three vector ISAs, AArch64's NEON cross-compiled) builds the plane-by-plane
+    kernel; where the host runs it, every element within the fp32 bound of the reference."""
+    target = resolve_target("llvm" if isa == "native" else NEON if isa == "neon" else isa_target(isa))
     kernel = build(_forward(case), target=target)
     assert kernel.formulation == "depthwise"
     tir = kernel.inspect_source("tir")
@@ -114,3 +121,4 @@ def test_a_task_step_takes_one_plane_on_the_stack_or_several_that_fill_the_l1(ca
     kernel = build(_forward((n, c, size, (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), False)), target=resolve_target(isa_target("avx512")))
     parallel = re.findall(r"in T.parallel\(T.int64\((\d+)\)\):\n(?:.*\n){0,2}.*x_plane", kernel.inspect_source("tir"))
     assert parallel == [str(tasks)]
+

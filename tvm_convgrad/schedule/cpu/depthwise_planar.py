@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ...dsl.compute.stages import PAD_CUTS_H, PAD_CUTS_W, X_PLANE
 from ..common import loop_extent
-from .loops import CpuMad, producers_named
+from .loops import CpuMad, producers_named, restore_unit_loops
 from .tiles import divisors
 
 __all__ = ["MAX_ROW_VECTOR", "MAX_UNROLLED_TAPS", "PLANES_BYTES", "STACK_BYTES", "TASKS_PER_CORE", "PlanarDepthwiseForward"]
@@ -81,6 +81,9 @@ class PlanarDepthwiseForward(CpuMad):
         sch = self.sch
         sch.compute_at(pack, task)
         self.placed.add(sch.get(pack).name_hint)
+        if len(sch.get_loops(pack)) == 1:  # (one element a task: no loop of its own)
+            return
+        restore_unit_loops(sch, pack)  # (a one-row or one-column plane keeps its loops)
         attrs = sch.get(pack).annotations
         cuts_y, cuts_x = (list(attrs[PAD_CUTS_H]), list(attrs[PAD_CUTS_W])) if PAD_CUTS_H in attrs else ([], [])
         yq = sch.get_loops(pack)[-2]
