@@ -122,3 +122,14 @@ def test_a_task_step_takes_one_plane_on_the_stack_or_several_that_fill_the_l1(ca
     parallel = re.findall(r"in T.parallel\(T.int64\((\d+)\)\):\n(?:.*\n){0,2}.*x_plane", kernel.inspect_source("tir"))
     assert parallel == [str(tasks)]
 
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_the_cuda_schedule_of_the_planar_forward_builds_and_its_emulation_is_exact(stride):
+    """On CUDA the planar stages take the SIMT schedule: it builds (PTX or source), and run as its
+    CPU emulation every element is within the bound."""
+    from tvm_convgrad import emulate_cuda
+
+    case = (2, 24, (15, 13), (3, 3), (stride, stride), (1, 1), (1, 1), (1, 1), True)
+    assert build(_forward(case), target="cuda").formulation == "depthwise"
+    assert check_kernel(emulate_cuda(_forward(case))).ok
