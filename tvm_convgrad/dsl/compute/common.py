@@ -5,6 +5,7 @@ from __future__ import annotations
 import tvm
 from tvm import te, tirx
 
+from ...layout import C0, ceil_div
 from .stages import CONVERT_IN_PLACE
 
 ACC = "float32"
@@ -77,3 +78,17 @@ def masked(read: tirx.PrimExpr, keep: tirx.PrimExpr) -> tirx.PrimExpr:
     itype = f"int{bits}"
     mask = tirx.Select(keep, tirx.const(-1, itype), tirx.const(0, itype))
     return tirx.reinterpret(read.dtype, tirx.reinterpret(itype, read) & mask)
+
+
+def channel_lanes(sums: te.Tensor, channels: int):
+    """``read(row, block, h, w, c0)``: channel ``block*16 + c0`` of a channel-planar mad's ``sums
+    (N, C, H, W)`` as a 5HD result reads it, the lanes past ``channels`` masked and the index
+    clamped (branch-free: it vectorizes over ``c0``)."""
+
+    def read(row, block, h, w, c0):
+        channel = block * C0 + c0
+        if ceil_div(channels, C0) * C0 > channels:
+            return masked(sums[row, tirx.min(channel, channels - 1), h, w], channel < channels)
+        return sums[row, channel, h, w]
+
+    return read

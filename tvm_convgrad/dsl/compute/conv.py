@@ -63,7 +63,7 @@ from tvm import te, tirx
 from ... import layout
 from ...layout import C0, ceil_div
 from ...params import ConvGradParams
-from .common import ACC, NEVER, first_holding, guarded, inside, masked, planar_gemm
+from .common import ACC, NEVER, channel_lanes, first_holding, guarded, inside, planar_gemm
 from .depthwise_planar import depthwise_plane_sums, planar_depthwise
 from .pairs import pair, pair_dot
 from .phases import AxisPhase, output_runs, region_grid, region_split_below, tap_hull, whole_axis
@@ -216,13 +216,7 @@ def _pixel_lane_sums(data: te.Tensor, weight: te.Tensor, params: ConvGradParams)
     conv_px = te.compute((g.batch, g.cout, g.ho, g.wo), lambda n, co, j, i: te.sum(x_rows[n, ci, j + kh, i + kw] * w_t[ci, co], axis=[ci, kh, kw]),
                          name=CONV_PX, tag=MAD_TAG, attrs={FORMULATION: Formulation.PIXEL_LANES.value})  # fmt: skip
 
-    def sums(row, block, h, w, c0):
-        channel = block * C0 + c0
-        if ceil_div(g.cout, C0) * C0 > g.cout:
-            return masked(conv_px[row, tirx.min(channel, g.cout - 1), h, w], channel < g.cout)
-        return conv_px[row, channel, h, w]
-
-    return sums
+    return channel_lanes(conv_px, g.cout)
 
 
 def _phases(kernel: int, stride: int) -> int:

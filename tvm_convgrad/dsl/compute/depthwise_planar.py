@@ -30,12 +30,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tvm import te, tirx
+from tvm import te
 
 from ... import layout
 from ...layout import C0, ceil_div
 from ...params import ConvGradParams
-from .common import ACC, guarded, inside, masked
+from .common import ACC, channel_lanes, guarded, inside
 from .stages import CONV_DW_PX, FORMULATION, MAD_TAG, PAD_CUTS_H, PAD_CUTS_W, W_PLANE, X_PLANE, Formulation
 
 __all__ = ["PLANAR_DEPTHWISE", "depthwise_plane_sums", "padding_cuts", "planar_depthwise", "row_vector"]
@@ -104,11 +104,4 @@ def depthwise_plane_sums(data: te.Tensor, weight: te.Tensor, params: ConvGradPar
         tag=MAD_TAG,
         attrs={FORMULATION: Formulation.DEPTHWISE_FWD.value},
     )
-
-    def read(row, block, h, w, c0):
-        channel = block * C0 + c0
-        if ceil_div(g.cout, C0) * C0 > g.cout:
-            return masked(sums[row, tirx.min(channel, g.cout - 1), h, w], channel < g.cout)
-        return sums[row, channel, h, w]
-
-    return read
+    return channel_lanes(sums, g.cout)

@@ -85,7 +85,7 @@ class PlanarDepthwiseForward(CpuMad):
             return
         restore_unit_loops(sch, pack)  # (a one-row or one-column plane keeps its loops)
         attrs = sch.get(pack).annotations
-        cuts_y, cuts_x = (list(attrs[PAD_CUTS_H]), list(attrs[PAD_CUTS_W])) if PAD_CUTS_H in attrs else ([], [])
+        cuts_y, cuts_x = list(attrs[PAD_CUTS_H]), list(attrs[PAD_CUTS_W])
         yq = sch.get_loops(pack)[-2]
         row_parts = sch.loop_partition(yq, [*cuts_y, None]) if cuts_y else [yq]
         for part in row_parts:
