@@ -30,11 +30,14 @@ def _memory(channels_last: bool):
     return torch.channels_last if channels_last else torch.contiguous_format
 
 
-@pytest.mark.parametrize("channels_last, bias, batch", list(itertools.product([False, True], [False, True], [1, 3])))
-def test_the_three_gemms_match_the_float64_convolution(channels_last, bias, batch):
+@pytest.mark.parametrize("channels_last, bias, batch, size", list(itertools.product([False, True], [False, True], [1, 3], [(5, 7), (12, 11)])))
+def test_the_three_gemms_match_the_float64_convolution(channels_last, bias, batch, size):
+    """Both ways of an NCHW dW: one GEMM over copies (35 pixels an image) and a GEMM per image
+    accumulated (132 pixels, at least blas.ACCUMULATE_FROM)."""
+    assert 5 * 7 < blas.ACCUMULATE_FROM <= 12 * 11
     torch.manual_seed(batch)
     memory = _memory(channels_last)
-    x = torch.randn(batch, 24, 5, 7).to(memory_format=memory)
+    x = torch.randn(batch, 24, *size).to(memory_format=memory)
     w = torch.randn(40, 24, 1, 1).to(memory_format=memory)
     b = torch.randn(40) if bias else None
     y = blas.forward(x, w, b, channels_last)
