@@ -74,6 +74,10 @@ def test_the_step_bench_times_both_and_profiles_them(tmp_path):
     assert len(row["stock_faults"]) == len(row["ours_faults"]) == 1 and all(isinstance(f, int) and f >= 0 for f in row["stock_faults"] + row["ours_faults"])
     assert any("tvm_convgrad::conv2d_weight_grad" in name for name, _ in row["ours_profile"])
     assert not any("tvm_convgrad" in name for name, _ in row["stock_profile"])
+    # the convolutions' whole time holds what runs inside them: the kernels, PyTorch's convolutions
+    ours_inside = sum(ms for name, ms in row["ours_profile"] if name.startswith("tvm_convgrad::") or name in ("aten::mkldnn_convolution", "aten::mm"))
+    stock_inside = sum(ms for name, ms in row["stock_profile"] if name in ("aten::mkldnn_convolution", "aten::convolution_backward"))
+    assert row["ours_conv_ms"] >= ours_inside > 0 and row["stock_conv_ms"] >= stock_inside > 0
     report = (tmp_path / "steps.md").read_text()
     assert "| resnet18 | 2 x 32x32 | channels-last | f32 |" in report and "stock operator" in report and "page faults / step" in report
 
