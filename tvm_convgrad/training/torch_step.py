@@ -12,7 +12,7 @@ For each configuration (network, batch x image size, NCHW or channels-last, floa
 autocast) the report gives both medians, their ratio, and where the time goes: a
 ``torch.profiler`` trace of a few steps of each, self CPU time summed by operator (the
 package's kernels are the ``tvm_convgrad::`` operators; stock's convolution backward is
-``aten::convolution_backward``).
+``aten::convolution_backward``), and the convolutions' whole time on each side (:func:`conv_ms`).
 """
 
 from __future__ import annotations
@@ -178,7 +178,8 @@ def time_steps(config: StepConfig, rounds: int = 9, warmup: int = 2, profile_ste
     result = StepResult(config, statistics.median(samples[stock]), statistics.median(samples[ours]), samples[stock], samples[ours],
                         stock_faults=faults[stock], ours_faults=faults[ours])  # fmt: skip
     if profile_steps:
-        (result.stock_profile, result.stock_conv_ms), (result.ours_profile, result.ours_conv_ms) = _profile(stock, profile_steps), _profile(ours, profile_steps)
+        result.stock_profile, result.stock_conv_ms = _profile(stock, profile_steps)
+        result.ours_profile, result.ours_conv_ms = _profile(ours, profile_steps)
     log(f"{config.name:52s} stock {result.stock_ms:8.1f} ms   drop-in {result.ours_ms:8.1f} ms   stock/drop-in {result.ratio:.2f}")
     return result
 
