@@ -20,7 +20,7 @@ from ..compile.ptxas import ptx_of, ptxas_report, spilled, target_arch
 from ..errors import ConvGradError
 from ..schedule.cpu.marks import lower_marks
 
-__all__ = ["BUILD_TIMEOUT_S", "RPC_URL", "RUN_TIMEOUT_S", "SPILLS", "compile_candidate", "compile_schedule", "local_builder", "measure", "release", "runner_from", "use_every_core"]
+__all__ = ["BUILD_TIMEOUT_S", "RPC_URL", "RUN_TIMEOUT_S", "SPILLS", "InProcessBuilder", "compile_candidate", "compile_schedule", "local_builder", "measure", "release", "runner_from", "use_every_core"]
 
 RPC_URL = re.compile(r"^rpc://(?P<host>[^:/]+):(?P<port>\d+)/(?P<key>[\w.\-]+)$")
 BUILD_TIMEOUT_S = 60
@@ -88,11 +88,30 @@ def release(runner: ms.runner.Runner) -> None:
         pool.shutdown(wait=True)
 
 
-def local_builder(candidates: bool = True) -> ms.builder.LocalBuilder:
-    """MetaSchedule's local builder, compiling as :func:`compile_candidate` does (the search's
-    candidates) or as :func:`compile_schedule` does (``candidates=False``: the schedules
-    :func:`measure` compares, the rule's default among them, built whatever they spill)."""
-    return ms.builder.LocalBuilder(f_build=compile_candidate if candidates else compile_schedule, timeout_sec=BUILD_TIMEOUT_S)
+def local_builder() -> ms.builder.LocalBuilder:
+    """MetaSchedule's local builder of the search's candidates, compiling as
+    :func:`compile_candidate` does (a pool of worker processes, started for each batch)."""
+    return ms.builder.LocalBuilder(f_build=compile_candidate, timeout_sec=BUILD_TIMEOUT_S)
+
+
+class InProcessBuilder:
+    """The builds of the schedules :func:`measure` compares (the rule's default among them, built
+    whatever they spill), in this process, as :func:`compile_schedule` does, each exported as a
+    MetaSchedule artifact for the runner. A ``LocalBuilder`` would start a worker process to check
+    its build function and a pool of them for each call (about 4 s each on 2 cores: 13 of a
+    2-trial tuning run's 31 s), for the two or three schedules the package's own ``build``
+    compiles in-process anyway."""
+
+    def build(self, inputs: Sequence[ms.builder.BuilderInput]) -> list[ms.builder.BuilderResult]:
+        from tvm.s_tir.meta_schedule.builder.local_builder import default_export
+
+        results = []
+        for built in inputs:
+            try:
+                results.append(ms.builder.BuilderResult(default_export(compile_schedule(built.mod, built.target)), None))
+            except Exception as err:  # noqa: BLE001 - reported as the builder's error, as a LocalBuilder reports it
+                results.append(ms.builder.BuilderResult(None, f"{type(err).__name__}: {err}"))
+        return results
 
 
 def measure(builder, runner, mods: Sequence[tvm.IRModule], target: Target, func: tirx.PrimFunc, rounds: int = 1) -> list[list[float]]:

@@ -42,7 +42,7 @@ from ..errors import ConvGradError
 from ..isa import host_can_run
 from ..schedule import rule_for
 from ..schedule.cuda import with_limits
-from .runners import local_builder, measure, release, runner_from
+from .runners import InProcessBuilder, local_builder, measure, release, runner_from
 from .space import Progress, cost_model, design_space, quiet_meta_schedule_console, seed_with_the_default, tensor_intrinsics_quickly
 
 __all__ = ["KEEP_MARGIN", "POPULATION", "REMEASURE_ROUNDS", "TuneReport", "tune"]
@@ -138,7 +138,7 @@ def tune(
     work_dir = Path(work_dir)
     best_dir = Path(database) if database is not None else work_dir / "best"
     space = design_space(rule, target, postprocs)
-    builder, compare = local_builder(), local_builder(candidates=False)
+    builder, compare = local_builder(), InProcessBuilder()
     run = runner_from(runner)
     try:  # the runner's worker processes end with the run, also on an error or Ctrl-C
         model = cost_model()
