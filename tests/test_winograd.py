@@ -61,6 +61,7 @@ _CASES = [
     ("conv_v2", 3, 32, 48, (8, 10), ((1, 1), (1, 1)), "NXC", "OXI", False),  # dW: three images in parts of whole images
     ("conv_v2", 1, 48, 16, (14, 10), ((1, 1), (1, 1)), "NCX", "OIX", False),  # one image: its tile rows in parts
     ("conv_v2", 2, 16, 32, (7, 9), ((0, 2), (2, 0)), "NXC", "XIO", False),  # an odd dy (its tiles' last row and column 0), pads 0..2
+    ("conv_v2", 2, 256, 256, (14, 14), ((1, 1), (1, 1)), "NCX", "OIX", False),  # 256 x 256 weights a tap (AVX-512's "auto" takes it on 384 tiles)
 ]
 
 
@@ -391,15 +392,20 @@ def test_a_planar_inputs_windows_are_a_stage_kept_in_registers(op, data_format):
 
 
 @pytest.mark.parametrize("batch, size, channels, mcpu, choice", [(8, 28, 128, "emeraldrapids", True), (32, 14, 128, "znver4", True), (8, 16, 128, "znver4", True),
-                                                                 (8, 8, 128, "emeraldrapids", False), (8, 14, 256, "emeraldrapids", False),
+                                                                 (8, 8, 128, "emeraldrapids", False), (8, 14, 256, "emeraldrapids", True),
+                                                                 (2, 28, 256, "znver4", True), (4, 14, 256, "emeraldrapids", False),
+                                                                 (32, 7, 256, "emeraldrapids", False), (8, 14, 512, "emeraldrapids", False),
                                                                  (8, 28, 128, "znver3", False), (8, 56, 64, "znver3", True)])  # fmt: skip
-def test_auto_dw_takes_winograd_up_to_128_channels_on_avx512(batch, size, channels, mcpu, choice):
+def test_auto_dw_takes_winograd_up_to_256_channels_on_avx512(batch, size, channels, mcpu, choice):
     """``"auto"``'s dW (NXC): on AVX-512 F(2x2, 3x3) up to 128 x 128 weights per tap, past 96 x 96 with
     :data:`WINOGRAD_DW_TILES_PER_WEIGHTS` tiles per 64 x 64 block (128 on 8x8 N=8 has 32: the
-    cube); on AVX2 up to 96 x 96 (:data:`WINOGRAD_DW_MAX_WEIGHTS`)."""
-    from tvm_convgrad.dsl.compute.winograd import WINOGRAD_DW_MAX_WEIGHTS, WINOGRAD_DW_TILES_PER_WEIGHTS, WINOGRAD_DW_WIDE_MAX_WEIGHTS
+    cube); up to 256 x 256 on :data:`WINOGRAD_DW_WIDEST_MIN_TILES` whole 2x2 tiles (256 on 14x14
+    N=8 has 392; N=4 196 and 7x7 N=32, a partial row of tiles, the cube; 512 the cube); on AVX2 up
+    to 96 x 96 (:data:`WINOGRAD_DW_MAX_WEIGHTS`)."""
+    from tvm_convgrad.dsl.compute import winograd
 
-    assert (WINOGRAD_DW_MAX_WEIGHTS, WINOGRAD_DW_WIDE_MAX_WEIGHTS, WINOGRAD_DW_TILES_PER_WEIGHTS) == (96 * 96, 128 * 128, 96)
+    assert (winograd.WINOGRAD_DW_MAX_WEIGHTS, winograd.WINOGRAD_DW_WIDE_MAX_WEIGHTS, winograd.WINOGRAD_DW_TILES_PER_WEIGHTS) == (96 * 96, 128 * 128, 96)
+    assert (winograd.WINOGRAD_DW_WIDEST_MAX_WEIGHTS, winograd.WINOGRAD_DW_WIDEST_MIN_TILES) == (256 * 256, 384)
     shape = (batch, size, size, channels)
     kw = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], data_format="NXC", weights_format="OIX")
     with _cpu(mcpu):

@@ -63,7 +63,8 @@ from ...layout import C0
 from .common import ACC
 from .stages import FORMULATION, MAD_TAG, WINO_D, WINO_DW, WINO_DYW, WINO_M, WINO_U, WINO_V, WINO_W, WINO_X, WINO_Y, Formulation
 
-__all__ = ["ALPHA", "WINOGRAD_DW_MAX_WEIGHTS", "WINOGRAD_DW_TILES_PER_WEIGHTS", "WINOGRAD_DW_WIDE_MAX_WEIGHTS", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_NARROW_MIN_TILES", "WINOGRAD_MIN_TILES", "WINOGRAD_TILES_PER_WEIGHTS", "WinogradShape", "forward_shape", "input_grad_shape", "output_index", "weight_index",
+__all__ = ["ALPHA", "WINOGRAD_DW_MAX_WEIGHTS", "WINOGRAD_DW_TILES_PER_WEIGHTS", "WINOGRAD_DW_WIDE_MAX_WEIGHTS", "WINOGRAD_DW_WIDEST_MAX_WEIGHTS",
+           "WINOGRAD_DW_WIDEST_MIN_TILES", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_NARROW_MIN_TILES", "WINOGRAD_MIN_TILES", "WINOGRAD_TILES_PER_WEIGHTS", "WinogradShape", "forward_shape", "input_grad_shape", "output_index", "weight_index",
            "input_tiles", "weight_tiles", "winograd_applies", "winograd_conv", "winograd_filter_grad", "winograd_pays"]
 
 ALPHA = 4
@@ -95,6 +96,19 @@ out position by position; past :data:`WINOGRAD_DW_MAX_WEIGHTS`, with at least
 WINOGRAD_DW_TILES_PER_WEIGHTS = 96
 """Fewest tiles per 64 x 64 block of weights an AVX-512 dW of more than :data:`WINOGRAD_DW_MAX_WEIGHTS`
 weights per tap takes Winograd at by choice (see :data:`WINOGRAD_DW_WIDE_MAX_WEIGHTS`)."""
+
+WINOGRAD_DW_WIDEST_MAX_WEIGHTS = 256 * 256
+"""Past :data:`WINOGRAD_DW_WIDE_MAX_WEIGHTS`, the most weights per tap an AVX-512 dW takes Winograd
+at by choice: where its output is whole 2x2 tiles (even rows and columns) and it has at least
+:data:`WINOGRAD_DW_WIDEST_MIN_TILES` of them. The Emerald Rapids guest (2 cores, 2026-12-02),
+against the direct dW, NCHW / NHWC, each two to four runs: 256 -> 256 on 14x14 N=8 (392 tiles)
+1.00-1.42 / 1.16-1.22x, N=16 (784) 1.47 / 1.49x, 28x28 N=8 1.09 / 1.51x, 28x28 N=2 (392) 1.30x;
+fewer tiles or a partial row of them stay the cube: 14x14 N=4 (196) 0.79-0.97 / 0.93-1.00x, 7x7
+N=32 (512 tiles, 4 x 4 of them covering 8x8) 0.72 / 0.65x (earlier); 512 -> 512 on 14x14 N=8 was
+mixed (1.11-1.24 / 0.90-1.13x) and stays."""
+
+WINOGRAD_DW_WIDEST_MIN_TILES = 384
+"""Fewest 2x2 tiles (all images) for :data:`WINOGRAD_DW_WIDEST_MAX_WEIGHTS`."""
 
 WINOGRAD_TILES_PER_WEIGHTS = 8
 """... and fewest tiles per 64 x 64 block of weights: the weights' transform and every task's read
@@ -181,7 +195,8 @@ def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False, nar
     :data:`WINOGRAD_TILES_PER_WEIGHTS` tiles per 64 x 64 block of weights (every task reads the
     transformed weights, 16 / 9 of the weights' size); the weight gradient (``filter_grad``) at
     most :data:`WINOGRAD_DW_MAX_WEIGHTS` weights per tap (AVX-512: :data:`WINOGRAD_DW_WIDE_MAX_WEIGHTS`
-    and :data:`WINOGRAD_DW_TILES_PER_WEIGHTS`); the forward and dX for a target whose
+    and :data:`WINOGRAD_DW_TILES_PER_WEIGHTS`, or up to :data:`WINOGRAD_DW_WIDEST_MAX_WEIGHTS` on
+    :data:`WINOGRAD_DW_WIDEST_MIN_TILES` whole tiles); the forward and dX for a target whose
     16-lane rows take several registers (``narrow``: AVX2) at least
     :data:`WINOGRAD_NARROW_MIN_TILES` tiles a side; there the dW over channel-planar (``planar``:
     NCX) activations keeps the cube (its transforms gather each vector from 16 planes; Zen 3, 64
@@ -191,9 +206,13 @@ def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False, nar
     th, tw = shape.tiles
     tiles = shape.n * th * tw
     weight_blocks = geom.cin * geom.cout / (64 * 64)
-    if filter_grad and geom.cin * geom.cout > (WINOGRAD_DW_MAX_WEIGHTS if narrow else WINOGRAD_DW_WIDE_MAX_WEIGHTS):
+    widest = filter_grad and not narrow and geom.cin * geom.cout > WINOGRAD_DW_WIDE_MAX_WEIGHTS
+    whole = shape.ho % 2 == 0 and shape.wo % 2 == 0
+    if widest and not (geom.cin * geom.cout <= WINOGRAD_DW_WIDEST_MAX_WEIGHTS and whole and tiles >= WINOGRAD_DW_WIDEST_MIN_TILES):
         return False
-    if filter_grad and geom.cin * geom.cout > WINOGRAD_DW_MAX_WEIGHTS and tiles < WINOGRAD_DW_TILES_PER_WEIGHTS * weight_blocks:
+    if filter_grad and narrow and geom.cin * geom.cout > WINOGRAD_DW_MAX_WEIGHTS:
+        return False
+    if filter_grad and not widest and geom.cin * geom.cout > WINOGRAD_DW_MAX_WEIGHTS and tiles < WINOGRAD_DW_TILES_PER_WEIGHTS * weight_blocks:
         return False
     if narrow and not filter_grad and min(th, tw) < WINOGRAD_NARROW_MIN_TILES:
         return False
