@@ -30,11 +30,17 @@ def _memory(channels_last: bool):
     return torch.channels_last if channels_last else torch.contiguous_format
 
 
-@pytest.mark.parametrize("channels_last, bias, batch, size", list(itertools.product([False, True], [False, True], [1, 3], [(5, 7), (12, 11)])))
-def test_the_three_gemms_match_the_float64_convolution(channels_last, bias, batch, size):
+@pytest.mark.parametrize("channels_last, bias, batch, size, copies", [
+    case for case in itertools.product([False, True], [False, True], [1, 3], [(5, 7), (12, 11)], [False, True])
+    if not case[-1] or not case[0]])  # fmt: skip
+def test_the_three_gemms_match_the_float64_convolution(channels_last, bias, batch, size, copies, monkeypatch):
     """Both ways of an NCHW dW: one GEMM over copies (35 pixels an image) and a GEMM per image
-    accumulated (132 pixels, at least blas.ACCUMULATE_FROM)."""
+    accumulated (132 pixels, at least blas.ACCUMULATE_FROM); an NCHW forward and dX of 35 pixels
+    an image over copies too where ``copies`` lowers blas.COPIES_MIN_CHANNELS to these 24 and 40
+    channels."""
     assert 5 * 7 < blas.ACCUMULATE_FROM <= 12 * 11
+    monkeypatch.setattr(blas, "COPIES_MIN_CHANNELS", 24 if copies else blas.COPIES_MIN_CHANNELS)
+    assert blas._copies(torch.empty(batch, 24, *size), torch.empty(40, 24)) == (copies and batch > 1 and size == (5, 7))
     torch.manual_seed(batch)
     memory = _memory(channels_last)
     x = torch.randn(batch, 24, *size).to(memory_format=memory)

@@ -6,8 +6,9 @@ A float32 1x1 convolution at stride 1 without padding, not grouped (:func:`appli
 per GEMM of the step, over the pixels ``P = N*H*W``: the forward ``y (P, O) = x (P, C) @ w (O,
 C)^T``, dX ``(P, C) = dy (P, O) @ w``, dW ``(O, C) = dy^T @ x``. Channels-last tensors are those
 ``(P, C)`` matrices as they lie; contiguous (NCHW) ones are ``N`` matrices ``(C, H*W)``: the forward
-and dX a batched GEMM with the weights shared, dW a GEMM per image accumulated in place (one GEMM
-over channel-major copies of both for images of few pixels, :data:`ACCUMULATE_FROM`).
+and dX a batched GEMM with the weights shared, dW a GEMM per image accumulated in place; for images
+of few pixels (:data:`ACCUMULATE_FROM`) dW one GEMM over channel-major copies of both, and the
+forward and dX of a wide layer (:data:`COPIES_MIN_CHANNELS`) one GEMM over a copy too.
 On an Intel core (an Emerald Rapids guest, 2 cores, 2026-12-01) MKL's sgemm ran ResNet-50's and
 MobileNetV2's 1x1 layers 1.1-2x faster than both the package's cube and oneDNN's 1x1 convolution
 (ResNet-50's 512 -> 128 on 28x28, N=8, channels-last: forward / dX / dW 3.3 / 3.3 / 3.2 ms against the
@@ -32,6 +33,36 @@ rather than one GEMM over channel-major copies of dy and x (the copies read and 
 An Emerald Rapids guest (2 cores), dX + dW at N=8, per image / copies: ResNet-50's 512 -> 256 on
 28x28 16.1 / 23.0 ms, 256 -> 64 on 56x56 12.0 / 21.1, 1024 -> 256 on 14x14 9.2 / 10.8, 2048 -> 512
 on 7x7 13.5 / 12.5; MobileNetV2's 96 -> 24 on 56x56 N=32 23.1 / 37.4."""
+
+
+COPIES_MIN_CHANNELS = 512
+"""Fewest channels on each side for an NCHW forward or dX of fewer than :data:`ACCUMULATE_FROM`
+pixels an image to run as one GEMM over a channel-major copy of its operand (the result copied
+back), rather than a GEMM per image of so few columns. The Emerald Rapids guest (2 cores,
+2026-12-02), dX / forward ms, GEMM per image against copies: ResNet-50's 512 -> 2048 on 7x7 N=8
+5.42 / 4.89 -> 3.96 / 3.58 (PyTorch's convolution 4.52 / 4.02), 2048 -> 512 5.64 / 4.91 -> 3.90 /
+3.75; with fewer channels the copies cost what the wider GEMM saves or more: MobileNetV2's 960 ->
+320 on 4x4 N=32 2.58 / 2.20 -> 2.59 / 2.50, 384 -> 64 on 7x7 0.62 / 0.60 -> 0.83 / 0.79."""
+
+
+def _few_pixels(t: torch.Tensor) -> bool:
+    """Whether an NCHW tensor's images have fewer than :data:`ACCUMULATE_FROM` pixels each."""
+    return t.shape[0] > 1 and t.shape[2] * t.shape[3] < ACCUMULATE_FROM
+
+
+def _planar_gemm(w2: torch.Tensor, t: torch.Tensor, copies: bool) -> torch.Tensor:
+    """``(N, O, H, W)`` with ``out[n] = w2 (O, C) @ t[n] (C, H*W)`` of an NCHW ``t``: a GEMM per image,
+    or one GEMM over a channel-major copy of ``t`` (``copies``, see :data:`COPIES_MIN_CHANNELS`)."""
+    n, c, h, w = t.shape
+    if not copies:
+        return torch.matmul(w2, t.reshape(n, c, h * w)).view(n, -1, h, w)
+    rows = torch.mm(w2, t.transpose(0, 1).reshape(c, n * h * w))
+    return rows.view(-1, n, h, w).transpose(0, 1).contiguous()
+
+
+def _copies(t: torch.Tensor, w2: torch.Tensor) -> bool:
+    """Whether :func:`_planar_gemm` of ``w2`` over ``t`` runs over copies."""
+    return _few_pixels(t) and min(w2.shape) >= COPIES_MIN_CHANNELS
 
 
 def applies(input: torch.Tensor, weight: torch.Tensor, stride, pads, groups: int) -> bool:
@@ -60,10 +91,10 @@ def forward(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     if channels_last:
         x2 = _pixels(input)
         return _from_pixels(torch.mm(x2, w2.t()) if bias is None else torch.addmm(bias, x2, w2.t()), n, h, w)
-    y = torch.matmul(w2, input.reshape(n, c, h * w))
+    y = _planar_gemm(w2, input, _copies(input, w2))
     if bias is not None:
-        y += bias[:, None]
-    return y.view(n, -1, h, w)
+        y += bias[:, None, None]
+    return y
 
 
 def _planar_weight_grad(dy3: torch.Tensor, x3: torch.Tensor) -> torch.Tensor:
@@ -72,7 +103,7 @@ def _planar_weight_grad(dy3: torch.Tensor, x3: torch.Tensor) -> torch.Tensor:
     :data:`ACCUMULATE_FROM` pixels (both operands as they lie), else one GEMM over channel-major
     copies of both (a GEMM of few pixels a step runs below MKL's speed)."""
     n, pixels = x3.shape[0], x3.shape[2]
-    if n > 1 and pixels < ACCUMULATE_FROM:
+    if n > 1 and pixels < ACCUMULATE_FROM:  # (as _few_pixels)
         return torch.mm(dy3.transpose(0, 1).reshape(dy3.shape[1], -1), x3.transpose(0, 1).reshape(x3.shape[1], -1).t())
     rows = torch.mm(dy3[0], x3[0].t())
     for image in range(1, n):
@@ -103,7 +134,7 @@ def gradients(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tens
             return grad_input, grad_weight
         dy3 = grad_output.reshape(n, o, h * w)
         if dx:
-            grad_input = torch.matmul(w2.t(), dy3).view(n, c, h, w)
+            grad_input = _planar_gemm(w2.t(), grad_output, _copies(grad_output, w2))
         if dw:
             grad_weight = _planar_weight_grad(dy3, input.reshape(n, c, h * w)).view(o, c, 1, 1)
         return grad_input, grad_weight
