@@ -45,9 +45,9 @@ back), rather than a GEMM per image of so few columns. The Emerald Rapids guest 
 320 on 4x4 N=32 2.58 / 2.20 -> 2.59 / 2.50, 384 -> 64 on 7x7 0.62 / 0.60 -> 0.83 / 0.79."""
 
 
-def _few_pixels(t: torch.Tensor) -> bool:
-    """Whether an NCHW tensor's images have fewer than :data:`ACCUMULATE_FROM` pixels each."""
-    return t.shape[0] > 1 and t.shape[2] * t.shape[3] < ACCUMULATE_FROM
+def _few_pixels(images: int, pixels: int) -> bool:
+    """Whether a batch of several ``images`` has fewer than :data:`ACCUMULATE_FROM` ``pixels`` an image."""
+    return images > 1 and pixels < ACCUMULATE_FROM
 
 
 def _planar_gemm(w2: torch.Tensor, t: torch.Tensor, copies: bool) -> torch.Tensor:
@@ -62,7 +62,7 @@ def _planar_gemm(w2: torch.Tensor, t: torch.Tensor, copies: bool) -> torch.Tenso
 
 def _copies(t: torch.Tensor, w2: torch.Tensor) -> bool:
     """Whether :func:`_planar_gemm` of ``w2`` over ``t`` runs over copies."""
-    return _few_pixels(t) and min(w2.shape) >= COPIES_MIN_CHANNELS
+    return _few_pixels(t.shape[0], t.shape[2] * t.shape[3]) and min(w2.shape) >= COPIES_MIN_CHANNELS
 
 
 def applies(input: torch.Tensor, weight: torch.Tensor, stride, pads, groups: int) -> bool:
@@ -102,11 +102,10 @@ def _planar_weight_grad(dy3: torch.Tensor, x3: torch.Tensor) -> torch.Tensor:
     H*W)``: a GEMM per image accumulated in place where an image has at least
     :data:`ACCUMULATE_FROM` pixels (both operands as they lie), else one GEMM over channel-major
     copies of both (a GEMM of few pixels a step runs below MKL's speed)."""
-    n, pixels = x3.shape[0], x3.shape[2]
-    if n > 1 and pixels < ACCUMULATE_FROM:  # (as _few_pixels)
+    if _few_pixels(x3.shape[0], x3.shape[2]):
         return torch.mm(dy3.transpose(0, 1).reshape(dy3.shape[1], -1), x3.transpose(0, 1).reshape(x3.shape[1], -1).t())
     rows = torch.mm(dy3[0], x3[0].t())
-    for image in range(1, n):
+    for image in range(1, x3.shape[0]):
         rows.addmm_(dy3[image], x3[image].t())
     return rows
 
