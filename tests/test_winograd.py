@@ -141,10 +141,11 @@ def _geometry(cin=64, cout=64, h=56, w=56, kernel=(3, 3), strides=(1, 1), pads=(
     return ConvGeometry(batch, cin, h, w, cout, kernel[0], kernel[1], ho, wo, strides, pads, dilations, groups)
 
 
-def test_winograd_applies_to_float32_3x3_stride_1_layers():
+def test_winograd_applies_to_float32_and_bfloat16_3x3_stride_1_layers():
     assert winograd_applies(_geometry(), "float32") and winograd_applies(_geometry(), "float32", input_grad=True)
+    assert winograd_applies(_geometry(), "bfloat16")  # read widened to fp32
     for geom, dtype in [
-        (_geometry(), "bfloat16"), (_geometry(kernel=(5, 5), pads=(2, 2, 2, 2)), "float32"), (_geometry(strides=(2, 2)), "float32"),
+        (_geometry(), "float16"), (_geometry(strides=(2, 2)), "bfloat16"), (_geometry(kernel=(5, 5), pads=(2, 2, 2, 2)), "float32"), (_geometry(strides=(2, 2)), "float32"),
         (_geometry(dilations=(2, 2), pads=(2, 2, 2, 2)), "float32"), (_geometry(groups=2), "float32"), (_geometry(cin=24), "float32"),
         (_geometry(h=1, w=7, pads=(0, 0, 1, 1)), "float32"), (_geometry(pads=(3, 3, 3, 3)), "float32"),
     ]:  # fmt: skip
@@ -217,7 +218,7 @@ def test_auto_on_avx2_keeps_the_cube_for_a_planar_dw(data_format):
 
 @pytest.mark.parametrize("algorithm, extra, message", [
     ("fast", {}, "must be one of ['direct', 'winograd', 'auto']"),
-    ("winograd", {"strides": [2, 2]}, "applies to float32 3x3 convolutions at stride 1"),
+    ("winograd", {"strides": [2, 2]}, "applies to float32 or bfloat16 3x3 convolutions at stride 1"),
     ("winograd", {"post_ops": [onednn.PostOp("relu")]}, "no post-ops"),
 ])  # fmt: skip
 def test_an_algorithm_that_cannot_run_is_a_clear_error(algorithm, extra, message):
@@ -412,3 +413,31 @@ def test_auto_dw_takes_winograd_up_to_256_channels_on_avx512(batch, size, channe
         x, dy = te.placeholder(shape, "float32", name="src"), te.placeholder(shape, "float32", name="diff_dst")
         result = onednn.convolution_backward_weights(x, dy, [channels, channels, 3, 3], algorithm="auto", **kw)
     assert _runs_winograd(result) == choice
+
+
+@pytest.mark.parametrize("op, data_format", [("fwd", "NXC"), ("data", "NCX"), ("conv_v2", "NXC"), ("conv_v2", "NCX")])
+def test_bf16_winograd_matches_the_reference(op, data_format):
+    """bf16 tensors through F(2x2, 3x3): read widened to fp32, the transforms and sums in fp32, the
+    result rounded once to bf16, within the bf16 bound of the direct kernels."""
+    from dataclasses import replace
+
+    kernel = _run(replace(_case(op, 2, 32, 48, (8, 10), data_format=data_format, weights_format="OIX"), dtype="bfloat16"))
+    assert kernel.formulation == "winograd"
+
+
+@pytest.mark.parametrize("mcpu, forward, gradients", [("cooperlake", True, True), ("icelake-server", True, True), ("sapphirerapids", True, False),
+                                                      ("znver4", False, False)])  # fmt: skip
+def test_auto_takes_winograd_for_bf16_where_the_target_runs_the_exact_path(mcpu, forward, gradients):
+    """``"auto"`` on bf16 tensors: F(2x2, 3x3) where the target runs bf16 on the exact path (fp32
+    FMAs: Cooper Lake, whose ``vdpbf16ps`` runs at half the FMA's rate, and AVX-512 without
+    AVX512-BF16); on Sapphire Rapids the forward only (its dX and dW on AMX tiles); on Zen 4 none
+    (its bf16 pairs on ``vdpbf16ps``)."""
+    shape, wshape = (8, 28, 28, 64), (64, 64, 3, 3)
+    kw = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], data_format="NXC", weights_format="OIX")
+    with _cpu(mcpu):
+        x, dy = te.placeholder(shape, "bfloat16", name="src"), te.placeholder(shape, "bfloat16", name="diff_dst")
+        w = te.placeholder(wshape, "bfloat16", name="weights")
+        choices = (_runs_winograd(onednn.convolution(x, w, algorithm="auto", **kw)),
+                   _runs_winograd(onednn.convolution_backward_data(dy, w, list(shape), algorithm="auto", **kw)),
+                   _runs_winograd(onednn.convolution_backward_weights(x, dy, list(wshape), algorithm="auto", **kw)))  # fmt: skip
+    assert choices == (forward, gradients, gradients)

@@ -67,7 +67,7 @@ def _filter_grad(op: str, x: te.Tensor, dy: te.Tensor, view: ConvView, data_form
     params = view.params(kernel_name)
     if use_winograd(op, algorithm, view, filter_grad=True, planar=data_format == "NCX"):
         attrs = {"kernel_name": kernel_name, "flops": params.flops, "weights_format": weights_format}
-        result = winograd_filter_grad_result(x, dy, view, data_format, weights_format, shape, DIFF_WEIGHTS, attrs)
+        result = winograd_filter_grad_result(x, dy, view, data_format, weights_format, shape, DIFF_WEIGHTS, attrs, dw_dtype)
         return attach(result, params, inputs, FrameworkCall(op, view, data_format, weights_format))
     cout_innermost = weights_format in _COUT_INNERMOST  # the pair tile turned to write rows of it
     dw = conv2d_backprop_filter_compute(as_5hd(x, data_format, FMAP_5HD), as_5hd(dy, data_format, DY_5HD), params, bf16_pairs, cout_innermost, amx,

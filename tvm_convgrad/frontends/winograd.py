@@ -10,7 +10,8 @@ An operator asks for it with its ``algorithm`` (oneDNN's ``convolution_direct``,
   apply (:func:`~tvm_convgrad.dsl.compute.winograd.winograd_applies`);
 * ``"auto"``: F(2x2, 3x3) where it applies and pays (:func:`~tvm_convgrad.dsl.compute.winograd.winograd_pays`)
   on the target the kernel is for (the one in scope, ``with target:``, else this CPU: ``"llvm"``),
-  else the cube: what the training clients run.
+  else the cube: what the training clients run. A bf16 one where the target would run it on the
+  exact path (:func:`_exact_bf16`), its sums in fp32 as there.
 """
 
 from __future__ import annotations
@@ -45,12 +46,24 @@ def use_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = Fal
     geom = view.geometry()
     applies = winograd_applies(geom, view.dtype, input_grad)
     if algorithm == "winograd" and not applies:
-        raise ConvGradError(op, "algorithm", algorithm, "applies to float32 3x3 convolutions at stride 1 without dilation or groups, "
-                            "pads of at most 2, whole 16-channel blocks and an output of at least 2 x 2")  # fmt: skip
+        raise ConvGradError(op, "algorithm", algorithm, "applies to float32 or bfloat16 3x3 convolutions at stride 1 without dilation or "
+                            "groups, pads of at most 2, whole 16-channel blocks and an output of at least 2 x 2")  # fmt: skip
     if not applies or algorithm == "winograd":
         return applies
     plan = _cpu_plan()
+    if view.dtype != "float32" and not _exact_bf16(plan, input_grad or filter_grad):
+        return False
     return winograd_pays(geom, input_grad, filter_grad, plan is not None and plan.registers_per_row > 1, planar)
+
+
+def _exact_bf16(plan, gradient: bool) -> bool:
+    """Whether a CPU of ``plan`` runs a bf16 forward (``gradient``: dX or dW) on the exact path
+    (bf16 widened to fp32, fp32 FMAs), which F(2x2, 3x3) replaces by choice: not where
+    ``vdpbf16ps`` pays (Zen 4/5: the bf16-pair form) nor a gradient on AMX tiles (3-11x
+    ``vdpbf16ps`` there). An Emerald Rapids guest (2 cores, 2026-12-02), bf16 NCHW, F(2x2, 3x3) against the
+    exact cube, forward / dX: 64 -> 64 on 28x28 N=32 9.9 / 9.5 against 15.6 / 13.7 ms (PyTorch's
+    22.9 / 22.8), 128 on 14x14 5.5 / 5.5 against 10.0 / 10.8, 256 on 7x7 7.4 / 7.0 against 10.6 / 12.2."""
+    return plan is not None and not plan.bf16_dot_pays and not (gradient and plan.amx_bf16)
 
 
 def _cpu_plan():
@@ -121,13 +134,14 @@ def winograd_data_grad(dy: te.Tensor, weights: te.Tensor, view: ConvView, data_f
 
 
 def winograd_filter_grad_result(x: te.Tensor, dy: te.Tensor, view: ConvView, data_format: str, weights_format: str, shape, name: str,
-                                attrs: dict) -> te.Tensor:  # fmt: skip
+                                attrs: dict, dtype: str | None = None) -> te.Tensor:  # fmt: skip
     """The weight gradient of ``shape`` in ``weights_format`` by F(2x2, 3x3) transposed
-    (:func:`~tvm_convgrad.dsl.compute.winograd.winograd_filter_grad`), rounded once to the type."""
+    (:func:`~tvm_convgrad.dsl.compute.winograd.winograd_filter_grad`), rounded once to ``dtype``
+    (None: the inputs' type; a bf16 call's ``"float32"``: its sums unrounded)."""
     w = winograd_filter_grad(_activation(x, data_format), _activation(dy, data_format), forward_shape(view.geometry()), data_format == "NCX")
 
     def value(*index):
         o, i, (kh, kw) = split_weights(index, weights_format)
-        return w[weight_index(o, i, kh, kw)].astype(view.dtype)
+        return w[weight_index(o, i, kh, kw)].astype(dtype or view.dtype)
 
     return te.compute(tuple(shape), value, name=name, attrs=attrs)

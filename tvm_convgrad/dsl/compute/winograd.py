@@ -64,7 +64,7 @@ from .common import ACC
 from .stages import FORMULATION, MAD_TAG, WINO_D, WINO_DW, WINO_DYW, WINO_M, WINO_U, WINO_V, WINO_W, WINO_X, WINO_Y, Formulation
 
 __all__ = ["ALPHA", "WINOGRAD_DW_MAX_WEIGHTS", "WINOGRAD_DW_TILES_PER_WEIGHTS", "WINOGRAD_DW_WIDE_MAX_WEIGHTS", "WINOGRAD_DW_WIDEST_MAX_WEIGHTS",
-           "WINOGRAD_DW_WIDEST_MIN_TILES", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_NARROW_MIN_TILES", "WINOGRAD_MIN_TILES", "WINOGRAD_TILES_PER_WEIGHTS", "WinogradShape", "forward_shape", "input_grad_shape", "output_index", "weight_index",
+           "WINOGRAD_DW_WIDEST_MIN_TILES", "WINOGRAD_DTYPES", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_NARROW_MIN_TILES", "WINOGRAD_MIN_TILES", "WINOGRAD_TILES_PER_WEIGHTS", "WinogradShape", "forward_shape", "input_grad_shape", "output_index", "weight_index",
            "input_tiles", "weight_tiles", "winograd_applies", "winograd_conv", "winograd_filter_grad", "winograd_pays"]
 
 ALPHA = 4
@@ -177,11 +177,16 @@ def input_grad_shape(geom) -> WinogradShape:
     return WinogradShape(geom.batch, geom.cout, geom.cin, geom.ho, geom.wo, tuple(2 - p for p in geom.pads))
 
 
+WINOGRAD_DTYPES = (ACC, "bfloat16")
+"""The tensor types F(2x2, 3x3) takes: fp32, and bf16 read widened to fp32 (the transforms and sums
+in fp32, the result rounded once to its type)."""
+
+
 def winograd_applies(geom, dtype: str, input_grad: bool = False) -> bool:
-    """Whether the forward (``input_grad``: the dX) of ``geom`` can run as F(2x2, 3x3): fp32, a
-    2-D 3x3 kernel at stride 1 without dilation or groups, pads of at most 2, whole 16-channel
-    blocks each side, and an output of at least 2 x 2."""
-    if dtype != ACC or geom.depth is not None or (geom.kh, geom.kw) != (3, 3) or geom.strides != (1, 1) or geom.dilations != (1, 1):
+    """Whether the forward (``input_grad``: the dX) of ``geom`` can run as F(2x2, 3x3): one of
+    :data:`WINOGRAD_DTYPES`, a 2-D 3x3 kernel at stride 1 without dilation or groups, pads of at
+    most 2, whole 16-channel blocks each side, and an output of at least 2 x 2."""
+    if dtype not in WINOGRAD_DTYPES or geom.depth is not None or (geom.kh, geom.kw) != (3, 3) or geom.strides != (1, 1) or geom.dilations != (1, 1):
         return False
     if geom.groups != 1 or geom.cin % C0 or geom.cout % C0 or not all(0 <= p <= 2 for p in geom.pads):
         return False
