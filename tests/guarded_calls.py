@@ -230,6 +230,18 @@ FIXED = {
                                  weights_format="OIX", effective_pads=(0, 2), algorithm="winograd"),  # fmt: skip
     "dx-nxc-winograd-xio": Case("data", 2, 32, 48, 1, (6, 8), (6, 8), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), weights_format="XIO",
                                 effective_pads=(1, 1), algorithm="winograd"),  # fmt: skip
+    # ... bf16 through F(2x2, 3x3) (read widened to fp32, the result rounded once): a forward with a bias, a dX, dWs over odd and
+    # even outputs; and a dW of 256 x 256 weights a tap (AVX-512's "auto" takes it on enough tiles)
+    "fwd-ncx-winograd-bf16": Case("fwd", 2, 32, 48, 1, (8, 10), (8, 10), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
+                                  weights_format="OIX", bias=True, dtype="bfloat16", effective_pads=(1, 1), algorithm="winograd"),  # fmt: skip
+    "dx-nxc-winograd-bf16": Case("data", 2, 32, 48, 1, (7, 9), (7, 9), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), dtype="bfloat16",
+                                 effective_pads=(1, 1), algorithm="winograd"),  # fmt: skip
+    "dw-ncx-winograd-bf16-odd": Case("conv_v2", 3, 32, 16, 1, (7, 9), (7, 9), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
+                                     weights_format="OIX", dtype="bfloat16", effective_pads=(1, 1), algorithm="winograd"),  # fmt: skip
+    "dw-nxc-winograd-bf16": Case("conv_v2", 2, 16, 48, 1, (8, 10), (8, 10), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), weights_format="OXI",
+                                 dtype="bfloat16", effective_pads=(1, 1), algorithm="winograd"),  # fmt: skip
+    "dw-ncx-winograd-256": Case("conv_v2", 2, 256, 256, 1, (14, 14), (14, 14), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
+                                weights_format="OIX", effective_pads=(1, 1), algorithm="winograd"),  # fmt: skip
     # the bf16 pair form by live-tap regions across the images (4x4 maps of 4 images: each region's tiles span them), NCX and NXC
     "pairs-fwd-ncx-4x4-regions": Case("fwd", 4, 32, 48, 1, (4, 4), (4, 4), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
                                       weights_format="OIX", dtype="bfloat16", effective_pads=(1, 1)),  # fmt: skip
