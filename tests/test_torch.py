@@ -440,7 +440,7 @@ def test_a_64_channel_3x3_layer_runs_winograd_for_its_three_gemms():
     the cube: ``winograd_pays``' ``planar``); 128 channels keep the cube's dW; a bf16 dX takes
     F(2x2, 3x3) where this host runs bf16 on the exact path, else the cube's bf16 pairs or AMX tiles."""
     from tvm_convgrad.compile import resolve_target
-    from tvm_convgrad.frontends.winograd import _exact_bf16
+    from tvm_convgrad.frontends.winograd import exact_bf16
     from tvm_convgrad.isa import isa_plan
 
     plan = isa_plan(resolve_target("llvm"))
@@ -453,7 +453,7 @@ def test_a_64_channel_3x3_layer_runs_winograd_for_its_three_gemms():
     assert weight_grad_kernel(call).formulation == "cube"
     call = conv_call((2, 64, 12, 12), (64, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, torch.bfloat16, False)
     formulation = input_grad_kernel(call).formulation
-    assert formulation == "winograd" if _exact_bf16(plan, gradient=True) else formulation.startswith("cube")
+    assert formulation == "winograd" if exact_bf16(plan, gradient=True) else formulation.startswith("cube")
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ An operator asks for it with its ``algorithm`` (oneDNN's ``convolution_direct``,
 * ``"auto"``: F(2x2, 3x3) where it applies and pays (:func:`~tvm_convgrad.dsl.compute.winograd.winograd_pays`)
   on the target the kernel is for (the one in scope, ``with target:``, else this CPU: ``"llvm"``),
   else the cube: what the training clients run. A bf16 one where the target would run it on the
-  exact path (:func:`_exact_bf16`), its sums in fp32 as there.
+  exact path (:func:`exact_bf16`), its sums in fp32 as there.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ..isa import isa_plan
 from ..params.framework import ConvView, split_weights, weights_index
 from ..params.onednn import algorithm_choice
 
-__all__ = ["use_winograd", "winograd_data_grad", "winograd_filter_grad_result", "winograd_forward"]
+__all__ = ["exact_bf16", "use_winograd", "winograd_data_grad", "winograd_filter_grad_result", "winograd_forward"]
 
 
 def use_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = False, post_ops: Sequence = (), filter_grad: bool = False,
@@ -51,12 +51,12 @@ def use_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = Fal
     if not applies or algorithm == "winograd":
         return applies
     plan = _cpu_plan()
-    if view.dtype != "float32" and not _exact_bf16(plan, input_grad or filter_grad):
+    if view.dtype != "float32" and not exact_bf16(plan, input_grad or filter_grad):
         return False
     return winograd_pays(geom, input_grad, filter_grad, plan is not None and plan.registers_per_row > 1, planar)
 
 
-def _exact_bf16(plan, gradient: bool) -> bool:
+def exact_bf16(plan, gradient: bool) -> bool:
     """Whether a CPU of ``plan`` runs a bf16 forward (``gradient``: dX or dW) on the exact path
     (bf16 widened to fp32, fp32 FMAs), which F(2x2, 3x3) replaces by choice: not where
     ``vdpbf16ps`` pays (Zen 4/5: the bf16-pair form) nor a gradient on AMX tiles (3-11x
