@@ -78,8 +78,12 @@ def test_the_step_bench_times_both_and_profiles_them(tmp_path):
     ours_inside = sum(ms for name, ms in row["ours_profile"] if name.startswith("tvm_convgrad::") or name in ("aten::mkldnn_convolution", "aten::mm"))
     stock_inside = sum(ms for name, ms in row["stock_profile"] if name in ("aten::mkldnn_convolution", "aten::convolution_backward"))
     assert row["ours_conv_ms"] >= ours_inside > 0 and row["stock_conv_ms"] >= stock_inside > 0
+    # the step's ceiling: stock's convolutions replaced by their least time on this host's roofline
+    assert row["conv_bound_ms"] > 0 and "GB/s" in row["host"]
+    assert row["ceiling"] == pytest.approx(row["stock_ms"] / (row["stock_ms"] - row["stock_conv_ms"] + row["conv_bound_ms"]))
     report = (tmp_path / "steps.md").read_text()
     assert "| resnet18 | 2 x 32x32 | channels-last | f32 |" in report and "stock operator" in report and "page faults / step" in report
+    assert f"| {row['ceiling']:.2f} |" in report and "at this host's roofline" in report
 
 
 @pytest.mark.parametrize("option, value", [("--nets", "vgg"), ("--sizes", "8"), ("--layouts", "nhwc"), ("--dtypes", "float16")])

@@ -26,6 +26,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .roofline import Roofline, ceiling, conv_bound_ms, measure
+from .torch_backward import net_layers
+
 try:
     import resource
 except ImportError:  # (not on Windows: no fault counts)
@@ -71,11 +74,21 @@ class StepResult:
     ours_faults: list[int] = field(default_factory=list)
     stock_conv_ms: float = 0.0  # the convolutions' whole time per profiled step (see conv_ms)
     ours_conv_ms: float = 0.0
+    conv_bound_ms: float = 0.0  # the least they could take on this host (roofline.conv_bound_ms); 0: not computed
+    host: str = ""  # that roofline's two rates
 
     @property
     def ratio(self) -> float:
         """stock / drop-in (above 1: the drop-in trains faster)."""
         return self.stock_ms / self.ours_ms
+
+    @property
+    def ceiling(self) -> float:
+        """The most any drop-in convolution could make of :attr:`ratio` on this host
+        (:func:`.roofline.ceiling`); 0 where the step was not profiled or bounded."""
+        if not (self.stock_conv_ms and self.conv_bound_ms):
+            return 0.0
+        return ceiling(self.stock_ms, self.stock_conv_ms, self.conv_bound_ms)
 
 
 def configs(nets, sizes, layouts, dtypes) -> list[StepConfig]:
@@ -161,9 +174,11 @@ def _profile(step, steps: int) -> tuple[list[tuple[str, float]], float]:
     return sorted(rows, key=lambda r: -r[1]), conv_ms(prof.events(), steps)
 
 
-def time_steps(config: StepConfig, rounds: int = 9, warmup: int = 2, profile_steps: int = 2, log=print) -> StepResult:
+def time_steps(config: StepConfig, rounds: int = 9, warmup: int = 2, profile_steps: int = 2, log=print,
+               host: Roofline | None = None) -> StepResult:  # fmt: skip
     """Medians of ``rounds`` interleaved steps of stock and drop-in (after ``warmup`` steps of
-    each, which build the kernels), and ``profile_steps`` profiled steps of each."""
+    each, which build the kernels), and ``profile_steps`` profiled steps of each; with the
+    ``host``'s roofline, the least the step's convolutions could take (:mod:`.roofline`)."""
     stock, ours = trainers(config)
     for _ in range(warmup):
         stock()
@@ -180,6 +195,8 @@ def time_steps(config: StepConfig, rounds: int = 9, warmup: int = 2, profile_ste
     if profile_steps:
         result.stock_profile, result.stock_conv_ms = _profile(stock, profile_steps)
         result.ours_profile, result.ours_conv_ms = _profile(ours, profile_steps)
+    if host is not None:
+        result.conv_bound_ms, result.host = conv_bound_ms(net_layers(config.net, config.batch, config.size), host), str(host)
     log(f"{config.name:52s} stock {result.stock_ms:8.1f} ms   drop-in {result.ours_ms:8.1f} ms   stock/drop-in {result.ratio:.2f}")
     return result
 
@@ -194,16 +211,18 @@ def report(results: list[StepResult], top: int = 8) -> str:
     """Markdown: the table of steps, then each configuration's largest operators on both sides."""
     from ..torch.openmp import using_pytorch_threads
 
-    lines = ["| network | batch x size | layout | type | stock ms/step | drop-in ms/step | stock / drop-in | page faults / step, stock / drop-in |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| network | batch x size | layout | type | stock ms/step | drop-in ms/step | stock / drop-in | ceiling | page faults / step, stock / drop-in |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in results:
         c = r.config
         lines.append(f"| {c.net} | {c.batch} x {c.size}x{c.size} | {'channels-last' if c.channels_last else 'NCHW'} | "
-                     f"{'bf16 autocast' if c.dtype == 'bfloat16' else 'f32'} | {r.stock_ms:.1f} | {r.ours_ms:.1f} | **{r.ratio:.2f}** | "
+                     f"{'bf16 autocast' if c.dtype == 'bfloat16' else 'f32'} | {r.stock_ms:.1f} | {r.ours_ms:.1f} | **{r.ratio:.2f}** | {f'{r.ceiling:.2f}' if r.ceiling else '-'} | "
                      f"{_faults(r.stock_faults)} / {_faults(r.ours_faults)} |")  # fmt: skip
     ratios = [r.ratio for r in results]
     lines += ["", f"geomean stock / drop-in {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f} over {len(results)} configurations "
-              f"(min {min(ratios):.2f}); the drop-in's kernels on PyTorch's OpenMP threads: {using_pytorch_threads()}", ""]  # fmt: skip
+              f"(min {min(ratios):.2f}); the drop-in's kernels on PyTorch's OpenMP threads: {using_pytorch_threads()}",
+              "", "ceiling: the most any convolution kernel could make of stock / drop-in on this host: every convolution, "
+              "forward and backward, at its roofline (tvm_convgrad.training.roofline)", ""]  # fmt: skip
     for r in results:
         if not r.stock_profile:
             continue
@@ -211,7 +230,8 @@ def report(results: list[StepResult], top: int = 8) -> str:
         for (a, ta), (b, tb) in zip(r.stock_profile[:top], r.ours_profile[:top]):
             lines.append(f"| `{a}` | {ta:.2f} | `{b}` | {tb:.2f} |")
         lines += ["", f"convolutions (forward and gradients, all they run): stock {r.stock_conv_ms:.1f} ms/step, "
-                  f"drop-in {r.ours_conv_ms:.1f} ms/step (profiled steps, profiler overhead included)", ""]  # fmt: skip
+                  f"drop-in {r.ours_conv_ms:.1f} ms/step (profiled steps, profiler overhead included)"
+                  + (f"; at this host's roofline ({r.host}) at least {r.conv_bound_ms:.1f} ms/step" if r.conv_bound_ms else ""), ""]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -222,11 +242,13 @@ def main(nets=("resnet18", "mobilenet_v2"), sizes=SIZES, layouts=("nchw", "chann
 
     import torch
 
-    results = [time_steps(c, rounds, log=log) for c in configs(nets, sizes, layouts, dtypes)]
+    hosts = {dtype: measure(dtype) for dtype in dtypes}
+    log("this host's roofline: " + "; ".join(f"{dtype}: {host}" for dtype, host in hosts.items()))
+    results = [time_steps(c, rounds, log=log, host=hosts[c.dtype]) for c in configs(nets, sizes, layouts, dtypes)]
     out.mkdir(parents=True, exist_ok=True)
     header = f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}\n\n"
     (out / "steps.md").write_text(header + report(results) + "\n")
-    (out / "steps.json").write_text(json.dumps([{**asdict(r), "ratio": r.ratio} for r in results], indent=1))
+    (out / "steps.json").write_text(json.dumps([{**asdict(r), "ratio": r.ratio, "ceiling": r.ceiling} for r in results], indent=1))
     log(f"wrote {out / 'steps.md'} and {out / 'steps.json'}")
     return results
 

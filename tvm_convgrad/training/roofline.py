@@ -1,0 +1,104 @@
+"""How much faster any convolution kernel could make a training step on this host: the step's
+ceiling.
+
+Each convolution of a network (:func:`~tvm_convgrad.training.torch_backward.net_layers`) is
+bounded below by its roofline on this host (:func:`measure`): the bytes it must move at the
+bandwidth of a two-thread copy, or its FLOPs at ``torch.mm``'s best on squares, whichever is
+longer. The forward reads ``x`` and ``w`` and writes ``y``; the backward is bounded as one pass
+over ``dy`` computing dX and dW together (reads ``dy``, ``w``, ``x``; writes ``dx``, ``dw``),
+which no pair of separate GEMMs beats. A network's input takes no dX (as in
+:mod:`.torch_backward`, a layer of 3 input channels). Under bf16 autocast every tensor counts 2
+bytes (a result or a weight in fp32 moves more: the bound stays a bound) and the FLOPs run at
+bf16 ``torch.mm``'s best.
+
+If stock's step takes ``S`` ms of which its convolutions take ``C`` (the profiler's
+:func:`~tvm_convgrad.training.torch_step.conv_ms`), a drop-in whose convolutions all ran at their
+bound ``B`` would take ``S - C + B``: :func:`ceiling` is ``S / (S - C + B)``, the most any
+``nn.Conv2d`` replacement can gain on that step without touching the other operators
+(BatchNorm, activations, the optimizer) or fusing across them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+__all__ = ["Roofline", "ceiling", "conv_bound_ms", "layer_bound_s", "measure"]
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """This host's two rates: ``bytes_per_s`` (a copy's bytes read plus written per second, every
+    thread) and ``flops_per_s`` (``torch.mm``'s best) for tensors of ``element_bytes``."""
+
+    bytes_per_s: float
+    flops_per_s: float
+    element_bytes: int
+
+    def __str__(self) -> str:
+        return f"copy {self.bytes_per_s / 1e9:.1f} GB/s (read + written), torch.mm {self.flops_per_s / 1e9:.0f} GFLOP/s"
+
+
+def _best_s(fn, repeat: int) -> float:
+    """The shortest of ``repeat`` timed calls of ``fn`` (after one untimed)."""
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _copy_bytes_per_s(mib: int, repeat: int) -> float:
+    """A copy's bytes read plus written per second, ``mib`` MiB into a buffer already touched (no
+    page faults counted), the best of ``repeat``, on PyTorch's threads."""
+    import torch
+
+    source = torch.ones(mib << 20 >> 2)
+    target = torch.empty_like(source)
+    return 2 * source.numel() * 4 / _best_s(lambda: target.copy_(source), repeat)
+
+
+def measure(dtype: str = "float32", copy_mib: tuple[int, ...] = (32, 256), side: int = 2048, repeat: int = 5) -> Roofline:
+    """This host's :class:`Roofline` for ``dtype`` tensors: the fastest copy of each size in
+    ``copy_mib`` (a step's activations, 1-40 MB, may stay in a large L3: an Emerald Rapids guest
+    with 260 MB of it copied 32 MiB at up to 27 GB/s and 256 MiB at 14-19 GB/s; the faster rate
+    keeps the bound a bound), ``torch.mm`` of two ``side x side`` squares; the best of ``repeat``
+    each."""
+    import torch
+
+    tensor_type = getattr(torch, dtype)
+    square = torch.randn(side, side).to(tensor_type)
+    mm_s = _best_s(lambda: torch.mm(square, square), repeat)
+    copy_rate = max(_copy_bytes_per_s(mib, repeat) for mib in copy_mib)
+    return Roofline(copy_rate, 2 * side**3 / mm_s, torch.finfo(tensor_type).bits // 8)
+
+
+def layer_bound_s(layer, roofline: Roofline) -> float:
+    """Seconds one call of ``layer`` (a :class:`~tvm_convgrad.training.torch_backward.Layer`) takes
+    at least, forward and backward, on ``roofline``."""
+    n, c, h, w = layer.input_shape
+    k, s, p, d, g = layer.kernel, layer.stride, layer.padding, layer.dilation, layer.groups
+    ho, wo = ((side + 2 * p - d * (k - 1) - 1) // s + 1 for side in (h, w))
+    x, y, weight = n * c * h * w, n * layer.out_channels * ho * wo, layer.out_channels * (c // g) * k * k
+    flops = 2 * n * ho * wo * layer.out_channels * (c // g) * k * k
+    input_grad = c != 3
+
+    def bound(elements: int, products: int) -> float:
+        return max(elements * roofline.element_bytes / roofline.bytes_per_s, products / roofline.flops_per_s)
+
+    forward = bound(x + weight + y, flops)
+    backward = bound(y + x + weight + (x + weight if input_grad else 0), flops * (2 if input_grad else 1))
+    return forward + backward
+
+
+def conv_bound_ms(layers, roofline: Roofline) -> float:
+    """ms per step the convolutions of ``layers`` (each ``count`` times) take at least."""
+    return sum(layer.count * layer_bound_s(layer, roofline) for layer in layers) * 1e3
+
+
+def ceiling(stock_ms: float, stock_conv_ms: float, bound_ms: float) -> float:
+    """The step ratio stock / drop-in of a drop-in whose convolutions take ``bound_ms`` where
+    stock's take ``stock_conv_ms`` of its ``stock_ms``."""
+    return stock_ms / (stock_ms - stock_conv_ms + bound_ms)
