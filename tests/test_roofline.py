@@ -32,6 +32,18 @@ def test_a_compute_bound_layer_runs_its_three_gemms_at_the_peak():
     assert layer_bound_s(depthwise, COMPUTE_BOUND) == pytest.approx(3 * 2 * 196 * 32 * 9 / 1e9)
 
 
+def test_a_3x3_at_stride_1_counts_winograds_multiplies():
+    # F(2x2, 3x3): 16 multiplies for 2 x 2 outputs of 9 taps each, 36 direct
+    layer = Layer("dense", (2, 64, 14, 14), 64, 3, padding=1)
+    direct = 2 * 2 * 196 * 64 * 64 * 9
+    assert layer_bound_s(layer, COMPUTE_BOUND) == pytest.approx(3 * direct * 16 / 36 / 1e9)
+
+
+def test_the_best_of_two_measurements_takes_each_faster_rate():
+    slow_copy, slow_mm = Roofline(1e9, 5e11, 4), Roofline(3e9, 1e11, 4)
+    assert slow_copy.best(slow_mm) == slow_mm.best(slow_copy) == Roofline(3e9, 5e11, 4)
+
+
 def test_an_rgb_stem_takes_no_input_gradient():
     # 1 x 3 x 8x8 -> 8, 3x3 pad 1: x 192, y 512, w 216; its backward only dW (reads dy, x; writes dw)
     layer = Layer("stem", (1, 3, 8, 8), 8, 3, padding=1)

@@ -3,10 +3,13 @@ ceiling.
 
 Each convolution of a network (:func:`~tvm_convgrad.training.torch_backward.net_layers`) is
 bounded below by its roofline on this host (:func:`measure`): the bytes it must move at the
-bandwidth of a two-thread copy, or its FLOPs at ``torch.mm``'s best on squares, whichever is
-longer. The forward reads ``x`` and ``w`` and writes ``y``; the backward is bounded as one pass
-over ``dy`` computing dX and dW together (reads ``dy``, ``w``, ``x``; writes ``dx``, ``dw``),
-which no pair of separate GEMMs beats. A network's input takes no dX (as in
+bandwidth of a copy on PyTorch's threads, or its multiplies at ``torch.mm``'s best on squares,
+whichever is longer. The forward reads ``x`` and ``w`` and writes ``y``; the backward is bounded as
+one pass over ``dy`` computing dX and dW together (reads ``dy``, ``w``, ``x``; writes ``dx``,
+``dw``), which no pair of separate GEMMs beats. A 3x3 layer at stride 1, undilated and ungrouped,
+of whole 16-channel blocks each side, counts the multiplies of Winograd's F(2x2, 3x3) (:data:`WINOGRAD_3X3`, the package's own way of
+it): the bound holds for the algorithms the package runs, not for larger Winograd tiles. A
+network's input takes no dX (as in
 :mod:`.torch_backward`, a layer of 3 input channels). Under bf16 autocast every tensor counts 2
 bytes (a result or a weight in fp32 moves more: the bound stays a bound) and the FLOPs run at
 bf16 ``torch.mm``'s best.
@@ -23,7 +26,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-__all__ = ["Roofline", "ceiling", "conv_bound_ms", "layer_bound_s", "measure"]
+from ..layout import C0
+
+__all__ = ["WINOGRAD_3X3", "Roofline", "ceiling", "conv_bound_ms", "layer_bound_s", "measure"]
+
+WINOGRAD_3X3 = 2.25
+"""Direct multiplies per multiply of F(2x2, 3x3): (2 * 2 * 9) / (4 * 4)."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,11 @@ class Roofline:
 
     def __str__(self) -> str:
         return f"copy {self.bytes_per_s / 1e9:.1f} GB/s (read + written), torch.mm {self.flops_per_s / 1e9:.0f} GFLOP/s"
+
+    def best(self, other: "Roofline") -> "Roofline":
+        """The faster of each rate of two measurements (a shared host's rates swing 2x between
+        seconds: the fastest seen keeps the bound a bound)."""
+        return Roofline(max(self.bytes_per_s, other.bytes_per_s), max(self.flops_per_s, other.flops_per_s), self.element_bytes)
 
 
 def _best_s(fn, repeat: int) -> float:
@@ -83,6 +96,8 @@ def layer_bound_s(layer, roofline: Roofline) -> float:
     ho, wo = ((side + 2 * p - d * (k - 1) - 1) // s + 1 for side in (h, w))
     x, y, weight = n * c * h * w, n * layer.out_channels * ho * wo, layer.out_channels * (c // g) * k * k
     flops = 2 * n * ho * wo * layer.out_channels * (c // g) * k * k
+    if (k, s, d, g) == (3, 1, 1, 1) and c % C0 == 0 and layer.out_channels % C0 == 0:
+        flops /= WINOGRAD_3X3
     input_grad = c != 3
 
     def bound(elements: int, products: int) -> float:
