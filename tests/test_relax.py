@@ -431,7 +431,7 @@ def test_the_exported_step_bench_runs(capsys):
 def test_relax_chooses_winograd_for_the_target_it_builds_for():
     """``algorithm_for`` gives ``"auto"`` on a CPU, and the choice is the compile target's, not
     the host's: a 3x3 layer on 8x8 maps (4 tiles a side) runs F(2x2, 3x3) for AVX-512 and the cube
-    for AVX2 (:data:`~tvm_convgrad.dsl.compute.winograd.WINOGRAD_NARROW_MIN_TILES`), its forward
+    for AVX2 (:data:`~tvm_convgrad.dsl.compute.winograd_rules.WINOGRAD_NARROW_MIN_TILES`), its forward
     and dX alike; the dW by its own rule (128 x 128 weights: the cube)."""
     from tvm_convgrad import isa_target
     from tvm_convgrad.frontends.conv2d import Conv2dGradients

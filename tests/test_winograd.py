@@ -18,7 +18,8 @@ from framework_cases import Case, arrays, check, expected, placeholders
 from framework_cases import call as case_call
 from tvm_convgrad import ConvGradError, build, isa_target
 from tvm_convgrad.compile import Workload, resolve_target
-from tvm_convgrad.dsl.compute.winograd import WINOGRAD_MIN_TILES, WINOGRAD_TILES_PER_WEIGHTS, winograd_applies
+from tvm_convgrad.dsl.compute.winograd import winograd_applies
+from tvm_convgrad.dsl.compute.winograd_rules import WINOGRAD_MIN_TILES, WINOGRAD_TILES_PER_WEIGHTS
 from tvm_convgrad.frontends import onednn
 from tvm_convgrad.isa import PLANS, host_can_run, isa_plan
 from tvm_convgrad.params.geometry import ConvGeometry
@@ -62,6 +63,8 @@ _CASES = [
     ("conv_v2", 1, 48, 16, (14, 10), ((1, 1), (1, 1)), "NCX", "OIX", False),  # one image: its tile rows in parts
     ("conv_v2", 2, 16, 32, (7, 9), ((0, 2), (2, 0)), "NXC", "XIO", False),  # an odd dy (its tiles' last row and column 0), pads 0..2
     ("conv_v2", 2, 256, 256, (14, 14), ((1, 1), (1, 1)), "NCX", "OIX", False),  # 256 x 256 weights a tap (AVX-512's "auto" takes it on 384 tiles)
+    ("fwd", 2, 512, 512, (8, 8), ((1, 1), (1, 1)), "NXC", "OXI", False),  # 512 x 512 on few whole tiles (AVX-512's "auto" from 128 of them)
+    ("data", 8, 512, 512, (4, 4), ((1, 1), (1, 1)), "NCX", "OIX", False),  # ResNet-18's last 3x3 on 112x112 images (N=32 there)
 ]
 
 
@@ -180,7 +183,7 @@ def test_auto_on_avx2_takes_winograd_on_six_tiles_a_side_or_more(size, batch, wi
     F(2x2, 3x3) only with at least :data:`WINOGRAD_NARROW_MIN_TILES` 2x2 tiles a side (Zen 3: 8x8
     maps, 4 tiles a side, 0.83-0.85x the direct kernel; 12x12 1.4-1.5x); the same layers for
     AVX-512 (:data:`WINOGRAD_TILES_PER_WEIGHTS` decides) and the dW keep their rules."""
-    from tvm_convgrad.dsl.compute.winograd import WINOGRAD_NARROW_MIN_TILES
+    from tvm_convgrad.dsl.compute.winograd_rules import WINOGRAD_NARROW_MIN_TILES
 
     assert WINOGRAD_NARROW_MIN_TILES == 6
     shape, wshape = (batch, 128, size, size), (128, 128, 3, 3)
@@ -308,13 +311,19 @@ def _runs_winograd(result) -> bool:
 
 
 @pytest.mark.parametrize("batch, size, channels, choice", [(8, 14, 256, True), (4, 14, 256, True), (8, 7, 256, True), (32, 7, 256, True), (8, 28, 128, True),
-                                                          (8, 7, 512, False), (1, 14, 256, False)])  # fmt: skip
+                                                          (8, 7, 512, False), (1, 14, 256, False), (8, 8, 512, True), (32, 4, 512, True),
+                                                          (16, 4, 512, False), (2, 14, 512, False), (4, 8, 512, False)])  # fmt: skip
 def test_auto_takes_the_same_layers_on_amx_and_zen4_cores(batch, size, channels, choice):
     """``"auto"`` for an AMX core (two full-width FMA pipes) chooses F(2x2, 3x3) for the forward and
     the dX where a Zen 4 does: from :data:`WINOGRAD_TILES_PER_WEIGHTS` tiles per 64 x 64 block of
     weights (an Emerald Rapids measured 12-32 tiles per block at 1.2-1.6x the direct kernel once the
-    weights' transform ran in registers); 512 -> 512 on 7x7 N=8 (2 tiles per block) and one 14x14
-    image of 256 (3) keep the cube; the dW keeps its own rule on both."""
+    weights' transform ran in registers); 512 -> 512 on 7x7 N=8 (2 tiles per block, the last of each
+    row and column cut) and one 14x14 image of 256 (3) keep the cube; an output of at least
+    ``WINOGRAD_WHOLE_MIN_TILES`` = 128 whole tiles takes it from 2 per block (512 -> 512 on 8x8 N=8
+    and 4x4 N=32; 64 or 98 tiles keep the cube); the dW keeps its own rule on both."""
+    from tvm_convgrad.dsl.compute.winograd_rules import WINOGRAD_WHOLE_MIN_TILES, WINOGRAD_WHOLE_TILES_PER_WEIGHTS
+
+    assert (WINOGRAD_WHOLE_MIN_TILES, WINOGRAD_WHOLE_TILES_PER_WEIGHTS) == (128, 2)
     shape, wshape = (batch, channels, size, size), (channels, channels, 3, 3)
     kw = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], data_format="NCX", weights_format="OIX")
 
@@ -328,6 +337,8 @@ def test_auto_takes_the_same_layers_on_amx_and_zen4_cores(batch, size, channels,
 
     amx, zen4 = choices(_cpu("sapphirerapids")), choices(_cpu("znver4"))
     assert amx == zen4 and amx[:2] == (choice, choice)
+    if channels == 512:  # (an AVX2 core: 4 or fewer tiles a side, the cube; the dW of 512 x 512: the cube everywhere)
+        assert choices(_cpu("znver3"))[:2] == (False, False) and amx[2] is False
 
 
 @pytest.mark.parametrize("mcpu, budget", [("emeraldrapids", 1 << 20), ("sapphirerapids", 1 << 20), ("znver4", 512 << 10), ("znver3", 512 << 10),
@@ -403,7 +414,7 @@ def test_auto_dw_takes_winograd_up_to_256_channels_on_avx512(batch, size, channe
     cube); up to 256 x 256 on :data:`WINOGRAD_DW_WIDEST_MIN_TILES` whole 2x2 tiles (256 on 14x14
     N=8 has 392; N=4 196 and 7x7 N=32, a partial row of tiles, the cube; 512 the cube); on AVX2 up
     to 96 x 96 (:data:`WINOGRAD_DW_MAX_WEIGHTS`)."""
-    from tvm_convgrad.dsl.compute import winograd
+    from tvm_convgrad.dsl.compute import winograd_rules as winograd
 
     assert (winograd.WINOGRAD_DW_MAX_WEIGHTS, winograd.WINOGRAD_DW_WIDE_MAX_WEIGHTS, winograd.WINOGRAD_DW_TILES_PER_WEIGHTS) == (96 * 96, 128 * 128, 96)
     assert (winograd.WINOGRAD_DW_WIDEST_MAX_WEIGHTS, winograd.WINOGRAD_DW_WIDEST_MIN_TILES) == (256 * 256, 384)

@@ -8,7 +8,7 @@ An operator asks for it with its ``algorithm`` (oneDNN's ``convolution_direct``,
 * ``"direct"`` (the default): the cube;
 * ``"winograd"``: F(2x2, 3x3), a :class:`~tvm_convgrad.errors.ConvGradError` where it does not
   apply (:func:`~tvm_convgrad.dsl.compute.winograd.winograd_applies`);
-* ``"auto"``: F(2x2, 3x3) where it applies and pays (:func:`~tvm_convgrad.dsl.compute.winograd.winograd_pays`)
+* ``"auto"``: F(2x2, 3x3) where it applies and pays (:func:`~tvm_convgrad.dsl.compute.winograd_rules.winograd_pays`)
   on the target the kernel is for (the one in scope, ``with target:``, else this CPU: ``"llvm"``),
   else the cube: what the training clients run. A bf16 one where the target would run it on the
   exact path (:func:`exact_bf16`), its sums in fp32 as there.
@@ -23,8 +23,8 @@ from tvm.target import Target
 
 from ..compile.target import resolve_target
 from ..dsl.compute.stages import WINO_WT
-from ..dsl.compute.winograd import (forward_shape, input_grad_shape, output_index, weight_index, winograd_applies, winograd_conv, winograd_filter_grad,
-                                    winograd_pays)
+from ..dsl.compute.winograd import forward_shape, input_grad_shape, output_index, weight_index, winograd_applies, winograd_conv, winograd_filter_grad
+from ..dsl.compute.winograd_rules import winograd_pays
 from ..errors import ConvGradError
 from ..isa import isa_plan
 from ..params.framework import ConvView, split_weights, weights_index

@@ -45,7 +45,7 @@ The output ``(n, h, w, co)`` is ``wino_y[n, h // 2, co // 16, w // 2, h % 2, w %
 are even, so a schedule folds it into ``wino_y``; an odd output (a 7x7 map: 4 x 4 tiles) leaves the
 tiles' last row and column out, in a pass of its own. A frontend asks for it
 with ``algorithm="winograd"`` (where it applies) or ``"auto"`` (where it also pays,
-:func:`winograd_pays`).
+:func:`~.winograd_rules.winograd_pays`).
 
 Error: each output is a sum of the same products as the direct convolution's, regrouped; in fp32
 the transforms (``+-1`` and ``1/2``) add a few units in the last place per output (tests bound it
@@ -63,70 +63,11 @@ from ...layout import C0
 from .common import ACC
 from .stages import FORMULATION, MAD_TAG, WINO_D, WINO_DW, WINO_DYW, WINO_M, WINO_U, WINO_V, WINO_W, WINO_X, WINO_Y, Formulation
 
-__all__ = ["ALPHA", "WINOGRAD_DW_MAX_WEIGHTS", "WINOGRAD_DW_TILES_PER_WEIGHTS", "WINOGRAD_DW_WIDE_MAX_WEIGHTS", "WINOGRAD_DW_WIDEST_MAX_WEIGHTS",
-           "WINOGRAD_DW_WIDEST_MIN_TILES", "WINOGRAD_DTYPES", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_NARROW_MIN_TILES", "WINOGRAD_MIN_TILES", "WINOGRAD_TILES_PER_WEIGHTS", "WinogradShape", "forward_shape", "input_grad_shape", "output_index", "weight_index",
-           "input_tiles", "weight_tiles", "winograd_applies", "winograd_conv", "winograd_filter_grad", "winograd_pays"]
+__all__ = ["ALPHA", "WINOGRAD_DTYPES", "WinogradShape", "forward_shape", "input_grad_shape", "output_index", "weight_index", "input_tiles", "weight_tiles",
+           "winograd_applies", "winograd_conv", "winograd_filter_grad"]
 
 ALPHA = 4
 """Side of the transform domain: a 4x4 window per 2x2 outputs."""
-
-WINOGRAD_MIN_CHANNELS = 64
-"""Fewest input and output channels a layer takes Winograd at by choice (``algorithm="auto"``):
-with fewer, the transforms cost as much as the multiplies they save."""
-
-WINOGRAD_MIN_TILES = 64
-"""Fewest 2x2 tiles (all images) a layer takes Winograd at by choice: with fewer, its tasks do not
-fill the cores."""
-
-WINOGRAD_DW_MAX_WEIGHTS = 96 * 96
-"""Most weights per tap (Cin x Cout) a weight gradient takes Winograd at by choice on a target whose
-16-lane rows take several registers (AVX2; AVX-512: :data:`WINOGRAD_DW_WIDE_MAX_WEIGHTS`): each core's
-sums of the transformed products (16 x Cin x Cout floats) are read and written once per chunk of
-tiles. Zen 4, against the direct dW (before ``wino_v`` / ``wino_d`` were laid out position by
-position): 64 -> 64 on 56x56 N=8 1.2-1.8x, 128 -> 128 on 28x28 0.9-1.2x, 256 -> 256 on 14x14 0.7-1.0x."""
-
-WINOGRAD_DW_WIDE_MAX_WEIGHTS = 128 * 128
-"""... on a target whose 16-lane rows are one register (AVX-512), with ``wino_v`` / ``wino_d`` laid
-out position by position; past :data:`WINOGRAD_DW_MAX_WEIGHTS`, with at least
-:data:`WINOGRAD_DW_TILES_PER_WEIGHTS` tiles per 64 x 64 block of weights. An Emerald Rapids
-(2 cores), against the direct dW, NCHW / NHWC: 128 -> 128 on 28x28 N=8 (392 tiles per block) 1.20 / 1.23x, 14x14 N=32 (392) 1.24 / 1.24x, 16x16 N=8 (128)
-1.36 / 1.22x, 8x8 N=32 (128) 1.34 / 1.18x, 14x14 N=8 (98) 1.10 / 0.97x, 8x8 N=8 (32) 0.97 /
-0.76x; 256 -> 256 on 14x14 N=8 (24.5) 1.07 / 0.92x, 7x7 N=32 (32) 0.72 / 0.65x."""
-
-WINOGRAD_DW_TILES_PER_WEIGHTS = 96
-"""Fewest tiles per 64 x 64 block of weights an AVX-512 dW of more than :data:`WINOGRAD_DW_MAX_WEIGHTS`
-weights per tap takes Winograd at by choice (see :data:`WINOGRAD_DW_WIDE_MAX_WEIGHTS`)."""
-
-WINOGRAD_DW_WIDEST_MAX_WEIGHTS = 256 * 256
-"""Past :data:`WINOGRAD_DW_WIDE_MAX_WEIGHTS`, the most weights per tap an AVX-512 dW takes Winograd
-at by choice: where its output is whole 2x2 tiles (even rows and columns) and it has at least
-:data:`WINOGRAD_DW_WIDEST_MIN_TILES` of them. The Emerald Rapids guest (2 cores, 2026-12-02),
-against the direct dW, NCHW / NHWC, each two to four runs: 256 -> 256 on 14x14 N=8 (392 tiles)
-1.00-1.42 / 1.16-1.22x, N=16 (784) 1.47 / 1.49x, 28x28 N=8 1.09 / 1.51x, 28x28 N=2 (392) 1.30x;
-fewer tiles or a partial row of them stay the cube: 14x14 N=4 (196) 0.79-0.97 / 0.93-1.00x, 7x7
-N=32 (512 tiles, 4 x 4 of them covering 8x8) 0.72 / 0.65x (earlier); 512 -> 512 on 14x14 N=8 was
-mixed (1.11-1.24 / 0.90-1.13x) and stays."""
-
-WINOGRAD_DW_WIDEST_MIN_TILES = 384
-"""Fewest 2x2 tiles (all images) for :data:`WINOGRAD_DW_WIDEST_MAX_WEIGHTS`."""
-
-WINOGRAD_TILES_PER_WEIGHTS = 8
-"""... and fewest tiles per 64 x 64 block of weights: the weights' transform and every task's read
-of it (16 MB for 512 x 512) outweigh the multiplies saved on few tiles. Zen 4, the forward against
-the direct kernel: 256 -> 256 on 14x14 N=4 (12 tiles per block) 1.1-1.4x, N=1 (3) 0.7-0.9x; 512 ->
-512 on 7x7 N=8 (2) 0.55x; 128 -> 128 on 8x8 N=8 (32) 1.1-1.3x. The same holds on a core of two
-full-width FMA pipes (an Emerald Rapids, 2 cores, forward / dX NCHW, with the weights' transform
-in registers and :func:`~tvm_convgrad.schedule.cpu.winograd.task_bytes`): 256 -> 256 on 14x14 N=4
-(12) 1.30 / 1.30x, N=8 (24.5) 1.36 / 1.56x, 7x7 N=32 (32) 1.20 / 1.24x; 512 -> 512 on 7x7 N=8 (2)
-0.96 / 1.00x; 128 -> 128 on 8x8 N=8 (32) 1.54 / 1.52x."""
-
-WINOGRAD_NARROW_MIN_TILES = 6
-"""On a target whose 16-lane rows take two registers or more (AVX2), fewest 2x2 tiles a side of a
-forward's or dX's output taking Winograd by choice: its tiles' transforms cost more per multiply
-saved there. Zen 3 (AVX2), against the direct kernel, dX / forward: 8x8 maps (4 tiles a side)
-128 channels N=8 0.83 / 0.85x, 7x7 (4, an odd output) 256 N=32 1.04 / 0.94x; 12x12 256 N=8 1.40 /
-1.50x; 14x14 (7) 128 N=8 1.08x, N=32 1.28 / 1.33x, 256 N=8 1.17 / 1.06x, N=4 0.94x; 16x16 256
-N=8 1.22x; 28x28 and 56x56 1.5-1.9x."""
 
 # F(2x2, 3x3) (Lavin and Gray): the non-zeros of each row of B^T (4x4), G (4x3), A^T (2x4)
 _BT = (((0, 1), (2, -1)), ((1, 1), (2, 1)), ((1, -1), (2, 1)), ((1, 1), (3, -1)))
@@ -192,38 +133,6 @@ def winograd_applies(geom, dtype: str, input_grad: bool = False) -> bool:
         return False
     shape = input_grad_shape(geom) if input_grad else forward_shape(geom)
     return shape.ho >= 2 and shape.wo >= 2
-
-
-def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False, narrow: bool = False, planar: bool = False) -> bool:
-    """Whether F(2x2, 3x3) is the faster of the two on a layer it applies to: at least
-    :data:`WINOGRAD_MIN_CHANNELS` channels each side, :data:`WINOGRAD_MIN_TILES` tiles, and
-    :data:`WINOGRAD_TILES_PER_WEIGHTS` tiles per 64 x 64 block of weights (every task reads the
-    transformed weights, 16 / 9 of the weights' size); the weight gradient (``filter_grad``) at
-    most :data:`WINOGRAD_DW_MAX_WEIGHTS` weights per tap (AVX-512: :data:`WINOGRAD_DW_WIDE_MAX_WEIGHTS`
-    and :data:`WINOGRAD_DW_TILES_PER_WEIGHTS`, or up to :data:`WINOGRAD_DW_WIDEST_MAX_WEIGHTS` on
-    :data:`WINOGRAD_DW_WIDEST_MIN_TILES` whole tiles); the forward and dX for a target whose
-    16-lane rows take several registers (``narrow``: AVX2) at least
-    :data:`WINOGRAD_NARROW_MIN_TILES` tiles a side; there the dW over channel-planar (``planar``:
-    NCX) activations keeps the cube (its transforms gather each vector from 16 planes; Zen 3, 64
-    channels: 56x56 N=8 0.87x the direct kernel, 28x28 N=32 0.91x, 16x16 N=8 0.86x; over NXC
-    activations 1.13x, 1.15x, 1.03x)."""
-    shape = input_grad_shape(geom) if input_grad else forward_shape(geom)
-    th, tw = shape.tiles
-    tiles = shape.n * th * tw
-    weight_blocks = geom.cin * geom.cout / (64 * 64)
-    widest = filter_grad and not narrow and geom.cin * geom.cout > WINOGRAD_DW_WIDE_MAX_WEIGHTS
-    whole = shape.ho % 2 == 0 and shape.wo % 2 == 0
-    if widest and not (geom.cin * geom.cout <= WINOGRAD_DW_WIDEST_MAX_WEIGHTS and whole and tiles >= WINOGRAD_DW_WIDEST_MIN_TILES):
-        return False
-    if filter_grad and narrow and geom.cin * geom.cout > WINOGRAD_DW_MAX_WEIGHTS:
-        return False
-    if filter_grad and not widest and geom.cin * geom.cout > WINOGRAD_DW_MAX_WEIGHTS and tiles < WINOGRAD_DW_TILES_PER_WEIGHTS * weight_blocks:
-        return False
-    if narrow and not filter_grad and min(th, tw) < WINOGRAD_NARROW_MIN_TILES:
-        return False
-    if narrow and filter_grad and planar:
-        return False
-    return min(geom.cin, geom.cout) >= WINOGRAD_MIN_CHANNELS and tiles >= max(WINOGRAD_MIN_TILES, WINOGRAD_TILES_PER_WEIGHTS * weight_blocks)
 
 
 def output_index(n, h, w, co) -> tuple:
