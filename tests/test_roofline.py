@@ -51,6 +51,15 @@ def test_an_rgb_stem_takes_no_input_gradient():
     assert layer_bound_s(layer, COMPUTE_BOUND) == pytest.approx(2 * 2 * 64 * 8 * 27 / 1e9)
 
 
+def test_a_call_is_its_forward_and_its_backward():
+    from tvm_convgrad.training.roofline import backward_bound_s, forward_bound_s
+
+    for layer in (Layer("pointwise", (2, 16, 8, 8), 32, 1), Layer("stem", (1, 3, 8, 8), 8, 3, padding=1)):
+        for host in (MEMORY_BOUND, COMPUTE_BOUND):
+            assert forward_bound_s(layer, host) + backward_bound_s(layer, host) == layer_bound_s(layer, host)
+    assert backward_bound_s(Layer("pointwise", (2, 16, 8, 8), 32, 1), COMPUTE_BOUND) == pytest.approx(2 * 2 * 2 * 64 * 32 * 16 / 1e9)
+
+
 def test_a_network_counts_each_layer_as_often_as_it_runs():
     once, thrice = Layer("a", (2, 16, 8, 8), 32, 1), Layer("b", (2, 32, 8, 8), 32, 3, padding=1, count=3)
     expected_s = layer_bound_s(once, MEMORY_BOUND) + 3 * layer_bound_s(thrice, MEMORY_BOUND)

@@ -109,9 +109,10 @@ def test_the_layer_bench_lists_each_set_and_times_a_layer(capsys):
     assert any(layer.groups == layer.input_shape[1] > 1 for layer in mobilenet)  # the depthwise convs
     with pytest.raises(ValueError, match="layer set"):
         layers("vgg")
-    assert main(["--layers", "mobilenet_v2", "--batch", "1", "--size", "32", "--rounds", "1", "--filter", r"conv1\.", "--dtype", "bfloat16"]) == 0
+    assert main(["--layers", "mobilenet_v2", "--batch", "1", "--size", "32", "--rounds", "1", "--filter", r"conv1\.", "--dtype", "bfloat16", "--roofline"]) == 0
     out = capsys.readouterr().out
     assert "mobilenet_v2.conv1.n1" in out and "geomean" in out and "bfloat16" in out
+    assert "roofline: copy" in out and "at the roofline" in out and "geomean nn.Conv2d / roofline backward" in out
     with pytest.raises(SystemExit):  # a filter that matches no layer: argparse's error naming the layers
         main(["--layers", "resnet18", "--batch", "1", "--size", "32", "--filter", "layer4"])
     assert "matches none of the layers: resnet18.conv0.n1" in capsys.readouterr().err

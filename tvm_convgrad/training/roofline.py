@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ..layout import C0
 
-__all__ = ["WINOGRAD_3X3", "Roofline", "ceiling", "conv_bound_ms", "layer_bound_s", "measure"]
+__all__ = ["WINOGRAD_3X3", "Roofline", "backward_bound_s", "ceiling", "conv_bound_ms", "forward_bound_s", "layer_bound_s", "measure"]
 
 WINOGRAD_3X3 = 2.25
 """Direct multiplies per multiply of F(2x2, 3x3): (2 * 2 * 9) / (4 * 4)."""
@@ -88,24 +88,42 @@ def measure(dtype: str = "float32", copy_mib: tuple[int, ...] = (32, 256), side:
     return Roofline(copy_rate, 2 * side**3 / mm_s, torch.finfo(tensor_type).bits // 8)
 
 
-def layer_bound_s(layer, roofline: Roofline) -> float:
-    """Seconds one call of ``layer`` (a :class:`~tvm_convgrad.training.torch_backward.Layer`) takes
-    at least, forward and backward, on ``roofline``."""
+def _gemm(layer) -> tuple[int, int, int, float]:
+    """``(x, y, w)`` elements of ``layer`` (a :class:`~tvm_convgrad.training.torch_backward.Layer`)
+    and the multiplies of one of its GEMMs (x 2: FLOPs; F(2x2, 3x3)'s where it applies, see the
+    module docstring)."""
     n, c, h, w = layer.input_shape
     k, s, p, d, g = layer.kernel, layer.stride, layer.padding, layer.dilation, layer.groups
     ho, wo = ((side + 2 * p - d * (k - 1) - 1) // s + 1 for side in (h, w))
-    x, y, weight = n * c * h * w, n * layer.out_channels * ho * wo, layer.out_channels * (c // g) * k * k
     flops = 2 * n * ho * wo * layer.out_channels * (c // g) * k * k
     if (k, s, d, g) == (3, 1, 1, 1) and c % C0 == 0 and layer.out_channels % C0 == 0:
         flops /= WINOGRAD_3X3
-    input_grad = c != 3
+    return n * c * h * w, n * layer.out_channels * ho * wo, layer.out_channels * (c // g) * k * k, flops
 
-    def bound(elements: int, products: int) -> float:
-        return max(elements * roofline.element_bytes / roofline.bytes_per_s, products / roofline.flops_per_s)
 
-    forward = bound(x + weight + y, flops)
-    backward = bound(y + x + weight + (x + weight if input_grad else 0), flops * (2 if input_grad else 1))
-    return forward + backward
+def _bound(elements: int, flops: float, roofline: Roofline) -> float:
+    return max(elements * roofline.element_bytes / roofline.bytes_per_s, flops / roofline.flops_per_s)
+
+
+def forward_bound_s(layer, roofline: Roofline) -> float:
+    """Seconds one forward of ``layer`` takes at least on ``roofline``: reads x and w, writes y."""
+    x, y, weight, flops = _gemm(layer)
+    return _bound(x + weight + y, flops, roofline)
+
+
+def backward_bound_s(layer, roofline: Roofline) -> float:
+    """Seconds one backward of ``layer`` takes at least on ``roofline``: one pass over dy for dX and
+    dW (reads dy, w, x; writes dx, dw), or for dW alone where the layer takes the network's input
+    (3 channels: reads dy and x, writes dw)."""
+    x, y, weight, flops = _gemm(layer)
+    if layer.input_shape[1] == 3:
+        return _bound(y + x + weight, flops, roofline)
+    return _bound(y + weight + x + x + weight, 2 * flops, roofline)
+
+
+def layer_bound_s(layer, roofline: Roofline) -> float:
+    """Seconds one call of ``layer`` takes at least, forward and backward, on ``roofline``."""
+    return forward_bound_s(layer, roofline) + backward_bound_s(layer, roofline)
 
 
 def conv_bound_ms(layers, roofline: Roofline) -> float:

@@ -20,6 +20,8 @@ samples of each, interleaved, after two warm-up calls (the kernels are built the
 compared. ``--dtype bfloat16`` runs both sides in bf16 (PyTorch's bf16 convolution backward).
 ``--backward ours`` times the package's kernels for every GEMM (the default mode, ``"auto"``, runs
 PyTorch's where it times faster for the layer: the log names those GEMMs, the summary counts them).
+``--roofline`` adds each layer's stock backward against its least time on this host
+(:func:`.roofline.backward_bound_s`): the most any drop-in could make of its ratio.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import statistics
 import time
 from dataclasses import dataclass, replace
 
-__all__ = ["LAYER_SETS", "Layer", "LayerTime", "layers", "main", "net_layers", "time_layers"]
+__all__ = ["LAYER_SETS", "Layer", "LayerTime", "ceilings", "layers", "main", "net_layers", "time_layers"]
 
 LAYER_SETS = ("resnet50", "late", "atrous", "resnet18", "mobilenet_v2")
 
@@ -169,6 +171,22 @@ def summary(rows: list[LayerTime]) -> str:
             f"{given_up} of the drop-in's GEMMs PyTorch's (backward mode {_mode()})")  # fmt: skip
 
 
+def ceilings(rows: list[LayerTime], host) -> str:
+    """Each layer's stock backward against its least time on ``host`` (a
+    :class:`~tvm_convgrad.training.roofline.Roofline`: dX and dW in one pass over dy), and their
+    geomean: the most a drop-in's backward could make of :func:`summary`'s geomean on this host."""
+    from .roofline import backward_bound_s
+
+    lines, ratios = [f"roofline: {host}"], []
+    for r in rows:
+        bound = backward_bound_s(r.layer, host)
+        ratios.append(r.torch_s / bound)
+        lines.append(f"{r.layer.name:40s} nn.Conv2d {r.torch_s * 1e3:8.3f} ms   at the roofline {bound * 1e3:8.3f} ms   ceiling {ratios[-1]:.2f}")
+    lines.append(f"geomean nn.Conv2d / roofline backward {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f} (min {min(ratios):.2f}, "
+                 f"{len(rows)} layers): the most any drop-in's backward could reach here")  # fmt: skip
+    return "\n".join(lines)
+
+
 def _mode() -> str:
     from ..torch import get_backward
 
@@ -184,6 +202,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--filter", default=None, help="a regex on the layer names")
+    parser.add_argument("--roofline", action="store_true", help="also each layer's stock backward against its least time on this host "
+                                                                    "(tvm_convgrad.training.roofline): the ceiling of the ratio")  # fmt: skip
     parser.add_argument("--backward", choices=("auto", "ours", "pytorch"), default=None,
                         help="the drop-in's backward mode (tvm_convgrad.torch.set_backward; default: TVM_CONVGRAD_BACKWARD, else auto)")
     args = parser.parse_args(argv)
@@ -198,6 +218,10 @@ def main(argv=None) -> int:
         parser.error(f"--filter {args.filter!r} matches none of the layers: {names}")
     rows = time_layers(chosen, args.channels_last, args.dtype, args.rounds)
     print(f"{summary(rows)} [{args.layers}, N={args.batch}, {'channels-last' if args.channels_last else 'NCHW'}, {args.dtype}]")
+    if args.roofline:
+        from .roofline import measure
+
+        print(ceilings(rows, measure(args.dtype)))
     return 0
 
 
