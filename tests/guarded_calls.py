@@ -242,6 +242,11 @@ FIXED = {
                                  dtype="bfloat16", effective_pads=(1, 1), algorithm="winograd"),  # fmt: skip
     "dw-ncx-winograd-256": Case("conv_v2", 2, 256, 256, 1, (14, 14), (14, 14), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
                                 weights_format="OIX", effective_pads=(1, 1), algorithm="winograd"),  # fmt: skip
+    # 512 x 512 weights on few whole tiles (AVX-512's "auto" takes the forward and dX from 128 of them): 8x8 NXC, 4x4 NCX
+    "fwd-nxc-winograd-512": Case("fwd", 2, 512, 512, 1, (8, 8), (8, 8), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), weights_format="OXI",
+                                 effective_pads=(1, 1), algorithm="winograd"),  # fmt: skip
+    "dx-ncx-winograd-512": Case("data", 4, 512, 512, 1, (4, 4), (4, 4), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
+                                weights_format="OIX", effective_pads=(1, 1), algorithm="winograd"),  # fmt: skip
     # the bf16 pair form by live-tap regions across the images (4x4 maps of 4 images: each region's tiles span them), NCX and NXC
     "pairs-fwd-ncx-4x4-regions": Case("fwd", 4, 32, 48, 1, (4, 4), (4, 4), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
                                       weights_format="OIX", dtype="bfloat16", effective_pads=(1, 1)),  # fmt: skip
