@@ -7,12 +7,15 @@ bandwidth of a copy on PyTorch's threads, or its multiplies at ``torch.mm``'s be
 whichever is longer. The forward reads ``x`` and ``w`` and writes ``y``; the backward is bounded as
 one pass over ``dy`` computing dX and dW together (reads ``dy``, ``w``, ``x``; writes ``dx``,
 ``dw``), which no pair of separate GEMMs beats. A 3x3 layer at stride 1, undilated and ungrouped,
-of whole 16-channel blocks each side, counts the multiplies of Winograd's F(2x2, 3x3) (:data:`WINOGRAD_3X3`, the package's own way of
-it): the bound holds for the algorithms the package runs, not for larger Winograd tiles. A
-network's input takes no dX (as in
+of whole 16-channel blocks each side, counts the multiplies of Winograd's F(2x2, 3x3)
+(:data:`WINOGRAD_3X3`, the package's own way of it): the bound holds for the algorithms the
+package runs, not for larger Winograd tiles. A network's input takes no dX (as in
 :mod:`.torch_backward`, a layer of 3 input channels). Under bf16 autocast every tensor counts 2
 bytes (a result or a weight in fp32 moves more: the bound stays a bound) and the FLOPs run at
-bf16 ``torch.mm``'s best.
+bf16 ``torch.mm``'s best. A shared host's rates swing (an Emerald Rapids guest: copies at
+12.7-52.9 GB/s, ``torch.mm`` at 188-322 GFLOP/s within one session): the step bench keeps the
+fastest it measures during its run (:meth:`Roofline.best`), so a ceiling is a generous limit,
+not a forecast.
 
 If stock's step takes ``S`` ms of which its convolutions take ``C`` (the profiler's
 :func:`~tvm_convgrad.training.torch_step.conv_ms`), a drop-in whose convolutions all ran at their
@@ -76,9 +79,8 @@ def _copy_bytes_per_s(mib: int, repeat: int) -> float:
 def measure(dtype: str = "float32", copy_mib: tuple[int, ...] = (32, 256), side: int = 2048, repeat: int = 5) -> Roofline:
     """This host's :class:`Roofline` for ``dtype`` tensors: the fastest copy of each size in
     ``copy_mib`` (a step's activations, 1-40 MB, may stay in a large L3: an Emerald Rapids guest
-    with 260 MB of it copied 32 MiB at up to 27 GB/s and 256 MiB at 14-19 GB/s; the faster rate
-    keeps the bound a bound), ``torch.mm`` of two ``side x side`` squares; the best of ``repeat``
-    each."""
+    with 260 MB of it once copied 32 MiB at 27 GB/s and 256 MiB at 14 GB/s; the faster rate keeps
+    the bound a bound), ``torch.mm`` of two ``side x side`` squares; the best of ``repeat`` each."""
     import torch
 
     tensor_type = getattr(torch, dtype)

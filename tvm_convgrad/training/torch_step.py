@@ -12,7 +12,9 @@ For each configuration (network, batch x image size, NCHW or channels-last, floa
 autocast) the report gives both medians, their ratio, and where the time goes: a
 ``torch.profiler`` trace of a few steps of each, self CPU time summed by operator (the
 package's kernels are the ``tvm_convgrad::`` operators; stock's convolution backward is
-``aten::convolution_backward``), and the convolutions' whole time on each side (:func:`conv_ms`).
+``aten::convolution_backward``), the convolutions' whole time on each side (:func:`conv_ms`), and
+the step's *ceiling*: stock / drop-in for a drop-in whose convolutions all ran at this host's
+roofline (:mod:`.roofline`, the host's rates measured before each configuration, the fastest kept).
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ WINOGRAD_WHOLE_MIN_TILES = 128
 whose output is whole tiles (even rows and columns: no partial tile computed and cut) to take
 Winograd with as few as :data:`WINOGRAD_WHOLE_TILES_PER_WEIGHTS` tiles per 64 x 64 block of
 weights. The Emerald Rapids guest (2 cores, 2026-12-02), 512 -> 512 against the cube, forward / dX,
-NCHW and NHWC, two runs each: 8x8 N=8 (128 tiles, 2 per block) 1.66 / 1.81x and 2.08 / 2.05x;
+NCHW then NHWC (each the median of two processes): 8x8 N=8 (128 tiles, 2 per block) 1.66 / 1.81x and 2.08 / 2.05x;
 4x4 N=32 (128, ResNet-18's last stage at 112x112) 1.21 / 1.24x and 1.30 / 1.47x. Fewer tiles stay
 the cube: 8x8 N=4 (64) 1.10 / 1.16x and 1.36 / 1.34x, 4x4 N=16 (64) 0.81 / 0.86x and 1.01 /
 0.93x, 14x14 N=2 (98) 1.01 / 1.16x and 1.01 / 1.02x, 4x4 N=8 (32) 0.59 / 0.65x and 1.12 / 0.99x;
@@ -95,8 +95,8 @@ def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False, nar
     :data:`WINOGRAD_MIN_CHANNELS` channels each side, :data:`WINOGRAD_MIN_TILES` tiles, and
     :data:`WINOGRAD_TILES_PER_WEIGHTS` tiles per 64 x 64 block of weights (every task reads the
     transformed weights, 16 / 9 of the weights' size; an AVX-512 forward or dX of at least
-    :data:`WINOGRAD_WHOLE_MIN_TILES` whole tiles: :data:`WINOGRAD_WHOLE_TILES_PER_WEIGHTS`); the weight gradient (``filter_grad``) at
-    most :data:`WINOGRAD_DW_MAX_WEIGHTS` weights per tap (AVX-512: :data:`WINOGRAD_DW_WIDE_MAX_WEIGHTS`
+    :data:`WINOGRAD_WHOLE_MIN_TILES` whole tiles: :data:`WINOGRAD_WHOLE_TILES_PER_WEIGHTS`); the
+    weight gradient (``filter_grad``) at most :data:`WINOGRAD_DW_MAX_WEIGHTS` weights per tap (AVX-512: :data:`WINOGRAD_DW_WIDE_MAX_WEIGHTS`
     and :data:`WINOGRAD_DW_TILES_PER_WEIGHTS`, or up to :data:`WINOGRAD_DW_WIDEST_MAX_WEIGHTS` on
     :data:`WINOGRAD_DW_WIDEST_MIN_TILES` whole tiles); the forward and dX for a target whose
     16-lane rows take several registers (``narrow``: AVX2) at least
