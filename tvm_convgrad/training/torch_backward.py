@@ -27,7 +27,6 @@ PyTorch's where it times faster for the layer: the log names those GEMMs, the su
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import time
 from dataclasses import dataclass, replace
@@ -162,10 +161,12 @@ def time_layers(chosen: list[Layer], channels_last: bool = False, dtype: str = "
 
 def summary(rows: list[LayerTime]) -> str:
     """Geomean, min and max of the ratios; the count-weighted totals (a network's backward convs)."""
+    from ..tools.bench import geomean
+
     ratios = [r.ratio for r in rows]
     theirs, mine = sum(r.torch_s * r.layer.count for r in rows), sum(r.ours_s * r.layer.count for r in rows)
     given_up = sum(len(r.pytorch_gemms) for r in rows)
-    return (f"geomean nn.Conv2d / tvm_convgrad.torch.Conv2d backward {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f} "
+    return (f"geomean nn.Conv2d / tvm_convgrad.torch.Conv2d backward {geomean(ratios):.2f} "
             f"(min {min(ratios):.2f}, max {max(ratios):.2f}, {len(rows)} layers); every call counted: "
             f"{theirs * 1e3:.1f} ms against {mine * 1e3:.1f} ms, {theirs / mine:.2f}; "
             f"{given_up} of the drop-in's GEMMs PyTorch's (backward mode {_mode()})")  # fmt: skip
@@ -175,6 +176,7 @@ def ceilings(rows: list[LayerTime], host) -> str:
     """Each layer's stock backward against its least time on ``host`` (a
     :class:`~tvm_convgrad.training.roofline.Roofline`: dX and dW in one pass over dy), and their
     geomean: the most a drop-in's backward could make of :func:`summary`'s geomean on this host."""
+    from ..tools.bench import geomean
     from .roofline import backward_bound_s
 
     lines, ratios = [f"roofline: {host}"], []
@@ -182,7 +184,7 @@ def ceilings(rows: list[LayerTime], host) -> str:
         bound = backward_bound_s(r.layer, host)
         ratios.append(r.torch_s / bound)
         lines.append(f"{r.layer.name:40s} nn.Conv2d {r.torch_s * 1e3:8.3f} ms   at the roofline {bound * 1e3:8.3f} ms   ceiling {ratios[-1]:.2f}")
-    lines.append(f"geomean nn.Conv2d / roofline backward {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f} (min {min(ratios):.2f}, "
+    lines.append(f"geomean nn.Conv2d / roofline backward {geomean(ratios):.2f} (min {min(ratios):.2f}, "
                  f"{len(rows)} layers): the most any drop-in's backward could reach here")  # fmt: skip
     return "\n".join(lines)
 

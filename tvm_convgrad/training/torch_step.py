@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -211,6 +210,7 @@ def _faults(counts: list[int]) -> str:
 
 def report(results: list[StepResult], top: int = 8) -> str:
     """Markdown: the table of steps, then each configuration's largest operators on both sides."""
+    from ..tools.bench import geomean
     from ..torch.openmp import using_pytorch_threads
 
     lines = ["| network | batch x size | layout | type | stock ms/step | drop-in ms/step | stock / drop-in | ceiling | page faults / step, stock / drop-in |",
@@ -221,7 +221,7 @@ def report(results: list[StepResult], top: int = 8) -> str:
                      f"{'bf16 autocast' if c.dtype == 'bfloat16' else 'f32'} | {r.stock_ms:.1f} | {r.ours_ms:.1f} | **{r.ratio:.2f}** | {f'{r.ceiling:.2f}' if r.ceiling else '-'} | "
                      f"{_faults(r.stock_faults)} / {_faults(r.ours_faults)} |")  # fmt: skip
     ratios = [r.ratio for r in results]
-    lines += ["", f"geomean stock / drop-in {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f} over {len(results)} configurations "
+    lines += ["", f"geomean stock / drop-in {geomean(ratios):.2f} over {len(results)} configurations "
               f"(min {min(ratios):.2f}); the drop-in's kernels on PyTorch's OpenMP threads: {using_pytorch_threads()}",
               "", "ceiling: the most any convolution kernel could make of stock / drop-in on this host: every convolution, "
               "forward and backward, at its roofline (tvm_convgrad.training.roofline)", ""]  # fmt: skip
