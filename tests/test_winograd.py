@@ -25,6 +25,7 @@ from tvm_convgrad.isa import PLANS, host_can_run, isa_plan
 from tvm_convgrad.params.geometry import ConvGeometry
 from tvm_convgrad.schedule import rule_for
 from tvm_convgrad.schedule.cpu.tiles import winograd_dw_tile, winograd_tile
+from tvm_convgrad.schedule.cpu.winograd import FUSED_ROWS_BELOW
 
 
 def _case(op: str, batch: int, cin: int, cout: int, size, pads=((1, 1), (1, 1)), data_format="NXC", weights_format="OXI", bias=False,
@@ -108,6 +109,25 @@ def test_the_winograd_schedule_keeps_its_tiles_in_the_registers_and_its_transfor
     tir = _run(case, resolve_target(isa_target(isa))).inspect_source("tir")
     assert "wino_u = T.sblock_alloc_buffer((T.int64(4), T.int64(16), T.int64(64), T.int64(16)))" in tir
     assert "wino_u[v_co1, v_xi, v_ci1 * T.int64(16) + v_ci0, v_co0]" in tir  # (the mad's read)
+    # the output transform's 2 x 2 unrolled: TVM resolves each copy's choice of sum before LLVM sees it
+    assert re.search(r"for pr in T.unroll\(T.int64\(2\)\):\n\s+for pc in T.unroll\(T.int64\(2\)\):\n\s+for co0 in T.vectorized", tir)
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("op, data_format", [("fwd", "NXC"), ("data", "NCX")])
+def test_a_register_tile_spans_the_tasks_rows_where_a_row_has_few_tiles(isa, op, data_format):
+    """512 -> 512 on 4x4 maps (2 tiles a row, below ``FUSED_ROWS_BELOW``): on AVX-512 the register
+    tile takes more tiles than a row holds (across the task's rows and images) and no partial
+    tile; AVX2 keeps a row's; the result is the reference's on either (where the host runs it)."""
+    case = _case(op, 8, 512, 512, (4, 4), data_format=data_format, weights_format="OIX" if data_format == "NCX" else "OXI")
+    target = resolve_target(isa_target(isa))
+    tir = _run(case, target).inspect_source("tir")
+    plan = isa_plan(target)
+    above_mad = tir.split('T.sblock("wino_m_update")')[0]  # (the GEMM's loops: the last register tile above its block)
+    *_, (r, v) = re.findall(r"for \w+ in T.unroll\(T.int64\((\d+)\)\):\n\s+for \w+ in T.unroll\(T.int64\((\d+)\)\):\n\s+for \w+ in T.vectorized\(T.int64\(16\)\)", above_mad)
+    r, v = int(r), int(v)
+    assert FUSED_ROWS_BELOW > 2 and (r > 2 if isa == "avx512" else r <= 2) and r * v * plan.registers_per_row <= plan.accumulators
+    assert "wino_m_edge" not in tir and "T.where" not in tir.split('T.sblock("wino_m_update")')[1].split("T.sblock(")[0]
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])

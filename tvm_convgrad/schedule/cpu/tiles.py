@@ -168,10 +168,11 @@ def channel_tile(channels: int, vectors: int, plan: IsaPlan) -> tuple[int, int]:
     return r, v
 
 
-def winograd_tile(tiles: int, rows: int, plan: IsaPlan) -> tuple[int, int]:
+def winograd_tile(tiles: int, rows: int, plan: IsaPlan, whole: bool = False) -> tuple[int, int]:
     """Register tile ``(R, V)`` of a Winograd GEMM (:mod:`.winograd`): ``R`` of a row's ``tiles``
     (one broadcast transformed input each per step; where ``R`` does not divide them, the row's last
-    tiles are one narrower tile) x ``V`` of the ``rows`` 16-lane Cout rows (a divisor; one load of
+    tiles are one narrower tile; ``whole``: a divisor of them, the tiles a fused loop that a
+    partition cannot cut) x ``V`` of the ``rows`` 16-lane Cout rows (a divisor; one load of
     each of its registers per step): ``R*V`` rows' registers within the accumulators and, with the
     loads and a broadcast, within the registers. The fewest estimated cycles per Cout row over the
     tile row (:func:`step_cycles`), then the fewest loads (AVX-512 on 28 tiles of 64 channels: 14 x 2)."""
@@ -180,10 +181,10 @@ def winograd_tile(tiles: int, rows: int, plan: IsaPlan) -> tuple[int, int]:
     for v in divisors(rows, plan.accumulators // per_row):
         registers = v * per_row
         for r in range(1, min(tiles, plan.accumulators // registers) + 1):
-            if r * registers + registers + 1 > plan.registers:
+            if r * registers + registers + 1 > plan.registers or (whole and tiles % r):
                 continue
-            whole, edge = divmod(tiles, r)
-            cycles = whole * step_cycles(r, registers, plan) + (step_cycles(edge, registers, plan) if edge else 0)
+            count, edge = divmod(tiles, r)
+            cycles = count * step_cycles(r, registers, plan) + (step_cycles(edge, registers, plan) if edge else 0)
             options.append((cycles / v, r + v, r, v))
     *_, r, v = min(options)
     return r, v
