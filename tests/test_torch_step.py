@@ -118,6 +118,22 @@ def test_the_layer_bench_lists_each_set_and_times_a_layer(capsys):
     assert "matches none of the layers: resnet18.conv0.n1" in capsys.readouterr().err
 
 
+def test_the_layer_bench_names_each_sides_page_faults(capsys, monkeypatch):
+    """A backward that faults pages: the line gives each side's median count (here every read of
+    the counter 500 more than the last, so each backward takes 500), none where there are none."""
+    import itertools
+
+    from tvm_convgrad.training import torch_backward
+
+    counter = itertools.count(0, 500)
+    monkeypatch.setattr(torch_backward, "minor_faults", lambda: next(counter))
+    (row,) = torch_backward.time_layers(torch_backward.net_layers("mobilenet_v2", 1, 32)[:1], rounds=3)
+    assert row.faults == (500, 500) and "page faults 500 / 500" in capsys.readouterr().out
+    monkeypatch.setattr(torch_backward, "minor_faults", lambda: 7)
+    (row,) = torch_backward.time_layers(torch_backward.net_layers("mobilenet_v2", 1, 32)[:1], rounds=1)
+    assert row.faults == (0, 0) and "page faults" not in capsys.readouterr().out
+
+
 def test_the_layer_bench_names_the_gemms_that_ran_pytorchs(capsys, monkeypatch):
     """``--backward auto`` where PyTorch's two GEMMs time as the fastest way: the log line names the
     layer's two GEMMs, the summary counts them and the mode."""

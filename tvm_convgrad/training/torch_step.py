@@ -28,12 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .roofline import Roofline, ceiling, conv_bound_ms, measure
-from .torch_backward import net_layers
-
-try:
-    import resource
-except ImportError:  # (not on Windows: no fault counts)
-    resource = None
+from .torch_backward import minor_faults, net_layers
 
 __all__ = ["CONV_ENTRIES", "StepConfig", "StepResult", "configs", "conv_ms", "main", "minor_faults", "parse_size", "time_steps", "timed_step", "trainers"]
 
@@ -129,11 +124,6 @@ def trainers(config: StepConfig, seed: int = 0, convert: bool = True):
         return step
 
     return trainer(stock), trainer(ours)
-
-
-def minor_faults() -> int:
-    """Minor page faults of this process so far (0 where ``resource`` is missing)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource else 0
 
 
 def timed_step(step) -> tuple[float, int]:
