@@ -19,9 +19,10 @@ from tvm import te
 from conftest import needs_torch, torch
 from framework_cases import Case, arrays, call, check, dsp_params, expected, placeholders, torch_result
 from tvm_convgrad import ConvGradError, build, reference
-from tvm_convgrad.compile import numpy_dtype
+from tvm_convgrad.compile import Workload, numpy_dtype
 from tvm_convgrad.frontends import dsp, onednn
 from tvm_convgrad.params.framework import auto_pads
+from tvm_convgrad.schedule import rule_for
 from tvm_convgrad.tools.verify import check_kernel
 
 # ---------------------------------------------------------------------------------------------
@@ -166,15 +167,24 @@ def test_rank_3_stem_puts_cout_on_the_lanes():
 @pytest.mark.parametrize("batch", [1, 2])
 def test_a_stem_whose_dy_outgrows_the_band_reads_it_in_bands(batch):
     """A 2-D stem (3 channels, 7x7 / 2) whose dy rows outgrow one band of the Cout-on-lanes dW
-    (``schedule.cpu.lanes.DY_BAND_BYTES``): the tiles' sums carried from band to band are exact."""
+    (``schedule.cpu.lanes.DY_BAND_BYTES``): the tiles' sums carried from band to band are exact.
+    Where each core runs its own images (two images, two cores), x and dy are packed band by band
+    inside the image's task (a band of dy, x's rows under it), not whole before."""
+    from tvm_convgrad import isa_target
     from tvm_convgrad.schedule.cpu.lanes import DY_BAND_BYTES
 
     x = te.placeholder((batch, 3, 90, 90), "float32", name="src")
     dy = te.placeholder((batch, 64, 45, 45), "float32", name="diff_dst")
     assert 45 * 45 * 64 * 4 > DY_BAND_BYTES  # 9 bands of 5 rows
     attrs = dict(strides=[2, 2], pads_begin=[3, 3], pads_end=[3, 3], dilations=[1, 1], data_format="NCX", weights_format="OIX")
-    kernel = build(onednn.convolution_backward_weights(x, dy, [64, 3, 7, 7], **attrs))
+    target = isa_target("native", cores=2)
+    dw = onednn.convolution_backward_weights(x, dy, [64, 3, 7, 7], **attrs)
+    kernel = build(dw, target=target)
     assert kernel.formulation == "cout-lanes"
+    sch = rule_for(target).apply(Workload.of(dw).prim_func(target), target)
+    task = sch.get(sch.get_loops(sch.get_sblock("dw_cc_t_rf_update" if batch > 1 else "dw_cc_t_update"))[0])
+    for pack in ("grads_2_matrix", "fmap_l1"):  # under the images' task (batch 2), or a pass of its own
+        assert sch.get(sch.get_loops(sch.get_sblock(pack))[0]).same_as(task) == (batch > 1), pack
     rng = np.random.default_rng(1)
     xa, dya = rng.uniform(-1, 1, (batch, 3, 90, 90)).astype("float32"), rng.uniform(-1, 1, (batch, 64, 45, 45)).astype("float32")
     expected = reference.conv_backprop_filter_nd(xa, dya, (7, 7), (2, 2), (3, 3), (1, 1))

@@ -191,4 +191,6 @@ class PairedForward(_Pairs, CubeForward):
 class PairedCoutLanesFilterGrad(_Pairs, CoutLanesFilterGrad):
     """dW with Cout on the lanes in bf16 pairs (``dw_cc_t``, ``Formulation.COUT_LANES_BF16``: few
     input channels, e.g. a network's first layer): each tile row a Cout vector of dy pairs times
-    one broadcast x pair."""
+    one broadcast x pair. Its pair packs keep their own placement (not band by band)."""
+
+    packs_per_band = False
