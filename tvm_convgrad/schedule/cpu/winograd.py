@@ -41,12 +41,11 @@ def task_bytes(plan) -> int:
 TASKS_PER_CORE = 2
 """Fewest tasks per core: a task takes more tile rows only while this many remain."""
 
-
 FUSED_ROWS_BELOW = 8
 """Tiles per row below which a task's rows of tiles (and images) are one loop for the register
 tiles (``R`` a divisor of the task's tiles), not ``R`` bounded by a row's tiles: on AVX-512 (AVX2's
-twelve accumulators bound ``R`` before a row does; unmeasured there, so it keeps its rows). An Emerald Rapids
-(2 cores), forward / dX NCHW: 512 -> 512 on 4x4 N=32 (2 tiles a row) 8.44 / 8.69 -> 6.80 / 6.76 ms
+twelve accumulators bound ``R`` before a row does; unmeasured there, so it keeps its rows). An
+Emerald Rapids (2 cores), forward / dX NCHW: 512 -> 512 on 4x4 N=32 (2 tiles a row) 8.44 / 8.69 -> 6.80 / 6.76 ms
 (channels-last 11.36 / 11.78 -> 8.94 / 9.57), 256 on 4x4 N=8 1.18 / 1.06 -> 1.00 / 0.92, 256 on
 14x14 N=8 (7 a row) 5.80 / 5.70 -> 5.24 / 5.28; 7x7 and 8x8 maps level; 16x16 and larger (8 and
 more a row) level, so they keep their rows."""
