@@ -123,11 +123,11 @@ def test_a_register_tile_spans_the_tasks_rows_where_a_row_has_few_tiles(isa, op,
     target = resolve_target(isa_target(isa))
     tir = _run(case, target).inspect_source("tir")
     plan = isa_plan(target)
-    above_mad = tir.split('T.sblock("wino_m_update")')[0]  # (the GEMM's loops: the last register tile above its block)
+    above_mad, below_mad = tir.split('T.sblock("wino_m_update")')  # (the GEMM's loops: the last register tile above its block)
     *_, (r, v) = re.findall(r"for \w+ in T.unroll\(T.int64\((\d+)\)\):\n\s+for \w+ in T.unroll\(T.int64\((\d+)\)\):\n\s+for \w+ in T.vectorized\(T.int64\(16\)\)", above_mad)
     r, v = int(r), int(v)
     assert FUSED_ROWS_BELOW > 2 and (r > 2 if isa == "avx512" else r <= 2) and r * v * plan.registers_per_row <= plan.accumulators
-    assert "wino_m_edge" not in tir and "T.where" not in tir.split('T.sblock("wino_m_update")')[1].split("T.sblock(")[0]
+    assert "wino_m_edge" not in tir and "T.where" not in below_mad.split("T.sblock(")[0]
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])

@@ -41,7 +41,7 @@ try:
 except ImportError:  # (not on Windows: no fault counts)
     resource = None
 
-__all__ = ["LAYER_SETS", "Layer", "LayerTime", "ceilings", "layers", "main", "minor_faults", "net_layers", "time_layers"]
+__all__ = ["LAYER_SETS", "Layer", "LayerTime", "ceilings", "layers", "main", "minor_faults", "net_layers", "time_layers", "timed_step"]
 
 LAYER_SETS = ("resnet50", "late", "atrous", "resnet18", "mobilenet_v2")
 
@@ -125,6 +125,13 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource else 0
 
 
+def timed_step(step) -> tuple[float, int]:
+    """``(ms, minor page faults)`` of one call of ``step``."""
+    faults, start = minor_faults(), time.perf_counter()
+    step()
+    return (time.perf_counter() - start) * 1e3, minor_faults() - faults
+
+
 @dataclass(frozen=True)
 class LayerTime:
     layer: Layer
@@ -156,9 +163,8 @@ def time_layers(chosen: list[Layer], channels_last: bool = False, dtype: str = "
 
         def sample(module) -> tuple[float, int]:
             y = module(x)
-            faults, start = minor_faults(), time.perf_counter()
-            y.backward(g)
-            return time.perf_counter() - start, minor_faults() - faults
+            ms, faults = timed_step(lambda: y.backward(g))
+            return ms / 1e3, faults
 
         chosen_before = backward_choices()
         for module in (reference, ours, reference, ours):

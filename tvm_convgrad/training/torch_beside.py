@@ -46,7 +46,7 @@ CONTROLS = ("alone", "stock")
 
 
 def _medians(samples: list[tuple[float, int]]) -> tuple[float, float]:
-    """The medians of :func:`.torch_step.timed_step`'s ``(ms, faults)`` samples."""
+    """The medians of :func:`.torch_backward.timed_step`'s ``(ms, faults)`` samples."""
     return statistics.median(ms for ms, _ in samples), statistics.median(faults for _, faults in samples)
 
 

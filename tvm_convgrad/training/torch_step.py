@@ -23,12 +23,11 @@ import argparse
 import copy
 import json
 import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .roofline import Roofline, ceiling, conv_bound_ms, measure
-from .torch_backward import minor_faults, net_layers
+from .torch_backward import minor_faults, net_layers, timed_step
 
 __all__ = ["CONV_ENTRIES", "StepConfig", "StepResult", "configs", "conv_ms", "main", "minor_faults", "parse_size", "time_steps", "timed_step", "trainers"]
 
@@ -124,13 +123,6 @@ def trainers(config: StepConfig, seed: int = 0, convert: bool = True):
         return step
 
     return trainer(stock), trainer(ours)
-
-
-def timed_step(step) -> tuple[float, int]:
-    """``(ms, minor page faults)`` of one call of ``step``."""
-    faults, start = minor_faults(), time.perf_counter()
-    step()
-    return (time.perf_counter() - start) * 1e3, minor_faults() - faults
 
 
 CONV_ENTRIES = ("aten::conv2d", "Conv2dFunction", "tvm_convgrad::conv2d", "autograd::engine::evaluate_function: ConvolutionBackward0",
