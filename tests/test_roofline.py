@@ -77,3 +77,18 @@ def test_the_host_is_measured_for_the_dtype(dtype, element_bytes):
     host = measure(dtype, copy_mib=(1, 4), side=128, repeat=1)
     assert host.element_bytes == element_bytes and host.bytes_per_s > 0 and host.flops_per_s > 0
     assert "GB/s" in str(host) and "GFLOP/s" in str(host)
+
+
+@pytest.mark.skipif(torch is None, reason="PyTorch is not installed (pip install torch==2.13.0)")
+@pytest.mark.parametrize("slow_s, sides", [(float("inf"), {256, 512, 1024}), (0.0, {256})])
+def test_the_squares_grow_to_the_side_unless_a_call_is_slow(slow_s, sides, monkeypatch):
+    """A type whose GEMM is slow here (bf16 on AVX2: 62 s for 2048 x 2048) is timed on the first
+    square that takes ``SLOW_MM_S``, a fast one on ``side``."""
+    from tvm_convgrad.training import roofline
+
+    seen = set()
+    mm = torch.mm
+    monkeypatch.setattr(roofline, "SLOW_MM_S", slow_s)
+    monkeypatch.setattr(torch, "mm", lambda a, b: seen.add(a.shape[0]) or mm(a, b))
+    assert roofline._mm_flops_per_s(torch.float32, 1024, repeat=1) > 0
+    assert seen == sides

@@ -76,18 +76,38 @@ def _copy_bytes_per_s(mib: int, repeat: int) -> float:
     return 2 * source.numel() * 4 / _best_s(lambda: target.copy_(source), repeat)
 
 
+SLOW_MM_S = 0.05
+"""A ``torch.mm`` call this long ends the squares' growth in :func:`measure`: the type has no fast
+GEMM on this host (bf16 on an AVX2 Zen 3 took 62 s for two 2048 x 2048 squares, 0.3 GFLOP/s)."""
+
+
+def _mm_flops_per_s(tensor_type, side: int, repeat: int) -> float:
+    """``torch.mm``'s best rate on two squares: the side doubled from 256 up to ``side``, unless a
+    call takes :data:`SLOW_MM_S` first."""
+    import torch
+
+    edge = min(256, side)
+    while True:
+        square = torch.randn(edge, edge).to(tensor_type)
+        start = time.perf_counter()
+        torch.mm(square, square)
+        if edge >= side or time.perf_counter() - start >= SLOW_MM_S:
+            return 2 * edge**3 / _best_s(lambda: torch.mm(square, square), repeat)
+        edge = min(2 * edge, side)
+
+
 def measure(dtype: str = "float32", copy_mib: tuple[int, ...] = (32, 256), side: int = 2048, repeat: int = 5) -> Roofline:
     """This host's :class:`Roofline` for ``dtype`` tensors: the fastest copy of each size in
     ``copy_mib`` (a step's activations, 1-40 MB, may stay in a large L3: an Emerald Rapids guest
     with 260 MB of it once copied 32 MiB at 27 GB/s and 256 MiB at 14 GB/s; the faster rate keeps
-    the bound a bound), ``torch.mm`` of two ``side x side`` squares; the best of ``repeat`` each."""
+    the bound a bound), ``torch.mm`` of two ``side x side`` squares (smaller where the type's GEMM is
+    slow here: :func:`_mm_flops_per_s`); the best of ``repeat`` each."""
     import torch
 
     tensor_type = getattr(torch, dtype)
-    square = torch.randn(side, side).to(tensor_type)
-    mm_s = _best_s(lambda: torch.mm(square, square), repeat)
+    flops_per_s = _mm_flops_per_s(tensor_type, side, repeat)
     copy_rate = max(_copy_bytes_per_s(mib, repeat) for mib in copy_mib)
-    return Roofline(copy_rate, 2 * side**3 / mm_s, torch.finfo(tensor_type).bits // 8)
+    return Roofline(copy_rate, flops_per_s, torch.finfo(tensor_type).bits // 8)
 
 
 def _gemm(layer) -> tuple[int, int, int, float]:
