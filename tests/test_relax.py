@@ -430,15 +430,16 @@ def test_the_exported_step_bench_runs(capsys):
 
 def test_relax_chooses_winograd_for_the_target_it_builds_for():
     """``algorithm_for`` gives ``"auto"`` on a CPU, and the choice is the compile target's, not
-    the host's: a 3x3 layer on 8x8 maps (4 tiles a side) runs F(2x2, 3x3) for AVX-512 and the cube
-    for AVX2 (:data:`~tvm_convgrad.dsl.compute.winograd_rules.WINOGRAD_NARROW_MIN_TILES`), its forward
-    and dX alike; the dW by its own rule (128 x 128 weights: the cube)."""
+    the host's: a 3x3 layer on 7x7 maps at N=8 (4 tiles a side, 128 of them, the last ones half
+    cut) runs F(2x2, 3x3) for AVX-512 and the cube for AVX2
+    (:data:`~tvm_convgrad.dsl.compute.winograd_rules.WINOGRAD_NARROW_ODD_MIN_TILES`), its forward
+    and dX alike; the dW by its own rule (the cube)."""
     from tvm_convgrad import isa_target
     from tvm_convgrad.frontends.conv2d import Conv2dGradients
     from tvm_convgrad.relax.forward import forward_func
     from tvm_convgrad.relax.gradient import Conv2dCall, gradient_funcs
 
-    gradients = Conv2dGradients((8, 128, 8, 8), (128, 128, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "float32")
+    gradients = Conv2dGradients((8, 128, 7, 7), (128, 128, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "float32")
     call = Conv2dCall(gradients, "NCHW", "OIHW")
     for isa, winograd in (("avx512", True), ("avx2", False)):
         target = isa_target(isa)

@@ -197,15 +197,18 @@ def test_auto_takes_winograd_where_it_pays_and_the_cube_elsewhere():
         assert build(_onednn_forward((2, 64, 16, 16), (64, 64, 3, 3), "direct")).formulation == "cube"
 
 
-@pytest.mark.parametrize("size, batch, winograd", [(8, 8, False), (7, 32, False), (10, 8, False), (12, 8, True), (14, 4, True), (16, 1, True), (28, 2, True)])
-def test_auto_on_avx2_takes_winograd_on_six_tiles_a_side_or_more(size, batch, winograd):
+@pytest.mark.parametrize("size, batch, winograd", [(8, 4, False), (7, 8, False), (8, 8, True), (10, 8, True), (7, 32, True), (12, 8, True), (14, 4, True),
+                                                    (16, 1, True), (28, 2, True)])  # fmt: skip
+def test_auto_on_avx2_takes_winograd_on_six_tiles_a_side_or_many_tiles(size, batch, winograd):
     """``"auto"`` for an AVX2 target (16-lane rows of two registers): the forward and the dX take
-    F(2x2, 3x3) only with at least :data:`WINOGRAD_NARROW_MIN_TILES` 2x2 tiles a side (Zen 3: 8x8
-    maps, 4 tiles a side, 0.83-0.85x the direct kernel; 12x12 1.4-1.5x); the same layers for
-    AVX-512 (:data:`WINOGRAD_TILES_PER_WEIGHTS` decides) and the dW keep their rules."""
-    from tvm_convgrad.dsl.compute.winograd_rules import WINOGRAD_NARROW_MIN_TILES
+    F(2x2, 3x3) with at least :data:`WINOGRAD_NARROW_MIN_TILES` 2x2 tiles a side (Zen 3: 12x12
+    1.4-1.5x the direct kernel), or with fewer on :data:`WINOGRAD_WHOLE_MIN_TILES` whole tiles
+    (8x8 N=8: 1.03-1.41x; 8x8 N=4 has 64) or :data:`WINOGRAD_NARROW_ODD_MIN_TILES` tiles of an odd
+    output (7x7 N=32: 1.01-1.31x; N=8, 128 of them, 0.66-1.06x); the same layers for AVX-512
+    (:data:`WINOGRAD_TILES_PER_WEIGHTS` decides) and the dW keep their rules."""
+    from tvm_convgrad.dsl.compute.winograd_rules import WINOGRAD_NARROW_MIN_TILES, WINOGRAD_NARROW_ODD_MIN_TILES, WINOGRAD_WHOLE_MIN_TILES
 
-    assert WINOGRAD_NARROW_MIN_TILES == 6
+    assert (WINOGRAD_NARROW_MIN_TILES, WINOGRAD_WHOLE_MIN_TILES, WINOGRAD_NARROW_ODD_MIN_TILES) == (6, 128, 512)
     shape, wshape = (batch, 128, size, size), (128, 128, 3, 3)
     kw = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], data_format="NCX", weights_format="OIX")
     with isa_target("avx2"):
@@ -357,8 +360,8 @@ def test_auto_takes_the_same_layers_on_amx_and_zen4_cores(batch, size, channels,
 
     amx, zen4 = choices(_cpu("sapphirerapids")), choices(_cpu("znver4"))
     assert amx == zen4 and amx[:2] == (choice, choice)
-    if channels == 512:  # (an AVX2 core: 4 or fewer tiles a side, the cube; the dW of 512 x 512: the cube everywhere)
-        assert choices(_cpu("znver3"))[:2] == (False, False) and amx[2] is False
+    if channels == 512:  # (an AVX2 core alike: 128 whole tiles or 512 in all; the dW of 512 x 512: the cube everywhere)
+        assert choices(_cpu("znver3"))[:2] == (choice, choice) and amx[2] is False
 
 
 @pytest.mark.parametrize("mcpu, budget", [("emeraldrapids", 1 << 20), ("sapphirerapids", 1 << 20), ("znver4", 512 << 10), ("znver3", 512 << 10),

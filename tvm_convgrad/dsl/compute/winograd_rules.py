@@ -2,11 +2,12 @@
 ``algorithm="auto"``): the thresholds, each with the measurements it rests on.
 
 The forward and dX pay with enough tiles (:data:`WINOGRAD_MIN_TILES`) per block of weights
-(:data:`WINOGRAD_TILES_PER_WEIGHTS`: every task reads the transformed weights), on an AVX-512
-target down to :data:`WINOGRAD_WHOLE_TILES_PER_WEIGHTS` where the output is whole tiles; the dW
-with few enough weights per tap (its sums are read and written once per chunk of tiles:
+(:data:`WINOGRAD_TILES_PER_WEIGHTS`: every task reads the transformed weights), down to
+:data:`WINOGRAD_WHOLE_TILES_PER_WEIGHTS` where the output is whole tiles; the dW with few enough
+weights per tap (its sums are read and written once per chunk of tiles:
 :data:`WINOGRAD_DW_MAX_WEIGHTS` and the wider AVX-512 rules); an AVX2 target's forward and dX
-with enough tiles a side (:data:`WINOGRAD_NARROW_MIN_TILES`).
+with enough tiles a side (:data:`WINOGRAD_NARROW_MIN_TILES`), or else enough tiles in all
+(:data:`WINOGRAD_WHOLE_MIN_TILES` whole ones, :data:`WINOGRAD_NARROW_ODD_MIN_TILES` otherwise).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 from .winograd import forward_shape, input_grad_shape
 
 __all__ = ["WINOGRAD_DW_MAX_WEIGHTS", "WINOGRAD_DW_TILES_PER_WEIGHTS", "WINOGRAD_DW_WIDE_MAX_WEIGHTS", "WINOGRAD_DW_WIDEST_MAX_WEIGHTS",
-           "WINOGRAD_DW_WIDEST_MIN_TILES", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_MIN_TILES", "WINOGRAD_NARROW_MIN_TILES", "WINOGRAD_TILES_PER_WEIGHTS",
+           "WINOGRAD_DW_WIDEST_MIN_TILES", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_MIN_TILES", "WINOGRAD_NARROW_MIN_TILES", "WINOGRAD_NARROW_ODD_MIN_TILES",
+           "WINOGRAD_TILES_PER_WEIGHTS",
            "WINOGRAD_WHOLE_MIN_TILES", "WINOGRAD_WHOLE_TILES_PER_WEIGHTS", "winograd_pays"]
 
 WINOGRAD_MIN_CHANNELS = 64
@@ -68,39 +70,53 @@ in registers and :func:`~tvm_convgrad.schedule.cpu.winograd.task_bytes`): 256 ->
 0.96 / 1.00x; 128 -> 128 on 8x8 N=8 (32) 1.54 / 1.52x."""
 
 WINOGRAD_WHOLE_MIN_TILES = 128
-"""On a target whose 16-lane rows are one register (AVX-512), fewest 2x2 tiles for a forward or dX
-whose output is whole tiles (even rows and columns: no partial tile computed and cut) to take
+"""Fewest 2x2 tiles for a forward or dX whose output is whole tiles (even rows and columns: no partial tile computed and cut) to take
 Winograd with as few as :data:`WINOGRAD_WHOLE_TILES_PER_WEIGHTS` tiles per 64 x 64 block of
 weights. The Emerald Rapids guest (2 cores, 2026-12-02), 512 -> 512 against the cube, forward / dX,
 NCHW then NHWC (each the median of two processes): 8x8 N=8 (128 tiles, 2 per block) 1.66 / 1.81x and 2.08 / 2.05x;
 4x4 N=32 (128, ResNet-18's last stage at 112x112) 1.21 / 1.24x and 1.30 / 1.47x. Fewer tiles stay
 the cube: 8x8 N=4 (64) 1.10 / 1.16x and 1.36 / 1.34x, 4x4 N=16 (64) 0.81 / 0.86x and 1.01 /
 0.93x, 14x14 N=2 (98) 1.01 / 1.16x and 1.01 / 1.02x, 4x4 N=8 (32) 0.59 / 0.65x and 1.12 / 0.99x;
-an odd output (7x7, its last tiles half cut) also stays (see :data:`WINOGRAD_TILES_PER_WEIGHTS`)."""
+an odd output (7x7, its last tiles half cut) also stays (see :data:`WINOGRAD_TILES_PER_WEIGHTS`).
+AVX2 on Zen 3 alike: :data:`WINOGRAD_NARROW_ODD_MIN_TILES`."""
 
 WINOGRAD_WHOLE_TILES_PER_WEIGHTS = 2
 """Fewest tiles per 64 x 64 block of weights under :data:`WINOGRAD_WHOLE_MIN_TILES`."""
 
 WINOGRAD_NARROW_MIN_TILES = 6
 """On a target whose 16-lane rows take two registers or more (AVX2), fewest 2x2 tiles a side of a
-forward's or dX's output taking Winograd by choice: its tiles' transforms cost more per multiply
-saved there. Zen 3 (AVX2), against the direct kernel, dX / forward: 8x8 maps (4 tiles a side)
-128 channels N=8 0.83 / 0.85x, 7x7 (4, an odd output) 256 N=32 1.04 / 0.94x; 12x12 256 N=8 1.40 /
-1.50x; 14x14 (7) 128 N=8 1.08x, N=32 1.28 / 1.33x, 256 N=8 1.17 / 1.06x, N=4 0.94x; 16x16 256
-N=8 1.22x; 28x28 and 56x56 1.5-1.9x."""
+forward's or dX's output taking Winograd by choice on any number of tiles from
+:data:`WINOGRAD_MIN_TILES`: its tiles' transforms cost more per multiply saved on a narrow map.
+Zen 3 (AVX2), against the direct kernel, dX / forward (2026-11-27): 12x12 256 N=8 1.40 / 1.50x;
+14x14 (7) 128 N=8 1.08x, N=32 1.28 / 1.33x, 256 N=8 1.17 / 1.06x, N=4 0.94x; 16x16 256 N=8 1.22x;
+28x28 and 56x56 1.5-1.9x. Fewer tiles a side: :data:`WINOGRAD_WHOLE_MIN_TILES`,
+:data:`WINOGRAD_NARROW_ODD_MIN_TILES`."""
+
+WINOGRAD_NARROW_ODD_MIN_TILES = 512
+"""On an AVX2 target, fewest 2x2 tiles for a forward or dX of fewer than
+:data:`WINOGRAD_NARROW_MIN_TILES` tiles a side whose output is not whole tiles (a 7x7 map: its last
+row and column of tiles half cut); with whole tiles :data:`WINOGRAD_WHOLE_MIN_TILES` suffice. The
+same Zen 3 (2 cores, 2026-12-02, after the transforms in registers and the position-major
+layouts), forward / dX against the cube, each the median of 7 alternating calls, NCHW then NHWC:
+whole tiles, 8x8 N=8 at 64, 128, 256 and 512 channels 1.23 / 1.68x, 1.03-1.27 / 1.36-1.41x and
+1.12 / 1.27x, 1.29 / 1.16x, 1.12 / 1.22x and 1.07 / 1.23x; 4x4 N=32 at 256 and 512 channels 1.40 /
+1.27x and 1.06 / 1.48x, 1.20 / 1.27x and 1.04 / 1.33x. An odd output, 7x7 N=32 (512 tiles): 128
+channels 1.23 / 1.18x, 256 1.01-1.27 / 1.14-1.31x and 1.18 / 1.09x, 512 1.02 / 1.17x; 7x7 N=8
+(128 tiles) stays the cube: 256 channels 1.02 / 0.91x and 0.66 / 1.06x, 512 0.77 / 0.89x."""
 
 
 def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False, narrow: bool = False, planar: bool = False) -> bool:
     """Whether F(2x2, 3x3) is the faster of the two on a layer it applies to: at least
     :data:`WINOGRAD_MIN_CHANNELS` channels each side, :data:`WINOGRAD_MIN_TILES` tiles, and
     :data:`WINOGRAD_TILES_PER_WEIGHTS` tiles per 64 x 64 block of weights (every task reads the
-    transformed weights, 16 / 9 of the weights' size; an AVX-512 forward or dX of at least
+    transformed weights, 16 / 9 of the weights' size; a forward or dX of at least
     :data:`WINOGRAD_WHOLE_MIN_TILES` whole tiles: :data:`WINOGRAD_WHOLE_TILES_PER_WEIGHTS`); the
     weight gradient (``filter_grad``) at most :data:`WINOGRAD_DW_MAX_WEIGHTS` weights per tap (AVX-512: :data:`WINOGRAD_DW_WIDE_MAX_WEIGHTS`
     and :data:`WINOGRAD_DW_TILES_PER_WEIGHTS`, or up to :data:`WINOGRAD_DW_WIDEST_MAX_WEIGHTS` on
     :data:`WINOGRAD_DW_WIDEST_MIN_TILES` whole tiles); the forward and dX for a target whose
     16-lane rows take several registers (``narrow``: AVX2) at least
-    :data:`WINOGRAD_NARROW_MIN_TILES` tiles a side; there the dW over channel-planar (``planar``:
+    :data:`WINOGRAD_NARROW_MIN_TILES` tiles a side, or :data:`WINOGRAD_WHOLE_MIN_TILES` whole
+    tiles, or :data:`WINOGRAD_NARROW_ODD_MIN_TILES` tiles; there the dW over channel-planar (``planar``:
     NCX) activations keeps the cube (its transforms gather each vector from 16 planes; Zen 3, 64
     channels: 56x56 N=8 0.87x the direct kernel, 28x28 N=32 0.91x, 16x16 N=8 0.86x; over NXC
     activations 1.13x, 1.15x, 1.03x)."""
@@ -116,11 +132,10 @@ def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False, nar
         return False
     if filter_grad and not widest and geom.cin * geom.cout > WINOGRAD_DW_MAX_WEIGHTS and tiles < WINOGRAD_DW_TILES_PER_WEIGHTS * weight_blocks:
         return False
-    if narrow and not filter_grad and min(th, tw) < WINOGRAD_NARROW_MIN_TILES:
+    many_whole = whole and tiles >= WINOGRAD_WHOLE_MIN_TILES
+    if narrow and not filter_grad and min(th, tw) < WINOGRAD_NARROW_MIN_TILES and not (many_whole or tiles >= WINOGRAD_NARROW_ODD_MIN_TILES):
         return False
     if narrow and filter_grad and planar:
         return False
-    per_weights = WINOGRAD_TILES_PER_WEIGHTS
-    if not (filter_grad or narrow) and whole and tiles >= WINOGRAD_WHOLE_MIN_TILES:
-        per_weights = WINOGRAD_WHOLE_TILES_PER_WEIGHTS
+    per_weights = WINOGRAD_WHOLE_TILES_PER_WEIGHTS if many_whole and not filter_grad else WINOGRAD_TILES_PER_WEIGHTS
     return min(geom.cin, geom.cout) >= WINOGRAD_MIN_CHANNELS and tiles >= max(WINOGRAD_MIN_TILES, per_weights * weight_blocks)
