@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from .winograd import forward_shape, input_grad_shape
 
-__all__ = ["WINOGRAD_DW_MAX_WEIGHTS", "WINOGRAD_DW_TILES_PER_WEIGHTS", "WINOGRAD_DW_WIDE_MAX_WEIGHTS", "WINOGRAD_DW_WIDEST_MAX_WEIGHTS",
-           "WINOGRAD_DW_WIDEST_MIN_TILES", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_MIN_TILES", "WINOGRAD_NARROW_MIN_TILES", "WINOGRAD_NARROW_ODD_MIN_TILES",
-           "WINOGRAD_TILES_PER_WEIGHTS",
-           "WINOGRAD_WHOLE_MIN_TILES", "WINOGRAD_WHOLE_TILES_PER_WEIGHTS", "winograd_pays"]
+__all__ = ["WINOGRAD_DW_MAX_WEIGHTS", "WINOGRAD_DW_TILES_PER_WEIGHTS", "WINOGRAD_DW_WIDE_MAX_WEIGHTS",
+           "WINOGRAD_DW_WIDEST_MAX_WEIGHTS", "WINOGRAD_DW_WIDEST_MIN_TILES", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_MIN_TILES",
+           "WINOGRAD_NARROW_MIN_TILES", "WINOGRAD_NARROW_ODD_MIN_TILES", "WINOGRAD_TILES_PER_WEIGHTS", "WINOGRAD_WHOLE_MIN_TILES",
+           "WINOGRAD_WHOLE_TILES_PER_WEIGHTS", "winograd_pays"]
 
 WINOGRAD_MIN_CHANNELS = 64
 """Fewest input and output channels a layer takes Winograd at by choice (``algorithm="auto"``):
@@ -70,8 +70,8 @@ in registers and :func:`~tvm_convgrad.schedule.cpu.winograd.task_bytes`): 256 ->
 0.96 / 1.00x; 128 -> 128 on 8x8 N=8 (32) 1.54 / 1.52x."""
 
 WINOGRAD_WHOLE_MIN_TILES = 128
-"""Fewest 2x2 tiles for a forward or dX whose output is whole tiles (even rows and columns: no partial tile computed and cut) to take
-Winograd with as few as :data:`WINOGRAD_WHOLE_TILES_PER_WEIGHTS` tiles per 64 x 64 block of
+"""Fewest 2x2 tiles for a forward or dX whose output is whole tiles (even rows and columns: no
+partial tile computed and cut) to take Winograd with as few as :data:`WINOGRAD_WHOLE_TILES_PER_WEIGHTS` tiles per 64 x 64 block of
 weights. The Emerald Rapids guest (2 cores, 2026-12-02), 512 -> 512 against the cube, forward / dX,
 NCHW then NHWC (each the median of two processes): 8x8 N=8 (128 tiles, 2 per block) 1.66 / 1.81x and 2.08 / 2.05x;
 4x4 N=32 (128, ResNet-18's last stage at 112x112) 1.21 / 1.24x and 1.30 / 1.47x. Fewer tiles stay
@@ -133,7 +133,8 @@ def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False, nar
     if filter_grad and not widest and geom.cin * geom.cout > WINOGRAD_DW_MAX_WEIGHTS and tiles < WINOGRAD_DW_TILES_PER_WEIGHTS * weight_blocks:
         return False
     many_whole = whole and tiles >= WINOGRAD_WHOLE_MIN_TILES
-    if narrow and not filter_grad and min(th, tw) < WINOGRAD_NARROW_MIN_TILES and not (many_whole or tiles >= WINOGRAD_NARROW_ODD_MIN_TILES):
+    few_a_side = min(th, tw) < WINOGRAD_NARROW_MIN_TILES
+    if narrow and not filter_grad and few_a_side and not (many_whole or tiles >= WINOGRAD_NARROW_ODD_MIN_TILES):
         return False
     if narrow and filter_grad and planar:
         return False
