@@ -137,6 +137,40 @@ def no_child_process_outlives_its_test():
         psutil.wait_procs(alive, timeout=5)
         pytest.fail(f"{len(described)} child process(es) outlived the test: " + "; ".join(described), pytrace=False)
 
+# --- the longest tests first ------------------------------------------------------------------------
+
+LONGEST_FIRST = (
+    "test_memory_bounds.py::test_random_calls_",  # 108 s on the 2-core Zen 3 (2026-12-02, in a 2-worker run)
+    "test_cuda.py::test_tune_for_cuda_",  # 93
+    "test_relax.py::test_the_exported_step_bench_runs",  # 89
+    "test_memory_bounds.py::test_the_calls_issue_26_",  # 84
+    "test_benchdnn.py::test_every_small_problem_",  # 4 x 57-84
+    "test_notebooks.py::test_notebook_runs",  # 6: 73, 71, 46, ...
+    "test_torch_step.py::test_stock_beside_",  # 62
+    "test_tune.py::test_tune_over_an_rpc_tracker",  # 51
+    "test_soak.py::",  # 45
+    "test_build.py::test_index_width",  # 41
+    "test_training.py::test_train_command_writes_",  # 41
+    "test_tune.py::test_tune_locally_",  # 39
+    "test_relax.py::test_a_pytorch_module_exported_",  # 37
+    "test_bench.py::test_a_bf16_bench_",  # 35
+    "test_torch_step.py::test_a_converted_network_",  # 4: 22-35
+    "test_tune.py::test_shipped_records_",  # 34
+)
+"""Node ids (their starts, under ``tests/``) of the tests that take longest, longest first: they are
+collected first, so that xdist's workers start them first and share them, and the suite ends on
+short tests (collected in file order, five of them made the last 7 minutes of a 40-minute run on
+the 2-core Zen 3 one worker's alone)."""
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        node = item.nodeid.removeprefix("tests/")
+        return next((i for i, start in enumerate(LONGEST_FIRST) if node.startswith(start)), len(LONGEST_FIRST))
+
+    items.sort(key=rank)  # stable: the rest keep their order
+
+
 slow = pytest.mark.slow
 
 

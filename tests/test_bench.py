@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -17,6 +14,7 @@ from tvm_convgrad.tools.bench import results as bench_results
 from tvm_convgrad.tools.bench import run as bench_run
 from tvm_convgrad.isa import host_can_run
 
+from cli_runs import cli, cli_in_process
 from conftest import needs_torch, slow
 
 
@@ -45,10 +43,8 @@ def test_summary_is_a_geometric_mean():
 @slow
 @needs_torch
 def test_bench_command_writes_table_json_and_chart(tmp_path):
-    exe = shutil.which("tvm-convgrad")
-    command = [exe] if exe else [sys.executable, "-m", "tvm_convgrad.cli"]
     args = ["bench", "--filter", r"res5b_branch2a\.n1", "--op", "both", "--rounds", "1", "--out", str(tmp_path), "--no-progress"]
-    run = subprocess.run([*command, *args], capture_output=True, text=True, timeout=600)
+    run = cli(*args, timeout=600)
     assert run.returncode == 0, run.stderr
     assert "torch/ours" in run.stdout and "FMA peak" in run.stdout and "geomean" in run.stdout
     record = json.loads((tmp_path / "bench.json").read_text())
@@ -65,9 +61,7 @@ def test_bench_command_writes_table_json_and_chart(tmp_path):
 @slow
 @needs_torch
 def test_bench_rejects_an_empty_selection(tmp_path):
-    exe = shutil.which("tvm-convgrad")
-    command = [exe] if exe else [sys.executable, "-m", "tvm_convgrad.cli"]
-    run = subprocess.run([*command, "bench", "--filter", "no-such-layer", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    run = cli_in_process("bench", "--filter", "no-such-layer", "--out", str(tmp_path))
     assert run.returncode == 2 and "no benchmark case matches" in run.stderr and "Traceback" not in run.stderr
 
 
@@ -76,10 +70,8 @@ def test_bench_rejects_an_empty_selection(tmp_path):
 @pytest.mark.skipif(not host_can_run(isa_target("avx2")), reason="this machine cannot run AVX2 code")
 def test_bench_isa_caps_both_sides(tmp_path):
     """--isa avx2: ours built for AVX2, PyTorch capped to AVX2 before it loads (oneDNN says so)."""
-    exe = shutil.which("tvm-convgrad")
-    command = [exe] if exe else [sys.executable, "-m", "tvm_convgrad.cli"]
     args = ["bench", "--isa", "avx2", "--filter", r"res5b_branch2a\.n1", "--op", "input", "--rounds", "1", "--out", str(tmp_path), "--no-progress"]
-    run = subprocess.run([*command, *args], capture_output=True, text=True, timeout=600)
+    run = cli(*args, timeout=600)
     assert run.returncode == 0, run.stderr
     record = json.loads((tmp_path / "bench.json").read_text())
     assert record["isa"]["name"] == "avx2" and record["isa"]["ours"].startswith("avx2")
@@ -126,10 +118,8 @@ def test_bench_rejects_an_isa_the_machine_cannot_run(monkeypatch, tmp_path):
 def test_bench_times_the_onednn_frontend(tmp_path):
     """--api onednn: ours through ConvolutionBackwardWeights and ConvolutionBackwardData (float32
     NXC), PyTorch channels-last, both checked before they are timed."""
-    exe = shutil.which("tvm-convgrad")
-    command = [exe] if exe else [sys.executable, "-m", "tvm_convgrad.cli"]
     args = ["bench", "--api", "onednn", "--filter", r"res5b_branch2a\.n1", "--op", "both", "--rounds", "1", "--out", str(tmp_path), "--no-progress"]
-    run = subprocess.run([*command, *args], capture_output=True, text=True, timeout=600)
+    run = cli(*args, timeout=600)
     assert run.returncode == 0, run.stderr
     record = json.loads((tmp_path / "bench.json").read_text())
     assert record["settings"]["api"] == "onednn" and [r["op"] for r in record["results"]] == ["wgrad", "dgrad"]
@@ -166,11 +156,9 @@ def test_bench_times_default_and_tuned_side_by_side(tmp_path):
     from tvm_convgrad.compile import open_database
 
     open_database(tmp_path / "empty", create=True)
-    exe = shutil.which("tvm-convgrad")
-    command = [exe] if exe else [sys.executable, "-m", "tvm_convgrad.cli"]
     args = ["bench", "--schedule", "tuned", "--schedules", str(tmp_path / "empty"), "--filter", r"res5b_branch2a\.n1", "--op", "filter",
             "--rounds", "1", "--out", str(tmp_path / "out"), "--no-progress"]  # fmt: skip
-    run = subprocess.run([*command, *args], capture_output=True, text=True, timeout=600)
+    run = cli(*args, timeout=600)
     assert run.returncode == 0, run.stderr
     record = json.loads((tmp_path / "out" / "bench.json").read_text())
     (result,) = record["results"]
@@ -189,14 +177,12 @@ def _has_gpu() -> bool:
 @needs_torch
 @pytest.mark.skipif(_has_gpu(), reason="this machine has a GPU: the CUDA bench runs")
 def test_cuda_bench_says_it_needs_a_gpu(tmp_path):
-    exe = shutil.which("tvm-convgrad")
-    command = [exe] if exe else [sys.executable, "-m", "tvm_convgrad.cli"]
     for args, message in (
         (["--target", "cuda"], "--target cuda needs a CUDA GPU: TVM finds no CUDA GPU"),
         (["--target", "cuda", "--isa", "avx2"], "--isa, --api and --schedule are for the CPU"),
         (["--target", "cuda", "--suite", "conv3d"], "the TBE DSL is 2-D"),
     ):
-        run = subprocess.run([*command, "bench", *args, "--out", str(tmp_path), "--no-progress"], capture_output=True, text=True, timeout=300)
+        run = cli_in_process("bench", *args, "--out", str(tmp_path), "--no-progress")
         assert run.returncode == 2 and message in run.stderr, run.stderr
         assert "Traceback" not in run.stderr
     assert not (tmp_path / "bench.json").exists()

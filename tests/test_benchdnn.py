@@ -72,8 +72,13 @@ def _sweep(selected: list[tuple[object, int]], dtype: str = "float32", ops=None)
 def _sweep_in_children(part: int, parts: int) -> None:
     """Part ``part`` of ``parts`` of the slow tier's work (:func:`_slow_calls`) split between a
     child process per core of this worker (the builds are single-threaded): ``python
-    tests/test_benchdnn.py PART PARTS CHILD CHILDREN``."""
+    tests/test_benchdnn.py PART PARTS CHILD CHILDREN``; in this process where the worker has one
+    core (a new process spends ~7 s of it importing TVM)."""
     cores = worker_cores()
+    if cores == 1:
+        errors = _sweep_share(part, parts, 0, 1)
+        assert not errors, "\n".join(errors)
+        return
     children = [subprocess.Popen([sys.executable, __file__, str(part), str(parts), str(k), str(cores)], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True) for k in range(cores)]  # fmt: skip
     failures = []
@@ -205,12 +210,16 @@ def test_every_small_problem_matches_the_reference(part):
     _sweep_in_children(part, SLOW_PARTS)
 
 
-if __name__ == "__main__":  # a child of _sweep_in_children: its share of a part of the slow tier's calls
-    part, parts, child, children = (int(a) for a in sys.argv[1:5])
+def _sweep_share(part: int, parts: int, child: int, children: int) -> list[str]:
+    """The failures of share ``child`` of ``children`` of part ``part`` of ``parts`` of the slow tier's calls."""
     mine, errors = _slow_calls()[part::parts][child::children], []
     for dtype in ("float32", "bfloat16"):
         try:
             _sweep([(p, i) for p, i, t, _ in mine if t == dtype], dtype, [(op,) for _, _, t, op in mine if t == dtype])
         except AssertionError as err:
             errors.append(str(err))
-    sys.exit("\n".join(errors) or None)
+    return errors
+
+
+if __name__ == "__main__":  # a child of _sweep_in_children
+    sys.exit("\n".join(_sweep_share(*(int(a) for a in sys.argv[1:5]))) or None)

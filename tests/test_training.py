@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from cli_runs import cli_in_process
 from conftest import slow, torch
 
 pytestmark = pytest.mark.skipif(torch is None, reason="PyTorch is not installed (pip install torch==2.13.0)")
@@ -63,5 +64,5 @@ def test_train_command_writes_the_curves_and_agrees(tmp_path):
 
 @slow
 def test_train_command_rejects_an_unknown_client():
-    run = subprocess.run([sys.executable, "-m", "tvm_convgrad.cli", "train", "--clients", "jax"], capture_output=True, text=True, timeout=300)
+    run = cli_in_process("train", "--clients", "jax")
     assert run.returncode != 0 and "--clients" in run.stderr
