@@ -6,13 +6,11 @@ accuracy each, the loss curves within 1e-3 over the first 20 steps) is notebook 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from cli_runs import cli_in_process
+from cli_runs import cli, cli_in_process
 from conftest import slow, torch
 
 pytestmark = pytest.mark.skipif(torch is None, reason="PyTorch is not installed (pip install torch==2.13.0)")
@@ -52,8 +50,7 @@ def test_relax_and_torch_models_compute_the_same_forward():
 
 @slow
 def test_train_command_writes_the_curves_and_agrees(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "tvm_convgrad.cli", "train", "--steps", "24", "--out", str(tmp_path), "--no-progress"],
-                         capture_output=True, text=True, timeout=900)  # fmt: skip
+    run = cli("train", "--steps", "24", "--out", str(tmp_path), "--no-progress", timeout=900)
     assert run.returncode == 0, run.stderr
     record = json.loads((tmp_path / "train.json").read_text())
     assert set(record["runs"]) == {"relax", "torch", "torch-ours"} and (tmp_path / "loss_curve.png").stat().st_size > 0
