@@ -12,7 +12,9 @@ in its graph. Types float32, bfloat16, float16 (and float64, computed in float32
 ``gradcheck``); CPU tensors. The kernels run on PyTorch's own OpenMP threads (:mod:`.openmp`,
 registered when this module is imported): one set of cores for both, neither pool spinning
 against the other; their scratch buffers come from malloc as PyTorch's do, or are kept between
-calls (:mod:`.workspace`: ``set_workspaces("malloc" | "kept")``); glibc's heap thresholds are
+calls (:mod:`.workspace`: ``set_workspaces("malloc" | "kept")``); their large results (the
+forward's output, dX) lie over mappings kept between calls, touched already (:mod:`.outputs`:
+``set_outputs("kept" | "malloc")``, ``release_outputs()``); glibc's heap thresholds are
 pinned at their dynamic rule's maxima, so that the drop-in's memory beside PyTorch's does not decide
 when glibc returns PyTorch's (:mod:`.heap`; ``TVM_CONVGRAD_HEAP=glibc`` keeps glibc's rule).
 
@@ -32,6 +34,7 @@ from torch import nn
 from ..errors import ConvGradError
 from .kernels import CACHED_CALLS, input_grad_kernel, weight_grad_kernel
 from .heap import heap_pinned, pin_heap
+from .outputs import get_outputs, is_kept, kept_outputs, release_outputs, set_outputs
 from .openmp import use_pytorch_threads, using_pytorch_threads
 from .workspace import get_workspaces, kept_workspaces, set_workspaces, use_pytorch_allocator, using_pytorch_allocator, workspace_allocations
 from . import ops
@@ -44,7 +47,8 @@ use_pytorch_allocator()  # ... and takes its scratch buffers from malloc, as PyT
 pin_heap()  # glibc maps and trims by fixed thresholds, not by what the process has freed so far (see .heap)
 
 __all__ = ["CACHED_CALLS", "Conv2d", "backward_choices", "conv2d", "convert_conv2d", "conv2d_input_grad", "conv2d_weight_grad", "conv_call", "forward_choices",
-           "get_backward", "get_forward", "get_workspaces", "heap_pinned", "input_grad_kernel", "kept_workspaces", "pads_of", "pin_heap", "set_backward", "set_forward", "set_workspaces", "use_pytorch_allocator",
+           "get_backward", "get_forward", "get_outputs", "get_workspaces", "heap_pinned", "input_grad_kernel", "is_kept", "kept_outputs", "kept_workspaces", "pads_of", "pin_heap",
+           "release_outputs", "set_backward", "set_forward", "set_outputs", "set_workspaces", "use_pytorch_allocator",
            "use_pytorch_threads", "using_pytorch_allocator", "using_pytorch_threads", "weight_grad_kernel", "workspace_allocations"]  # fmt: skip
 
 _IntPair = Union[int, Sequence[int]]

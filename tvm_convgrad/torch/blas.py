@@ -25,6 +25,8 @@ from typing import Callable, Optional
 
 import torch
 
+from . import outputs
+
 __all__ = ["ACCUMULATE_FROM", "applies", "forward", "gradients"]
 
 ACCUMULATE_FROM = 128
@@ -55,7 +57,7 @@ def _planar_gemm(w2: torch.Tensor, t: torch.Tensor, copies: bool) -> torch.Tenso
     or one GEMM over a channel-major copy of ``t`` (``copies``, see :data:`COPIES_MIN_CHANNELS`)."""
     n, c, h, w = t.shape
     if not copies:
-        return torch.matmul(w2, t.reshape(n, c, h * w)).view(n, -1, h, w)
+        return torch.matmul(w2, t.reshape(n, c, h * w), out=outputs.empty((n, w2.shape[0], h * w), t.dtype, False)).view(n, -1, h, w)
     rows = torch.mm(w2, t.transpose(0, 1).reshape(c, n * h * w))
     return rows.view(-1, n, h, w).transpose(0, 1).contiguous()
 
@@ -90,7 +92,8 @@ def forward(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     w2 = weight.reshape(weight.shape[0], c)
     if channels_last:
         x2 = _pixels(input)
-        return _from_pixels(torch.mm(x2, w2.t()) if bias is None else torch.addmm(bias, x2, w2.t()), n, h, w)
+        rows = outputs.empty((x2.shape[0], w2.shape[0]), input.dtype, False)
+        return _from_pixels(torch.mm(x2, w2.t(), out=rows) if bias is None else torch.addmm(bias, x2, w2.t(), out=rows), n, h, w)
     y = _planar_gemm(w2, input, _copies(input, w2))
     if bias is not None:
         y += bias[:, None, None]
@@ -127,7 +130,7 @@ def gradients(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tens
         if channels_last:
             dy2 = _pixels(grad_output)
             if dx:
-                grad_input = _from_pixels(torch.mm(dy2, w2), n, h, w)
+                grad_input = _from_pixels(torch.mm(dy2, w2, out=outputs.empty((dy2.shape[0], c), dy2.dtype, False)), n, h, w)
             if dw:
                 grad_weight = torch.mm(dy2.t(), _pixels(input)).view(o, c, 1, 1)
             return grad_input, grad_weight

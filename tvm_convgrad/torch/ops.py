@@ -27,7 +27,7 @@ import torch
 
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
-from . import blas
+from . import blas, outputs
 from .backward import gradients, pytorch_gradients
 from .forward import forward as choose_forward
 from .forward import pytorch as pytorch_forward
@@ -64,7 +64,7 @@ def _input_grad(plan: CallPlan, grad_output: torch.Tensor, weight: torch.Tensor)
     if plan.taps is not None:
         weight = weight[:, :, plan.taps[0], plan.taps[1]]
     dy, w = _narrow(grad_output), _narrow(weight)
-    out = torch.empty(call.x_shape, dtype=dy.dtype, memory_format=memory_format(call.data_format == "NXC"))
+    out = outputs.empty(call.x_shape, dy.dtype, call.data_format == "NXC")
     _run(plan.input_grad, as_layout(out, call), as_layout(dy, call), as_weights(w, call))
     return out if out.dtype == grad_output.dtype else out.to(grad_output.dtype)
 

@@ -1,0 +1,159 @@
+"""The drop-in's large results -- the forward's output and dX -- in memory kept mapped between calls.
+
+A training step frees its activations and their gradients and allocates them again in the next
+step, and every freshly mapped page costs a page fault on its first touch (~1 us on the Emerald
+Rapids guest, each 4 KiB; ~2 us on the Zen 3). glibc maps every request of 32 MiB or more
+(:mod:`.heap`) and unmaps it when freed, and serves smaller ones from its heap, which it trims
+when 64 MiB lie free at its top; so whether a step's tensors fault depends on what the whole
+process holds, and the step time follows the count. MobileNetV2 channels-last at 32 x 112x112
+(f32, the Emerald Rapids guest): stock and drop-in steps with no faults took the same ~370 ms;
+steps took 0-47,000 faults (each 9,409 one 38.5 MB tensor) and up to 550 ms.
+
+Under ``"kept"`` (the default) a result of :data:`OUTPUTS_FROM` bytes or more is a tensor over
+a mapping (``mmap``, outside glibc's heap) that returns to this module when PyTorch frees the
+tensor's storage, and the next result of the same length takes it: its pages are touched already,
+as PyTorch's CUDA caching allocator keeps device memory. At most :data:`KEPT_BYTES` lie idle; a
+mapping returned beyond that is unmapped. :func:`release_outputs` unmaps the idle ones now
+(``torch.cuda.empty_cache``'s counterpart). Under ``"malloc"`` results are ``torch.empty``'s.
+Set with :func:`set_outputs`, or ``TVM_CONVGRAD_OUTPUTS`` at import.
+
+The tensors are ordinary CPU tensors with their own storage (not views), laid out as
+``torch.empty`` would lay them (contiguous, or channels-last where asked); their storage is not
+resizable (``resize_`` to more elements raises), as a tensor from ``torch.from_numpy``.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import mmap
+import os
+import threading
+
+import numpy as np
+import torch
+
+from ..errors import ConvGradError
+
+__all__ = ["KEPT_BYTES", "OUTPUTS_FROM", "POLICIES", "empty", "get_outputs", "is_kept", "kept_outputs", "release_outputs", "set_outputs"]
+
+POLICIES = ("kept", "malloc")
+"""``TVM_CONVGRAD_OUTPUTS``' values (see the module docstring)."""
+OUTPUTS_FROM = 1 << 20
+"""Fewest bytes of a result taken from the kept mappings (smaller ones from ``torch.empty``)."""
+KEPT_BYTES = 1 << 30
+"""Most bytes of idle mappings held (one returned beyond it is unmapped)."""
+PAGE = mmap.PAGESIZE
+
+_LOCK = threading.Lock()
+_IDLE: collections.deque = collections.deque()  # (length, mapping), oldest first
+_LENT: dict[int, int] = {}  # address: length of the mappings lent to tensors now
+_STATE = {"policy": "kept", "bytes": 0, "maps": 0}
+
+
+def _check(policy: str, name: str = "policy") -> None:
+    if policy not in POLICIES:
+        raise ConvGradError("tvm_convgrad.torch.set_outputs", name, policy, f"must be one of {list(POLICIES)}")
+
+
+class _Lease:
+    """One mapping lent to a tensor (numpy's ``__array_interface__`` keeps it as the array's base):
+    back to the idle ones when PyTorch frees the storage."""
+
+    __slots__ = ("mapping", "length", "__array_interface__")
+
+    def __init__(self, mapping: np.ndarray, length: int):
+        self.mapping, self.length = mapping, length
+        self.__array_interface__ = {"data": (mapping.ctypes.data, False), "shape": (length,), "typestr": "|u1", "version": 3}
+
+    def __del__(self):
+        try:
+            _give_back(self.length, self.mapping)
+        except Exception:  # noqa: BLE001 -- at interpreter shutdown the module's globals are gone
+            pass
+
+
+def _give_back(length: int, mapping: np.ndarray) -> None:
+    with _LOCK:
+        _LENT.pop(mapping.ctypes.data, None)
+        if _STATE["policy"] == "kept" and _STATE["bytes"] + length <= KEPT_BYTES:
+            _IDLE.append((length, mapping))
+            _STATE["bytes"] += length
+
+
+def _take(length: int) -> np.ndarray:
+    """An idle mapping of ``length`` bytes (the latest returned), or a new one."""
+    with _LOCK:
+        for i in range(len(_IDLE) - 1, -1, -1):
+            if _IDLE[i][0] == length:
+                mapping = _IDLE[i][1]
+                del _IDLE[i]
+                _STATE["bytes"] -= length
+                return mapping
+        _STATE["maps"] += 1
+    return np.frombuffer(mmap.mmap(-1, length), np.uint8)
+
+
+def _strides(shape: tuple, channels_last: bool) -> tuple:
+    """``torch.empty``'s strides of ``shape`` (channels-last: a 4-D tensor's ``(H*W*C, 1, W*C, C)``)."""
+    order = (0, 2, 3, 1) if channels_last and len(shape) == 4 else tuple(range(len(shape)))
+    strides, step = [0] * len(shape), 1
+    for axis in reversed(order):
+        strides[axis] = step
+        step *= shape[axis]
+    return tuple(strides)
+
+
+def empty(shape, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
+    """An uninitialized CPU tensor of ``shape`` and ``dtype``, channels-last where asked and 4-D:
+    over a kept mapping under ``"kept"`` from :data:`OUTPUTS_FROM` bytes, else ``torch.empty``'s."""
+    shape = tuple(int(extent) for extent in shape)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if _STATE["policy"] != "kept" or nbytes < OUTPUTS_FROM:
+        layout = torch.channels_last if channels_last and len(shape) == 4 else torch.contiguous_format
+        return torch.empty(shape, dtype=dtype, memory_format=layout)
+    length = -(-nbytes // PAGE) * PAGE
+    lease = _Lease(_take(length), length)
+    with _LOCK:
+        _LENT[lease.mapping.ctypes.data] = length
+    storage = torch.from_numpy(np.asarray(lease)).untyped_storage()
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape, _strides(shape, channels_last))
+
+
+def is_kept(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s storage is a kept mapping (lent to it and its views)."""
+    return tensor.untyped_storage().data_ptr() in _LENT
+
+
+def release_outputs() -> int:
+    """Unmap the idle mappings now; returns their bytes."""
+    with _LOCK:
+        released = _STATE["bytes"]
+        _IDLE.clear()
+        _STATE["bytes"] = 0
+    return released
+
+
+def set_outputs(policy: str) -> None:
+    """The results' policy from now on, ``"kept"`` or ``"malloc"``; leaving ``"kept"`` unmaps the
+    idle mappings (those lent out are unmapped when PyTorch frees them)."""
+    _check(policy)
+    _STATE["policy"] = policy
+    if policy != "kept":
+        release_outputs()
+
+
+def get_outputs() -> str:
+    """The current policy."""
+    return _STATE["policy"]
+
+
+def kept_outputs() -> dict[str, int]:
+    """``{"maps": mappings made, "held": idle mappings now, "bytes": their bytes}`` in this process."""
+    with _LOCK:
+        return {"maps": _STATE["maps"], "held": len(_IDLE), "bytes": _STATE["bytes"]}
+
+
+_policy = os.environ.get("TVM_CONVGRAD_OUTPUTS", "kept")
+_check(_policy, "TVM_CONVGRAD_OUTPUTS")
+_STATE["policy"] = _policy
