@@ -71,6 +71,14 @@ def test_the_ceiling_replaces_stocks_convolutions_by_their_bound():
     assert ceiling(400.0, 100.0, 100.0) == 1.0  # convolutions already at their bound: nothing to gain
 
 
+def test_the_ceiling_takes_the_convolutions_share_of_the_profiled_step():
+    """The profiled step (slower: the profiler, its own page faults) gives the convolutions' share,
+    applied to the timed step; a profile whose convolutions outlast the timed step stays bounded."""
+    assert ceiling(400.0, 300.0, 100.0, profiled_ms=600.0) == pytest.approx(400 / (400 - 200 + 100))
+    assert ceiling(429.1, 483.8, 60.2, profiled_ms=560.0) == pytest.approx(429.1 / (429.1 * (1 - 483.8 / 560.0) + 60.2))
+    assert ceiling(429.1, 483.8, 60.2, profiled_ms=470.0) == pytest.approx(429.1 / 60.2)  # share capped at the whole step
+
+
 @pytest.mark.skipif(torch is None, reason="PyTorch is not installed (pip install torch==2.13.0)")
 @pytest.mark.parametrize("dtype, element_bytes", [("float32", 4), ("bfloat16", 2)])
 def test_the_host_is_measured_for_the_dtype(dtype, element_bytes):

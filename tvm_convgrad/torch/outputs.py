@@ -6,8 +6,10 @@ Rapids guest, each 4 KiB; ~2 us on the Zen 3). glibc maps every request of 32 Mi
 (:mod:`.heap`) and unmaps it when freed, and serves smaller ones from its heap, which it trims
 when 64 MiB lie free at its top; so whether a step's tensors fault depends on what the whole
 process holds, and the step time follows the count. MobileNetV2 channels-last at 32 x 112x112
-(f32, the Emerald Rapids guest): stock and drop-in steps with no faults took the same ~370 ms;
-steps took 0-47,000 faults (each 9,409 one 38.5 MB tensor) and up to 550 ms.
+(f32, the Emerald Rapids guest): steps took 0-47,000 faults (each 9,409 one 38.5 MB tensor), and
+those without any ran ~370 ms on both sides, those with the most up to 550. Steps alternating stock,
+the drop-in with kept results and with ``torch.empty``'s, in one process (9 rounds, medians): 331 /
+316 / 327 ms, 13,623 / 0 / 18,819 faults a step (``docs/training.md``, "The results, kept").
 
 Under ``"kept"`` (the default) a result of :data:`OUTPUTS_FROM` bytes or more is a tensor over
 a mapping (``mmap``, outside glibc's heap) that returns to this module when PyTorch frees the
@@ -20,6 +22,7 @@ Set with :func:`set_outputs`, or ``TVM_CONVGRAD_OUTPUTS`` at import.
 The tensors are ordinary CPU tensors with their own storage (not views), laid out as
 ``torch.empty`` would lay them (contiguous, or channels-last where asked); their storage is not
 resizable (``resize_`` to more elements raises), as a tensor from ``torch.from_numpy``.
+:func:`is_kept` says whether a tensor's storage is a kept mapping, :func:`kept_outputs` counts them.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ KEPT_BYTES = 1 << 30
 """Most bytes of idle mappings held (one returned beyond it is unmapped)."""
 PAGE = mmap.PAGESIZE
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # re-entrant: a collection inside a locked section may free a lease
 _IDLE: collections.deque = collections.deque()  # (length, mapping), oldest first
 _LENT: dict[int, int] = {}  # address: length of the mappings lent to tensors now
 _STATE = {"policy": "kept", "bytes": 0, "maps": 0}

@@ -23,6 +23,7 @@ import argparse
 import copy
 import json
 import statistics
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -69,6 +70,8 @@ class StepResult:
     ours_faults: list[int] = field(default_factory=list)
     stock_conv_ms: float = 0.0  # the convolutions' whole time per profiled step (see conv_ms)
     ours_conv_ms: float = 0.0
+    stock_profiled_ms: float = 0.0  # a profiled step's time (profiler included): what stock_conv_ms is a share of
+    ours_profiled_ms: float = 0.0
     conv_bound_ms: float = 0.0  # the least they could take on this host (roofline.conv_bound_ms); 0: not computed
     host: str = ""  # that roofline's two rates
 
@@ -83,7 +86,7 @@ class StepResult:
         (:func:`.roofline.ceiling`); 0 where the step was not profiled or bounded."""
         if not (self.stock_conv_ms and self.conv_bound_ms):
             return 0.0
-        return ceiling(self.stock_ms, self.stock_conv_ms, self.conv_bound_ms)
+        return ceiling(self.stock_ms, self.stock_conv_ms, self.conv_bound_ms, self.stock_profiled_ms or None)
 
 
 def configs(nets, sizes, layouts, dtypes) -> list[StepConfig]:
@@ -145,16 +148,18 @@ def conv_ms(events, steps: int) -> float:
     return sum(e.cpu_time_total for e in events if e.name in CONV_ENTRIES and not nested(e)) / 1e3 / steps
 
 
-def _profile(step, steps: int) -> tuple[list[tuple[str, float]], float]:
-    """Self CPU time per operator (ms per step), largest first, and the convolutions' whole time
-    (:func:`conv_ms`)."""
+def _profile(step, steps: int) -> tuple[list[tuple[str, float]], float, float]:
+    """Self CPU time per operator (ms per step), largest first, the convolutions' whole time
+    (:func:`conv_ms`) and the profiled steps' time (ms per step)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
         for _ in range(steps):
             step()
+        step_ms = (time.perf_counter() - start) * 1e3 / steps
     rows = [(e.key, e.self_cpu_time_total / 1e3 / steps) for e in prof.key_averages()]
-    return sorted(rows, key=lambda r: -r[1]), conv_ms(prof.events(), steps)
+    return sorted(rows, key=lambda r: -r[1]), conv_ms(prof.events(), steps), step_ms
 
 
 def time_steps(config: StepConfig, rounds: int = 9, warmup: int = 2, profile_steps: int = 2, log=print,
@@ -176,8 +181,8 @@ def time_steps(config: StepConfig, rounds: int = 9, warmup: int = 2, profile_ste
     result = StepResult(config, statistics.median(samples[stock]), statistics.median(samples[ours]), samples[stock], samples[ours],
                         stock_faults=faults[stock], ours_faults=faults[ours])  # fmt: skip
     if profile_steps:
-        result.stock_profile, result.stock_conv_ms = _profile(stock, profile_steps)
-        result.ours_profile, result.ours_conv_ms = _profile(ours, profile_steps)
+        result.stock_profile, result.stock_conv_ms, result.stock_profiled_ms = _profile(stock, profile_steps)
+        result.ours_profile, result.ours_conv_ms, result.ours_profiled_ms = _profile(ours, profile_steps)
     if host is not None:
         result.conv_bound_ms, result.host = conv_bound_ms(net_layers(config.net, config.batch, config.size), host), str(host)
     log(f"{config.name:52s} stock {result.stock_ms:8.1f} ms   drop-in {result.ours_ms:8.1f} ms   stock/drop-in {result.ratio:.2f}")
