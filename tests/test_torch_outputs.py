@@ -55,6 +55,17 @@ def test_a_kept_result_lies_as_torch_empty_lays_it(kept, shape, channels_last, d
     assert float(t.float().sum()) == 1.5 * t.numel()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_a_kept_mapping_is_private_to_the_process(kept):
+    """Copy-on-write across ``fork`` (a DataLoader's workers), not shared: ``/proc/self/maps``
+    lists the result's mapping ``rw-p``."""
+    t = kept.empty((4, 300, 30, 30), torch.float32, False)
+    start = t.data_ptr()
+    with open("/proc/self/maps") as maps:
+        (permissions,) = [line.split()[1] for line in maps if int(line.split("-")[0], 16) == start]
+    assert permissions == "rw-p", permissions
+
+
 def test_small_results_and_the_malloc_policy_are_torch_empty(kept):
     small = kept.empty((2, 8, 16, 16), torch.float32, True)
     assert not kept.is_kept(small) and small.is_contiguous(memory_format=torch.channels_last)

@@ -47,6 +47,9 @@ OUTPUTS_FROM = 1 << 20
 KEPT_BYTES = 1 << 30
 """Most bytes of idle mappings held (one returned beyond it is unmapped)."""
 PAGE = mmap.PAGESIZE
+PRIVATE = {"flags": mmap.MAP_PRIVATE} if hasattr(mmap, "MAP_PRIVATE") else {}
+"""Anonymous mappings private to the process (Python's default is shared: a forked child, a
+DataLoader's worker, would write into the parent's tensors)."""
 
 _LOCK = threading.RLock()  # re-entrant: a collection inside a locked section may free a lease
 _IDLE: collections.deque = collections.deque()  # (length, mapping), oldest first
@@ -94,7 +97,7 @@ def _take(length: int) -> np.ndarray:
                 _STATE["bytes"] -= length
                 return mapping
         _STATE["maps"] += 1
-    return np.frombuffer(mmap.mmap(-1, length), np.uint8)
+    return np.frombuffer(mmap.mmap(-1, length, **PRIVATE), np.uint8)
 
 
 def _strides(shape: tuple, channels_last: bool) -> tuple:
