@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from ..errors import ConvGradError
+from .kernels import memory_format
 
 __all__ = ["KEPT_BYTES", "OUTPUTS_FROM", "POLICIES", "empty", "get_outputs", "is_kept", "kept_outputs", "release_outputs", "set_outputs"]
 
@@ -64,27 +65,29 @@ def _check(policy: str, name: str = "policy") -> None:
 
 class _Lease:
     """One mapping lent to a tensor (numpy's ``__array_interface__`` keeps it as the array's base):
-    back to the idle ones when PyTorch frees the storage."""
+    counted lent while it lives, back to the idle ones when PyTorch frees the storage."""
 
-    __slots__ = ("mapping", "length", "__array_interface__")
+    __slots__ = ("mapping", "length", "address", "__array_interface__")
 
     def __init__(self, mapping: np.ndarray, length: int):
-        self.mapping, self.length = mapping, length
-        self.__array_interface__ = {"data": (mapping.ctypes.data, False), "shape": (length,), "typestr": "|u1", "version": 3}
+        self.mapping, self.length, self.address = mapping, length, mapping.ctypes.data
+        self.__array_interface__ = {"data": (self.address, False), "shape": (length,), "typestr": "|u1", "version": 3}
+        with _LOCK:
+            _LENT[self.address] = length
 
     def __del__(self):
         try:
-            _give_back(self.length, self.mapping)
+            _give_back(self)
         except Exception:  # noqa: BLE001 -- at interpreter shutdown the module's globals are gone
             pass
 
 
-def _give_back(length: int, mapping: np.ndarray) -> None:
+def _give_back(lease: _Lease) -> None:
     with _LOCK:
-        _LENT.pop(mapping.ctypes.data, None)
-        if _STATE["policy"] == "kept" and _STATE["bytes"] + length <= KEPT_BYTES:
-            _IDLE.append((length, mapping))
-            _STATE["bytes"] += length
+        _LENT.pop(lease.address, None)
+        if _STATE["policy"] == "kept" and _STATE["bytes"] + lease.length <= KEPT_BYTES:
+            _IDLE.append((lease.length, lease.mapping))
+            _STATE["bytes"] += lease.length
 
 
 def _take(length: int) -> np.ndarray:
@@ -116,13 +119,9 @@ def empty(shape, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
     shape = tuple(int(extent) for extent in shape)
     nbytes = math.prod(shape) * dtype.itemsize
     if _STATE["policy"] != "kept" or nbytes < OUTPUTS_FROM:
-        layout = torch.channels_last if channels_last and len(shape) == 4 else torch.contiguous_format
-        return torch.empty(shape, dtype=dtype, memory_format=layout)
+        return torch.empty(shape, dtype=dtype, memory_format=memory_format(channels_last and len(shape) == 4))
     length = -(-nbytes // PAGE) * PAGE
-    lease = _Lease(_take(length), length)
-    with _LOCK:
-        _LENT[lease.mapping.ctypes.data] = length
-    storage = torch.from_numpy(np.asarray(lease)).untyped_storage()
+    storage = torch.from_numpy(np.asarray(_Lease(_take(length), length))).untyped_storage()
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape, _strides(shape, channels_last))
 
 
