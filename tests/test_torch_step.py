@@ -70,7 +70,7 @@ def test_the_step_bench_times_both_and_profiles_them(tmp_path):
     assert status == 0
     (row,) = json.loads((tmp_path / "steps.json").read_text())
     assert row["config"] == {"net": "resnet18", "batch": 2, "size": 32, "channels_last": True, "dtype": "float32"}
-    assert row["stock_ms"] > 0 and row["ours_ms"] > 0
+    assert row["stock_ms"] > 0 and row["ours_ms"] > 0 and row["round_ratios"] == [row["stock_samples"][0] / row["ours_samples"][0]]
     assert len(row["stock_faults"]) == len(row["ours_faults"]) == 1 and all(isinstance(f, int) and f >= 0 for f in row["stock_faults"] + row["ours_faults"])
     assert any("tvm_convgrad::conv2d_weight_grad" in name for name, _ in row["ours_profile"])
     assert not any("tvm_convgrad" in name for name, _ in row["stock_profile"])
@@ -86,6 +86,17 @@ def test_the_step_bench_times_both_and_profiles_them(tmp_path):
     report = (tmp_path / "steps.md").read_text()
     assert "| resnet18 | 2 x 32x32 | channels-last | f32 |" in report and "stock operator" in report and "page faults / step" in report
     assert f"| {row['ceiling']:.2f} |" in report and "at this host's roofline" in report
+
+
+def test_the_step_report_gives_each_rounds_ratio():
+    """Each round's ratio is of its own two steps (the samples paired by round, not sorted), and
+    the table gives their lowest and highest beside the ratio of the medians."""
+    from tvm_convgrad.training.torch_step import StepConfig, StepResult, report
+
+    result = StepResult(StepConfig("resnet18", 8, 64, False, "float32"), 100.0, 80.0, [100.0, 150.0, 90.0], [80.0, 100.0, 90.0])
+    assert result.round_ratios == pytest.approx([1.25, 1.5, 1.0])
+    assert "| **1.25** | 1.00-1.50 | - |" in report([result])
+    assert "| **1.00** | - | - |" in report([StepResult(result.config, 1.0, 1.0, [], [])])
 
 
 @pytest.mark.parametrize("option, value", [("--nets", "vgg"), ("--sizes", "8"), ("--layouts", "nhwc"), ("--dtypes", "float16")])

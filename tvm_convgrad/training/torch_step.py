@@ -81,6 +81,12 @@ class StepResult:
         return self.stock_ms / self.ours_ms
 
     @property
+    def round_ratios(self) -> list[float]:
+        """stock / drop-in of each round: its two steps ran back to back, so a drift of the
+        host's speed between rounds moves both (the spread of these is the run's noise)."""
+        return [stock / ours for stock, ours in zip(self.stock_samples, self.ours_samples)]
+
+    @property
     def ceiling(self) -> float:
         """The most any drop-in convolution could make of :attr:`ratio` on this host
         (:func:`.roofline.ceiling`); 0 where the step was not profiled or bounded."""
@@ -195,21 +201,29 @@ def _faults(counts: list[int]) -> str:
     return f"{statistics.median(counts):,.0f} ({min(counts):,}-{max(counts):,})" if counts else "-"
 
 
+def _spread(ratios: list[float]) -> str:
+    """The lowest and highest of the rounds' ratios."""
+    return f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-"
+
+
 def report(results: list[StepResult], top: int = 8) -> str:
     """Markdown: the table of steps, then each configuration's largest operators on both sides."""
     from ..tools.bench import geomean
     from ..torch.openmp import using_pytorch_threads
 
-    lines = ["| network | batch x size | layout | type | stock ms/step | drop-in ms/step | stock / drop-in | ceiling | page faults / step, stock / drop-in |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| network | batch x size | layout | type | stock ms/step | drop-in ms/step | stock / drop-in | each round | ceiling | "
+             "page faults / step, stock / drop-in |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in results:
         c = r.config
         lines.append(f"| {c.net} | {c.batch} x {c.size}x{c.size} | {'channels-last' if c.channels_last else 'NCHW'} | "
-                     f"{'bf16 autocast' if c.dtype == 'bfloat16' else 'f32'} | {r.stock_ms:.1f} | {r.ours_ms:.1f} | **{r.ratio:.2f}** | {f'{r.ceiling:.2f}' if r.ceiling else '-'} | "
+                     f"{'bf16 autocast' if c.dtype == 'bfloat16' else 'f32'} | {r.stock_ms:.1f} | {r.ours_ms:.1f} | **{r.ratio:.2f}** | "
+                     f"{_spread(r.round_ratios)} | {f'{r.ceiling:.2f}' if r.ceiling else '-'} | "
                      f"{_faults(r.stock_faults)} / {_faults(r.ours_faults)} |")  # fmt: skip
     ratios = [r.ratio for r in results]
     lines += ["", f"geomean stock / drop-in {geomean(ratios):.2f} over {len(results)} configurations "
               f"(min {min(ratios):.2f}); the drop-in's kernels on PyTorch's OpenMP threads: {using_pytorch_threads()}",
+              "", "stock / drop-in: the ratio of the two sides' median steps; each round: the lowest and highest ratio of a "
+              "round's two steps, run back to back (the run's noise)",
               "", "ceiling: the most any convolution kernel could make of stock / drop-in on this host: every convolution, "
               "forward and backward, at its roofline (tvm_convgrad.training.roofline)", ""]  # fmt: skip
     for r in results:
@@ -240,7 +254,8 @@ def main(nets=("resnet18", "mobilenet_v2"), sizes=SIZES, layouts=("nchw", "chann
     out.mkdir(parents=True, exist_ok=True)
     header = f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}\n\n"
     (out / "steps.md").write_text(header + report(results) + "\n")
-    (out / "steps.json").write_text(json.dumps([{**asdict(r), "ratio": r.ratio, "ceiling": r.ceiling} for r in results], indent=1))
+    rows = [{**asdict(r), "ratio": r.ratio, "round_ratios": r.round_ratios, "ceiling": r.ceiling} for r in results]
+    (out / "steps.json").write_text(json.dumps(rows, indent=1))
     log(f"wrote {out / 'steps.md'} and {out / 'steps.json'}")
     return results
 
