@@ -28,6 +28,7 @@ resizable (``resize_`` to more elements raises), as a tensor from ``torch.from_n
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import mmap
 import os
@@ -103,14 +104,10 @@ def _take(length: int) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, length, **PRIVATE), np.uint8)
 
 
-def _strides(shape: tuple, channels_last: bool) -> tuple:
-    """``torch.empty``'s strides of ``shape`` (channels-last: a 4-D tensor's ``(H*W*C, 1, W*C, C)``)."""
-    order = (0, 2, 3, 1) if channels_last and len(shape) == 4 else tuple(range(len(shape)))
-    strides, step = [0] * len(shape), 1
-    for axis in reversed(order):
-        strides[axis] = step
-        step *= shape[axis]
-    return tuple(strides)
+@functools.lru_cache(maxsize=256)
+def _strides(shape: tuple, layout: torch.memory_format) -> tuple:
+    """``torch.empty``'s strides of ``shape`` in ``layout`` (read off a meta tensor: nothing allocated)."""
+    return torch.empty(shape, device="meta", memory_format=layout).stride()
 
 
 def empty(shape, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
@@ -118,11 +115,12 @@ def empty(shape, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
     over a kept mapping under ``"kept"`` from :data:`OUTPUTS_FROM` bytes, else ``torch.empty``'s."""
     shape = tuple(int(extent) for extent in shape)
     nbytes = math.prod(shape) * dtype.itemsize
+    layout = memory_format(channels_last and len(shape) == 4)
     if _STATE["policy"] != "kept" or nbytes < OUTPUTS_FROM:
-        return torch.empty(shape, dtype=dtype, memory_format=memory_format(channels_last and len(shape) == 4))
+        return torch.empty(shape, dtype=dtype, memory_format=layout)
     length = -(-nbytes // PAGE) * PAGE
     storage = torch.from_numpy(np.asarray(_Lease(_take(length), length))).untyped_storage()
-    return torch.empty(0, dtype=dtype).set_(storage, 0, shape, _strides(shape, channels_last))
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape, _strides(shape, layout))
 
 
 def is_kept(tensor: torch.Tensor) -> bool:
