@@ -136,3 +136,20 @@ def test_wins_needs_both_timings(monkeypatch):
         times = iter([first] * forward_module.ROUNDS + [second] * forward_module.ROUNDS)
         monkeypatch.setattr(forward_module, "elapsed_ms", lambda fn: next(times) if fn is fast else 2.0)
         assert forward_module.wins(fast, slow) == won
+
+
+def test_the_blas_way_is_made_only_where_it_is_timed_or_runs(auto_modes, monkeypatch):
+    """Once ``"auto"`` has kept PyTorch's convolution over the BLAS way for a 1x1 layer, its later
+    backward calls do not make the BLAS way (its views and detached tensors, ~5 us a call)."""
+    monkeypatch.setattr(forward_module, "wins", lambda candidate, incumbent: False)
+    monkeypatch.setattr(backward_module, "wins", lambda candidate, incumbent: False)
+    monkeypatch.setattr(backward_module, "_timings", lambda runs: {way: 10.0 - len(way) for way in runs})  # PyTorch's two the fastest
+    made = []
+    monkeypatch.setattr(blas, "gradients", lambda *args: made.append(args) or (lambda dx, dw: (None, None)))
+    layer = Conv2d(32, 48, 1, bias=False)
+    x = torch.randn(2, 32, 6, 6, requires_grad=True)
+    layer(x).sum().backward()  # the choices: the BLAS way made once, to be timed
+    assert len(made) == 1 and set(backward_choices().values()) == {False}
+    for _ in range(3):
+        layer(x).sum().backward()
+    assert len(made) == 1 and x.grad is not None

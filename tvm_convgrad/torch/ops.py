@@ -21,6 +21,7 @@ tensors (``torch.autograd.gradcheck``) are rounded to float32, run there and wid
 CPU tensors only: the kernels are built for this CPU.
 """
 
+import functools
 from typing import Optional
 
 import torch
@@ -187,7 +188,8 @@ def _backward(ctx, grad_output):
             (_profiled(_input_grad, "tvm_convgrad::conv2d_input_grad"), _profiled(_weight_grad, "tvm_convgrad::conv2d_weight_grad"))  # fmt: skip
         dy = grad_output if grad_output.dtype == input.dtype else grad_output.to(input.dtype)
         theirs = pytorch_gradients(dy, input, narrow, stride, pads, dilation, groups)  # where :mod:`.backward` chooses PyTorch's
-        theirs_blas = blas.gradients(dy, input, narrow, channels_last) if theirs and blas.applies(input, narrow, stride, pads, groups) else None
+        theirs_blas = functools.partial(blas.gradients, dy, input, narrow, channels_last) \
+            if theirs and blas.applies(input, narrow, stride, pads, groups) else None  # fmt: skip
         grad_input, grad_weight = gradients(plan.call, ctx.needs_input_grad[:2], lambda: dx(plan, dy, narrow), lambda: dw(plan, dy, input, wide),
                                             theirs, theirs_blas)  # fmt: skip
     else:  # traced, or create_graph=True: the operators, differentiable again
