@@ -94,8 +94,9 @@ def pytorch_gradients(grad_output: torch.Tensor, input: torch.Tensor, weight: to
         return None
 
     def gradients(dx: bool, dw: bool) -> tuple:
-        grad_input, grad_weight, _ = torch.ops.aten.convolution_backward(grad_output.detach(), input.detach(), weight.detach(), None, list(stride),
-                                                                         [top, left], list(dilation), False, [0, 0], groups, [dx, dw, False])  # fmt: skip
+        grad_input, grad_weight, _ = torch.ops.aten.convolution_backward(
+            grad_output.detach(), input.detach(), weight.detach(), None, list(stride), [top, left], list(dilation), False, [0, 0], groups,
+            [dx, dw, False])  # fmt: skip
         return (grad_input if dx else None), (grad_weight if dw else None)
 
     return gradients
@@ -152,7 +153,8 @@ def gradients(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx: Callable
     key = (call, needs)
     given_up = _given_up.get(key)
     if given_up is None:
-        if theirs_blas is not None and _mode == "auto" and wins(functools.partial(theirs_blas(), *needs), functools.partial(theirs, *needs)):
+        blas_way = theirs_blas() if theirs_blas is not None and _mode == "auto" else None
+        if blas_way is not None and wins(functools.partial(blas_way, *needs), functools.partial(theirs, *needs)):
             _blas.add(key)
     if key in _blas:
         theirs = theirs_blas()
