@@ -160,3 +160,62 @@ def test_pytorchs_two_gemms_run_in_one_call(backward_mode):
         _grads(layer, x, g)
     calls = {e.key: e.count for e in prof.key_averages()}
     assert calls.get("aten::convolution_backward") == 1 and "tvm_convgrad::conv2d_input_grad" not in calls, calls
+
+
+@pytest.fixture
+def both_modes():
+    """Sets the forward and backward modes for the test; restores the run's after it."""
+    from tvm_convgrad.torch import set_forward
+
+    def set_modes(forward: str, backward: str):
+        set_forward(forward)
+        set_backward(backward)
+
+    yield set_modes
+    set_modes(os.environ.get("TVM_CONVGRAD_FORWARD", "auto"), os.environ.get("TVM_CONVGRAD_BACKWARD", "auto"))
+
+
+def _node(y) -> str:
+    return type(y.grad_fn).__name__
+
+
+def test_a_call_pytorch_runs_throughout_is_f_conv2d_itself(both_modes):
+    """Forward and both GEMMs PyTorch's: the call is ``F.conv2d``'s own (its autograd node in C++),
+    its gradients and output stock's; any GEMM the package's keeps the drop-in's ``autograd.Function``."""
+    layer, x, g = _layer_and_tensors()
+    both_modes("pytorch", "pytorch")
+    y = layer(x)
+    assert _node(y) == "ConvolutionBackward0"
+    y.backward(g)
+    for a, b in zip((x.grad, layer.weight.grad), _stock(layer, x, g)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    both_modes("pytorch", "ours")
+    assert _node(layer(x)) == "Conv2dFunctionBackward"
+    both_modes("ours", "pytorch")
+    assert _node(layer(x)) == "Conv2dFunctionBackward"
+
+
+def test_auto_runs_f_conv2d_once_it_has_chosen_pytorchs_everywhere(both_modes, monkeypatch):
+    from tvm_convgrad.torch import forward as forward_module
+
+    both_modes("auto", "auto")
+    monkeypatch.setattr(forward_module, "wins", lambda candidate, incumbent: False)  # PyTorch's forward
+    monkeypatch.setattr(backward_module, "_timings", lambda runs: {way: 10.0 - len(way) for way in runs})  # PyTorch's two the fastest
+    layer, x, g = _layer_and_tensors()
+    first = layer(x)
+    assert _node(first) == "Conv2dFunctionBackward"  # its signature's first call: the choices are made here
+    first.backward(g)
+    assert set(backward_choices().values()) == {False}
+    assert _node(layer(x)) == "ConvolutionBackward0"
+    assert _node(layer(x.detach())) == "Conv2dFunctionBackward"  # no dX needed: a signature and GEMM not chosen yet
+
+
+def test_calls_pytorchs_backward_cannot_take_keep_the_function(both_modes):
+    """Where PyTorch's backward cannot take the call as the package does (uneven padding, float64),
+    the drop-in's ``autograd.Function`` runs it in every mode."""
+    both_modes("pytorch", "pytorch")
+    torch.manual_seed(4)
+    even = Conv2d(16, 16, 2, padding="same", bias=False)
+    assert _node(even(torch.rand(1, 16, 7, 7, requires_grad=True))) == "Conv2dFunctionBackward"
+    wide = Conv2d(16, 16, 3, padding=1, bias=False).double()
+    assert _node(wide(torch.rand(1, 16, 5, 5, dtype=torch.float64, requires_grad=True))) == "Conv2dFunctionBackward"

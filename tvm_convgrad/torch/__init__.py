@@ -93,7 +93,8 @@ def conv2d(
     an int, ``(H, W)``, ``"valid"`` or ``"same"``. Returns the convolution (PyTorch's, or the
     package's where :func:`set_forward`'s mode chooses it); every order
     of gradient (``create_graph=True``) is the package's, and ``torch.autocast("cpu")`` casts the
-    tensors as it casts ``F.conv2d``'s."""
+    tensors as it casts ``F.conv2d``'s. A call whose forward and gradients the modes all give to
+    PyTorch (``"auto"``: once timed) is ``F.conv2d``'s own, every order of its gradient PyTorch's."""
     if weight.dim() != 4 or input.dim() not in (3, 4):
         raise ConvGradError(OP, "input.dim()" if weight.dim() == 4 else "weight.dim()", (input.dim(), weight.dim()),
                             f"input must be 3-D (C, H, W) or 4-D (N, C, H, W) and weight 4-D (O, C/groups, KH, KW); "

@@ -15,7 +15,9 @@ The mode (:func:`set_backward`, or the environment variable ``TVM_CONVGRAD_BACKW
   the call.
 
 Only the first-order eager backward chooses (:func:`.ops._backward`); gradients of gradients
-(``create_graph=True``) and traced calls run the package's operators. PyTorch's cannot take the
+(``create_graph=True``) and traced calls run the package's operators, except where an eager
+call's forward and every gradient it needs are PyTorch's (:func:`pytorchs`, :func:`.forward.pytorchs`):
+that call runs as ``F.conv2d`` itself, every order of its gradient PyTorch's. PyTorch's cannot take the
 call as the package does where an axis is padded differently on its two sides (the package's
 ``padding="same"`` with an even kernel) or the tensors are float64 (the package's sums in float32,
 see :mod:`.ops`): those run the package's kernels in every mode.
@@ -35,7 +37,7 @@ from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 from .forward import elapsed_ms, wins
 
-__all__ = ["GEMMS", "MARGIN", "MODES", "ROUNDS", "backward_choices", "get_backward", "gradients", "pytorch_gradients", "set_backward"]
+__all__ = ["GEMMS", "MARGIN", "MODES", "ROUNDS", "backward_choices", "get_backward", "gradients", "pytorch_gradients", "pytorchs", "set_backward"]
 
 MODES = ("auto", "ours", "pytorch")
 GEMMS = ("dx", "dw")
@@ -79,6 +81,22 @@ def get_backward() -> str:
 def backward_choices() -> dict[tuple[Conv2dGradients, str], bool]:
     """``{(call, "dx" | "dw"): the package's kernel?}`` of the GEMMs ``"auto"`` has timed."""
     return dict(_choices)
+
+
+def pytorchs(call: Conv2dGradients, needs: tuple[bool, bool]) -> bool:
+    """Whether the first-order backward of ``call``'s signature runs PyTorch's ``convolution_backward``
+    for every gradient in ``needs`` (dX, dW) as the mode says: ``"pytorch"`` where PyTorch's can take the
+    call, or ``"auto"`` having chosen it for each (not the BLAS way); True when none is needed."""
+    if not any(needs):
+        return True
+    top, bottom, left, right = call.pads
+    if top != bottom or left != right:
+        return False
+    if _mode == "pytorch":
+        return True
+    key = (call, needs)
+    given_up = _given_up.get(key)
+    return _mode == "auto" and given_up is not None and len(given_up) == sum(needs) and key not in _blas
 
 
 def pytorch_gradients(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, stride, pads, dilation,

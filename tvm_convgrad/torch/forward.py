@@ -31,7 +31,7 @@ from ..frontends.conv2d import Conv2dGradients
 from . import blas, outputs
 from .kernels import DTYPES, CallPlan, as_layout, as_weights, forward_kernel, tensors_plan
 
-__all__ = ["MARGIN", "MODES", "ROUNDS", "elapsed_ms", "forward", "forward_choices", "get_forward", "ours", "pytorch", "set_forward", "wins"]
+__all__ = ["MARGIN", "MODES", "ROUNDS", "elapsed_ms", "forward", "forward_choices", "get_forward", "ours", "pytorch", "pytorchs", "set_forward", "wins"]
 
 MODES = ("auto", "ours", "pytorch")
 MARGIN = 1.05
@@ -64,6 +64,15 @@ def get_forward() -> str:
 def forward_choices() -> dict[tuple[Conv2dGradients, bool], bool]:
     """``{(call, with bias): the package's forward?}`` of the signatures ``"auto"`` has timed."""
     return dict(_choices)
+
+
+def pytorchs(call: Conv2dGradients, bias: bool) -> bool:
+    """Whether the calls of ``call``'s signature (``bias``: with one) run ``F.conv2d`` as the mode
+    says: ``"pytorch"``, or ``"auto"`` having chosen it over the package's forward and the BLAS way."""
+    if _mode == "pytorch":
+        return True
+    key = (call, bias)
+    return _mode == "auto" and _choices.get(key) is False and key not in _blas
 
 
 def pytorch(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, pads, dilation, groups: int) -> torch.Tensor:

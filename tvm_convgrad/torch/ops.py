@@ -14,7 +14,9 @@ In eager mode (:func:`eager`: no compiler tracing, no dispatch mode, plain tenso
 computation runs as one ``torch.autograd.Function`` (:class:`Conv2dFunction`) whose backward calls
 the kernels directly: a custom operator's dispatch costs 60-130 us a call, more than a small
 layer's kernel. Gradients of gradients (``create_graph=True``) go through the operators, whose
-autograd formulas are the three operators again.
+autograd formulas are the three operators again. An eager call whose forward and gradients the
+modes all give to PyTorch (:func:`_pytorchs_throughout`) is ``F.conv2d``'s own: PyTorch's autograd
+node in C++, ~60-90 us less a call than the ``autograd.Function`` running the same convolutions.
 
 Types: float32, bfloat16 and float16 run in their type (sums in float32, rounded once); float64
 tensors (``torch.autograd.gradcheck``) are rounded to float32, run there and widened back.
@@ -30,9 +32,11 @@ from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 from . import blas, outputs
 from .backward import gradients, pytorch_gradients
+from .backward import pytorchs as pytorchs_backward
 from .forward import forward as choose_forward
 from .forward import pytorch as pytorch_forward
-from .kernels import PLANNED, CallPlan, as_layout, as_weights, conv_call, empty_weights, is_channels_last, memory_format, plan_for, tensors_plan
+from .forward import pytorchs as pytorchs_forward
+from .kernels import DTYPES, PLANNED, CallPlan, as_layout, as_weights, conv_call, empty_weights, is_channels_last, memory_format, plan_for, tensors_plan
 
 __all__ = ["Conv2dFunction", "conv2d", "conv2d_input_grad", "conv2d_op", "conv2d_weight_grad", "conv_call", "eager", "forward", "input_grad", "weight_grad"]
 
@@ -336,7 +340,23 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         input, weight, bias, wide = _autocast_inputs(input, weight, bias, keep_f32_weight=True)
         with torch.autocast("cpu", enabled=False):
             return _apply(input, weight, bias, stride, pads, dilation, groups, wide)
+    if _pytorchs_throughout(input, weight, bias, stride, pads, dilation, groups):
+        return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
     return _apply(input, weight, bias, stride, pads, dilation, groups)
+
+
+def _pytorchs_throughout(input, weight, bias, stride, pads, dilation, groups: int) -> bool:
+    """Whether the modes run PyTorch's convolution for an eager call's forward and for each
+    gradient its backward will compute (:func:`.forward.pytorchs`, :func:`.backward.pytorchs`; in
+    ``"auto"``, once its signature has been timed): the call is then ``F.conv2d``'s own, PyTorch's
+    autograd node in C++ with every order of gradient PyTorch's, ~60-90 us less a call than
+    :class:`Conv2dFunction` (a Python ``autograd.Function``) running the same convolutions."""
+    if input.dtype not in DTYPES or weight.dtype != input.dtype:
+        return False
+    call = tensors_plan(input, weight, stride, pads, dilation, groups, is_channels_last(input)).call
+    grad = torch.is_grad_enabled()
+    needs = (grad and input.requires_grad, grad and weight.requires_grad)
+    return pytorchs_forward(call, bias is not None) and pytorchs_backward(call, needs)
 
 
 def _autocast_cpu(keyset, input, weight, bias, stride, pads, dilation, groups):
