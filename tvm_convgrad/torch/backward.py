@@ -7,8 +7,9 @@ The mode (:func:`set_backward`, or the environment variable ``TVM_CONVGRAD_BACKW
   a signature times every way on its own tensors (the package's two GEMMs, PyTorch's two in one
   call, one of each), alternating (:data:`ROUNDS` each, medians), and keeps the package's unless
   another way is faster by :data:`MARGIN`, there and in a second timing of the two; later calls
-  take the choice made. PyTorch's way of a float32 1x1 at stride 1 is its BLAS GEMMs (:mod:`.blas`)
-  where they win against its ``convolution_backward`` first
+  take the choice made. Where the layer's forward is ``F.conv2d``, PyTorch's way of every GEMM
+  is credited with :data:`FUNCTION_MS`: the call then runs as ``F.conv2d`` itself. PyTorch's way
+  of a float32 1x1 at stride 1 is its BLAS GEMMs (:mod:`.blas`) where they win against its ``convolution_backward`` first
   (:func:`backward_choices` lists it per GEMM). The ways are timed whole, as they run: PyTorch's
   two GEMMs in one call cost less than each in a call of its own.
 * ``"ours"``: the package's kernels for every call; ``"pytorch"``: PyTorch's wherever it can take
@@ -37,12 +38,19 @@ from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 from .forward import elapsed_ms, wins
 
-__all__ = ["GEMMS", "MARGIN", "MODES", "ROUNDS", "backward_choices", "get_backward", "gradients", "pytorch_gradients", "pytorchs", "set_backward"]
+__all__ = ["FUNCTION_MS", "GEMMS", "MARGIN", "MODES", "ROUNDS", "backward_choices", "get_backward", "gradients", "pytorch_gradients", "pytorchs", "set_backward"]
 
 MODES = ("auto", "ours", "pytorch")
 GEMMS = ("dx", "dw")
 MARGIN = 1.05
 """``"auto"`` runs PyTorch's GEMMs where the package's take at least this many times as long."""
+FUNCTION_MS = 0.075
+"""What a call costs more, forward and backward, through the drop-in's ``autograd.Function`` than as
+``F.conv2d``'s own (:func:`pytorchs`): a 1x1 16 -> 16 layer on 8 x 4x4, hot, every convolution
+PyTorch's, 87-92 against 15 us over stock's (Zen 4, 2026-12-03). ``"auto"`` credits PyTorch's
+way of every needed GEMM with it where the layer's forward is ``F.conv2d`` too (that call then
+runs as ``F.conv2d`` itself): a way of one GEMM each that wins by less would leave the layer
+slower than stock's."""
 ROUNDS = 7
 """Timed calls of each way (the package's GEMMs, PyTorch's, one of each), alternating, when
 ``"auto"`` meets a signature."""
@@ -142,30 +150,38 @@ def _timings(runs: dict[frozenset, Callable[[], object]]) -> dict[frozenset, flo
     return {given_up: statistics.median(t) for given_up, t in times.items()}
 
 
-def _choose(needs: tuple[bool, bool], ours_dx, ours_dw, theirs) -> frozenset:
+def _choose(needs: tuple[bool, bool], ours_dx, ours_dw, theirs, credit_ms: float = 0.0) -> frozenset:
     """The GEMMs that run PyTorch's: every way timed whole (:func:`_timings`), the package's for all
     kept unless another way is :data:`MARGIN` faster -- in that timing and again in a second one
     of the two alone (a shared machine's speed swings within a second; a wrong switch to PyTorch's
-    cost a ResNet-50 layer twice its time)."""
+    cost a ResNet-50 layer twice its time). PyTorch's way of every needed GEMM is timed
+    ``credit_ms`` less (:data:`FUNCTION_MS`, where the call then runs as ``F.conv2d``)."""
     needed = [gemm for gemm, need in zip(GEMMS, needs) if need]
     ways = [frozenset(c) for r in range(len(needed) + 1) for c in itertools.combinations(needed, r)]
     runs = {given_up: functools.partial(_run, given_up, needs, ours_dx, ours_dw, theirs) for given_up in ways}
-    medians = _timings(runs)
+    everything = frozenset(needed)
+
+    def credited(medians: dict) -> dict:
+        return {way: t - credit_ms if way == everything else t for way, t in medians.items()}
+
+    medians = credited(_timings(runs))
     fastest = min(medians, key=medians.get)
     if medians[frozenset()] < MARGIN * medians[fastest]:
         return frozenset()
-    again = _timings({frozenset(): runs[frozenset()], fastest: runs[fastest]})
+    again = credited(_timings({frozenset(): runs[frozenset()], fastest: runs[fastest]}))
     return fastest if again[frozenset()] >= MARGIN * again[fastest] else frozenset()
 
 
 def gradients(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx: Callable[[], torch.Tensor], ours_dw: Callable[[], torch.Tensor],
               theirs: Optional[Callable[[bool, bool], tuple]],
-              theirs_blas: Optional[Callable[[], Callable[[bool, bool], tuple]]] = None) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:  # fmt: skip
+              theirs_blas: Optional[Callable[[], Callable[[bool, bool], tuple]]] = None,
+              credit_ms: float = 0.0) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:  # fmt: skip
     """dX and dW of ``call`` (None where ``needs`` says not): each the package's (``ours_dx()``,
     ``ours_dw()``) or PyTorch's (``theirs``, see :func:`pytorch_gradients`) as the mode says,
     PyTorch's two in one call; in ``"auto"``, PyTorch's are its BLAS GEMMs (made by
     ``theirs_blas()``, a 1x1's, :mod:`.blas`: only where they are timed or chosen) where those win
-    against ``theirs`` (:func:`.forward.wins`)."""
+    against ``theirs`` (:func:`.forward.wins`). ``credit_ms``: :func:`_choose`'s, for PyTorch's
+    convolution (not its BLAS way)."""
     if theirs is None:
         return _run(frozenset(), needs, ours_dx, ours_dw, theirs)
     key = (call, needs)
@@ -177,11 +193,11 @@ def gradients(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx: Callable
     if key in _blas:
         theirs = theirs_blas()
     if given_up is None:
-        given_up = _given_up[key] = _ways(call, needs, ours_dx, ours_dw, theirs)
+        given_up = _given_up[key] = _ways(call, needs, ours_dx, ours_dw, theirs, 0.0 if key in _blas else credit_ms)
     return _run(given_up, needs, ours_dx, ours_dw, theirs)
 
 
-def _ways(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx, ours_dw, theirs) -> frozenset:
+def _ways(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx, ours_dw, theirs, credit_ms: float = 0.0) -> frozenset:
     """The GEMMs of ``call`` that run PyTorch's in the current mode (``"auto"``: chosen by timing
     the first time a GEMM is met, see :func:`_choose`)."""
     if _mode == "ours":
@@ -190,6 +206,6 @@ def _ways(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx, ours_dw, the
         return frozenset(gemm for gemm, need in zip(GEMMS, needs) if need)
     keys = [(call, gemm) for gemm, need in zip(GEMMS, needs) if need]
     if any(key not in _choices for key in keys):
-        chosen = _choose(needs, ours_dx, ours_dw, theirs)
+        chosen = _choose(needs, ours_dx, ours_dw, theirs, credit_ms)
         _choices.update({key: key[1] not in chosen for key in keys})
     return frozenset(gemm for (_, gemm) in keys if not _choices[(call, gemm)])

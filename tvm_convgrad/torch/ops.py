@@ -31,7 +31,7 @@ import torch
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 from . import blas, outputs
-from .backward import gradients, pytorch_gradients
+from .backward import FUNCTION_MS, gradients, pytorch_gradients
 from .backward import pytorchs as pytorchs_backward
 from .forward import forward as choose_forward
 from .forward import pytorch as pytorch_forward
@@ -194,8 +194,9 @@ def _backward(ctx, grad_output):
         theirs = pytorch_gradients(dy, input, narrow, stride, pads, dilation, groups)  # where :mod:`.backward` chooses PyTorch's
         theirs_blas = functools.partial(blas.gradients, dy, input, narrow, channels_last) \
             if theirs and blas.applies(input, narrow, stride, pads, groups) else None  # fmt: skip
+        credit = FUNCTION_MS if input.dtype == torch.float32 and pytorchs_forward(plan.call, ctx.has_bias) else 0.0  # as F.conv2d, if chosen
         grad_input, grad_weight = gradients(plan.call, ctx.needs_input_grad[:2], lambda: dx(plan, dy, narrow), lambda: dw(plan, dy, input, wide),
-                                            theirs, theirs_blas)  # fmt: skip
+                                            theirs, theirs_blas, credit)  # fmt: skip
     else:  # traced, or create_graph=True: the operators, differentiable again
         if wide:  # the float32 weight's cast, recorded this time
             weight = weight.to(input.dtype)
