@@ -210,8 +210,8 @@ def _backward(ctx, grad_output):
 
 
 def _function_backward(ctx, grad_output):
-    """:func:`_backward`, with ``None`` for :class:`Conv2dFunction`'s ``wide_weight``."""
-    return (*_backward(ctx, grad_output), None)
+    """:func:`_backward`, with ``None`` for :class:`Conv2dFunction`'s ``wide_weight`` and ``plan``."""
+    return (*_backward(ctx, grad_output), None, None)
 
 
 conv2d_op.register_autograd(_backward, setup_context=_setup_context)
@@ -267,14 +267,15 @@ class Conv2dFunction(torch.autograd.Function):
     of the weight would add (``ToCopyBackward0``)."""
 
     @staticmethod
-    def forward(ctx, input, weight, bias, stride, pads, dilation, groups, wide_weight=False):
+    def forward(ctx, input, weight, bias, stride, pads, dilation, groups, wide_weight=False, plan=None):
         # the context saved here, not in a ``setup_context``: with one, every ``apply`` binds its
         # arguments through ``inspect.signature`` (~70 us); under functorch transforms :func:`conv2d`
         # runs PyTorch's convolution. The call's plan is looked up once, for the forward's choice
-        # and the backward's kernels.
+        # and the backward's kernels (``plan``: the caller's, where it has looked it up).
         narrow = weight.to(input.dtype) if wide_weight else weight
         channels_last = is_channels_last(input)
-        plan = tensors_plan(input, narrow, stride, pads, dilation, groups, channels_last) if input.dtype in PLANNED else None
+        if plan is None and input.dtype in PLANNED:
+            plan = tensors_plan(input, narrow, stride, pads, dilation, groups, channels_last)
         output = choose_forward(input, narrow, bias, stride, pads, dilation, groups, channels_last, plan)
         _save(ctx, input, weight, bias, stride, pads, dilation, groups, channels_last, plan, narrow if wide_weight else None)
         ctx.save_for_forward(input, narrow)
@@ -305,8 +306,8 @@ tensor by :func:`_apply`). ~10 us a call less inside a network's step."""
 _unwrap = torch._C._functorch.unwrap_if_dead
 
 
-def _apply(input, weight, bias, stride, pads, dilation, groups: int, wide: bool = False) -> torch.Tensor:
-    return _apply_function(_unwrap(input), _unwrap(weight), None if bias is None else _unwrap(bias), stride, pads, dilation, groups, wide)
+def _apply(input, weight, bias, stride, pads, dilation, groups: int, wide: bool = False, plan: Optional[CallPlan] = None) -> torch.Tensor:
+    return _apply_function(_unwrap(input), _unwrap(weight), None if bias is None else _unwrap(bias), stride, pads, dilation, groups, wide, plan)
 
 
 def _autocast_inputs(input, weight, bias, keep_f32_weight: bool = False):
@@ -341,12 +342,13 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         input, weight, bias, wide = _autocast_inputs(input, weight, bias, keep_f32_weight=True)
         with torch.autocast("cpu", enabled=False):
             return _apply(input, weight, bias, stride, pads, dilation, groups, wide)
-    if _pytorchs_throughout(input, weight, bias, stride, pads, dilation, groups):
+    plan = tensors_plan(input, weight, stride, pads, dilation, groups, is_channels_last(input)) if input.dtype in PLANNED else None
+    if plan is not None and _pytorchs_throughout(plan.call, input, weight, bias):
         return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
-    return _apply(input, weight, bias, stride, pads, dilation, groups)
+    return _apply(input, weight, bias, stride, pads, dilation, groups, False, plan)
 
 
-def _pytorchs_throughout(input, weight, bias, stride, pads, dilation, groups: int) -> bool:
+def _pytorchs_throughout(call: Conv2dGradients, input, weight, bias) -> bool:
     """Whether the modes run PyTorch's convolution for an eager call's forward and for each
     gradient its backward will compute (:func:`.forward.pytorchs`, :func:`.backward.pytorchs`; in
     ``"auto"``, once its signature has been timed): the call is then ``F.conv2d``'s own, PyTorch's
@@ -354,7 +356,6 @@ def _pytorchs_throughout(input, weight, bias, stride, pads, dilation, groups: in
     :class:`Conv2dFunction` (a Python ``autograd.Function``) running the same convolutions."""
     if input.dtype not in DTYPES or weight.dtype != input.dtype:
         return False
-    call = tensors_plan(input, weight, stride, pads, dilation, groups, is_channels_last(input)).call
     grad = torch.is_grad_enabled()
     needs = (grad and input.requires_grad, grad and weight.requires_grad)
     return pytorchs_forward(call, bias is not None) and pytorchs_backward(call, needs)
