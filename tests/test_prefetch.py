@@ -33,7 +33,7 @@ def _input_grad(data_format: str, cin: int = 16, cout: int = 96, size: int = 28,
 @pytest.mark.parametrize("isa", ISAS)
 def test_a_1x1_dx_prefetches_the_dy_rows_it_reads_in_place(isa):
     """The NXC dX reads dy's rows where they lie, tile after tile: each tile asks for the rows of
-    the tile about PREFETCH_AHEAD_BYTES ahead (one prefetcht0 per cache line), the address
+    the tile about PREFETCH_AHEAD_BYTES ahead (one prefetcht1, into L2, per cache line), the address
     clamped to dy's last element; NCX (dy packed: no stream) and a dy under STREAM_BYTES get
     none. Exact where the host runs it."""
     target = isa_target(isa, cores=2)
@@ -48,7 +48,7 @@ def test_a_1x1_dx_prefetches_the_dy_rows_it_reads_in_place(isa):
     assert last == 32 * 28 * 28 * 96 - 1, "every address clamped into dy"
     with pass_context(target):
         asm = tvm.compile(mod, target=target).mod.inspect_source("asm")
-    assert "prefetcht0" in asm
+    assert "prefetcht1" in asm and "prefetcht0" not in asm
     (planar,) = lower(_input_grad("NCX"), target).functions.values()
     (small,) = lower(_input_grad("NXC", images=4), target).functions.values()  # (1.2 MB of dy: left to the caches)
     assert prefetched_buffers(planar) == prefetched_buffers(small) == []
@@ -90,7 +90,7 @@ def test_a_1x1_dw_prefetches_the_rows_it_reads_in_place_and_keeps_its_sums_in_re
     assert ahead == math.ceil(PREFETCH_AHEAD_BYTES / (16 * 4)) * 96, "runs of 16 channels, a row of 96 apart"
     with pass_context(target):
         asm = tvm.compile(lower(_weight_grad(16, 96), target), target=target).mod.inspect_source("asm")
-    steps = _loop_with(asm, "prefetcht0")
+    steps = _loop_with(asm, "prefetcht1")
     assert steps.count("vfmadd231ps") >= 16 and not re.search(r"vmov\w+\s+%zmm\d+, -?\d*\(", steps), steps
     (x_stream,) = lower(_weight_grad(144, 24), target).functions.values()
     assert prefetched_buffers(x_stream) == ["src"]
