@@ -17,7 +17,14 @@ from tvm_convgrad.isa import host_can_run
 from tvm_convgrad.schedule.cpu.prefetch import CACHE_LINE, PREFETCH, PREFETCH_AHEAD_BYTES, lower_prefetches, prefetch_stream, prefetched_buffers
 from tvm_convgrad.tools.verify import check_kernel
 
-ISAS = ("avx2", "avx512")
+ISAS = ("avx2", "avx512", "neon")
+NEON = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1", "num-cores": 2}
+INTO_L2 = {"avx2": (r"prefetcht1\s", r"prefetcht0\s"), "avx512": (r"prefetcht1\s", r"prefetcht0\s"), "neon": (r"prfm\s+pldl2keep", r"prfm\s+pldl1keep")}
+"""Each ISA's prefetch into L2 (:data:`~tvm_convgrad.schedule.cpu.prefetch.PREFETCH_LOCALITY`), and into L1, which it must not be."""
+
+
+def _target(isa: str):
+    return tvm.target.Target(NEON) if isa == "neon" else isa_target(isa, cores=2)
 
 
 def _input_grad(data_format: str, cin: int = 16, cout: int = 96, size: int = 28, images: int = 32):
@@ -33,10 +40,11 @@ def _input_grad(data_format: str, cin: int = 16, cout: int = 96, size: int = 28,
 @pytest.mark.parametrize("isa", ISAS)
 def test_a_1x1_dx_prefetches_the_dy_rows_it_reads_in_place(isa):
     """The NXC dX reads dy's rows where they lie, tile after tile: each tile asks for the rows of
-    the tile about PREFETCH_AHEAD_BYTES ahead (one prefetcht1, into L2, per cache line), the address
-    clamped to dy's last element; NCX (dy packed: no stream) and a dy under STREAM_BYTES get
-    none. Exact where the host runs it."""
-    target = isa_target(isa, cores=2)
+    the tile about PREFETCH_AHEAD_BYTES ahead (one prefetch into L2 per cache line: x86's
+    prefetcht1, AArch64's prfm pldl2keep; cross-compiled), the address clamped to dy's last
+    element; NCX (dy packed: no stream) and a dy under STREAM_BYTES get none. Exact where the
+    host runs it."""
+    target = _target(isa)
     mod = lower(_input_grad("NXC"), target)
     (func,) = mod.functions.values()
     assert prefetched_buffers(func) == ["diff_dst"]
@@ -48,7 +56,8 @@ def test_a_1x1_dx_prefetches_the_dy_rows_it_reads_in_place(isa):
     assert last == 32 * 28 * 28 * 96 - 1, "every address clamped into dy"
     with pass_context(target):
         asm = tvm.compile(mod, target=target).mod.inspect_source("asm")
-    assert "prefetcht1" in asm and "prefetcht0" not in asm
+    into_l2, into_l1 = INTO_L2[isa]
+    assert re.search(into_l2, asm) and not re.search(into_l1, asm)
     (planar,) = lower(_input_grad("NCX"), target).functions.values()
     (small,) = lower(_input_grad("NXC", images=4), target).functions.values()  # (1.2 MB of dy: left to the caches)
     assert prefetched_buffers(planar) == prefetched_buffers(small) == []
