@@ -19,8 +19,10 @@ from tvm_convgrad.tools.verify import check_kernel
 
 ISAS = ("avx2", "avx512", "neon")
 NEON = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1", "num-cores": 2}
-INTO_L2 = {"avx2": (r"prefetcht1\s", r"prefetcht0\s"), "avx512": (r"prefetcht1\s", r"prefetcht0\s"), "neon": (r"prfm\s+pldl2keep", r"prfm\s+pldl1keep")}
-"""Each ISA's prefetch into L2 (:data:`~tvm_convgrad.schedule.cpu.prefetch.PREFETCH_LOCALITY`), and into L1, which it must not be."""
+X86_PREFETCH = (r"prefetcht1\s", r"prefetcht0\s")
+INTO_L2 = {"avx2": X86_PREFETCH, "avx512": X86_PREFETCH, "neon": (r"prfm\s+pldl2keep", r"prfm\s+pldl1keep")}
+"""Each ISA's prefetch into L2 (:data:`~tvm_convgrad.schedule.cpu.prefetch.PREFETCH_LOCALITY`),
+and into L1, which it must not be."""
 
 
 def _target(isa: str):

@@ -37,7 +37,8 @@ from tvm.sym.int_set import IntervalSet
 
 from ..common import rewrite_prim_funcs
 
-__all__ = ["CACHE_LINE", "PREFETCH", "PREFETCH_AHEAD_BYTES", "PREFETCH_STREAMS", "read_in_place", "STREAM_BYTES", "lower_prefetches", "prefetch_stream", "prefetched_buffers"]
+__all__ = ["CACHE_LINE", "PREFETCH", "PREFETCH_AHEAD_BYTES", "PREFETCH_LOCALITY", "PREFETCH_STREAMS", "STREAM_BYTES", "lower_prefetches", "prefetch_stream", "prefetched_buffers",
+           "read_in_place"]
 
 PREFETCH_STREAMS = True
 """Whether the rules mark the streams they read in place (:func:`prefetch_stream`)."""
