@@ -66,11 +66,11 @@ PREFETCH_LOCALITY = 2
 AVX-512 1x1 dX's 14 pixel rows of 96 channels: 84 lines), likely more than L1 can track misses
 for at once; into L2, they leave L1's to the tile's own loads, and the tile they are for finds
 them in L2.
-Zen 4, N=32 channels-last, from memory (16 MB written between calls), medians of 9, into L1 ->
+Zen 4, N=32 channels-last, from memory (64 MB written between calls), medians of 9, into L1 ->
 into L2: the 16 -> 96 dX on 56x56 4.70 -> 2.65 ms and its dW 2.96 -> 2.70, 24 -> 144 dX on 28x28
 2.54 -> 1.95, the forward of 144 -> 24 on 28x28 2.51 -> 1.76, of 96 -> 24 1.71 -> 1.17, of
-32 -> 16 on 56x56 1.48 -> 1.12; the 14x14 layers' within 0.05 ms either way (8 KB ahead; 16 KB
-ahead into L2 read the same). The Zen 3 and Sapphire Rapids-class figures above were asked into
+32 -> 16 on 56x56 1.48 -> 1.12; the 14x14 layers' between 0.12 ms faster and 0.06 slower (8 KB
+ahead; 16 KB ahead into L2 read the same). The Zen 3 and Sapphire Rapids-class figures above were asked into
 L1, and not measured into L2."""
 PREFETCH_LLVM = rf"""
 declare void @llvm.prefetch.p0(ptr, i32, i32, i32)
