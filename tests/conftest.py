@@ -174,6 +174,9 @@ def pytest_collection_modifyitems(items):
 
 slow = pytest.mark.slow
 
+NEON = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1", "num-cores": 2}
+"""The AArch64 target the tests cross-compile for (NEON, two cores): code checked for an ISA the host may lack."""
+
 
 def tiered(values, fast, ids=None, unpack: bool = False) -> list:
     """``values`` as pytest parameters, each marked ``slow`` unless ``fast(index, value)`` holds: the

@@ -20,7 +20,7 @@ from tvm_convgrad.frontends import onednn
 from tvm_convgrad.isa import host_can_run
 from tvm_convgrad.tools.verify import check_kernel
 
-from conftest import native_first, needs_torch, tiered
+from conftest import NEON, native_first, needs_torch, tiered
 
 # (n, channels, (h, w), (kh, kw), strides, pads_begin, pads_end, dilations, bias)
 CASES = [
@@ -50,7 +50,6 @@ def _forward(case, data_format="NCX", dtype="float32", multiplier=1, groups=None
                               data_format=data_format, weights_format="OIX" if data_format == "NCX" else "XIO")  # fmt: skip
 
 
-NEON = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1", "num-cores": 2}
 
 
 @pytest.mark.parametrize("isa", native_first(["native", "avx512", "avx2", "sse", "neon"]))

@@ -23,14 +23,14 @@ from tvm_convgrad.schedule.cpu.tiles import block_tile, dw_blocks, flat_block_ti
 from tvm_convgrad.isa import PLANS, host_can_run, isa_plan
 from tvm_convgrad.tools.verify import check_kernel
 
-from conftest import RUNNABLE_ISAS
+from conftest import NEON, RUNNABLE_ISAS
 from test_schedule import _dw, _dx
 
 TARGETS = {
     "avx512": {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512", "num-cores": 2},
     "avx2": {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell", "num-cores": 2},
     "sse": {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64", "num-cores": 2},
-    "neon": {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1", "num-cores": 2},
+    "neon": NEON,
 }
 REGISTER_KIND = {"avx512": "zmm", "avx2": "ymm", "sse": "xmm", "neon": "v"}
 

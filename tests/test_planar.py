@@ -23,6 +23,8 @@ from tvm_convgrad.schedule import rule_for
 from tvm_convgrad.schedule.cpu.tiles import planar_tile
 from tvm_convgrad.tools.verify import check_kernel
 
+from conftest import NEON
+
 _UNROLLED = re.compile(r"T.unroll\(T.int64\((\d+)\)\)")
 
 
@@ -110,8 +112,7 @@ def test_planar_tiles_fit_the_registers():
     """Every planar tile of a range of channels and planes keeps its accumulators, its loads and a
     broadcast within each ISA's registers and divides the channels; AVX-512 on ResNet-50's 56x56
     takes 4 channels x 6 vectors (24 accumulators), AVX2 4 x 3."""
-    neon = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1", "num-cores": 2}
-    for target in (isa_target("avx512"), isa_target("avx2"), isa_target("sse"), neon):
+    for target in (isa_target("avx512"), isa_target("avx2"), isa_target("sse"), NEON):
         plan = isa_plan(resolve_target(target))
         for channels in (16, 24, 40, 64, 96, 144, 256, 960):
             for pixels in (16, 48, 64, 112, 256, 784, 1024, 3136):

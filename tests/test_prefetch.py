@@ -17,8 +17,9 @@ from tvm_convgrad.isa import host_can_run
 from tvm_convgrad.schedule.cpu.prefetch import CACHE_LINE, PREFETCH, PREFETCH_AHEAD_BYTES, lower_prefetches, prefetch_stream, prefetched_buffers
 from tvm_convgrad.tools.verify import check_kernel
 
+from conftest import NEON
+
 ISAS = ("avx2", "avx512", "neon")
-NEON = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1", "num-cores": 2}
 X86_PREFETCH = (r"prefetcht1\s", r"prefetcht0\s")
 INTO_L2 = {"avx2": X86_PREFETCH, "avx512": X86_PREFETCH, "neon": (r"prfm\s+pldl2keep", r"prfm\s+pldl1keep")}
 """Each ISA's prefetch into L2 (:data:`~tvm_convgrad.schedule.cpu.prefetch.PREFETCH_LOCALITY`),
