@@ -59,10 +59,13 @@ FIXED = {
     "dx-depthwise-s2-ragged": Case("data", 2, 32, 32, 32, (40, 40), (20, 20), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), data_format="NCX",
                                    weights_format="OIX", effective_pads=(1, 1)),  # fmt: skip
     # a stride-1 depthwise dX plane by plane: each task packs its plane of dy, runs its tiles and writes its dx
-    # plane (13x11; NXC 9x7)
-    "dx-depthwise-planes": Case("data", 4, 32, 32, 32, (13, 11), (13, 11), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
+    # plane (21x20, NCX and NXC: at least PLANE_MIN_PIXELS); smaller planes by rows of tiles (13x11; NXC 9x7)
+    "dx-depthwise-planes": Case("data", 4, 32, 32, 32, (21, 20), (21, 20), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
                                 weights_format="OIX", effective_pads=(1, 1)),  # fmt: skip
-    "dx-depthwise-planes-nxc": Case("data", 4, 48, 48, 48, (9, 7), (9, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
+    "dx-depthwise-planes-nxc": Case("data", 4, 48, 48, 48, (21, 20), (21, 20), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
+    "dx-depthwise-rows": Case("data", 4, 32, 32, 32, (13, 11), (13, 11), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
+                              weights_format="OIX", effective_pads=(1, 1)),  # fmt: skip
+    "dx-depthwise-rows-nxc": Case("data", 4, 48, 48, 48, (9, 7), (9, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
     # a strided depthwise dX plane by plane: the dy plane, every stride phase and the result under one task (40 channels:
     # a partial last block; NXC; 13x11 onto 7x6) and NCX (ragged rows)
     "dx-depthwise-s2-planes-nxc": Case("data", 3, 40, 40, 40, (13, 11), (7, 6), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
@@ -91,6 +94,15 @@ FIXED = {
                                     weights_format="OIX", effective_pads=(1, 1)),  # fmt: skip
     "fwd-depthwise-planes-dilated": Case("fwd", 1, 17, 17, 17, (12, 12), (11, 10), (3, 3), (1, 1), (2, 0), (1, 2), (2, 2), data_format="NCX",
                                          weights_format="OIX", bias=True, effective_pads=(2, 0)),  # fmt: skip
+    # ... an NXC one with its channels on the lanes (conv_dw): plane by plane, x's plane packed in its task (40 channels, bias);
+    # by rows of tiles (smaller planes): stride 2 (the phases packed); dilation 2 and asymmetric pads (17 channels); bf16 read
+    # widened; one plane
+    "fwd-depthwise-nxc": Case("fwd", 4, 40, 40, 40, (21, 20), (21, 20), (3, 3), (1, 1), bias=True, **_PADS1),
+    "fwd-depthwise-nxc-s2": Case("fwd", 2, 24, 24, 24, (15, 14), (8, 7), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
+    "fwd-depthwise-nxc-dilated": Case("fwd", 1, 17, 17, 17, (12, 12), (11, 10), (3, 3), (1, 1), (2, 0), (1, 2), (2, 2), bias=True,
+                                      effective_pads=(2, 0)),  # fmt: skip
+    "fwd-depthwise-nxc-bf16": Case("fwd", 2, 24, 24, 24, (9, 7), (9, 7), (3, 3), (1, 1), dtype="bfloat16", **_PADS1),
+    "fwd-depthwise-nxc-one-plane": Case("fwd", 1, 16, 16, 16, (10, 9), (10, 9), (3, 3), (1, 1), **_PADS1),
     # a stride-1 NCX depthwise dX with dilation 2 and asymmetric pads (17 channels: a partial block)
     "dx-depthwise-planes-dilated": Case("data", 2, 17, 17, 17, (12, 12), (11, 10), (3, 3), (1, 1), (2, 0), (1, 2), (2, 2), data_format="NCX",
                                         weights_format="OIX", effective_pads=(2, 0)),  # fmt: skip

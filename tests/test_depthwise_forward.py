@@ -1,8 +1,10 @@
 """The depthwise forward over channel-planar (NCX) fp32 tensors runs plane by plane, its columns on
 the lanes (``conv_dw_px``, ``Formulation.DEPTHWISE_FWD``): x read once into each plane's padded pack,
-y written from the plane's sums, no FracZ_g block of 15/16 zeros and no NCX <-> 5HD turn. Every case
-is exact against the float64 reference (``check_kernel``) where the host runs the target, and every
-target builds it; NXC, bf16, a channel multiplier and grouped layers keep their formulations.
+y written from the plane's sums, no FracZ_g block of 15/16 zeros and no NCX <-> 5HD turn. Every
+other depthwise forward of one output channel per group (NXC, bf16, fp16) has its channels on the
+lanes (``conv_dw``, ``Formulation.DEPTHWISE_CHANNELS_FWD``). Every case is exact against the float64
+reference (``check_kernel``) where the host runs the target, and every target builds it; a channel
+multiplier and grouped layers keep the cube.
 """
 
 from __future__ import annotations
@@ -66,17 +68,40 @@ def test_an_ncx_depthwise_forward_runs_plane_by_plane_and_is_exact(isa, case):
         assert check_kernel(kernel).ok
 
 
-@pytest.mark.parametrize("variant", ["nxc", "bfloat16", "multiplier", "grouped"])
-def test_other_layouts_types_and_groups_keep_their_formulations(variant):
-    """NXC (channels on the lanes already), bf16 (the pair forms), a channel multiplier of 2 and two
-    channels per group are no plane-by-plane depthwise forward."""
-    case = CASES[0]
-    kwargs = {"nxc": dict(data_format="NXC"), "bfloat16": dict(dtype="bfloat16"), "multiplier": dict(multiplier=2),
-              "grouped": dict(groups=case[1] // 2)}[variant]  # fmt: skip
-    kernel = build(_forward(case, **kwargs))
-    assert kernel.formulation != "depthwise" and 'T.sblock("conv_dw_px_update")' not in kernel.inspect_source("tir")
-    if variant in ("nxc", "multiplier"):
+@pytest.mark.parametrize("isa", native_first(["native", "avx512", "avx2", "sse", "neon"]))
+@pytest.mark.parametrize("case", tiered(CASES, lambda i, _: i < 4), ids=str)
+def test_an_nxc_depthwise_forward_runs_with_the_channels_on_the_lanes_and_is_exact(isa, case):
+    """NXC (channels-last) x: 16 channels on the lanes (``conv_dw``, a one-phase dX's schedule), no
+    FracZ_g block of 15/16 zeros; every target builds it, and it is exact where the host runs it."""
+    target = resolve_target("llvm" if isa == "native" else NEON if isa == "neon" else isa_target(isa))
+    kernel = build(_forward(case, data_format="NXC"), target=target)
+    assert kernel.formulation == "depthwise"
+    tir = kernel.inspect_source("tir")
+    assert 'T.sblock("conv_dw_update")' in tir and 'T.sblock("w_conv")' not in tir
+    if host_can_run(target):
         assert check_kernel(kernel).ok
+
+
+@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", tiered(CASES, lambda i, _: i in (0, 1)), ids=str)
+def test_a_narrow_depthwise_forward_sums_its_channels_on_the_lanes_in_fp32(case, dtype, data_format):
+    """bf16 and fp16 tensors (either layout: NCX through its 5HD view) take the same channel-lane
+    mad, read widened to fp32 and rounded once: within the bound of fp32 sums rounded to the type."""
+    kernel = build(_forward(case, data_format=data_format, dtype=dtype))
+    assert kernel.formulation == "depthwise" and 'T.sblock("conv_dw_update")' in kernel.inspect_source("tir")
+    assert check_kernel(kernel).ok
+
+
+@pytest.mark.parametrize("variant", ["multiplier", "grouped"])
+def test_other_groups_keep_the_cube(variant):
+    """A channel multiplier of 2 and two channels per group are no depthwise forward of either kind."""
+    case = CASES[0]
+    kwargs = {"multiplier": dict(multiplier=2), "grouped": dict(groups=case[1] // 2)}[variant]
+    kernel = build(_forward(case, **kwargs))
+    tir = kernel.inspect_source("tir")
+    assert kernel.formulation == "cube" and 'T.sblock("conv_dw_px_update")' not in tir and 'T.sblock("conv_dw_update")' not in tir
+    assert check_kernel(kernel).ok
 
 
 def test_the_pack_cuts_its_padding_from_its_image_and_rows_are_whole_registers():

@@ -64,6 +64,7 @@ from ... import layout
 from ...layout import C0, ceil_div
 from ...params import ConvGradParams
 from .common import ACC, NEVER, channel_lanes, first_holding, guarded, inside, planar_gemm
+from .depthwise import depthwise_channels, depthwise_forward
 from .depthwise_planar import depthwise_plane_sums, planar_depthwise
 from .pairs import pair, pair_dot
 from .phases import AxisPhase, output_runs, region_grid, region_split_below, tap_hull, whole_axis
@@ -103,7 +104,8 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
     task's sums are in cache). ``bf16_pairs``: the mad on bf16 pairs of input channels (see the
     module docstring). ``planar``: a frontend's x and y lie channel-planar (NCX, the 5HD views
     layout stages), so a 1x1 at stride 1 runs with the pixels on the lanes (:func:`planar_forward`),
-    and a depthwise layer plane by plane (:func:`.depthwise_planar.planar_depthwise`)."""
+    and an fp32 depthwise layer plane by plane (:func:`.depthwise_planar.planar_depthwise`); any other depthwise
+    layer of one output channel per group runs with its channels on the lanes (:func:`.depthwise.depthwise_forward`)."""
     g = params.geom
     ext = g.group
     pairs = bf16_pairs and data.dtype == "bfloat16" and weight.dtype == "bfloat16"
@@ -111,6 +113,8 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
         return _result(_pixel_lane_sums(data, weight, params), params, bias, rows_and_columns, identity=True)
     if planar and planar_depthwise(params, data.dtype) and weight.dtype == ACC:
         return _result(depthwise_plane_sums(data, weight, params), params, bias, rows_and_columns, identity=True)
+    if depthwise_channels(params):
+        return _result(depthwise_forward(_fmap_pad(data, params)[1], weight, params), params, bias, rows_and_columns, identity=True)
     _, read_x = _fmap_pad(data, params, pairs)
     depth = g.depth
     kd_n = depth.kernel if depth else 1

@@ -1,5 +1,5 @@
-"""Depthwise gradients (``Cin/groups == 1``, any channel multiplier ``m = Cout/groups``): channels
-on the lanes, no zero lane multiplied.
+"""Depthwise gradients (``Cin/groups == 1``, any channel multiplier ``m = Cout/groups``) and the
+depthwise forward of multiplier 1: channels on the lanes, no zero lane multiplied.
 
 TBE packs depthwise groups 16 to a FracZ_g block (``multiple = min(16, groups)`` slots), so the
 cube would multiply 16 x 16 blocks of which only the diagonal is the gradient: 15 of 16 FMAs
@@ -28,6 +28,11 @@ stage                  shape                                        value
                                                                     dy_dw[.., j + off_h(mh), i +
                                                                     off_w(mw), c0] * w_dw[q, c1, kh(mh),
                                                                     kw(mw), c0]``
+``conv_dw``            ``(N, C1x, Ho, Wo, 16)`` fp32                the forward (``m == 1``): ``sum_{kh,kw}
+                                                                    xpad[n, c1, j*sh + kh*dh, i*sw +
+                                                                    kw*dw, c0] * w_dw[0, c1, kh, kw, c0]``
+                                                                    (x padded as the cube's forward pads
+                                                                    it: :func:`.conv._fmap_pad`)
 =====================  ===========================================  ====================================
 
 **dW result.** TBE's ``(real_g, KH*KW, cout_g, 16)`` holds the gradient on each block's diagonal
@@ -39,6 +44,8 @@ it 16x cheaper. Every entry a consumer reads is the same.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from tvm import te, tirx
 
 from ... import layout
@@ -46,9 +53,9 @@ from ...layout import C0
 from ...params import ConvGradParams
 from .common import ACC, guarded, in_place, inside
 from .phases import AxisPhase, DyWindow, phase_stage_name
-from .stages import DW_DW, DX_DW, DY_DW, FMAP_DW, FORMULATION, GRADS_DW, MAD_TAG, W_DW, Formulation
+from .stages import CONV_DW, DW_DW, DX_DW, DY_DW, FMAP_DW, FORMULATION, GRADS_DW, MAD_TAG, W_DW, Formulation
 
-__all__ = ["depthwise", "depthwise_filter_grad", "depthwise_input_phases"]
+__all__ = ["depthwise", "depthwise_channels", "depthwise_filter_grad", "depthwise_forward", "depthwise_input_phases"]
 
 
 def depthwise(params: ConvGradParams) -> bool:
@@ -116,16 +123,11 @@ def depthwise_filter_grad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams
     return dw, value
 
 
-def depthwise_input_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, grid, window: DyWindow):
-    """dX: one ``dx_dw`` mad per stride phase, channels on the lanes; ``(phases, read)`` as the
-    other dX formulations return them."""
+def _diagonal(filters: te.Tensor, params: ConvGradParams) -> te.Tensor:
+    """``w_dw (m, C1x, KH, KW, 16)``: the diagonal of the FracZ_g weight, ``W[c*m + q, 0, kh, kw]``
+    at lane ``c`` of block ``c1`` (0 past Cin)."""
     g = params.geom
-    m = g.cout_g
-    top, left = window.top, window.left
-    dy_dw = _by_multiplier(
-        dy, params, (g.batch, m, g.c1_x, *window.shape, C0), lambda y, x: (window.conds(y, x), (y - top, x - left)), DY_DW
-    )
-    mag = g.group.multiple
+    m, mag = g.cout_g, g.group.multiple
 
     def weight(q, c1, kh, kw, c0):
         channel = c1 * C0 + c0  # the group; its slot j in extended group e holds FracZ_g column j*m + q, lane j
@@ -135,7 +137,47 @@ def depthwise_input_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradPa
         conds = [channel < g.cin] if g.c1_x * C0 > g.cin else []
         return guarded(conds, filters[row, co_l // C0, co_l % C0, j].astype(ACC))
 
-    w_dw = te.compute((m, g.c1_x, g.kh, g.kw, C0), weight, name=W_DW, tag=W_DW)
+    return te.compute((m, g.c1_x, g.kh, g.kw, C0), weight, name=W_DW, tag=W_DW)
+
+
+def depthwise_channels(params: ConvGradParams) -> bool:
+    """Whether the forward takes :func:`depthwise_forward`: 2-D, one input and one output channel per group."""
+    return depthwise(params) and params.geom.cout_g == 1
+
+
+def depthwise_forward(read_x: Callable, filters: te.Tensor, params: ConvGradParams) -> Callable:
+    """The forward of a depthwise layer of multiplier 1 (:func:`depthwise_channels`), channels on
+    the lanes: ``conv_dw (N, C1x, Ho, Wo, 16) = sum_{kh, kw} x[n, c1, j*sh + kh*dh, i*sw + kw*dw, c0] *
+    w_dw[0, c1, kh, kw, c0]`` (``read_x(lead, c1, kh, kw, j, i, c0)``: the padded x, see
+    :func:`.conv._fmap_pad`), ``Formulation.DEPTHWISE_CHANNELS_FWD``: 9 FMAs of two 16-lane vectors
+    per 16 outputs of a 3x3, where the cube multiplies 16 x 16 FracZ_g blocks of which only the
+    diagonal is the layer's. Its axes are a dX phase's (a reduction ``q`` of one multiplier), so
+    the dX phase's schedule takes it. Returns the ``sums(row, block, h, w, c0)`` the result reads."""
+    g = params.geom
+    w_dw = _diagonal(filters, params)
+    q = te.reduce_axis((0, 1), name="q")
+    kh = te.reduce_axis((0, g.kh), name="kh")
+    kw = te.reduce_axis((0, g.kw), name="kw")
+    conv_dw = te.compute(
+        (g.batch, g.c1_x, g.ho, g.wo, C0),
+        lambda n, c1, j, i, c0: te.sum(read_x((n,), c1, kh, kw, j, i, c0) * w_dw[q, c1, kh, kw, c0], axis=[q, kh, kw]),
+        name=CONV_DW,
+        tag=MAD_TAG,
+        attrs={FORMULATION: Formulation.DEPTHWISE_CHANNELS_FWD.value},
+    )
+    return lambda row, block, h, w, c0: conv_dw[row, block, h, w, c0]
+
+
+def depthwise_input_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, grid, window: DyWindow):
+    """dX: one ``dx_dw`` mad per stride phase, channels on the lanes; ``(phases, read)`` as the
+    other dX formulations return them."""
+    g = params.geom
+    m = g.cout_g
+    top, left = window.top, window.left
+    dy_dw = _by_multiplier(
+        dy, params, (g.batch, m, g.c1_x, *window.shape, C0), lambda y, x: (window.conds(y, x), (y - top, x - left)), DY_DW
+    )
+    w_dw = _diagonal(filters, params)
 
     def phase_mad(ph: AxisPhase, pw: AxisPhase) -> te.Tensor:
         q = te.reduce_axis((0, m), name="q")

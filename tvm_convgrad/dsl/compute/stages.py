@@ -53,7 +53,7 @@ from enum import Enum
 from typing import Iterable
 
 __all__ = [
-    "AMX_STEPS", "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "CONV_PX", "CONV_DW_PX", "READ_IN_PLACE", "X_ROWS", "X_PLANE", "W_PLANE", "DIFF_SRC", "DIFF_WEIGHTS", "DST", "SRC_5HD", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
+    "AMX_STEPS", "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "CONV_PX", "CONV_DW", "CONV_DW_PX", "READ_IN_PLACE", "X_ROWS", "X_PLANE", "W_PLANE", "DIFF_SRC", "DIFF_WEIGHTS", "DST", "SRC_5HD", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
     "DX_PX", "DX_AMX", "DY_5HD", "DY_AMX", "W_AMX", "DY_DW", "DY_PACKS", "DY_PAD", "DY_ROWS", "DW_TAG", "DX_TAG", "FMAP_5HD", "FMAP_DW", "FMAP_L1", "FORMULATION", "Formulation",
     "GRADS_2_MATRIX", "GRADS_DW", "KERNEL_H", "KERNEL_W", "PAD_CUTS_H", "PAD_CUTS_W", "LAYOUT_ADAPTER", "LAYOUT_IN_TAG", "LAYOUT_OUT_TAG", "MAD_TAG", "PACK_STAGES", "WEIGHTS_FRACZ", "W_COL", "W_DW", "W_T", "WINO_D", "WINO_DW", "WINO_DYW", "WINO_M", "WINO_U", "WINO_V", "WINO_W", "WINO_WT", "WINO_X", "WINO_Y",
     "X_STEP", "formulation", "phase_firsts", "phase_name", "PHASE_AXES", "FMAP_PAD", "W_CONV", "CONV_CC", "CONV_RES", "CONV_TAG",
@@ -91,6 +91,7 @@ CONV_PX = "conv_px"
 X_PLANE = "x_plane"  # the planar depthwise forward's (:mod:`.depthwise_planar`)
 W_PLANE = "w_plane"
 CONV_DW_PX = "conv_dw_px"
+CONV_DW = "conv_dw"  # the depthwise forward with the channels on the lanes (:func:`.depthwise.depthwise_forward`)
 CONV_RES = "C"
 # a 3x3 stride-1 convolution by Winograd's F(2x2, 3x3) (the forward or dX: :mod:`.winograd`)
 WINO_V = "wino_v"
@@ -182,6 +183,7 @@ class Formulation(str, Enum):
     DEPTHWISE_DX = "depthwise-dx"  # dX, one input channel per group: one mad per stride phase
     CUBE_FWD = "cube-fwd"  # the forward convolution: pixel tiles x 16 output channels, as a dX phase
     DEPTHWISE_FWD = "depthwise-fwd"  # the forward, one channel per group, NCX: each plane's columns on the lanes
+    DEPTHWISE_CHANNELS_FWD = "depthwise-channels-fwd"  # the forward, one channel per group: channels on the lanes
     CUBE_FWD_BF16 = "cube-bf16-fwd"  # the forward on the cube, bf16 pairs along Cin (a vdpbf16ps target's)
     WINOGRAD = "winograd"  # a 3x3 stride-1 forward or dX by F(2x2, 3x3): 16 GEMMs over Cin, Cout on the lanes
     WINOGRAD_DW = "winograd-dw"  # its dW: 16 GEMMs over the 2x2 tiles of dy, Cout on the lanes
@@ -189,7 +191,8 @@ class Formulation(str, Enum):
     @property
     def family(self) -> str:
         """``cube``, ``cube-bf16``, ``cout-lanes``, ``pixel-lanes`` or ``depthwise``: what ``Kernel.formulation`` says."""
-        return self.value.removesuffix("-dw").removesuffix("-dx").removesuffix("-fwd")
+        family = self.value.removesuffix("-dw").removesuffix("-dx").removesuffix("-fwd")
+        return "depthwise" if family.startswith("depthwise") else family
 
 
 def phase_name(prefix: str, rh: int, rw: int, rd: int | None = None) -> str:

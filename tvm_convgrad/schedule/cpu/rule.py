@@ -60,7 +60,7 @@ from .amx_dx import AmxInputGrad
 from .bf16 import PairedCoutLanesFilterGrad, PairedFilterGrad, PairedForward, PairedInputGrad
 from .cube import CubeForward, CubeInputGrad
 from .cube_dw import CubeFilterGrad
-from .depthwise import DepthwiseFilterGrad, DepthwiseInputGrad, phases_plane_by_plane
+from .depthwise import DepthwiseFilterGrad, DepthwiseForward, DepthwiseInputGrad, phases_plane_by_plane
 from .depthwise_planar import PlanarDepthwiseForward
 from .lanes import CoutLanesFilterGrad, PixelLanesInputGrad
 from .elementwise import elementwise, planar_pack
@@ -84,6 +84,7 @@ FORMULATIONS: dict[Formulation, type[CpuMad]] = {
     Formulation.DEPTHWISE_DX: DepthwiseInputGrad,
     Formulation.CUBE_FWD: CubeForward,
     Formulation.DEPTHWISE_FWD: PlanarDepthwiseForward,
+    Formulation.DEPTHWISE_CHANNELS_FWD: DepthwiseForward,
     Formulation.CUBE_FWD_BF16: PairedForward,
     Formulation.WINOGRAD: WinogradConv,
     Formulation.WINOGRAD_DW: WinogradFilterGrad,
