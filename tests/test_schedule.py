@@ -322,28 +322,53 @@ def test_an_oix_weight_gradient_is_written_tap_run_by_tap_run(isa, kernel, size)
         assert check_kernel(kernel_built).ok
 
 
-@pytest.mark.parametrize("channels, stride, inside", [(32, 1, True), (24, 1, False), (32, 2, True), (24, 2, True)])
-def test_a_depthwise_data_gradient_runs_plane_by_plane(channels, stride, inside):
+@pytest.mark.parametrize("channels, stride, x_size, inside", [(32, 1, 21, True), (24, 1, 21, False), (32, 1, 14, False), (32, 2, 14, True),
+                                                             (24, 2, 14, True)])  # fmt: skip
+def test_a_depthwise_data_gradient_runs_plane_by_plane(channels, stride, x_size, inside):
     """A depthwise dX (NCX) packs each (image, channel block) plane of dy, runs its tiles (every
     stride phase's) and writes its plane of diff_src inside one parallel task; exact. A stride-1
     dX with a partial last block (whose channels TVM cannot bound per task as a write-back of
-    the one phase) keeps its passes; the strided one (its phases under the result's task) not."""
+    the one phase), or whose planes are small (14x14: under ``PLANE_MIN_PIXELS``), keeps its
+    passes, its tasks the tiles' rows; the strided one (its phases under the result's task) not."""
     from tvm import te
 
     from tvm_convgrad.dsl.compute.stages import DX_DW, DY_DW
     from tvm_convgrad.frontends import onednn
+    from tvm_convgrad.schedule.cpu.depthwise import PLANE_MIN_PIXELS
 
     target = resolve_target("llvm")
-    size = 14 // stride
+    size = x_size // stride
+    assert stride > 1 or (size * size >= PLANE_MIN_PIXELS) == (x_size == 21)
     dy = te.placeholder((8, channels, size, size), "float32", name="diff_dst")
     weights = te.placeholder((channels, 1, 3, 3), "float32", name="weights")
-    dx = onednn.convolution_backward_data(dy, weights, [8, channels, 14, 14], strides=[stride, stride], pads_begin=[1, 1], pads_end=[1, 1],
-                                          dilations=[1, 1], groups=channels, data_format="NCX", weights_format="OIX")  # fmt: skip
+    dx = onednn.convolution_backward_data(dy, weights, [8, channels, x_size, x_size], strides=[stride, stride], pads_begin=[1, 1],
+                                          pads_end=[1, 1], dilations=[1, 1], groups=channels, data_format="NCX", weights_format="OIX")  # fmt: skip
     sch = schedule.rule_for(target).apply(Workload.of(dx).prim_func(target), target)
     task = _outermost_loop(sch, f"{DX_DW}_0_0_update")
     assert _outermost_loop(sch, dx.op.name).same_as(task) == inside
     assert _outermost_loop(sch, DY_DW).same_as(task) == inside
     assert check_kernel(build(dx)).ok
+
+
+@pytest.mark.parametrize("x_size, inside", [(21, True), (14, False)])
+def test_an_nxc_depthwise_forward_runs_plane_by_plane_where_its_planes_are_large(x_size, inside):
+    """The channel-lane depthwise forward (``conv_dw``) takes the dX's schedule: on 21x21 planes each
+    parallel task packs its (image, channel block) plane of x, sums its tiles and writes its plane of
+    dst; on 14x14 ones (under ``PLANE_MIN_PIXELS``) the tasks are the tiles' rows. Exact."""
+    from tvm import te
+
+    from tvm_convgrad.dsl.compute.stages import CONV_DW, FMAP_PAD
+    from tvm_convgrad.frontends import onednn
+
+    target = resolve_target("llvm")
+    src = te.placeholder((8, x_size, x_size, 32), "float32", name="src")
+    weights = te.placeholder((3, 3, 1, 32), "float32", name="weights")
+    dst = onednn.convolution(src, weights, None, strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], groups=32)
+    sch = schedule.rule_for(target).apply(Workload.of(dst).prim_func(target), target)
+    task = _outermost_loop(sch, f"{CONV_DW}_update")
+    assert _outermost_loop(sch, dst.op.name).same_as(task) == inside
+    assert _outermost_loop(sch, FMAP_PAD).same_as(task) == inside
+    assert check_kernel(build(dst)).ok
 
 
 @pytest.mark.parametrize("kernel, stride", [((3, 3), 1), ((3, 1), 2)])
