@@ -13,7 +13,8 @@ from ..common import loop_extent, stage_blocks
 from .loops import CpuMad, channel_block_task, pack_under, producers_named, restore_unit_loops, sum_parts
 from .tiles import MAX_TILE_PIXELS, MAX_WO_UNROLL, depthwise_dw_tile, depthwise_dx_tile, largest_divisor
 
-__all__ = ["PACKS_PER_IMAGE", "PLANES_PER_CORE", "PLANE_MIN_PIXELS", "DepthwiseFilterGrad", "DepthwiseForward", "DepthwiseInputGrad", "phases_plane_by_plane"]
+__all__ = ["PACKS_PER_IMAGE", "PLANES_PER_CORE", "PLANE_MIN_PIXELS", "DepthwiseFilterGrad", "DepthwiseForward", "DepthwiseInputGrad",
+           "phases_plane_by_plane"]  # fmt: skip
 
 PACKS_PER_IMAGE = True  # depthwise dW: x and dy packed image by image inside the tasks
 IMAGES_PER_CORE = True  # depthwise dW: each core sums its own images, every channel block of each (DepthwiseFilterGrad._in_parts)
