@@ -52,6 +52,9 @@ def _forward(case, data_format="NCX", dtype="float32", multiplier=1, groups=None
                               data_format=data_format, weights_format="OIX" if data_format == "NCX" else "XIO")  # fmt: skip
 
 
+def _target(isa: str):
+    """This host's target (``"native"``), an x86 ISA's, or the AArch64 one (cross-compiled)."""
+    return resolve_target("llvm" if isa == "native" else NEON if isa == "neon" else isa_target(isa))
 
 
 @pytest.mark.parametrize("isa", native_first(["native", "avx512", "avx2", "sse", "neon"]))
@@ -59,7 +62,7 @@ def _forward(case, data_format="NCX", dtype="float32", multiplier=1, groups=None
 def test_an_ncx_depthwise_forward_runs_plane_by_plane_and_is_exact(isa, case):
     """Each target (x86's three vector ISAs, AArch64's NEON cross-compiled) builds the plane-by-plane
     kernel; where the host runs it, every element within the fp32 bound of the reference."""
-    target = resolve_target("llvm" if isa == "native" else NEON if isa == "neon" else isa_target(isa))
+    target = _target(isa)
     kernel = build(_forward(case), target=target)
     assert kernel.formulation == "depthwise"
     tir = kernel.inspect_source("tir")
@@ -73,7 +76,7 @@ def test_an_ncx_depthwise_forward_runs_plane_by_plane_and_is_exact(isa, case):
 def test_an_nxc_depthwise_forward_runs_with_the_channels_on_the_lanes_and_is_exact(isa, case):
     """NXC (channels-last) x: 16 channels on the lanes (``conv_dw``, a one-phase dX's schedule), no
     FracZ_g block of 15/16 zeros; every target builds it, and it is exact where the host runs it."""
-    target = resolve_target("llvm" if isa == "native" else NEON if isa == "neon" else isa_target(isa))
+    target = _target(isa)
     kernel = build(_forward(case, data_format="NXC"), target=target)
     assert kernel.formulation == "depthwise"
     tir = kernel.inspect_source("tir")
