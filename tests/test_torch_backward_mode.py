@@ -102,6 +102,32 @@ def test_a_switch_the_second_timing_does_not_confirm_keeps_the_packages(backward
     assert set(backward_choices().values()) == {True}
 
 
+@pytest.mark.parametrize("times, settled", [({NONE: 10, DX: 9.8, DW: 9.9, BOTH: 9.7}, True),  # the package's throughout
+                                            ({NONE: 10, DX: 9, DW: 6, BOTH: 7}, False)])  # PyTorch's dW  # fmt: skip
+def test_calls_settled_on_the_packages_kernels_skip_pytorchs_way(times, settled, backward_mode, monkeypatch):
+    """Once ``"auto"`` has chosen the package's kernel for every GEMM, later calls run them without
+    making PyTorch's way (``ours_throughout``); where it chose PyTorch's for one, they make it."""
+    from tvm_convgrad.torch import ops
+
+    layer, x, g = _layer_and_tensors(channels=32)
+    monkeypatch.setattr(backward_module, "_timings", _timed_as(times, []))
+    made = []
+    monkeypatch.setattr(ops, "pytorch_gradients", lambda *args: made.append(1) or backward_module.pytorch_gradients(*args))
+    backward_mode("auto")
+    first = _grads(layer, x, g)
+    assert made == [1]  # the first call chooses, with PyTorch's way at hand
+    call = next(iter(backward_choices()))[0]
+    assert backward_module.ours_throughout(call, (True, True)) is settled
+    again = _grads(layer, x, g)
+    assert made == [1] if settled else [1, 1]
+    for mine, before in zip(again, first):
+        assert torch.equal(mine, before)
+    backward_mode("ours")
+    assert backward_module.ours_throughout(call, (True, True)) and backward_module.ours_throughout(call, (False, True))
+    backward_mode("pytorch")
+    assert not backward_module.ours_throughout(call, (True, True))
+
+
 def test_pytorch_mode_builds_no_kernel_and_matches_stock(backward_mode):
     backward_mode("pytorch")
     input_grad_kernel.cache_clear(), weight_grad_kernel.cache_clear()

@@ -31,7 +31,7 @@ import torch
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 from . import blas, outputs
-from .backward import FUNCTION_MS, gradients, pytorch_gradients
+from .backward import FUNCTION_MS, gradients, ours_throughout, pytorch_gradients
 from .backward import pytorchs as pytorchs_backward
 from .forward import forward as choose_forward
 from .forward import pytorch as pytorch_forward
@@ -191,12 +191,18 @@ def _backward(ctx, grad_output):
         dx, dw = (_input_grad, _weight_grad) if not torch.autograd._profiler_enabled() else \
             (_profiled(_input_grad, "tvm_convgrad::conv2d_input_grad"), _profiled(_weight_grad, "tvm_convgrad::conv2d_weight_grad"))  # fmt: skip
         dy = grad_output if grad_output.dtype == input.dtype else grad_output.to(input.dtype)
-        theirs = pytorch_gradients(dy, input, narrow, stride, pads, dilation, groups)  # where :mod:`.backward` chooses PyTorch's
-        theirs_blas = functools.partial(blas.gradients, dy, input, narrow, channels_last) \
-            if theirs and blas.applies(input, narrow, stride, pads, groups) else None  # fmt: skip
-        credit = FUNCTION_MS if input.dtype == torch.float32 and pytorchs_forward(plan.call, ctx.has_bias) else 0.0  # as F.conv2d, if chosen
-        grad_input, grad_weight = gradients(plan.call, ctx.needs_input_grad[:2], lambda: dx(plan, dy, narrow), lambda: dw(plan, dy, input, wide),
-                                            theirs, theirs_blas, credit)  # fmt: skip
+        needs = ctx.needs_input_grad[:2]
+        if ours_throughout(plan.call, needs):  # the package's kernels, settled: no PyTorch way to make
+            grad_input = dx(plan, dy, narrow) if needs[0] else None
+            grad_weight = dw(plan, dy, input, wide) if needs[1] else None
+        else:
+            theirs = pytorch_gradients(dy, input, narrow, stride, pads, dilation, groups)  # where :mod:`.backward` chooses it
+            theirs_blas = functools.partial(blas.gradients, dy, input, narrow, channels_last) \
+                if theirs and blas.applies(input, narrow, stride, pads, groups) else None  # fmt: skip
+            as_f_conv2d = input.dtype == torch.float32 and pytorchs_forward(plan.call, ctx.has_bias)  # PyTorch's forward chosen
+            credit = FUNCTION_MS if as_f_conv2d else 0.0
+            grad_input, grad_weight = gradients(plan.call, needs, lambda: dx(plan, dy, narrow), lambda: dw(plan, dy, input, wide),
+                                                theirs, theirs_blas, credit)  # fmt: skip
     else:  # traced, or create_graph=True: the operators, differentiable again
         if wide:  # the float32 weight's cast, recorded this time
             weight = weight.to(input.dtype)
