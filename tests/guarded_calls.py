@@ -163,6 +163,9 @@ FIXED = {
                                    dtype="bfloat16", **_PADS1),  # fmt: skip
     # dW by live-tap regions: an atrous NXC layer (rate 6 on 14x14, a mad per tap over its live outputs; 40 channels: a partial block)
     "dw-nxc-atrous-regions": Case("conv_v2", 2, 40, 24, 1, (14, 14), (14, 14), (3, 3), (1, 1), (6, 6), (6, 6), (6, 6), effective_pads=(6, 6)),
+    # ... NCX, its OIX result read from the regions' sums tap by tap (40 input channels: a partial last run of 16)
+    "dw-ncx-atrous-regions": Case("conv_v2", 2, 40, 24, 1, (14, 14), (14, 14), (3, 3), (1, 1), (6, 6), (6, 6), (6, 6), data_format="NCX",
+                                  weights_format="OIX", effective_pads=(6, 6)),  # fmt: skip
     "fwd-nxc-1x1-map": Case("fwd", 12, 40, 24, 1, (1, 1), (1, 1), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
     "dx-ncx-2x2-map": Case("data", 8, 40, 24, 1, (2, 2), (2, 2), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
                            weights_format="OIX", effective_pads=(1, 1)),  # fmt: skip

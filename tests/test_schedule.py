@@ -229,6 +229,34 @@ def test_an_atrous_data_gradient_runs_by_live_tap_regions(isa, data_format, dtyp
         assert check_kernel(build(dx, target=target)).ok
 
 
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("cin, rate", [(40, 6), (32, 12)])
+def test_an_atrous_oix_weight_gradient_is_written_tap_by_tap(isa, cin, rate):
+    """A 3x3 dW at a dilation whose taps mostly read padding sums each live-tap region in a mad of
+    its own (``dw_cc_<kh>_<kw>``); its OIX result reads them with its taps unrolled under each
+    input channel (``elementwise.region_sums_result``), so every copy reads one region's sums where
+    they lie: no gathers in the code (LLVM gathered over every region through the chain of
+    conditions before: a third of ASPP r6's dW). A partial last run of 16 channels (40) is guarded.
+    Exact where the host can run it."""
+    from tvm import te
+    from tvm.tirx import ForKind
+
+    from tvm_convgrad.frontends import onednn
+
+    target = resolve_target(isa_target(isa))
+    x, dy = te.placeholder((2, cin, 14, 14), "float32", name="src"), te.placeholder((2, 24, 14, 14), "float32", name="diff_dst")
+    dw = onednn.convolution_backward_weights(x, dy, [24, cin, 3, 3], strides=[1, 1], pads_begin=[rate] * 2, pads_end=[rate] * 2,
+                                             dilations=[rate] * 2, data_format="NCX", weights_format="OIX")  # fmt: skip
+    sch = schedule.rule_for(target).apply(Workload.of(dw).prim_func(target), target)
+    assert len(set(re.findall(r'T.sblock\("(dw_cc_\d+_\d+)_update"\)', sch.mod.script()))) > 1, "a mad per live-tap region"
+    co, ci_runs, ci, kh, kw = (sch.get(lp) for lp in sch.get_loops(sch.get_sblock("diff_weights")))
+    assert co.kind == ForKind.PARALLEL and int(ci.extent) == 16 and kh.kind == kw.kind == ForKind.UNROLLED
+    kernel = build(dw, target=target)
+    assert "vgather" not in kernel.source, "the regions' sums read one region at a time"
+    if host_can_run(target):
+        assert check_kernel(kernel).ok
+
+
 @pytest.mark.parametrize("images, across", [(8, True), (1, False)])
 @pytest.mark.parametrize("data_format", ["NCX", "NXC"])
 def test_regions_of_small_maps_in_a_batch_run_across_the_images(images, across, data_format):

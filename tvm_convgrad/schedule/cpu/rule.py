@@ -63,7 +63,7 @@ from .cube_dw import CubeFilterGrad
 from .depthwise import DepthwiseFilterGrad, DepthwiseForward, DepthwiseInputGrad, phases_plane_by_plane
 from .depthwise_planar import PlanarDepthwiseForward
 from .lanes import CoutLanesFilterGrad, PixelLanesInputGrad
-from .elementwise import elementwise, planar_pack
+from .elementwise import elementwise, planar_pack, region_sums_result
 from .loops import PHASES_PER_IMAGE, CpuMad, phases_image_by_image
 from .regions import regions_one_by_one
 from .winograd import WinogradConv, WinogradFilterGrad
@@ -131,6 +131,6 @@ class CpuRule(Rule):
             shared = int(name in per_image)
             if name == DY_ROWS or (name == FMAP_L1 and len(sch.get_loops(block)) == 4):
                 planar_pack(sch, block, shared)
-            else:
+            elif not region_sums_result(sch, block):
                 elementwise(sch, block, shared)
         return sch
