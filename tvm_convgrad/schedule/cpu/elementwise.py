@@ -111,7 +111,6 @@ def planar_pack(sch: s_tir.Schedule, block, shared: int = 0):
     sch.unroll(c0)
 
 
-
 REGION_SUMS_TAPS = True  # a dW result read from several live-tap regions' sums: by taps (:func:`region_sums_result`)
 
 
