@@ -6,6 +6,8 @@ dW result gathered from the sums of several live-tap regions.
 
 from __future__ import annotations
 
+import re
+
 from tvm import s_tir, sym, tirx
 
 from ...dsl.compute.stages import DW_CC
@@ -128,7 +130,7 @@ def region_sums_result(sch: s_tir.Schedule, block) -> bool:
     channels vectorized under the taps, read the same). An OXI result (channels innermost, stores
     contiguous) read 7% slower so and keeps :func:`elementwise`. False (nothing done) for another block."""
     stmt = sch.get(block)
-    regions = [r for r in stmt.reads if r.source.name.startswith(DW_CC + "_")]
+    regions = [r for r in stmt.reads if re.fullmatch(rf"{DW_CC}_\d+_\d+", r.source.name)]  # (phase_name's; not dw_cc_t)
     loops = sch.get_loops(block)
     oix = stmt.annotations.get("weights_format") == "OIX"  # the frontend's attribute on its result stage
     if not REGION_SUMS_TAPS or len(regions) < 2 or not oix or len(loops) != 4:
