@@ -59,7 +59,7 @@ FIXED = {
     "dx-depthwise-s2-ragged": Case("data", 2, 32, 32, 32, (40, 40), (20, 20), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), data_format="NCX",
                                    weights_format="OIX", effective_pads=(1, 1)),  # fmt: skip
     # a stride-1 depthwise dX plane by plane: each task packs its plane of dy, runs its tiles and writes its dx
-    # plane (21x20, NCX and NXC: at least PLANE_MIN_PIXELS); smaller planes by rows of tiles (13x11; NXC 9x7)
+    # plane (NCX 21x20: at least PLANE_MIN_PIXELS); smaller planes by rows of tiles (13x11); NXC ones by bands of rows
     "dx-depthwise-planes": Case("data", 4, 32, 32, 32, (21, 20), (21, 20), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
                                 weights_format="OIX", effective_pads=(1, 1)),  # fmt: skip
     "dx-depthwise-planes-nxc": Case("data", 4, 48, 48, 48, (21, 20), (21, 20), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
@@ -80,6 +80,11 @@ FIXED = {
     # ... an even batch on NXC, strided: each core sums its own images, every channel block (40: a partial one) of each
     "dw-depthwise-images-per-core-nxc": Case("conv_v2", 4, 40, 40, 40, (13, 11), (7, 6), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1),
                                              effective_pads=(1, 1)),  # fmt: skip
+    # NXC depthwise by bands of an image's rows, every channel block of a band in its task (dX, forward) or packed at once
+    # (dW, on maps of PLANE_MIN_PIXELS or more; 40 channels: a partial block); 48 x 64x60 makes several bands an image
+    "dx-depthwise-bands-nxc": Case("data", 4, 48, 48, 48, (64, 60), (64, 60), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
+    "fwd-depthwise-bands-nxc": Case("fwd", 4, 40, 40, 40, (64, 60), (64, 60), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
+    "dw-depthwise-bands-nxc": Case("conv_v2", 4, 40, 40, 40, (64, 60), (64, 60), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
     # a 1x1 dW in OIX: its unit tap loops join the input-channel loop, written 16 lanes at a time
     "dw-1x1-oix": Case("conv_v2", 2, 40, 24, 1, (7, 7), (7, 7), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
                        weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip

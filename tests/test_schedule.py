@@ -378,25 +378,44 @@ def test_a_depthwise_data_gradient_runs_plane_by_plane(channels, stride, x_size,
     assert check_kernel(build(dx)).ok
 
 
-@pytest.mark.parametrize("x_size, inside", [(21, True), (14, False)])
-def test_an_nxc_depthwise_forward_runs_plane_by_plane_where_its_planes_are_large(x_size, inside):
-    """The channel-lane depthwise forward (``conv_dw``) takes the dX's schedule: on 21x21 planes each
-    parallel task packs its (image, channel block) plane of x, sums its tiles and writes its plane of
-    dst; on 14x14 ones (under ``PLANE_MIN_PIXELS``) the tasks are the tiles' rows. Exact."""
+@pytest.mark.parametrize("op", ["forward", "dx"])
+@pytest.mark.parametrize("batch, channels, x_size, banded", [(8, 32, 21, True), (8, 24, 14, True), (2, 48, 7, True), (1, 32, 7, False)])
+def test_an_nxc_depthwise_forward_or_data_gradient_runs_by_bands_of_image_rows(op, batch, channels, x_size, banded):
+    """An NXC stride-1 depthwise forward (``conv_dw``) or dX (``dx_dw``): each parallel task is a
+    band of one image's rows, every channel block of it inside: the pack reads each pixel's
+    channels as one run (its channel-block loop inside its pixel loops, the lanes innermost), the
+    tiles sum, the result writes whole pixels; the forward's partial last block (24 channels)
+    too. The dX's result with a partial last block reads its sums at a flat ``H*W`` index TVM cannot
+    bound per task, and one 7x7 image makes too few bands for the cores' tasks: planes or tiles'
+    rows then. Exact."""
     from tvm import te
+    from tvm.tirx import ForKind
 
-    from tvm_convgrad.dsl.compute.stages import CONV_DW, FMAP_PAD
+    from tvm_convgrad.dsl.compute.stages import CONV_DW, DX_DW, DY_DW, FMAP_PAD
     from tvm_convgrad.frontends import onednn
 
-    target = resolve_target("llvm")
-    src = te.placeholder((8, x_size, x_size, 32), "float32", name="src")
-    weights = te.placeholder((3, 3, 1, 32), "float32", name="weights")
-    dst = onednn.convolution(src, weights, None, strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], groups=32)
-    sch = schedule.rule_for(target).apply(Workload.of(dst).prim_func(target), target)
-    task = _outermost_loop(sch, f"{CONV_DW}_update")
-    assert _outermost_loop(sch, dst.op.name).same_as(task) == inside
-    assert _outermost_loop(sch, FMAP_PAD).same_as(task) == inside
-    assert check_kernel(build(dst)).ok
+    target = resolve_target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+    x_shape = [batch, x_size, x_size, channels]
+    weights = te.placeholder((3, 3, 1, channels), "float32", name="weights")
+    if op == "forward":
+        src = te.placeholder(x_shape, "float32", name="src")
+        out = onednn.convolution(src, weights, None, strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], groups=channels)
+        mad, pack = f"{CONV_DW}_update", FMAP_PAD
+    else:
+        dy = te.placeholder(x_shape, "float32", name="diff_dst")
+        out = onednn.convolution_backward_data(dy, weights, x_shape, strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1],
+                                               groups=channels, data_format="NXC")  # fmt: skip
+        mad, pack = f"{DX_DW}_0_0_update", DY_DW
+    sch = schedule.rule_for(target).apply(Workload.of(out).prim_func(target), target)
+    task = _outermost_loop(sch, mad)
+    banded = banded and not (op == "dx" and channels % 16)
+    assert task.kind == ForKind.PARALLEL
+    assert (_outermost_loop(sch, out.op.name).same_as(task) and _outermost_loop(sch, pack).same_as(task)) == banded
+    if banded:
+        *_, blocks, lanes = (sch.get(lp) for lp in sch.get_loops(sch.get_sblock(pack)))
+        assert int(blocks.extent) == -(-channels // 16) and lanes.kind == ForKind.VECTORIZED
+    if host_can_run(target):
+        assert check_kernel(build(out, target=target)).ok
 
 
 @pytest.mark.parametrize("kernel, stride", [((3, 3), 1), ((3, 1), 2)])
@@ -480,6 +499,37 @@ def test_a_depthwise_weight_gradient_of_an_even_batch_sums_each_cores_images():
     for pack in (FMAP_DW, GRADS_DW):
         loops = sch.get_loops(sch.get_sblock(pack))
         assert all(sch.get(a).same_as(sch.get(b)) for a, b in zip(loops[:5], mad[:5])), pack
+    if host_can_run(avx512):
+        assert check_kernel(build(dw, target=avx512)).ok
+
+
+@pytest.mark.parametrize("data_format, banded", [("NXC", True), ("NCX", False)])
+def test_a_depthwise_weight_gradient_of_large_nxc_maps_packs_bands_of_rows(data_format, banded):
+    """An NXC depthwise dW on maps of ``PLANE_MIN_PIXELS`` or more (21x21, 48 channels, 4 images on
+    2 cores): each core's images, each image by bands of dy's rows, x and dy packed for every
+    channel block of a band (their channel-block loop inside their pixel loops: each pixel's
+    channels read as one run) before its blocks' tiles run; NCX inputs keep their per-block planes.
+    Exact."""
+    from tvm import te, tirx
+
+    from tvm_convgrad.dsl.compute.stages import DW_DW, FMAP_DW, GRADS_DW
+    from tvm_convgrad.frontends import onednn
+    from tvm_convgrad.schedule.cpu.depthwise import PLANE_MIN_PIXELS
+
+    avx512 = isa_target("avx512", cores=2)
+    target = resolve_target(avx512)
+    shape = (4, 21, 21, 48) if data_format == "NXC" else (4, 48, 21, 21)
+    assert 21 * 21 >= PLANE_MIN_PIXELS
+    src, dy = te.placeholder(shape, "float32", name="src"), te.placeholder(shape, "float32", name="diff_dst")
+    dw = onednn.convolution_backward_weights(src, dy, [48, 1, 3, 3], strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1],
+                                             groups=48, data_format=data_format, weights_format="OIX")  # fmt: skip
+    sch = schedule.rule_for(target).apply(Workload.of(dw).prim_func(target), target)
+    mad = sch.get_loops(sch.get_sblock(f"{DW_DW}_rf_update"))
+    assert sch.get(mad[0]).kind == tirx.ForKind.PARALLEL
+    for pack in (FMAP_DW, GRADS_DW):
+        loops = sch.get_loops(sch.get_sblock(pack))
+        shared = sum(1 for a, b in zip(loops, mad) if sch.get(a).same_as(sch.get(b)))
+        assert (shared == 3 and int(sch.get(loops[-2]).extent) == 3) if banded else shared == 5, pack
     if host_can_run(avx512):
         assert check_kernel(build(dw, target=avx512)).ok
 

@@ -9,23 +9,47 @@ from tvm import s_tir, tirx
 
 from ...dsl.compute.stages import DX_DW, DX_PHASE_PREFIXES, DY_DW, FMAP_DW, FMAP_PAD, GRADS_DW
 from ...layout import C0
-from ..common import loop_extent, stage_blocks
-from .loops import CpuMad, channel_block_task, pack_under, producers_named, restore_unit_loops, sum_parts
+from ..common import elements, loop_extent, stage_blocks
+from .loops import (
+    CpuMad,
+    channel_block_task,
+    channels_innermost,
+    channels_last_result,
+    in_source_order,
+    pack_under,
+    producers_named,
+    restore_unit_loops,
+    sum_parts,
+)
 from .tiles import MAX_TILE_PIXELS, MAX_WO_UNROLL, depthwise_dw_tile, depthwise_dx_tile, largest_divisor
 
-__all__ = ["PACKS_PER_IMAGE", "PLANES_PER_CORE", "PLANE_MIN_PIXELS", "DepthwiseFilterGrad", "DepthwiseForward", "DepthwiseInputGrad",
-           "phases_plane_by_plane"]  # fmt: skip
+__all__ = ["BAND_BYTES", "NXC_BANDS", "PACKS_PER_IMAGE", "PLANES_PER_CORE", "PLANE_MIN_PIXELS", "DepthwiseFilterGrad", "DepthwiseForward",
+           "DepthwiseInputGrad", "phases_plane_by_plane"]  # fmt: skip
 
 PACKS_PER_IMAGE = True  # depthwise dW: x and dy packed image by image inside the tasks
 IMAGES_PER_CORE = True  # depthwise dW: each core sums its own images, every channel block of each (DepthwiseFilterGrad._in_parts)
 PLANES_PER_CORE = 4  # a one-phase dX runs plane by plane where there are this many planes per core
 PLANE_MIN_PIXELS = 400
-"""... and its planes this many pixels or more: a smaller plane's task is too short for its pack and
+"""... and its planes this many pixels or more (an NCX result's; an NXC one runs by bands of rows,
+:data:`BAND_BYTES`, where it makes enough tasks): a smaller plane's task is too short for its pack and
 write-back to pay, and the tasks are the tiles' rows, the packs a pass of their own. Zen 4 (2 cores,
 NXC, fp32, ms, plane by plane against by rows; PyTorch's beside): the forward of 960 channels on 4x4
 at N=32 0.335 / 0.223 (0.189), 384 on 7x7 0.360 / 0.226 (0.265), 144 on 16x16 at N=8 0.115 / 0.099
 (0.136), 384 on 4x4 0.044 / 0.023 (0.098); the dX 0.559 / 0.404 on 7x7, 0.109 / 0.087 on 16x16. On 28x28
 the planes win: 144 channels at N=32, forward 2.72 / 4.38, dX 2.53 / 4.44."""
+
+
+NXC_BANDS = True  # NXC depthwise: dX / forward tasks and dW packs by bands of an image's rows, every channel block inside
+BAND_BYTES = 512 * 1024
+"""An NXC one-phase dX's (or forward's) task: the band of an image's rows whose pack and sums take
+at most this many bytes (fp32), every channel block of the band inside the task, so its pack reads
+whole pixels (each pixel's channels one contiguous run) and its result writes them. Planes (or the
+packs' own passes on small maps) read and wrote one line of each pixel per 16 channels. Zen 4, 2
+cores, N=32, ms, planes / bands (oneDNN's), one process, rotating: dX of 32 channels on 56x56 2.17
+/ 1.80 (2.01), 144 on 28x28 2.99 / 2.89 (3.20), 192 on 14x14 1.00 / 0.68 (0.87), 576 on 7x7 0.89 /
+0.48 (0.63), 960 on 4x4 0.24 / 0.19 (0.30); the forward 2.72 / 2.04 (1.88), 3.00 / 2.79 (2.77),
+1.38 / 1.02 (1.10), 0.71 / 0.43 (0.46), 0.24 / 0.19 (0.17); N=8, 576 on 4x4: dX 0.110 / 0.070,
+forward 0.084 / 0.066."""
 
 
 class DepthwiseFilterGrad(CpuMad):
@@ -46,7 +70,8 @@ class DepthwiseFilterGrad(CpuMad):
         Image by image (:data:`PACKS_PER_IMAGE`, where a tile takes every tap): a task packs one
         image's x and dy planes of its lanes and runs its tile on them while they are in cache,
         instead of the whole batch packed to memory and read back (MobileNetV2's 144-channel
-        28x28 layer, N=32: 5.5 -> 1.9 ms).
+        28x28 layer, N=32: 5.5 -> 1.9 ms). NXC inputs on large maps are packed by bands of an
+        image's rows instead, every channel block of the band at once (:meth:`_band_rows`).
         """
         sch, plan = self.sch, self.plan
         q, c1, kh, kw, c0, n, ho, wo = sch.get_loops(block)
@@ -63,6 +88,13 @@ class DepthwiseFilterGrad(CpuMad):
         if IMAGES_PER_CORE and loop_extent(sch, n) % self.cores == 0:
             # each core its own images, every channel block of an image before the next (see _in_parts)
             part, images = sch.split(n, [self.cores, None])
+            large = loop_extent(sch, ho) * loop_extent(sch, wo_o) * loop_extent(sch, wo_i) >= PLANE_MIN_PIXELS
+            band = self._band_rows(block, loop_extent(sch, ho)) if per_image and large else None
+            if band is not None:  # NXC: a band of an image's rows packed whole, every block of it before the next band
+                bands, ho = sch.split(ho, [None, band])
+                order = [part, images, bands, *tasks, ho, *steps]
+                self._in_parts(block, order, len(tiled), first_reduce=1, image=2, per_image=True)
+                return
             order = [part, images, *tasks, ho, *steps]
             self._in_parts(block, order, len(tiled), first_reduce=1, image=1 + len(tasks), per_image=per_image)
             return
@@ -103,9 +135,25 @@ class DepthwiseFilterGrad(CpuMad):
         return producers_named(self.sch, mad, (FMAP_DW, GRADS_DW))
 
     def _pack_per_image(self, mad, image):
-        """The x and dy packs of what the mad reads under its ``image`` loop, computed there."""
+        """The x and dy packs of what the mad reads under its ``image`` loop, computed there, each
+        walking its tensor in the tensor's order."""
         for pack in self._packs(mad):
             self.pack_at(pack, image)
+            in_source_order(self.sch, pack, image)
+
+    def _band_rows(self, block, rows: int):
+        """dy rows per band where x and dy are NXC (:func:`.loops.channels_innermost`): the most,
+        a divisor of ``rows``, whose packs (every channel block of the band's rows) fit
+        :data:`BAND_BYTES`; None for NCX inputs. (Taken on planes of :data:`PLANE_MIN_PIXELS` or
+        more: a smaller plane's packs stay in L1 for its tile, a band's in L2. Zen 4, N=32, ms,
+        planes / bands: 32 channels on 56x56 2.31 / 1.75, 144 on 28x28 2.72 / 2.09, the stride-2
+        96 on 56x56 3.84 / 3.64; but 192 on 14x14 0.37 / 0.42, 576 on 7x7 0.30 / 0.34.)"""
+        packs = self._packs(block)
+        if not NXC_BANDS or not packs or not all(channels_innermost(self.sch, p) for p in packs):
+            return None
+        buffers = [self.sch.get(p).writes[0].source for p in packs]
+        image_bytes = sum(elements(b) // int(b.shape[0]) * 4 for b in buffers)  # (fp32)
+        return max(d for d in range(1, rows + 1) if rows % d == 0 and (d == 1 or image_bytes * d <= BAND_BYTES * rows))
 
 
 class DepthwiseInputGrad(CpuMad):
@@ -120,34 +168,69 @@ class DepthwiseInputGrad(CpuMad):
         taps, sharing dy loads between neighbouring pixels and taps, and keeps the tile's weight
         vectors in registers across the pixel tiles).
 
-        A one-phase dX (stride 1) runs plane by plane: each task is one image's block of 16
-        channels, its dy pack, its tiles and its result (the relayout to the caller's layout)
-        inside, so each plane passes through memory once each way (a depthwise layer does 9
-        FMAs per element: the three whole-tensor passes of pack, mad and result were most of its
-        time). Where there are too few planes for the cores, or they are small (:data:`PLANE_MIN_PIXELS`),
-        the tasks are the tiles' rows."""
+        A one-phase dX (stride 1) runs its dy pack, its tiles and its result (the relayout to the
+        caller's layout) inside each parallel task, so each part of dy and dX passes through
+        memory once (a depthwise layer does 9 FMAs per element: the three whole-tensor passes
+        of pack, mad and result were most of its time). An NXC result's task is a band of an
+        image's rows with every channel block inside (:data:`BAND_BYTES`); an NCX one's is one
+        image's block of 16 channels, a plane. Where there are too few bands or planes for the
+        cores, or the planes are small (:data:`PLANE_MIN_PIXELS`), the tasks are the tiles' rows."""
         sch, plan = self.sch, self.plan
         *outer, n, c1, j, i, c0, q, mh, mw = sch.get_loops(block)
-        pixels = loop_extent(sch, j) * loop_extent(sch, i)
-        th, tw, v = depthwise_dx_tile(loop_extent(sch, j), loop_extent(sch, i), loop_extent(sch, mh), loop_extent(sch, mw), plan)
+        rows, cols, taps = loop_extent(sch, j), loop_extent(sch, i), (loop_extent(sch, mh), loop_extent(sch, mw))
+        th, tw, v = depthwise_dx_tile(rows, cols, *taps, plan)
         most = min(MAX_TILE_PIXELS, plan.accumulators // v)
         j_o, j_i = self.split(j, th, most)
         i_o, i_i = self.split(i, tw, most)
         lane_groups, c0 = self.split(c0, v * plan.lanes, C0)
+        band = None if outer or not NXC_BANDS else self._image_band(block, n, c1, j_o, (rows, cols), taps, th)
+        if band is not None:  # an NXC result: tasks of an image's band of rows, every channel block inside
+            band_loop, j_o = sch.split(j_o, [None, band])
+            sch.reorder(n, band_loop, c1, lane_groups, j_o, i_o, q, mh, mw, j_i, i_i, c0)
+            self._in_tasks(block, sch.fuse(n, band_loop), [j_i, i_i], c0, q)
+            return
         sch.reorder(n, c1, lane_groups, j_o, i_o, q, mh, mw, j_i, i_i, c0)  # a lane group's weights stay in registers
         planes = loop_extent(sch, n) * loop_extent(sch, c1)
-        big = planes >= PLANES_PER_CORE * self.cores and pixels >= PLANE_MIN_PIXELS
+        big = planes >= PLANES_PER_CORE * self.cores and rows * cols >= PLANE_MIN_PIXELS
         if not outer and big and self._writes_back_per_plane(block, n, c1):
-            task = sch.fuse(n, c1)
-            sch.parallel(task)
-            self.register_tile(block, [j_i, i_i], c0, q)
-            self.write_back_in(block, task)
-            for pack in producers_named(sch, block, self.packs):
-                self.pack_at(pack, task)
+            self._in_tasks(block, sch.fuse(n, c1), [j_i, i_i], c0, q)
             return
         if not any(sch.get(lp).kind == tirx.ForKind.PARALLEL for lp in outer):  # (under a plane's task: phases_plane_by_plane)
             sch.parallel(sch.fuse(n, c1, lane_groups, j_o))
         self.register_tile(block, [j_i, i_i], c0, q)
+
+    def _in_tasks(self, block, task, unrolled, lanes, first_reduce):
+        """The mad's tiles under the parallel ``task``, its pack made and its result written there."""
+        self.sch.parallel(task)
+        self.register_tile(block, unrolled, lanes, first_reduce)
+        self.write_back_in(block, task)
+        for pack in producers_named(self.sch, block, self.packs):
+            self.pack_at(pack, task)
+            in_source_order(self.sch, pack, task)
+
+    def _image_band(self, block, n, c1, tile_rows, pixels, taps, th):
+        """Tile rows per task where the result is NXC (channels innermost) and can be written per
+        task: the most whose pack and result fit :data:`BAND_BYTES`, keeping :data:`PLANES_PER_CORE`
+        tasks per core (None: no such band; the tasks are then planes or tiles' rows)."""
+        sch = self.sch
+        consumer = self.write_back_stage(block)
+        if consumer is None or not channels_last_result(sch, consumer, sch.get(block).name_hint):
+            return None
+        (_, cols), images, tiles = pixels, loop_extent(sch, n), loop_extent(sch, tile_rows)
+        row_bytes = loop_extent(sch, c1) * C0 * 4  # (fp32 sums and packs)
+        bands = [d for d in range(1, tiles + 1) if tiles % d == 0 and images * (tiles // d) >= PLANES_PER_CORE * self.cores]
+        if not bands:
+            return None
+        fits = [d for d in bands if ((d * th + taps[0] - 1) * (cols + taps[1] - 1) + d * th * cols) * row_bytes <= BAND_BYTES]
+        band = max(fits or [min(bands)])
+        probe = sch.copy()
+        try:
+            outer, _ = probe.split(tile_rows, [None, band])
+            probe.reorder(n, outer, c1)
+            probe.reverse_compute_at(consumer, probe.fuse(n, outer))
+        except (s_tir.ScheduleError, ValueError):
+            return None
+        return band
 
     def _writes_back_per_plane(self, block, n, c1) -> bool:
         """Whether the result can be written inside tasks of one ``(n, c1)`` plane each (tried on

@@ -17,7 +17,7 @@ from ...layout import C0
 from ..common import elements, loop_extent, stage_blocks
 
 __all__ = [
-    "PER_IMAGE_ABOVE", "PHASES_PER_IMAGE", "WRITE_RUN", "CpuMad", "channel_block_task", "pack_under", "phases_image_by_image", "producers_named", "reads_of", "reads_past", "restore_unit_loops", "result_channel_var", "sum_parts", "whole_tiles_and_edge",
+    "PER_IMAGE_ABOVE", "PHASES_PER_IMAGE", "WRITE_RUN", "CpuMad", "channel_block_task", "channels_innermost", "channels_last_result", "in_source_order", "pack_under", "phases_image_by_image", "producers_named", "reads_of", "reads_past", "restore_unit_loops", "result_channel_var", "sum_parts", "whole_tiles_and_edge",
 ]  # fmt: skip
 
 PHASES_PER_IMAGE = True  # strided dX of a batch: the phases image by image (:func:`phases_image_by_image`)
@@ -208,6 +208,46 @@ def result_channel_var(stmt, phase: str):
         return None
     channel = [iv.var for iv in stmt.iter_vars if iv.var in set(tirx.analysis.undefined_vars(read.region[1].min))]
     return channel[0] if len(channel) == 1 else None
+
+
+def channels_last_result(sch: s_tir.Schedule, block, phase: str) -> bool:
+    """Whether the result ``block``'s innermost iterator is its channel (an NXC result of ``phase``)."""
+    stmt = sch.get(block)
+    channel = result_channel_var(stmt, phase)
+    return channel is not None and stmt.iter_vars[-1].var.same_as(channel)
+
+
+def channels_innermost(sch: s_tir.Schedule, pack) -> bool:
+    """Whether the pack ``pack`` (C0 lanes its last axis) reads one tensor whose innermost axis its
+    lanes index: an NXC input."""
+    stmt = sch.get(pack)
+    if len(stmt.reads) != 1:
+        return False
+    return stmt.iter_vars[-1].var in set(tirx.analysis.undefined_vars(stmt.reads[0].region[-1].min))
+
+
+def in_source_order(sch: s_tir.Schedule, pack, task):
+    """The loops of ``pack`` below ``task`` (its lanes, innermost, left there) reordered to walk the
+    one tensor it reads in that tensor's order: an NXC input's pixel loops outside its channel
+    blocks, so each pixel's channels are read as one contiguous run instead of a line per block."""
+    stmt = sch.get(pack)
+    if len(stmt.reads) != 1:
+        return
+    region = stmt.reads[0].region
+    loops = sch.get_loops(pack)
+    at = [sch.get(lp).same_as(sch.get(task)) for lp in loops].index(True)
+    below = loops[at + 1 : -1]
+    values = sch.get(loops[-1]).body.iter_values
+
+    def axis(loop) -> int:  # the first axis of the source that the loop's iterators index
+        var = sch.get(loop).loop_var
+        uses = [d for iv, value in zip(stmt.iter_vars, values) if var in set(tirx.analysis.undefined_vars(value))
+                for d, r in enumerate(region) if iv.var in set(tirx.analysis.undefined_vars(r.min))]  # fmt: skip
+        return min(uses, default=len(region))
+
+    order = sorted(below, key=axis)
+    if len(order) > 1 and any(not sch.get(a).same_as(sch.get(b)) for a, b in zip(order, below)):
+        sch.reorder(*order)
 
 
 def channel_block_task(sch: s_tir.Schedule, block, phase: str, min_tasks: int = 1, images_outer: bool = True, blocks: int = 1):

@@ -22,7 +22,7 @@ from ...dsl.compute.phases import ACROSS_IMAGES_MIN, ACROSS_IMAGES_PIXELS, acros
 from ...dsl.compute.stages import CONV_CC, DX_CC, PHASE_AXES, phase_firsts
 from ...layout import C0
 from ..common import loop_extent, stage_blocks
-from .loops import channel_block_task, restore_unit_loops, result_channel_var
+from .loops import channel_block_task, channels_last_result, restore_unit_loops
 from .tiles import divisors
 
 __all__ = ["ACROSS_IMAGES_MIN", "ACROSS_IMAGES_PIXELS", "NXC_TASK_BLOCKS", "TASKS_PER_CORE", "region_cuts", "regions_one_by_one"]
@@ -90,7 +90,7 @@ def _partition(sch: s_tir.Schedule, result: str, phases: list[str], spans, grid:
     (its copies and their scopes; empty where it does not apply: the result's pixels not a row
     loop and a column loop of the regions' ``grid``, e.g. TBE's flat ``H*W`` result)."""
     block = sch.get_sblock(result)
-    channels_last = _channels_last(sch, block, phases[0])
+    channels_last = channels_last_result(sch, block, phases[0])
     blocks = int(sch.get(sch.get_sblock(phases[0])).writes[0].source.shape[1])
     group = 1
     if channels_last:  # as many blocks as keep TASKS_PER_CORE tasks per core, up to NXC_TASK_BLOCKS
@@ -125,13 +125,6 @@ def _partition(sch: s_tir.Schedule, result: str, phases: list[str], spans, grid:
             # (NCX: each part's columns gather from the region's 16-lane rows; LLVM vectorizes what it can)
     under = [b for b in stage_blocks(sch) if any(sch.get(lp).same_as(sch.get(task)) for lp in sch.get_loops(b))]
     return {sch.get(b).name_hint for b in under} - set(phases)
-
-
-def _channels_last(sch: s_tir.Schedule, block, phase: str) -> bool:
-    """Whether the result ``block``'s innermost iterator is its channel (an NXC result)."""
-    stmt = sch.get(block)
-    channel = result_channel_var(stmt, phase)
-    return channel is not None and stmt.iter_vars[-1].var.same_as(channel)
 
 
 def _edges(cuts: list[int], extent: int) -> list[tuple[int, int]]:
