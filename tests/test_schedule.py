@@ -418,6 +418,35 @@ def test_an_nxc_depthwise_forward_or_data_gradient_runs_by_bands_of_image_rows(o
         assert check_kernel(build(out, target=target)).ok
 
 
+@pytest.mark.parametrize("data_format, blocks_a_task", [("NXC", 3), ("NCX", 1)])
+def test_a_strided_nxc_depthwise_data_gradient_runs_several_channel_blocks_a_task(data_format, blocks_a_task):
+    """A stride-2 depthwise dX runs its phases under the result's tasks (``phases_plane_by_plane``);
+    on NXC each task takes as many of an image's channel blocks as fit ``BAND_BYTES`` (all 3 of 48
+    channels on 14x14), its dy pack reading each pixel's channels as one run (the channel-block loop
+    inside the pixel loops); NCX keeps one block a task. Exact."""
+    from tvm import te
+    from tvm.tirx import ForKind
+
+    from tvm_convgrad.dsl.compute.stages import DY_DW
+    from tvm_convgrad.frontends import onednn
+
+    target = resolve_target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+    x_shape, y_shape = ([8, 14, 14, 48], [8, 7, 7, 48]) if data_format == "NXC" else ([8, 48, 14, 14], [8, 48, 7, 7])
+    dy = te.placeholder(y_shape, "float32", name="diff_dst")
+    weights = te.placeholder((3, 3, 1, 48) if data_format == "NXC" else (48, 1, 3, 3), "float32", name="weights")
+    dx = onednn.convolution_backward_data(dy, weights, x_shape, strides=[2, 2], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1],
+                                          groups=48, data_format=data_format, weights_format="XIO" if data_format == "NXC" else "OIX")  # fmt: skip
+    sch = schedule.rule_for(target).apply(Workload.of(dx).prim_func(target), target)
+    task = _outermost_loop(sch, dx.op.name)
+    assert task.kind == ForKind.PARALLEL and int(task.extent) == 8 * 3 // blocks_a_task
+    assert _outermost_loop(sch, DY_DW).same_as(task)
+    if data_format == "NXC":
+        *_, blocks, lanes = (sch.get(lp) for lp in sch.get_loops(sch.get_sblock(DY_DW)))
+        assert int(blocks.extent) == blocks_a_task and lanes.kind == ForKind.VECTORIZED
+    if host_can_run(target):
+        assert check_kernel(build(dx, target=target)).ok
+
+
 @pytest.mark.parametrize("kernel, stride", [((3, 3), 1), ((3, 1), 2)])
 def test_a_depthwise_weight_gradient_packs_image_by_image(kernel, stride):
     """A depthwise dW (NCX) packs x and dy for one image of its channel lanes inside its tasks,

@@ -265,7 +265,10 @@ def phases_plane_by_plane(sch: s_tir.Schedule, cores: int) -> set[str]:
 
     Where the result's channels are one loop (NCX or NXC) and there are :data:`PLANES_PER_CORE`
     planes per core; tried on a copy first (a partial last block of channels cannot be bounded
-    per task). Returns the stages it placed (the dy pack, the result), none where it did not."""
+    per task). An NXC result's task takes several of an image's blocks (:func:`_nxc_group`; Zen 4,
+    N=32, ms, one block / several: 192 channels 14x14 onto 7x7 0.54 / 0.34, 576 on 7x7 onto 4x4 0.32
+    / 0.22; 144 on 28x28, 3 blocks a task, level). Returns the stages it placed (the dy pack, the
+    result), none where it did not."""
     blocks = stage_blocks(sch)
     phases = [sch.get(b).name_hint for b in blocks if sch.get(b).name_hint.startswith(DX_DW)]
     if len(phases) < 2 or any(sch.get(b).name_hint.startswith(DX_PHASE_PREFIXES) and not sch.get(b).name_hint.startswith(DX_DW) for b in blocks):
@@ -274,20 +277,39 @@ def phases_plane_by_plane(sch: s_tir.Schedule, cores: int) -> set[str]:
     if len(consumers) != 1:
         return set()
     (result,) = consumers
-    probe = sch.copy()
-    try:
-        if not _planes(probe, result, phases, cores):
-            return set()
-    except (s_tir.ScheduleError, ValueError):
-        return set()
-    _planes(sch, result, phases, cores)
-    return {result, DY_DW}
+    for group in dict.fromkeys((_nxc_group(sch, result, phases, cores), 1)):
+        probe = sch.copy()
+        try:
+            if not _planes(probe, result, phases, cores, group):
+                continue
+        except (s_tir.ScheduleError, ValueError):
+            continue
+        _planes(sch, result, phases, cores, group)
+        return {result, DY_DW}
+    return set()
 
 
-def _planes(sch: s_tir.Schedule, result: str, phases: list[str], cores: int) -> bool:
-    """:func:`phases_plane_by_plane` on ``sch`` (False, unchanged, where it does not apply)."""
+def _nxc_group(sch: s_tir.Schedule, result: str, phases: list[str], cores: int) -> int:
+    """Channel blocks per task of an NXC result (:data:`NXC_BANDS`): the most, a divisor of the
+    blocks, whose dy pack and result fit :data:`BAND_BYTES` and that keep :data:`PLANES_PER_CORE`
+    tasks per core, so each pixel's channels of a task are read and written as one run (1 for NCX)."""
     block = sch.get_sblock(result)
-    found = channel_block_task(sch, block, phases[0], PLANES_PER_CORE * cores)
+    if not NXC_BANDS or not channels_last_result(sch, block, phases[0]):
+        return 1
+    out = sch.get(sch.get_sblock(phases[0])).writes[0].source  # (N, C1, rows, cols, 16): one phase's sums
+    images, count = int(out.shape[0]), int(out.shape[1])
+    packs = [b for p in phases for b in producers_named(sch, sch.get_sblock(p), (DY_DW,))][:1]
+    buffers = [sch.get(b).writes[0].source for b in (*packs, block)]
+    plane = sum(elements(b) for b in buffers) // (images * count)  # bytes / 4 of one image's block: its dy pack and result
+    tasks = PLANES_PER_CORE * cores
+    return max((g for g in range(1, count + 1) if count % g == 0 and g * plane * 4 <= BAND_BYTES and images * (count // g) >= tasks), default=1)
+
+
+def _planes(sch: s_tir.Schedule, result: str, phases: list[str], cores: int, group: int = 1) -> bool:
+    """:func:`phases_plane_by_plane` on ``sch``, ``group`` channel blocks a task (False, unchanged,
+    where it does not apply)."""
+    block = sch.get_sblock(result)
+    found = channel_block_task(sch, block, phases[0], PLANES_PER_CORE * cores, blocks=group)
     if found is None:
         return False
     task, _, _ = found
@@ -297,6 +319,7 @@ def _planes(sch: s_tir.Schedule, result: str, phases: list[str], cores: int) -> 
     packs = {sch.get(p).name_hint for phase in phases for p in producers_named(sch, sch.get_sblock(phase), (DY_DW,))}
     for pack in packs:  # (none where the phases read dy in place, converting)
         pack_under(sch, sch.get_sblock(pack), task)
+        in_source_order(sch, sch.get_sblock(pack), task)
     inner = sch.get_loops(block)[-1]
     if loop_extent(sch, inner) % 8 == 0:
         sch.vectorize(sch.split(inner, [None, 8])[1])
