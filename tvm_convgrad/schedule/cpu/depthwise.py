@@ -23,8 +23,8 @@ from .loops import (
 )
 from .tiles import MAX_TILE_PIXELS, MAX_WO_UNROLL, depthwise_dw_tile, depthwise_dx_tile, largest_divisor
 
-__all__ = ["BAND_BYTES", "NXC_BANDS", "PACKS_PER_IMAGE", "PLANES_PER_CORE", "PLANE_MIN_PIXELS", "DepthwiseFilterGrad", "DepthwiseForward",
-           "DepthwiseInputGrad", "phases_plane_by_plane"]  # fmt: skip
+__all__ = ["BAND_BYTES", "NXC_BANDS", "PACKS_PER_IMAGE", "PLANES_PER_CORE", "PLANE_MIN_PIXELS", "DepthwiseFilterGrad",
+           "DepthwiseForward", "DepthwiseInputGrad", "phases_plane_by_plane"]  # fmt: skip
 
 PACKS_PER_IMAGE = True  # depthwise dW: x and dy packed image by image inside the tasks
 IMAGES_PER_CORE = True  # depthwise dW: each core sums its own images, every channel block of each (DepthwiseFilterGrad._in_parts)
@@ -301,8 +301,8 @@ def _nxc_group(sch: s_tir.Schedule, result: str, phases: list[str], cores: int) 
     packs = [b for p in phases for b in producers_named(sch, sch.get_sblock(p), (DY_DW,))][:1]
     buffers = [sch.get(b).writes[0].source for b in (*packs, block)]
     plane = sum(elements(b) for b in buffers) // (images * count)  # bytes / 4 of one image's block: its dy pack and result
-    tasks = PLANES_PER_CORE * cores
-    return max((g for g in range(1, count + 1) if count % g == 0 and g * plane * 4 <= BAND_BYTES and images * (count // g) >= tasks), default=1)
+    fit = [g for g in range(1, count + 1) if count % g == 0 and g * plane * 4 <= BAND_BYTES]
+    return max((g for g in fit if images * (count // g) >= PLANES_PER_CORE * cores), default=1)
 
 
 def _planes(sch: s_tir.Schedule, result: str, phases: list[str], cores: int, group: int = 1) -> bool:
