@@ -15,7 +15,7 @@ from .loops import (
     channel_block_task,
     channels_innermost,
     channels_last_result,
-    in_source_order,
+    pack_in_source_axes,
     pack_under,
     producers_named,
     restore_unit_loops,
@@ -80,6 +80,7 @@ class DepthwiseFilterGrad(CpuMad):
         tiled = [kh, kw] if rows > 1 or loop_extent(sch, kh) == 1 else [kw]
         per_image = PACKS_PER_IMAGE and not self.tunable and tiled != [kw] and bool(self._packs(block))
         tasks = [q, c1, lane_groups] + ([kh] if tiled == [kw] else [])
+        large = loop_extent(sch, ho) * loop_extent(sch, wo) >= PLANE_MIN_PIXELS  # (dy's plane)
         wo_o, wo_i = self.split(wo, largest_divisor(loop_extent(sch, wo), unroll), MAX_WO_UNROLL)
         count = 1
         for loop in tasks:
@@ -88,7 +89,6 @@ class DepthwiseFilterGrad(CpuMad):
         if IMAGES_PER_CORE and loop_extent(sch, n) % self.cores == 0:
             # each core its own images, every channel block of an image before the next (see _in_parts)
             part, images = sch.split(n, [self.cores, None])
-            large = loop_extent(sch, ho) * loop_extent(sch, wo_o) * loop_extent(sch, wo_i) >= PLANE_MIN_PIXELS
             band = self._band_rows(block, loop_extent(sch, ho)) if per_image and large else None
             if band is not None:  # NXC: a band of an image's rows packed whole, every block of it before the next band
                 bands, ho = sch.split(ho, [None, band])
@@ -139,7 +139,7 @@ class DepthwiseFilterGrad(CpuMad):
         walking its tensor in the tensor's order."""
         for pack in self._packs(mad):
             self.pack_at(pack, image)
-            in_source_order(self.sch, pack, image)
+            pack_in_source_axes(self.sch, pack, image)
 
     def _band_rows(self, block, rows: int):
         """dy rows per band where x and dy are NXC (:func:`.loops.channels_innermost`): the most,
@@ -192,7 +192,7 @@ class DepthwiseInputGrad(CpuMad):
         sch.reorder(n, c1, lane_groups, j_o, i_o, q, mh, mw, j_i, i_i, c0)  # a lane group's weights stay in registers
         planes = loop_extent(sch, n) * loop_extent(sch, c1)
         big = planes >= PLANES_PER_CORE * self.cores and rows * cols >= PLANE_MIN_PIXELS
-        if not outer and big and self._writes_back_per_plane(block, n, c1):
+        if not outer and big and self._writes_back_per_task(block, lambda probe: probe.fuse(n, c1)):
             self._in_tasks(block, sch.fuse(n, c1), [j_i, i_i], c0, q)
             return
         if not any(sch.get(lp).kind == tirx.ForKind.PARALLEL for lp in outer):  # (under a plane's task: phases_plane_by_plane)
@@ -206,7 +206,7 @@ class DepthwiseInputGrad(CpuMad):
         self.write_back_in(block, task)
         for pack in producers_named(self.sch, block, self.packs):
             self.pack_at(pack, task)
-            in_source_order(self.sch, pack, task)
+            pack_in_source_axes(self.sch, pack, task)
 
     def _image_band(self, block, n, c1, tile_rows, pixels, taps, th):
         """Tile rows per task where the result is NXC (channels innermost) and can be written per
@@ -223,24 +223,24 @@ class DepthwiseInputGrad(CpuMad):
             return None
         fits = [d for d in bands if ((d * th + taps[0] - 1) * (cols + taps[1] - 1) + d * th * cols) * row_bytes <= BAND_BYTES]
         band = max(fits or [min(bands)])
-        probe = sch.copy()
-        try:
+
+        def band_task(probe):
             outer, _ = probe.split(tile_rows, [None, band])
             probe.reorder(n, outer, c1)
-            probe.reverse_compute_at(consumer, probe.fuse(n, outer))
-        except (s_tir.ScheduleError, ValueError):
-            return None
-        return band
+            return probe.fuse(n, outer)
 
-    def _writes_back_per_plane(self, block, n, c1) -> bool:
-        """Whether the result can be written inside tasks of one ``(n, c1)`` plane each (tried on
-        a copy of the schedule: TVM cannot bound a partial last block's channels per task)."""
+        return band if self._writes_back_per_task(block, band_task) else None
+
+    def _writes_back_per_task(self, block, task_of) -> bool:
+        """Whether the result can be written inside the tasks ``task_of(probe)`` makes of a copy of
+        the schedule (TVM cannot bound a partial last block's channels per plane task, nor a flat
+        ``H*W`` result's rows per band)."""
         consumer = self.write_back_stage(block)
         if consumer is None:
             return False
         probe = self.sch.copy()
         try:
-            probe.reverse_compute_at(consumer, probe.fuse(n, c1))
+            probe.reverse_compute_at(consumer, task_of(probe))
         except (s_tir.ScheduleError, ValueError):
             return False
         return True
@@ -319,7 +319,7 @@ def _planes(sch: s_tir.Schedule, result: str, phases: list[str], cores: int, gro
     packs = {sch.get(p).name_hint for phase in phases for p in producers_named(sch, sch.get_sblock(phase), (DY_DW,))}
     for pack in packs:  # (none where the phases read dy in place, converting)
         pack_under(sch, sch.get_sblock(pack), task)
-        in_source_order(sch, sch.get_sblock(pack), task)
+        pack_in_source_axes(sch, sch.get_sblock(pack), task)
     inner = sch.get_loops(block)[-1]
     if loop_extent(sch, inner) % 8 == 0:
         sch.vectorize(sch.split(inner, [None, 8])[1])

@@ -17,7 +17,7 @@ from ...layout import C0
 from ..common import elements, loop_extent, stage_blocks
 
 __all__ = [
-    "PER_IMAGE_ABOVE", "PHASES_PER_IMAGE", "WRITE_RUN", "CpuMad", "channel_block_task", "channels_innermost", "channels_last_result", "in_source_order", "pack_under", "phases_image_by_image", "producers_named", "reads_of", "reads_past", "restore_unit_loops", "result_channel_var", "sum_parts", "whole_tiles_and_edge",
+    "PER_IMAGE_ABOVE", "PHASES_PER_IMAGE", "WRITE_RUN", "CpuMad", "channel_block_task", "channels_innermost", "channels_last_result", "pack_in_source_axes", "pack_under", "phases_image_by_image", "producers_named", "reads_of", "reads_past", "restore_unit_loops", "result_channel_var", "sum_parts", "whole_tiles_and_edge",
 ]  # fmt: skip
 
 PHASES_PER_IMAGE = True  # strided dX of a batch: the phases image by image (:func:`phases_image_by_image`)
@@ -226,10 +226,14 @@ def channels_innermost(sch: s_tir.Schedule, pack) -> bool:
     return stmt.iter_vars[-1].var in set(tirx.analysis.undefined_vars(stmt.reads[0].region[-1].min))
 
 
-def in_source_order(sch: s_tir.Schedule, pack, task):
+def pack_in_source_axes(sch: s_tir.Schedule, pack, task):
     """The loops of ``pack`` below ``task`` (its lanes, innermost, left there) reordered to walk the
-    one tensor it reads in that tensor's order: an NXC input's pixel loops outside its channel
-    blocks, so each pixel's channels are read as one contiguous run instead of a line per block."""
+    one tensor it reads in that tensor's axis order: an NXC input's pixel loops outside its channel
+    blocks, so each pixel's channels are read as one contiguous run instead of a line per block.
+    (:func:`.elementwise.in_source_order` orders a pack's own loops the same way, by their strides,
+    but only loops bound directly to an iterator; a pack under a band task binds its rows through
+    the task's. Letting that one read bindings too reorders six of the guard-page calls' other
+    packs, a change of its own.)"""
     stmt = sch.get(pack)
     if len(stmt.reads) != 1:
         return
