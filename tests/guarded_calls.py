@@ -71,6 +71,8 @@ FIXED = {
     "dx-depthwise-s2-planes-nxc": Case("data", 3, 40, 40, 40, (13, 11), (7, 6), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
     # ... NXC with every channel block of an image in one task (48 channels: 3 blocks)
     "dx-depthwise-s2-blocks-nxc": Case("data", 8, 48, 48, 48, (14, 13), (7, 7), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
+    # ... every block although an image's dy pack and result outgrow BAND_BYTES (57x55, 1 block would fit; odd sizes)
+    "dx-depthwise-s2-image-nxc": Case("data", 8, 48, 48, 48, (57, 55), (29, 28), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
     "dx-depthwise-s2-planes": Case("data", 4, 32, 32, 32, (15, 14), (8, 7), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), data_format="NCX",
                                    weights_format="OIX", effective_pads=(1, 1)),  # fmt: skip
     # depthwise dW with x and dy packed image by image inside the tasks (24 channels: a partial block); a 3x1

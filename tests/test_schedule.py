@@ -418,12 +418,14 @@ def test_an_nxc_depthwise_forward_or_data_gradient_runs_by_bands_of_image_rows(o
         assert check_kernel(build(out, target=target)).ok
 
 
-@pytest.mark.parametrize("data_format, blocks_a_task", [("NXC", 3), ("NCX", 1)])
-def test_a_strided_nxc_depthwise_data_gradient_runs_several_channel_blocks_a_task(data_format, blocks_a_task):
+@pytest.mark.parametrize("data_format, channels, size, blocks_a_task",
+                         [("NXC", 48, 14, 3), ("NCX", 48, 14, 1), ("NXC", 96, 56, 6)])  # fmt: skip
+def test_a_strided_nxc_depthwise_data_gradient_runs_several_channel_blocks_a_task(data_format, channels, size, blocks_a_task):
     """A stride-2 depthwise dX runs its phases under the result's tasks (``phases_plane_by_plane``);
-    on NXC each task takes as many of an image's channel blocks as fit ``BAND_BYTES`` (all 3 of 48
-    channels on 14x14), its dy pack reading each pixel's channels as one run (the channel-block loop
-    inside the pixel loops); NCX keeps one block a task. Exact."""
+    on NXC each task takes every channel block of an image where the images make enough tasks (all 3
+    of 48 channels on 14x14; all 6 of 96 on 56x56, whose dy pack and result outgrow ``BAND_BYTES``),
+    its dy pack reading each pixel's channels as one run (the channel-block loop inside the pixel
+    loops); NCX keeps one block a task. Exact."""
     from tvm import te
     from tvm.tirx import ForKind
 
@@ -431,16 +433,18 @@ def test_a_strided_nxc_depthwise_data_gradient_runs_several_channel_blocks_a_tas
     from tvm_convgrad.frontends import onednn
 
     target = resolve_target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
-    x_shape, y_shape = ([8, 14, 14, 48], [8, 7, 7, 48]) if data_format == "NXC" else ([8, 48, 14, 14], [8, 48, 7, 7])
+    half, nxc = size // 2, data_format == "NXC"
+    x_shape = [8, size, size, channels] if nxc else [8, channels, size, size]
+    y_shape = [8, half, half, channels] if nxc else [8, channels, half, half]
     dy = te.placeholder(y_shape, "float32", name="diff_dst")
-    weights = te.placeholder((3, 3, 1, 48) if data_format == "NXC" else (48, 1, 3, 3), "float32", name="weights")
+    weights = te.placeholder((3, 3, 1, channels) if nxc else (channels, 1, 3, 3), "float32", name="weights")
     dx = onednn.convolution_backward_data(dy, weights, x_shape, strides=[2, 2], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1],
-                                          groups=48, data_format=data_format, weights_format="XIO" if data_format == "NXC" else "OIX")  # fmt: skip
+                                          groups=channels, data_format=data_format, weights_format="XIO" if nxc else "OIX")  # fmt: skip
     sch = schedule.rule_for(target).apply(Workload.of(dx).prim_func(target), target)
     task = _outermost_loop(sch, dx.op.name)
-    assert task.kind == ForKind.PARALLEL and int(task.extent) == 8 * 3 // blocks_a_task
+    assert task.kind == ForKind.PARALLEL and int(task.extent) == 8 * (channels // 16) // blocks_a_task
     assert _outermost_loop(sch, DY_DW).same_as(task)
-    if data_format == "NXC":
+    if nxc:
         *_, blocks, lanes = (sch.get(lp) for lp in sch.get_loops(sch.get_sblock(DY_DW)))
         assert int(blocks.extent) == blocks_a_task and lanes.kind == ForKind.VECTORIZED
     if host_can_run(target):

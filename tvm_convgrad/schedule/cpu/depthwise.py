@@ -268,9 +268,9 @@ def phases_plane_by_plane(sch: s_tir.Schedule, cores: int) -> set[str]:
 
     Where the result's channels are one loop (NCX or NXC) and there are :data:`PLANES_PER_CORE`
     planes per core; tried on a copy first (a partial last block of channels cannot be bounded
-    per task). An NXC result's task takes several of an image's blocks (:func:`_nxc_group`; Zen 4,
-    N=32, ms, one block / several: 192 channels 14x14 onto 7x7 0.54 / 0.34, 576 on 7x7 onto 4x4 0.32
-    / 0.22; 144 on 28x28, 3 blocks a task, level). Returns the stages it placed (the dy pack, the
+    per task). An NXC result's task takes several of an image's blocks, all where there are enough
+    images (:func:`_nxc_group`; Zen 4, N=32, ms, one block / several: 192 channels 14x14 onto 7x7 0.54
+    / 0.34, 576 on 7x7 onto 4x4 0.32 / 0.22). Returns the stages it placed (the dy pack, the
     result), none where it did not."""
     blocks = stage_blocks(sch)
     phases = [sch.get(b).name_hint for b in blocks if sch.get(b).name_hint.startswith(DX_DW)]
@@ -294,18 +294,17 @@ def phases_plane_by_plane(sch: s_tir.Schedule, cores: int) -> set[str]:
 
 def _nxc_group(sch: s_tir.Schedule, result: str, phases: list[str], cores: int) -> int:
     """Channel blocks per task of an NXC result (:data:`NXC_BANDS`): the most, a divisor of the
-    blocks, whose dy pack and result fit :data:`BAND_BYTES` and that keep :data:`PLANES_PER_CORE`
-    tasks per core, so each pixel's channels of a task are read and written as one run (1 for NCX)."""
+    blocks, that keeps :data:`PLANES_PER_CORE` tasks per core, so each pixel's channels of a task
+    are read and written as one run (1 for NCX). No byte budget: an image's every block in one task
+    read fastest even where its dy pack and result outgrow L2 (Zen 4, ms, the most blocks that fit
+    :data:`BAND_BYTES` / every block: N=32, 96 channels on 56x56 onto 28x28 3.26 / 2.26, 144 on 28x28
+    0.89 / 0.62, 192 on 14x14 0.27 / 0.25; N=8, 32 channels on 224x224 (6.8 MB an image) 5.69 / 4.62)."""
     block = sch.get_sblock(result)
     if not NXC_BANDS or not channels_last_result(sch, block, phases[0]):
         return 1
     out = sch.get(sch.get_sblock(phases[0])).writes[0].source  # (N, C1, rows, cols, 16): one phase's sums
     images, count = int(out.shape[0]), int(out.shape[1])
-    packs = [b for p in phases for b in producers_named(sch, sch.get_sblock(p), (DY_DW,))][:1]
-    buffers = [sch.get(b).writes[0].source for b in (*packs, block)]
-    plane = sum(elements(b) for b in buffers) // (images * count)  # bytes / 4 of one image's block: its dy pack and result
-    fit = [g for g in range(1, count + 1) if count % g == 0 and g * plane * 4 <= BAND_BYTES]
-    return max((g for g in fit if images * (count // g) >= PLANES_PER_CORE * cores), default=1)
+    return max((g for g in range(1, count + 1) if count % g == 0 and images * (count // g) >= PLANES_PER_CORE * cores), default=1)
 
 
 def _planes(sch: s_tir.Schedule, result: str, phases: list[str], cores: int, group: int = 1) -> bool:
