@@ -21,7 +21,15 @@ from .loops import (
     restore_unit_loops,
     sum_parts,
 )
-from .tiles import MAX_TILE_PIXELS, MAX_WO_UNROLL, depthwise_dw_tile, depthwise_dx_tile, largest_divisor
+from .tiles import (
+    MAX_TILE_PIXELS,
+    MAX_WO_UNROLL,
+    depthwise_dw_tile,
+    depthwise_dx_tile,
+    divisors,
+    largest_divisor,
+    most_blocks_a_task,
+)
 
 __all__ = ["BAND_BYTES", "NXC_BANDS", "PACKS_PER_IMAGE", "PLANES_PER_CORE", "PLANE_MIN_PIXELS", "DepthwiseFilterGrad",
            "DepthwiseForward", "DepthwiseInputGrad", "phases_plane_by_plane"]  # fmt: skip
@@ -153,7 +161,7 @@ class DepthwiseFilterGrad(CpuMad):
             return None
         buffers = [self.sch.get(p).writes[0].source for p in packs]
         image_bytes = sum(elements(b) // int(b.shape[0]) * 4 for b in buffers)  # (fp32)
-        return max(d for d in range(1, rows + 1) if rows % d == 0 and (d == 1 or image_bytes * d <= BAND_BYTES * rows))
+        return max(d for d in divisors(rows, rows) if d == 1 or image_bytes * d <= BAND_BYTES * rows)
 
 
 class DepthwiseInputGrad(CpuMad):
@@ -221,7 +229,7 @@ class DepthwiseInputGrad(CpuMad):
             return None
         (_, cols), images, tiles = pixels, loop_extent(sch, n), loop_extent(sch, tile_rows)
         row_bytes = loop_extent(sch, c1) * C0 * 4  # (fp32 sums and packs)
-        bands = [d for d in range(1, tiles + 1) if tiles % d == 0 and images * (tiles // d) >= PLANES_PER_CORE * self.cores]
+        bands = [d for d in divisors(tiles, tiles) if images * (tiles // d) >= PLANES_PER_CORE * self.cores]
         if not bands:
             return None
         fits = [d for d in bands if ((d * th + taps[0] - 1) * (cols + taps[1] - 1) + d * th * cols) * row_bytes <= BAND_BYTES]
@@ -304,7 +312,7 @@ def _nxc_group(sch: s_tir.Schedule, result: str, phases: list[str], cores: int) 
         return 1
     out = sch.get(sch.get_sblock(phases[0])).writes[0].source  # (N, C1, rows, cols, 16): one phase's sums
     images, count = int(out.shape[0]), int(out.shape[1])
-    return max((g for g in range(1, count + 1) if count % g == 0 and images * (count // g) >= PLANES_PER_CORE * cores), default=1)
+    return most_blocks_a_task(count, images, PLANES_PER_CORE * cores)
 
 
 def _planes(sch: s_tir.Schedule, result: str, phases: list[str], cores: int, group: int = 1) -> bool:

@@ -23,7 +23,7 @@ from ...dsl.compute.stages import CONV_CC, DX_CC, PHASE_AXES, phase_firsts
 from ...layout import C0
 from ..common import loop_extent, stage_blocks
 from .loops import channel_block_task, channels_last_result, restore_unit_loops
-from .tiles import divisors
+from .tiles import most_blocks_a_task
 
 __all__ = ["ACROSS_IMAGES_MIN", "ACROSS_IMAGES_PIXELS", "NXC_TASK_BLOCKS", "TASKS_PER_CORE", "region_cuts", "regions_one_by_one"]
 
@@ -95,7 +95,7 @@ def _partition(sch: s_tir.Schedule, result: str, phases: list[str], spans, grid:
     group = 1
     if channels_last:  # as many blocks as keep TASKS_PER_CORE tasks per core, up to NXC_TASK_BLOCKS
         images = loop_extent(sch, sch.get_loops(block)[0])
-        group = max([1] + [g for g in divisors(blocks, NXC_TASK_BLOCKS) if images * blocks // g >= TASKS_PER_CORE * cores])
+        group = most_blocks_a_task(blocks, images, TASKS_PER_CORE * cores, NXC_TASK_BLOCKS)
     found = channel_block_task(sch, block, phases[0], cores, images_outer=False, blocks=group)
     if found is None:
         return set()

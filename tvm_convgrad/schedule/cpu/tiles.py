@@ -15,7 +15,7 @@ from ...layout import C0
 
 __all__ = [
     "ALIASED_TILE_PIXELS", "CHUNK_STEPS", "FMA_LATENCY", "L1_SET_STRIDE", "L2_BYTES_PER_CYCLE", "MAX_TAP_TILE", "MAX_TILE_PIXELS", "MAX_WO_UNROLL", "block_tile", "chunk", "depthwise_dw_tile", "dw_blocks",
-    "channel_tile", "depthwise_dx_tile", "divisors", "dx_tile", "flat_block_tile", "largest_divisor", "planar_tile", "step_cycles", "tap_rows", "tap_tile", "winograd_dw_tile", "winograd_tile",
+    "channel_tile", "depthwise_dx_tile", "divisors", "dx_tile", "flat_block_tile", "largest_divisor", "most_blocks_a_task", "planar_tile", "step_cycles", "tap_rows", "tap_tile", "winograd_dw_tile", "winograd_tile",
 ]  # fmt: skip
 
 MAX_TILE_PIXELS = 16  # dX pixels per tile: 16 rows of accumulators at most (AVX-512: 16 zmm of 32)
@@ -34,6 +34,12 @@ CHUNK_STEPS = 1600  # reduction steps (n, ho, wo) per dW chunk: ~1.6 MB of fmap 
 def divisors(n: int, most: int) -> list[int]:
     """The divisors of ``n`` up to ``most``."""
     return [d for d in range(1, min(n, most) + 1) if n % d == 0]
+
+
+def most_blocks_a_task(blocks: int, images: int, min_tasks: int, most: int | None = None) -> int:
+    """The most of an image's ``blocks`` channel blocks one task takes (a divisor of ``blocks``, at
+    most ``most``) that still leaves ``min_tasks`` tasks over ``images`` images; 1 at least."""
+    return max([1] + [g for g in divisors(blocks, most or blocks) if images * (blocks // g) >= min_tasks])
 
 
 def largest_divisor(n: int, limit: int) -> int:
