@@ -247,6 +247,44 @@ def _torch_post_op(y, alg: str, alpha: float, beta: float, src1):
     }[alg]()
 
 
+_BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)
+_G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.float64)
+_AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64)
+
+
+def winograd_magnitudes(x: np.ndarray, w: np.ndarray, pads) -> np.ndarray:
+    """``(N, K, Ho, Wo)``: F(2x2, 3x3) (Lavin and Gray) of ``x (N, C, H, W)`` and ``w (K, C, 3, 3)``
+    (``pads``: top, bottom, left, right) with every matrix, input and weight taken by magnitude: per
+    output, the sum of the ``|U| |V|`` products it is made of, through ``|A^T|``."""
+    n, c, h, wd = x.shape
+    pt, pb, pl, pr = pads
+    ho, wo = h + pt + pb - 2, wd + pl + pr - 2
+    th, tw = -(-ho // 2), -(-wo // 2)
+    padded = np.zeros((n, c, 2 * th + 2, 2 * tw + 2))
+    padded[:, :, pt : pt + h, pl : pl + wd] = np.abs(x)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (4, 4), axis=(2, 3))[:, :, ::2, ::2]
+    bt, g, at = np.abs(_BT), np.abs(_G), np.abs(_AT)
+    v = np.einsum("ab,ncijbe,fe->ncijaf", bt, windows, bt)
+    u = np.einsum("ab,kcbe,fe->kcaf", g, np.abs(w), g)
+    m = np.einsum("ncijaf,kcaf->nkijaf", v, u)
+    return np.einsum("ra,nkijaf,sf->nkirjs", at, m, at).reshape(n, -1, 2 * th, 2 * tw)[:, :, :ho, :wo]
+
+
+def pair_winograd_bound(case: Case, inputs, expected: np.ndarray, kernel) -> np.ndarray:
+    """Elementwise allowed error of a forward or dX by F(2x2, 3x3) on bf16 pairs (``winograd-bf16``):
+    each product's two operands rounded once to bf16 (relative 2^-9 each), so each output is off by
+    at most 2^-8 of :func:`winograd_magnitudes` (a dX: dy through the weight rotated and
+    transposed, the pads ``2 - p``), plus the direct kernels' bound (``tools.verify.error_bound``)."""
+    a = _ncx(case, inputs[0].astype(np.float64))
+    w = reference.from_weights_format(inputs[1].astype(np.float64), case.weights_format)
+    (pt, pl), (h, wd), (ho, wo) = case.effective_pads, case.x_size, case.dy_size
+    pads = (pt, ho + 2 - h - pt, pl, wo + 2 - wd - pl)
+    if case.op in DATA_OPS:
+        w, pads = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), tuple(2 - p for p in pads)
+    sums = reference.to_data_format(winograd_magnitudes(a, w, pads), case.data_format)
+    return 2.0**-8 * (1 + 2.0**-7) * sums + error_bound(kernel.params, expected, kernel.output.dtype)
+
+
 def check(result: np.ndarray, expected: np.ndarray, kernel, what: str):
     """Every element within the bound of fp32 sums rounded once to the result's type."""
     assert result.shape == expected.shape, f"{what}: shape {result.shape} != {expected.shape}"

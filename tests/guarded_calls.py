@@ -276,6 +276,14 @@ FIXED = {
                                       weights_format="OIX", dtype="bfloat16", effective_pads=(1, 1)),  # fmt: skip
     "pairs-dx-nxc-4x4-regions": Case("data", 4, 48, 32, 1, (4, 4), (4, 4), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), dtype="bfloat16",
                                      effective_pads=(1, 1)),  # fmt: skip
+    # "auto"'s bf16 F(2x2, 3x3) on pairs: an odd NCX forward (its 4 x 4 tiles' last row and column past the output) with a bias,
+    # an NXC dX whose register tile spans 16 images' tiles (2 a row), a dX of XIO weights (copied lanes last) with pads 0..2
+    "pairs-fwd-ncx-winograd-odd": Case("fwd", 4, 64, 64, 1, (7, 7), (7, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
+                                       weights_format="OIX", bias=True, dtype="bfloat16", effective_pads=(1, 1), algorithm="auto"),  # fmt: skip
+    "pairs-dx-nxc-winograd-4x4": Case("data", 16, 64, 64, 1, (4, 4), (4, 4), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), weights_format="OIX",
+                                      dtype="bfloat16", effective_pads=(1, 1), algorithm="auto"),  # fmt: skip
+    "pairs-dx-nxc-winograd-xio": Case("data", 4, 64, 80, 1, (8, 10), (8, 10), (3, 3), (1, 1), (2, 0), (0, 2), (1, 1), weights_format="XIO",
+                                      dtype="bfloat16", effective_pads=(2, 0), algorithm="auto"),  # fmt: skip
 }
 """Named calls every run includes (framework operator cases of ``tests/framework_cases.py``); a
 ``pairs-`` one in the bf16-pair form (emulated where this CPU lacks ``vdpbf16ps``)."""

@@ -422,10 +422,14 @@ def _effective_pads_end(case: Case) -> list[int]:
 
 
 def _onednn_args(case: Case) -> dict:
-    if case.op in DATA_OPS:
-        return _data_args(case)
-    if case.op == FORWARD_OP:
-        return _forward_args(case)
+    args = _data_args(case) if case.op in DATA_OPS else _forward_args(case) if case.op == FORWARD_OP else _weights_args(case)
+    if case.algorithm != "direct":  # (fwd, data, conv_v2: the operators that take one)
+        args["attrs"]["algorithm"] = case.algorithm
+    return args
+
+
+def _weights_args(case: Case) -> dict:
+    """A weight gradient's call: ``x`` / ``dy`` ``(shape, dtype)``, the weights ``shape``, ``attrs``."""
     attrs = {"strides": list(case.strides), "pads_begin": list(case.pads_begin), "pads_end": list(case.pads_end),
              "dilations": list(case.dilations), "auto_pad": case.auto_pad, "groups": case.groups, "data_format": case.data_format}  # fmt: skip
     if case.op == "deconv":
@@ -833,6 +837,8 @@ def inputs_and_expected(op: str, case, kernel, seed: int) -> tuple[list[np.ndarr
         expected = framework_cases.expected(case, *arrays)
         if getattr(case, "post_ops", ()):
             return arrays, expected, post_op_bound(kernel.call, arrays, kernel.params, kernel.output.dtype)
+        if kernel.formulation == "winograd-bf16":
+            return arrays, expected, framework_cases.pair_winograd_bound(case, arrays, expected, kernel)
     return arrays, expected, error_bound(kernel.params, expected, kernel.output.dtype)
 
 

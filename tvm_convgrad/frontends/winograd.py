@@ -24,20 +24,20 @@ from tvm.target import Target
 from ..compile.target import resolve_target
 from ..dsl.compute.stages import WINO_WT
 from ..dsl.compute.winograd import forward_shape, input_grad_shape, output_index, weight_index, winograd_applies, winograd_conv, winograd_filter_grad
-from ..dsl.compute.winograd_rules import winograd_pays
+from ..dsl.compute.winograd_rules import paired_winograd_pays, winograd_pays
 from ..errors import ConvGradError
 from ..isa import isa_plan
 from ..params.framework import ConvView, split_weights, weights_index
 from ..params.onednn import algorithm_choice
 
-__all__ = ["exact_bf16", "use_winograd", "winograd_data_grad", "winograd_filter_grad_result", "winograd_forward"]
+__all__ = ["exact_bf16", "paired_winograd", "use_winograd", "winograd_data_grad", "winograd_filter_grad_result", "winograd_forward"]
 
 
 def use_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = False, post_ops: Sequence = (), filter_grad: bool = False,
                  planar: bool = False) -> bool:  # fmt: skip
     """Whether the forward (``input_grad``: the dX; ``filter_grad``: the dW) of ``view`` runs as
     F(2x2, 3x3) for ``algorithm`` (a forward with ``post_ops`` keeps the cube; ``planar``: the
-    activations are channel-planar, NCX)."""
+    activations are channel-planar, NCX); of a bf16 one's pair form: :func:`paired_winograd`."""
     algorithm = algorithm_choice(op, algorithm)
     if algorithm == "direct" or view.rank != 2 or post_ops:
         if algorithm == "winograd":
@@ -54,6 +54,19 @@ def use_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = Fal
     if view.dtype != "float32" and not exact_bf16(plan, input_grad or filter_grad):
         return False
     return winograd_pays(geom, input_grad, filter_grad, plan is not None and plan.registers_per_row > 1, planar)
+
+
+def paired_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = False, post_ops: Sequence = ()) -> bool:
+    """Whether the bf16-pair form of a bf16 forward or dX (``input_grad``) of ``view`` runs as
+    F(2x2, 3x3) with its GEMMs on bf16 pairs (:func:`~tvm_convgrad.dsl.compute.winograd.winograd_conv`'s
+    ``pairs``): for ``"auto"`` where it applies and pays on AVX-512 (:func:`~tvm_convgrad.dsl.compute.winograd_rules.paired_winograd_pays`).
+    ``"winograd"`` keeps its exact form (the transforms and sums in fp32, no operand rounded):
+    the pair form rounds the transformed tiles and weights to bf16 (see the module docstring of
+    :mod:`tvm_convgrad.dsl.compute.winograd`), which only ``"auto"`` trades for speed."""
+    if algorithm_choice(op, algorithm) != "auto" or view.rank != 2 or post_ops or view.dtype != "bfloat16":
+        return False
+    geom = view.geometry()
+    return winograd_applies(geom, view.dtype, input_grad) and paired_winograd_pays(geom, input_grad)
 
 
 def exact_bf16(plan, gradient: bool) -> bool:
@@ -106,8 +119,9 @@ def _result(y5: te.Tensor, shape: Sequence[int], data_format: str, dtype: str, n
 
 
 def winograd_forward(src: te.Tensor, weights: te.Tensor, bias: te.Tensor | None, view: ConvView, data_format: str, weights_format: str,
-                     shape, name: str, attrs: dict) -> te.Tensor:  # fmt: skip
-    """``dst`` of the forward, of ``shape`` in ``data_format``, by F(2x2, 3x3)."""
+                     shape, name: str, attrs: dict, pairs: bool = False) -> te.Tensor:  # fmt: skip
+    """``dst`` of the forward, of ``shape`` in ``data_format``, by F(2x2, 3x3) (``pairs``: its GEMMs
+    on bf16 pairs)."""
 
     def w_at(co, ci, kh, kw):
         return weights[weights_index(weights_format, co, ci, (kh, kw))].astype("float32")
@@ -115,21 +129,22 @@ def winograd_forward(src: te.Tensor, weights: te.Tensor, bias: te.Tensor | None,
     geom = view.geometry()
     bias_at = None if bias is None else (lambda co: bias[co].astype("float32"))
     w_at = _lanes_last(w_at, geom.cout, geom.cin, weights_format == "OXI")  # (Cout on the lanes, Cin contiguous)
-    y5 = winograd_conv(_activation(src, data_format), w_at, forward_shape(geom), bias_at, planar=data_format == "NCX")
+    y5 = winograd_conv(_activation(src, data_format), w_at, forward_shape(geom), bias_at, planar=data_format == "NCX", pairs=pairs)
     return _result(y5, shape, data_format, view.dtype, name, attrs)
 
 
 def winograd_data_grad(dy: te.Tensor, weights: te.Tensor, view: ConvView, data_format: str, weights_format: str, shape, name: str,
-                       attrs: dict) -> te.Tensor:  # fmt: skip
+                       attrs: dict, pairs: bool = False) -> te.Tensor:  # fmt: skip
     """``diff_src`` of the stride-1 dX, of ``shape`` in ``data_format``, by F(2x2, 3x3): the
-    convolution of dy with the weight rotated 180 degrees, its channels transposed."""
+    convolution of dy with the weight rotated 180 degrees, its channels transposed (``pairs``: its
+    GEMMs on bf16 pairs)."""
 
     def w_at(ci, co, kh, kw):  # (the dX's output channel is the forward's input channel)
         return weights[weights_index(weights_format, co, ci, (2 - kh, 2 - kw))].astype("float32")
 
     geom = view.geometry()
     w_at = _lanes_last(w_at, geom.cin, geom.cout, weights_format == "XIO")  # (Cin on the lanes, Cout contiguous)
-    y5 = winograd_conv(_activation(dy, data_format), w_at, input_grad_shape(geom), planar=data_format == "NCX")
+    y5 = winograd_conv(_activation(dy, data_format), w_at, input_grad_shape(geom), planar=data_format == "NCX", pairs=pairs)
     return _result(y5, shape, data_format, view.dtype, name, attrs)
 
 

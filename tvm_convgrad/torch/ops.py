@@ -18,7 +18,10 @@ autograd formulas are the three operators again. An eager call whose forward and
 modes all give to PyTorch (:func:`_pytorchs_throughout`) is ``F.conv2d``'s own: PyTorch's autograd
 node in C++, ~60-90 us less a call than the ``autograd.Function`` running the same convolutions.
 
-Types: float32, bfloat16 and float16 run in their type (sums in float32, rounded once); float64
+Types: float32, bfloat16 and float16 run in their type (sums in float32, rounded once; on a
+``vdpbf16ps`` CPU a bf16 3x3 forward or dX with enough tiles runs F(2x2, 3x3) on bf16 pairs, its
+transformed operands rounded to bf16 too: :mod:`tvm_convgrad.dsl.compute.winograd`, and
+:data:`.kernels.ALGORITHM` ``"direct"`` before the first call keeps the cube); float64
 tensors (``torch.autograd.gradcheck``) are rounded to float32, run there and widened back.
 CPU tensors only: the kernels are built for this CPU.
 """

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from tvm import tirx
 
-__all__ = ["PAIR_DTYPE", "pair", "pair_dot"]
+__all__ = ["PAIR_DTYPE", "pair", "pair_dot", "rounded_pair"]
 
 PAIR_DTYPE = "uint32"
 """One bf16 pair: the even reduction step's bits in the low half, the odd one's in the high half."""
@@ -44,6 +44,20 @@ def pair(even, odd):
         return tirx.reinterpret(PAIR_DTYPE, value.astype("float32"))
 
     return (widened(even) >> tirx.const(_HALF, PAIR_DTYPE)) | (widened(odd) & tirx.const(_HIGH, PAIR_DTYPE))
+
+
+def rounded_pair(even, odd):
+    """The ``uint32`` word of two fp32 values (TE expressions) each rounded to bf16, to nearest
+    with ties to even, in integer arithmetic: the bits plus ``0x7FFF`` plus the kept part's lowest
+    bit, the upper half kept. (A cast to bf16 and back, as :func:`pair` reads its values, folds
+    away before TVM's bf16 legalization: the word would keep the values' upper halves, truncated.)"""
+    half, high = tirx.const(_HALF, PAIR_DTYPE), tirx.const(_HIGH, PAIR_DTYPE)
+
+    def rounded(value):
+        bits = tirx.reinterpret(PAIR_DTYPE, value)
+        return bits + tirx.const(0x7FFF, PAIR_DTYPE) + ((bits >> half) & tirx.const(1, PAIR_DTYPE))
+
+    return (rounded(even) >> half) | (rounded(odd) & high)
 
 
 def pair_dot(a, b):

@@ -50,6 +50,19 @@ with ``algorithm="winograd"`` (where it applies) or ``"auto"`` (where it also pa
 Error: each output is a sum of the same products as the direct convolution's, regrouped; in fp32
 the transforms (``+-1`` and ``1/2``) add a few units in the last place per output (tests bound it
 against the float64 reference).
+
+**bf16 pairs** (``pairs``, what a ``vdpbf16ps`` target builds for a bf16 forward or dX under
+``algorithm="auto"`` where it pays: :func:`~.winograd_rules.paired_winograd_pays`): the transforms
+stay fp32, then ``wino_vp (16, N, TH, Cin/16, TW, 8)`` and ``wino_up (Cout/16, 16, Cin/2, 16)``
+hold ``wino_v`` and ``wino_u`` rounded to bf16 (to nearest, ties to even:
+:func:`.pairs.rounded_pair`), two consecutive input channels a ``uint32`` word, and ``wino_m`` sums
+:func:`.pairs.pair_dot` over the pairs in fp32 (``Formulation.WINOGRAD_BF16``). Each product's two
+operands are rounded once (relative 2^-9 each), so an output is off by at most 2^-8 of the same
+sums taken over the magnitudes (``tests/framework_cases.pair_winograd_bound``): on random data
+(64 -> 64 on 16x16, N=8, weights 0.05 x N(0, 1)) 4.2e-3 of the result's RMS, against 1.7e-3 for
+the exact path (its bf16 result's rounding) and 2.4e-3 for autocast's own rounding of fp32
+activations and weights to bf16. Asked for by name (``"winograd"``) a bf16 call keeps the exact
+form.
 """
 
 from __future__ import annotations
@@ -61,7 +74,23 @@ from tvm import te, tirx
 
 from ...layout import C0
 from .common import ACC
-from .stages import FORMULATION, MAD_TAG, WINO_D, WINO_DW, WINO_DYW, WINO_M, WINO_U, WINO_V, WINO_W, WINO_X, WINO_Y, Formulation
+from .pairs import pair_dot, rounded_pair
+from .stages import (
+    FORMULATION,
+    MAD_TAG,
+    WINO_D,
+    WINO_DW,
+    WINO_DYW,
+    WINO_M,
+    WINO_U,
+    WINO_UP,
+    WINO_V,
+    WINO_VP,
+    WINO_W,
+    WINO_X,
+    WINO_Y,
+    Formulation,
+)
 
 __all__ = ["ALPHA", "WINOGRAD_DTYPES", "WinogradShape", "forward_shape", "input_grad_shape", "output_index", "weight_index", "input_tiles", "weight_tiles",
            "winograd_applies", "winograd_conv", "winograd_filter_grad"]
@@ -229,23 +258,58 @@ def weight_tiles(w_at: Callable, shape: WinogradShape) -> te.Tensor:
     return te.compute((shape.cout // C0, ALPHA * ALPHA, shape.cin, C0), u_value, name=WINO_U)
 
 
+def _rounded_pairs(shape, value_at: Callable, name: str) -> te.Tensor:
+    """A stage of ``shape`` holding bf16 pairs (:func:`.pairs.rounded_pair`): ``value_at(*index, k)``,
+    the fp32 value of the pair's ``k``-th channel (0 even, 1 odd), rounded to bf16."""
+
+    def word(*index):
+        return rounded_pair(value_at(*index, 0), value_at(*index, 1))
+
+    return te.compute(shape, word, name=name)
+
+
+def _paired_mad(v: te.Tensor, u: te.Tensor, shape: WinogradShape) -> te.Tensor:
+    """``wino_m`` on bf16 pairs of input channels: ``wino_vp (16, N, TH, Cin/16, TW, 8)`` and
+    ``wino_up (Cout/16, 16, Cin/2, 16)`` hold ``wino_v`` and ``wino_u`` rounded to bf16, two
+    consecutive input channels a word, and the mad sums :func:`.pairs.pair_dot` over the pairs
+    (``Formulation.WINOGRAD_BF16``: one ``vdpbf16ps`` per 16 Cout lanes of a pair)."""
+    th, tw = shape.tiles
+    half = C0 // 2
+    vp = _rounded_pairs((ALPHA * ALPHA, shape.n, th, shape.cin // C0, tw, half),
+                        lambda xi, n, i, c1, j, p, k: v[xi, n, i, c1, j, 2 * p + k], WINO_VP)  # fmt: skip
+    up = _rounded_pairs((shape.cout // C0, ALPHA * ALPHA, shape.cin // 2, C0),
+                        lambda co1, xi, p, co0, k: u[co1, xi, 2 * p + k, co0], WINO_UP)  # fmt: skip
+    ci1 = te.reduce_axis((0, shape.cin // C0), name="ci1")
+    cp = te.reduce_axis((0, half), name="cp")
+    return te.compute(
+        (shape.n, th, shape.cout // C0, tw, ALPHA * ALPHA, C0),
+        lambda n, i, co1, j, xi, co0: te.sum(pair_dot(up[co1, xi, ci1 * half + cp, co0], vp[xi, n, i, ci1, j, cp]), axis=[ci1, cp]),
+        name=WINO_M, tag=MAD_TAG, attrs={FORMULATION: Formulation.WINOGRAD_BF16.value},
+    )
+
+
 def winograd_conv(x_at: Callable, w_at: Callable, shape: WinogradShape, bias_at: Callable | None = None, res_dtype: str = ACC,
-                  planar: bool = False) -> te.Tensor:  # fmt: skip
+                  planar: bool = False, pairs: bool = False) -> te.Tensor:  # fmt: skip
     """``wino_y`` of the convolution of ``shape`` (see the module docstring). ``x_at(n, c, r, col)``
     reads the input at a position inside it (the compute guards the padding), ``w_at(co, ci, kh,
-    kw)`` the weight, ``bias_at(co)`` the bias; every value fp32 (``planar``: :func:`input_tiles`)."""
+    kw)`` the weight, ``bias_at(co)`` the bias; every value fp32 (``planar``: :func:`input_tiles`).
+    ``pairs``: the 16 GEMMs on bf16 pairs (:func:`_paired_mad`; see "bf16 pairs" in the module
+    docstring)."""
     th, tw = shape.tiles
     cin1, cout1 = shape.cin // C0, shape.cout // C0
     v = input_tiles(x_at, shape, planar)
 
     u = weight_tiles(w_at, shape)
-    ci1 = te.reduce_axis((0, cin1), name="ci1")
-    ci0 = te.reduce_axis((0, C0), name="ci0")
-    m = te.compute(
-        (shape.n, th, cout1, tw, ALPHA * ALPHA, C0),
-        lambda n, i, co1, j, xi, co0: te.sum(v[xi, n, i, ci1, j, ci0] * u[co1, xi, ci1 * C0 + ci0, co0], axis=[ci1, ci0]),
-        name=WINO_M, tag=MAD_TAG, attrs={FORMULATION: Formulation.WINOGRAD.value},
-    )
+    if pairs:
+        m = _paired_mad(v, u, shape)
+    else:
+        ci1 = te.reduce_axis((0, cin1), name="ci1")
+        ci0 = te.reduce_axis((0, C0), name="ci0")
+        m = te.compute(
+            (shape.n, th, cout1, tw, ALPHA * ALPHA, C0),
+            lambda n, i, co1, j, xi, co0: te.sum(v[xi, n, i, ci1, j, ci0] * u[co1, xi, ci1 * C0 + ci0, co0], axis=[ci1, ci0]),
+            name=WINO_M, tag=MAD_TAG, attrs={FORMULATION: Formulation.WINOGRAD.value},
+        )
 
     def y_value(n, i, co1, j, pr, pc, co0):
         def tile(r, c):

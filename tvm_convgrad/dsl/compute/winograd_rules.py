@@ -17,7 +17,7 @@ from .winograd import forward_shape, input_grad_shape
 __all__ = ["WINOGRAD_DW_MAX_WEIGHTS", "WINOGRAD_DW_TILES_PER_WEIGHTS", "WINOGRAD_DW_WIDE_MAX_WEIGHTS",
            "WINOGRAD_DW_WIDEST_MAX_WEIGHTS", "WINOGRAD_DW_WIDEST_MIN_TILES", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_MIN_TILES",
            "WINOGRAD_NARROW_MIN_TILES", "WINOGRAD_NARROW_ODD_MIN_TILES", "WINOGRAD_TILES_PER_WEIGHTS", "WINOGRAD_WHOLE_MIN_TILES",
-           "WINOGRAD_WHOLE_TILES_PER_WEIGHTS", "winograd_pays"]
+           "WINOGRAD_WHOLE_TILES_PER_WEIGHTS", "PAIRED_TILES_PER_WEIGHTS", "paired_winograd_pays", "winograd_pays"]
 
 WINOGRAD_MIN_CHANNELS = 64
 """Fewest input and output channels a layer takes Winograd at by choice (``algorithm="auto"``):
@@ -140,3 +140,24 @@ def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False, nar
         return False
     per_weights = WINOGRAD_WHOLE_TILES_PER_WEIGHTS if many_whole and not filter_grad else WINOGRAD_TILES_PER_WEIGHTS
     return min(geom.cin, geom.cout) >= WINOGRAD_MIN_CHANNELS and tiles >= max(WINOGRAD_MIN_TILES, per_weights * weight_blocks)
+
+
+PAIRED_TILES_PER_WEIGHTS = 16
+"""Fewest 2x2 tiles per 64 x 64 block of weights a bf16 forward or dX takes F(2x2, 3x3) on bf16
+pairs at by choice (:func:`paired_winograd_pays`): the GEMMs run at the pairs' rate, twice the fp32
+FMA's, so the transforms and every task's read of the transformed weights weigh twice what they
+weigh in fp32 (:data:`WINOGRAD_TILES_PER_WEIGHTS`). Zen 4 (2 cores, 2026-12-03), against the
+bf16-pair cube, dX / forward, NCHW and NHWC: 64 -> 64 on 28x28 N=32 (6,272 tiles a block)
+1.14-1.44x / 1.53-1.99x, 128 on 14x14 N=32 (392) 1.65-1.75x / 1.56-1.87x, 256 on 7x7 N=32 (32)
+1.36-1.38x / 1.30-1.33x; 256 on 7x7 N=8 (8) 0.55-1.02x / 1.02-1.10x, 512 on 4x4 N=32 (2)
+0.96-1.14x / 0.79-1.00x stay the cube."""
+
+
+def paired_winograd_pays(geom, input_grad: bool = False) -> bool:
+    """Whether F(2x2, 3x3) on bf16 pairs (``vdpbf16ps``) is the faster way of a bf16 forward or dX
+    (``input_grad``) it applies to, against the direct bf16-pair cube: where :func:`winograd_pays`
+    (on AVX-512) and with :data:`PAIRED_TILES_PER_WEIGHTS` tiles per block of weights."""
+    shape = input_grad_shape(geom) if input_grad else forward_shape(geom)
+    th, tw = shape.tiles
+    blocks = geom.cin * geom.cout / (64 * 64)
+    return winograd_pays(geom, input_grad) and shape.n * th * tw >= PAIRED_TILES_PER_WEIGHTS * blocks

@@ -33,16 +33,18 @@ from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
 from ...dsl.compute.pairs import PAIR_DTYPE, pair_dot
+from ...dsl.compute.stages import WINO_U, WINO_UP, WINO_V, WINO_WT
 from ...isa import PLANS
 from ...layout import C0
 from ...tvmscript import fast_tvmscript
 from .cube import CubeForward, CubeInputGrad
 from .cube_dw import CubeFilterGrad
 from .lanes import CoutLanesFilterGrad
-from .loops import CpuMad
+from .loops import CpuMad, producers_named
+from .winograd import WinogradConv
 
 __all__ = [
-    "DPBF16", "DPBF16_EMULATED_LLVM", "DPBF16_INTRIN", "DPBF16_LLVM", "PairedCoutLanesFilterGrad", "PairedFilterGrad", "PairedForward", "PairedInputGrad",
+    "DPBF16", "DPBF16_EMULATED_LLVM", "DPBF16_INTRIN", "DPBF16_LLVM", "PairedCoutLanesFilterGrad", "PairedFilterGrad", "PairedForward", "PairedInputGrad", "PairedWinogradConv",
     "dpbf16_llvm", "emulated_pairs_llvm",
 ]  # fmt: skip
 
@@ -194,3 +196,34 @@ class PairedCoutLanesFilterGrad(_Pairs, CoutLanesFilterGrad):
     one broadcast x pair. Its pair packs keep their own placement (not band by band)."""
 
     packs_per_band = False
+
+
+class PairedWinogradConv(_Pairs, WinogradConv):
+    """F(2x2, 3x3)'s 16 GEMMs on bf16 pairs of input channels (``wino_m``, ``Formulation.WINOGRAD_BF16``):
+    the fp32 Winograd schedule, each Cout row of a register tile one ``vdpbf16ps`` per pair, whole
+    register tiles only (a tensorized mad has no edge tile's copy). The weights' pairs
+    (``wino_up``) are the weights' pass, each from its taps in registers (``wino_u`` inlined); a
+    task's pairs (``wino_vp``) are made tile by tile from its 16 transformed positions
+    (``wino_v``, computed under the tile: in registers)."""
+
+    whole_tiles = True
+
+    def _weights(self, up):
+        sch = self.sch
+        (u,) = producers_named(sch, up, (WINO_U,))
+        for staged in producers_named(sch, u, (WINO_WT,)):
+            self._lanes_last(staged)
+        sch.compute_inline(u)
+        co1, xi, p, co0 = sch.get_loops(up)
+        p_o, p_i = sch.split(p, [None, C0 // 2])  # (16 input channels a task: Winograd takes whole blocks)
+        sch.reorder(co1, p_o, p_i, xi, co0)
+        sch.parallel(sch.fuse(co1, p_o))
+        sch.unroll(xi)
+        sch.vectorize(co0)
+        self.placed.update({WINO_U, WINO_UP})
+
+    def _inputs(self, vp, task):
+        sch = self.sch
+        self._positions_unrolled(vp, task)
+        (v,) = producers_named(sch, vp, (WINO_V,))
+        self._positions_unrolled(v, sch.get_loops(vp)[-3])  # (under vp's tile loop: *rows, tile, xi, pair)

@@ -28,6 +28,7 @@ depthwise dW / dX      ``dw_dw`` / ``dx_dw_<..>``     :class:`.depthwise.Depthwi
 cube forward           ``conv_cc``                    :class:`.cube.CubeForward` (a dX phase's tiles)
 Winograd F(2x2, 3x3)   ``wino_m``                     :class:`.winograd.WinogradConv` (forward, dX)
 Winograd dW            ``wino_dw``                    :class:`.winograd.WinogradFilterGrad`
+Winograd, bf16 pairs   ``wino_m``                     :class:`.bf16.PairedWinogradConv` (``vdpbf16ps``)
 =====================  =============================  ===========================================
 
 The fp16 -> fp32 conversion happens once: in the packing stages (``fmap_l1``, ``grads_2_matrix``,
@@ -57,7 +58,7 @@ from ..base import Config, Rule, mads
 from ..common import inline_layout_stages, stage_blocks, target_cores
 from .amx import AmxFilterGrad
 from .amx_dx import AmxInputGrad
-from .bf16 import PairedCoutLanesFilterGrad, PairedFilterGrad, PairedForward, PairedInputGrad
+from .bf16 import PairedCoutLanesFilterGrad, PairedFilterGrad, PairedForward, PairedInputGrad, PairedWinogradConv
 from .cube import CubeForward, CubeInputGrad
 from .cube_dw import CubeFilterGrad
 from .depthwise import DepthwiseFilterGrad, DepthwiseForward, DepthwiseInputGrad, phases_plane_by_plane
@@ -88,6 +89,7 @@ FORMULATIONS: dict[Formulation, type[CpuMad]] = {
     Formulation.CUBE_FWD_BF16: PairedForward,
     Formulation.WINOGRAD: WinogradConv,
     Formulation.WINOGRAD_DW: WinogradFilterGrad,
+    Formulation.WINOGRAD_BF16: PairedWinogradConv,
 }
 """The class that schedules each kind of mad."""
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from ...dsl.compute.stages import WINO_D, WINO_DYW, WINO_U, WINO_V, WINO_W, WINO_WT, WINO_X, WINO_Y
+from ...dsl.compute.stages import WINO_D, WINO_DYW, WINO_U, WINO_UP, WINO_V, WINO_VP, WINO_W, WINO_WT, WINO_X, WINO_Y
 from ...layout import C0
 from ..common import loop_extent
 from .loops import CpuMad, restore_unit_loops, sum_parts, whole_tiles_and_edge
@@ -88,13 +88,11 @@ class WinogradConv(_Transforms):
         of a row, or, where rows are short (:data:`FUSED_ROWS_BELOW`), of the task's tiles in
         turn across its rows and images."""
         sch = self.sch
-        (u,) = [p for p in sch.get_producers(block) if sch.get(p).name_hint == WINO_U]
-        self._weights_by_position(u)
+        self._weights(self._producer(block, (WINO_U, WINO_UP)))
         y, task = self._result_tasks(block)
-        (v,) = [p for p in sch.get_producers(block) if sch.get(p).name_hint == WINO_V]
         sch.compute_at(block, task)
-        self._positions_unrolled(v, task)
-        self.placed.update(sch.get(b).name_hint for b in (v, y))
+        self._inputs(self._producer(block, (WINO_V, WINO_VP)), task)
+        self.placed.add(sch.get(y).name_hint)
         at = [sch.get(lp).same_as(sch.get(task)) for lp in sch.get_loops(block)].index(True)
         restore_unit_loops(sch, block, at + 1)  # (compute-at leaves out the axes a task holds one of, and those of extent 1)
         *tile_rows, co1, j, xi, co0, ci1, ci0 = sch.get_loops(block)[at + 1 :]
@@ -103,9 +101,25 @@ class WinogradConv(_Transforms):
             sch.reorder(xi, co1, *tile_rows, j, ci1, ci0, co0)
             j = sch.fuse(*tile_rows, j)
             tile_rows = []
-        co1_o, co1_i, r = self._cout_rows(co1, loop_extent(sch, j), whole=fused)
+        co1_o, co1_i, r = self._cout_rows(co1, loop_extent(sch, j), whole=fused or self.whole_tiles)
         sch.reorder(xi, co1_o, *tile_rows, j, ci1, ci0, co1_i, co0)
         self._register_tiles(block, j, r, ci1, ci0, co1_i, co0)
+
+    whole_tiles = False  # (the register tiles divide the tiles, as a tensorized mad needs: no edge tile's copy)
+
+    def _producer(self, block, names: tuple[str, ...]):
+        """The mad's one producer stage named one of ``names`` (an fp32 stage, or its bf16 pairs)."""
+        sch = self.sch
+        (stage,) = [p for p in sch.get_producers(block) if sch.get(p).name_hint in names]
+        return stage
+
+    def _weights(self, u):
+        """The transformed weights (``wino_u``), a pass before the tasks: :meth:`_weights_by_position`."""
+        self._weights_by_position(u)
+
+    def _inputs(self, v, task):
+        """The task's transformed windows (``wino_v``) under ``task``, its positions unrolled."""
+        self._positions_unrolled(v, task)
 
     def _cout_rows(self, co1, tiles: int, whole: bool = False):
         """``(co1_o, co1_i, R)``: the Cout rows split by :func:`winograd_tile`'s ``V``, and its ``R``
