@@ -78,13 +78,14 @@ _NAMED = lambda a, w, shape, kw: onednn.convolution(a, w, **kw, algorithm="winog
 
 
 @pytest.mark.parametrize("batch, size, channels, way", [(32, 28, 64, "winograd-bf16"), (32, 14, 128, "winograd-bf16"),
-                                                        (32, 7, 256, "winograd-bf16"), (8, 7, 256, "cube-bf16"),
+                                                        (32, 7, 256, "winograd-bf16"), (4, 14, 256, "winograd-bf16"),
+                                                        (8, 7, 256, "cube-bf16"), (2, 14, 256, "cube-bf16"),
                                                         (32, 4, 512, "cube-bf16"), (8, 14, 32, "cube-bf16")])  # fmt: skip
 def test_auto_takes_the_pair_winograd_on_zen4_where_it_pays(batch, size, channels, way):
-    """``"auto"``'s bf16 forward and dX for Zen 4: F(2x2, 3x3) on pairs with 16 tiles or more per
-    64 x 64 block of weights (ResNet-18's 3x3 layers at N=32 down to 7x7), the bf16-pair cube below
-    (512 on 4x4: 2 tiles a block) or under 64 channels; the dW stays the cube; Winograd asked for by
-    name keeps its exact form (no operand rounded)."""
+    """``"auto"``'s bf16 forward and dX for Zen 4: F(2x2, 3x3) on pairs with 12 tiles or more per
+    64 x 64 block of weights (ResNet-18's 3x3 layers at N=32 down to 7x7; 256 on 14x14 at N=4: 12.25),
+    the bf16-pair cube below (N=2: 6.1; 256 on 7x7 at N=8: 8; 512 on 4x4: 2) or under 64 channels;
+    the dW stays the cube; Winograd asked for by name keeps its exact form (no operand rounded)."""
     shape, wshape = (batch, size, size, channels), (channels, channels, 3, 3)
     assert _formulation(_FORWARD, shape, wshape, _znver4()) == way
     assert _formulation(_DATA, shape, wshape, _znver4()) == way

@@ -142,15 +142,17 @@ def winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False, nar
     return min(geom.cin, geom.cout) >= WINOGRAD_MIN_CHANNELS and tiles >= max(WINOGRAD_MIN_TILES, per_weights * weight_blocks)
 
 
-PAIRED_TILES_PER_WEIGHTS = 16
+PAIRED_TILES_PER_WEIGHTS = 12
 """Fewest 2x2 tiles per 64 x 64 block of weights a bf16 forward or dX takes F(2x2, 3x3) on bf16
 pairs at by choice (:func:`paired_winograd_pays`): the GEMMs run at the pairs' rate, twice the fp32
 FMA's, so the transforms and every task's read of the transformed weights weigh twice what they
 weigh in fp32 (:data:`WINOGRAD_TILES_PER_WEIGHTS`). Zen 4 (2 cores, 2026-12-03), against the
-bf16-pair cube, dX / forward, NCHW and NHWC: 64 -> 64 on 28x28 N=32 (6,272 tiles a block)
-1.14-1.44x / 1.53-1.99x, 128 on 14x14 N=32 (392) 1.65-1.75x / 1.56-1.87x, 256 on 7x7 N=32 (32)
-1.36-1.38x / 1.30-1.33x; 256 on 7x7 N=8 (8) 0.55-1.02x / 1.02-1.10x, 512 on 4x4 N=32 (2)
-0.96-1.14x / 0.79-1.00x stay the cube."""
+bf16-pair cube, dX / forward, NCHW and NHWC (``layers/dec03g-pairs.txt``): 64 -> 64 on 28x28 N=32
+(6,272 tiles a block) 1.14-1.44x / 1.53-1.99x, 128 on 14x14 N=32 (392) 1.65-1.75x / 1.56-1.87x,
+128 on 8x8 N=8 (32) 1.31-1.37x / 1.53-1.95x, 256 on 7x7 N=32 (32) 1.36-1.38x / 1.30-1.33x, N=16
+(16) 1.10-1.11x / 1.08-2.26x, 256 on 14x14 N=4 (12.25) 1.51-2.43x / 1.27-1.51x; below, the cube:
+256 on 14x14 N=2 (6.1) 1.17-1.21x / 0.68-1.23x, 256 on 7x7 N=8 (8) 0.57-1.19x / 0.53-0.78x, 512
+on 4x4 N=32 (2) 0.67-0.71x / 0.81-1.10x, N=8 (0.5) 0.51-0.71x / 0.32-0.53x."""
 
 
 def paired_winograd_pays(geom, input_grad: bool = False) -> bool:
