@@ -41,7 +41,7 @@ from ..params.framework import ConvView, FrameworkCall, split_weights
 from ..params.onednn import algorithm_choice, backward_data_view, deconv_view, diff_weights_choice, forward_view, onednn_view
 from ..params.post_ops import PostOp
 from .layouts import as_5hd, as_fracz, data_stage, weight_stage
-from .winograd import paired_winograd, use_winograd, winograd_data_grad, winograd_filter_grad_result, winograd_forward
+from .winograd import use_winograd, winograd_data_grad, winograd_filter_grad_result, winograd_forward
 
 __all__ = [
     "PostOp", "conv_transpose_backward_weights", "convolution", "convolution_backprop_data", "convolution_backprop_filters", "convolution_backward_data",
@@ -211,21 +211,20 @@ def _data_grad(op: str, dy: te.Tensor, weights: te.Tensor, view: ConvView, data_
     2-D cube dX's phases on AMX tiles), which a ``vdpbf16ps`` (AMX) target builds instead."""
     params = view.params(kernel_name, INPUT_OP)
     attrs = {"kernel_name": kernel_name, "flops": params.flops, "data_format": data_format}
-    if paired_winograd(op, algorithm, view, input_grad=True) and not amx if bf16_pairs else use_winograd(op, algorithm, view, input_grad=True):
+    call = FrameworkCall(op, view, data_format, weights_format)
+    paired = partial(_data_grad, op, dy, weights, view, data_format, weights_format, shape, kernel_name, True, algorithm=algorithm)
+    if use_winograd(op, algorithm, view, input_grad=True, pairs=bf16_pairs) and not amx:  # (an AMX target's dX: its tiles)
         result = winograd_data_grad(dy, weights, view, data_format, weights_format, shape, DIFF_SRC, attrs, pairs=bf16_pairs)
-        paired = partial(_data_grad, op, dy, weights, view, data_format, weights_format, shape, kernel_name, True, algorithm=algorithm)
-        return attach(result, params, (dy, weights), FrameworkCall(op, view, data_format, weights_format), _auto_pairs(op, algorithm, view, bf16_pairs, paired))
+        return attach(result, params, (dy, weights), call, _auto_pairs(op, algorithm, view, bf16_pairs, paired))
     fracz = as_fracz(weights, view, weights_format, WEIGHTS_FRACZ)
     dx = conv2d_backprop_input_compute(fracz, as_5hd(dy, data_format, DY_5HD), params, bf16_pairs=bf16_pairs, planar=data_format == "NCX", amx=amx)
     result = data_stage(dx, view, shape, data_format, view.dtype, DIFF_SRC, attrs)
-    paired = partial(_data_grad, op, dy, weights, view, data_format, weights_format, shape, kernel_name, True, algorithm=algorithm)
-    paired = paired if _pairs_apply(view, bf16_pairs) else None
-    return attach(result, params, (dy, weights), FrameworkCall(op, view, data_format, weights_format), paired)
+    return attach(result, params, (dy, weights), call, paired if _pairs_apply(view, bf16_pairs) else None)
 
 
 def _auto_pairs(op: str, algorithm: str, view: ConvView, built_in_pairs: bool, paired):
     """The bf16-pair form of a bf16 result built by F(2x2, 3x3) on the exact path: ``paired`` for
-    ``"auto"`` (a ``vdpbf16ps`` target builds what its own choice is, :func:`.winograd.paired_winograd`),
+    ``"auto"`` (a ``vdpbf16ps`` target builds its own choice, :func:`.winograd.paired_winograd`),
     none for ``"winograd"`` (asked for by name: the exact F(2x2, 3x3) on every target)."""
     return paired if _pairs_apply(view, built_in_pairs) and algorithm_choice(op, algorithm) == "auto" else None
 
@@ -386,12 +385,11 @@ def _forward(op: str, src: te.Tensor, weights: te.Tensor, bias: te.Tensor | None
     attrs = {"kernel_name": kernel_name, "flops": params.flops, "data_format": data_format}
     inputs = (src, weights) + ((bias,) if bias is not None else ()) + tuple(p.src1 for p in post_ops if p.is_binary)
     call = FrameworkCall(op, view, data_format, weights_format, bias=bias is not None, post_ops=post_ops)
-    if paired_winograd(op, algorithm, view, post_ops=post_ops) if bf16_pairs else use_winograd(op, algorithm, view, post_ops=post_ops):
+    paired = partial(_forward, op, src, weights, bias, view, data_format, weights_format, shape, kernel_name, post_ops, True, algorithm=algorithm)
+    if use_winograd(op, algorithm, view, post_ops=post_ops, pairs=bf16_pairs):
         y = winograd_forward(src, weights, bias, view, data_format, weights_format, shape, DST, attrs, pairs=bf16_pairs)
-        paired = partial(_forward, op, src, weights, bias, view, data_format, weights_format, shape, kernel_name, post_ops, True, algorithm=algorithm)
         return attach(y, params, inputs, call, _auto_pairs(op, algorithm, view, bf16_pairs, paired))
     fracz = as_fracz(weights, view, weights_format, WEIGHTS_FRACZ)
     y = conv_compute(as_5hd(src, data_format, SRC_5HD), fracz, params, bias, rows_and_columns=True, bf16_pairs=bf16_pairs, planar=data_format == "NCX")
     result = data_stage(y, view, shape, data_format, view.dtype, DST, attrs, post_ops)
-    paired = partial(_forward, op, src, weights, bias, view, data_format, weights_format, shape, kernel_name, post_ops, True, algorithm=algorithm)
     return attach(result, params, inputs, call, paired if _pairs_apply(view, bf16_pairs) else None)

@@ -34,10 +34,13 @@ __all__ = ["exact_bf16", "paired_winograd", "use_winograd", "winograd_data_grad"
 
 
 def use_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = False, post_ops: Sequence = (), filter_grad: bool = False,
-                 planar: bool = False) -> bool:  # fmt: skip
+                 planar: bool = False, pairs: bool = False) -> bool:  # fmt: skip
     """Whether the forward (``input_grad``: the dX; ``filter_grad``: the dW) of ``view`` runs as
     F(2x2, 3x3) for ``algorithm`` (a forward with ``post_ops`` keeps the cube; ``planar``: the
-    activations are channel-planar, NCX); of a bf16 one's pair form: :func:`paired_winograd`."""
+    activations are channel-planar, NCX); ``pairs``: whether a bf16 forward's or dX's pair form
+    does (:func:`paired_winograd`)."""
+    if pairs:
+        return paired_winograd(op, algorithm, view, input_grad, post_ops)
     algorithm = algorithm_choice(op, algorithm)
     if algorithm == "direct" or view.rank != 2 or post_ops:
         if algorithm == "winograd":

@@ -8,6 +8,9 @@
   broadcast values of ``wino_v`` and ``V`` rows of ``wino_u``) and transforming its sums back
   (``wino_y``, the frontend's result stage folded into it) while they are in cache; the
   transformed weights (``wino_u``) are a pass before, each weight's 16 positions from its nine taps in registers.
+* On bf16 pairs (:class:`.bf16.PairedWinogradConv`, a ``vdpbf16ps`` target's bf16 forward and dX):
+  the same, each register tile's Cout rows tensorized, from the pair stages ``wino_vp`` and
+  ``wino_up`` (:meth:`WinogradConv._inputs`, :meth:`WinogradConv._weights`).
 * The dW (:class:`WinogradFilterGrad`, ``wino_dw``): each core sums a part of the tiles
   (``rfactor``) in chunks, each chunk's ``wino_v`` and ``wino_d`` made in its task, register
   tiles of ``R`` input channels x ``V`` Cout rows (:func:`.tiles.winograd_dw_tile`); the parts are
@@ -21,7 +24,7 @@ from tvm import s_tir
 from ...dsl.compute.stages import WINO_D, WINO_DYW, WINO_U, WINO_UP, WINO_V, WINO_VP, WINO_W, WINO_WT, WINO_X, WINO_Y
 from ...layout import C0
 from ..common import loop_extent
-from .loops import CpuMad, restore_unit_loops, sum_parts, whole_tiles_and_edge
+from .loops import CpuMad, producers_named, restore_unit_loops, sum_parts, whole_tiles_and_edge
 from .tiles import largest_divisor, winograd_dw_tile, winograd_tile
 
 __all__ = ["FUSED_ROWS_BELOW", "TASKS_PER_CORE", "WINOGRAD_DW_CHUNK_TILES", "WINOGRAD_TASK_BYTES", "WinogradConv", "WinogradFilterGrad", "task_bytes"]
@@ -81,6 +84,8 @@ class WinogradConv(_Transforms):
     """The Winograd mad ``wino_m[n, i, co1, j, xi, co0]`` (reduction ``ci1, ci0``), with its input
     transform and its result in its tasks."""
 
+    whole_tiles = False  # the register tiles divide the tiles (a tensorized mad: no edge tile's copy)
+
     def schedule(self, block):
         """Tasks of tile rows (:meth:`_result_tasks`), each transforming its windows, running the 16
         GEMMs over its tiles and transforming its sums back while they are in cache; the weights'
@@ -88,10 +93,12 @@ class WinogradConv(_Transforms):
         of a row, or, where rows are short (:data:`FUSED_ROWS_BELOW`), of the task's tiles in
         turn across its rows and images."""
         sch = self.sch
-        self._weights(self._producer(block, (WINO_U, WINO_UP)))
+        (u,) = producers_named(sch, block, (WINO_U, WINO_UP))  # (fp32, or its bf16 pairs)
+        self._weights(u)
         y, task = self._result_tasks(block)
         sch.compute_at(block, task)
-        self._inputs(self._producer(block, (WINO_V, WINO_VP)), task)
+        (v,) = producers_named(sch, block, (WINO_V, WINO_VP))
+        self._inputs(v, task)
         self.placed.add(sch.get(y).name_hint)
         at = [sch.get(lp).same_as(sch.get(task)) for lp in sch.get_loops(block)].index(True)
         restore_unit_loops(sch, block, at + 1)  # (compute-at leaves out the axes a task holds one of, and those of extent 1)
@@ -104,14 +111,6 @@ class WinogradConv(_Transforms):
         co1_o, co1_i, r = self._cout_rows(co1, loop_extent(sch, j), whole=fused or self.whole_tiles)
         sch.reorder(xi, co1_o, *tile_rows, j, ci1, ci0, co1_i, co0)
         self._register_tiles(block, j, r, ci1, ci0, co1_i, co0)
-
-    whole_tiles = False  # (the register tiles divide the tiles, as a tensorized mad needs: no edge tile's copy)
-
-    def _producer(self, block, names: tuple[str, ...]):
-        """The mad's one producer stage named one of ``names`` (an fp32 stage, or its bf16 pairs)."""
-        sch = self.sch
-        (stage,) = [p for p in sch.get_producers(block) if sch.get(p).name_hint in names]
-        return stage
 
     def _weights(self, u):
         """The transformed weights (``wino_u``), a pass before the tasks: :meth:`_weights_by_position`."""
