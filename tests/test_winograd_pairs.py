@@ -5,8 +5,8 @@ rounded to bf16 (to nearest, ties to even), the 16 GEMMs on ``vdpbf16ps``.
 Every kernel runs in its emulated form where the host lacks the instruction
 (:func:`tvm_convgrad.emulate_bf16_dot`), against the float64 reference written from the
 convolution's formula, within a bound written from F(2x2, 3x3)'s formulas (Lavin and Gray): each
-operand of a product rounded once (relative error 2^-9 each), so every output is off by at most
-2^-8 of the same sums taken over the transforms' magnitudes, plus the direct kernels' bound.
+operand of a product rounded once (relative error 2^-8 each, bf16's unit roundoff), so every output is off by at
+most 2^-7 of the same sums taken over the transforms' magnitudes, plus the direct kernels' bound.
 """
 
 from __future__ import annotations

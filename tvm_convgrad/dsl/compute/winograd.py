@@ -57,7 +57,7 @@ stay fp32, then ``wino_vp (16, N, TH, Cin/16, TW, 8)`` and ``wino_up (Cout/16, 1
 hold ``wino_v`` and ``wino_u`` rounded to bf16 (to nearest, ties to even:
 :func:`.pairs.rounded_pair`), two consecutive input channels a ``uint32`` word, and ``wino_m`` sums
 :func:`.pairs.pair_dot` over the pairs in fp32 (``Formulation.WINOGRAD_BF16``). Each product's two
-operands are rounded once (relative 2^-9 each), so an output is off by at most 2^-8 of the same
+operands are rounded once (relative 2^-8 each: bf16's unit roundoff), so an output is off by at most 2^-7 of the same
 sums taken over the magnitudes (``tests/framework_cases.pair_winograd_bound``): on random data
 (64 -> 64 on 16x16, N=8, weights 0.05 x N(0, 1)) 4.2e-3 of the result's RMS, against 1.7e-3 for
 the exact path (its bf16 result's rounding) and 2.4e-3 for autocast's own rounding of fp32
