@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 from framework_cases import Case, arrays, expected, pair_winograd_bound, placeholders
 from framework_cases import call as case_call
+from test_winograd import _case as winograd_case
+from test_winograd import _cpu
 from tvm import te
 from tvm.target import Target
 
@@ -24,19 +26,16 @@ from tvm_convgrad import build, emulate_bf16_dot
 from tvm_convgrad.compile import Workload
 from tvm_convgrad.dsl.compute.pairs import PAIR_DTYPE, rounded_pair
 from tvm_convgrad.frontends import onednn
-from tvm_convgrad.isa import X86_TRIPLE
 from tvm_convgrad.tools.verify import error_bound
 
 
 def _znver4() -> Target:
-    return Target({"kind": "llvm", "mcpu": "znver4", "mtriple": X86_TRIPLE})
+    return _cpu("znver4")
 
 
-def _case(op: str, batch: int, cin: int, cout: int, size, pads=((1, 1), (1, 1)), data_format="NXC", weights_format="OIX", bias=False) -> Case:
-    (pt, pl), (pb, pr) = pads
-    out = (size[0] + pt + pb - 2, size[1] + pl + pr - 2)
-    return Case(op, batch, cin, cout, 1, tuple(size), out, (3, 3), (1, 1), (pt, pl), (pb, pr), (1, 1), data_format=data_format,
-                weights_format=weights_format, bias=bias, effective_pads=(pt, pl), algorithm="auto", dtype="bfloat16")  # fmt: skip
+def _case(op: str, batch: int, cin: int, cout: int, size, pads=((1, 1), (1, 1)), data_format="NXC", bias=False) -> Case:
+    """``test_winograd``'s 3x3 stride-1 call in bf16 under ``"auto"``, OIX weights."""
+    return replace(winograd_case(op, batch, cin, cout, size, pads, data_format, "OIX", bias, algorithm="auto"), dtype="bfloat16")
 
 
 _CASES = [
