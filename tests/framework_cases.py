@@ -270,12 +270,16 @@ def winograd_magnitudes(x: np.ndarray, w: np.ndarray, pads) -> np.ndarray:
     return np.einsum("ra,nkijaf,sf->nkirjs", at, m, at).reshape(n, -1, 2 * th, 2 * tw)[:, :, :ho, :wo]
 
 
+PAIR_PRODUCT_ERROR = 2.0**-7 * (1 + 2.0**-9)
+"""The most a product of two operands each rounded once to bf16 (relative 2^-8 each, bf16's unit
+roundoff) is off, relative to its magnitude: ``(1 + 2^-8)^2 - 1``."""
+
+
 def pair_winograd_bound(case: Case, inputs, expected: np.ndarray, kernel) -> np.ndarray:
     """Elementwise allowed error of a forward or dX by F(2x2, 3x3) on bf16 pairs (``winograd-bf16``):
-    each product's two operands rounded once to bf16 (relative 2^-8 each, bf16's unit roundoff; the
-    product's ``(1 + 2^-8)^2 - 1 = 2^-7 (1 + 2^-9)``), so each output is off by at most that much of
-    :func:`winograd_magnitudes` (a dX: dy through the weight rotated and transposed, the pads
-    ``2 - p``), plus the direct kernels' bound (``tools.verify.error_bound``)."""
+    each product's two operands rounded once to bf16, so each output is off by at most
+    :data:`PAIR_PRODUCT_ERROR` of :func:`winograd_magnitudes` (a dX: dy through the weight rotated
+    and transposed, the pads ``2 - p``), plus the direct kernels' bound (``tools.verify.error_bound``)."""
     a = _ncx(case, inputs[0].astype(np.float64))
     w = reference.from_weights_format(inputs[1].astype(np.float64), case.weights_format)
     (pt, pl), (h, wd), (ho, wo) = case.effective_pads, case.x_size, case.dy_size
@@ -283,7 +287,7 @@ def pair_winograd_bound(case: Case, inputs, expected: np.ndarray, kernel) -> np.
     if case.op in DATA_OPS:
         w, pads = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), tuple(2 - p for p in pads)
     sums = reference.to_data_format(winograd_magnitudes(a, w, pads), case.data_format)
-    return 2.0**-7 * (1 + 2.0**-9) * sums + error_bound(kernel.params, expected, kernel.output.dtype)
+    return PAIR_PRODUCT_ERROR * sums + error_bound(kernel.params, expected, kernel.output.dtype)
 
 
 def check(result: np.ndarray, expected: np.ndarray, kernel, what: str):

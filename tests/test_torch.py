@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import slow, tiered, torch
-from framework_cases import winograd_magnitudes
+from framework_cases import PAIR_PRODUCT_ERROR, winograd_magnitudes
 
 pytestmark = pytest.mark.skipif(torch is None, reason="PyTorch is not installed (pip install torch==2.13.0)")
 
@@ -40,13 +40,13 @@ LAYERS = [
 
 
 def _close(ours: "torch.Tensor", reference: "torch.Tensor", kernel, what: str, pair_sums=None):
-    """``ours`` within the bound of ``kernel``'s sums (F(2x2, 3x3) on bf16 pairs: plus 2^-7 of
+    """``ours`` within the bound of ``kernel``'s sums (F(2x2, 3x3) on bf16 pairs: plus PAIR_PRODUCT_ERROR of
     ``pair_sums()``, its products' magnitudes, ``framework_cases.pair_winograd_bound``)."""
     ref = reference.detach().double().numpy()
     error = np.abs(ours.detach().double().numpy() - ref)
     bound = error_bound(kernel.params, ref, kernel.output.dtype)
     if kernel.formulation == "winograd-bf16":
-        bound = bound + 2.0**-7 * (1 + 2.0**-9) * pair_sums()
+        bound = bound + PAIR_PRODUCT_ERROR * pair_sums()
     ratio = error / bound
     assert ratio.max() <= 1.0, f"{what}: max error {error.max():.3g} = {ratio.max():.3g} x the bound"
 
