@@ -26,7 +26,10 @@ stage               shape                                         value
 ==================  ============================================  ==========================================
 
 with ``dx_cc[n, c1, j, i, c0] = sum_{co1, mh, mw, co0} dy_pad[n, e*dy_c1_extend + co1, j + off_h(mh),
-i + off_w(mw), co0] * w_col[c1, co1, kh(mh), kw(mw), co0, c0]``, ``e = c1 // dx_c1_extend``.
+i + off_w(mw), co0] * w_col[c1, co1, kh(mh), kw(mw), co0, c0]``, ``e = c1 // dx_c1_extend``. An fp32
+dX of one group whose Cout is not whole blocks sums its real channels only: ``co1`` runs of ``step =
+gcd(Cout, 16)`` channels, channel ``co1*step + co0`` read at block ``channel // 16``, lane ``channel % 16``
+(:func:`real_channel_step`).
 
 **Depthwise** (``Cin/groups == 1``): one ``dx_dw`` mad per phase with channels on the lanes, see
 :mod:`.depthwise`.
@@ -48,6 +51,7 @@ phase's depth taps too (``co1 = md*dy_c1_extend + co1'``), and ``c_ddr`` ``(N*D,
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import tvm
@@ -64,7 +68,7 @@ from .phases import (AxisPhase, DepthFold, DyWindow, axis_phases, depth_fold, dy
                      phase_stage_name, region_grid)
 from .stages import C_DDR, DX_PX, DX_TAG, DY_PAD, DY_ROWS, FORMULATION, MAD_TAG, PHASE_AXES, READ_IN_PLACE, W_COL, W_T, Formulation
 
-__all__ = ["AxisPhase", "axis_phases", "conv2d_backprop_input_compute", "phase_stage_name", "pixel_lanes_input_grad"]
+__all__ = ["AxisPhase", "axis_phases", "conv2d_backprop_input_compute", "phase_stage_name", "pixel_lanes_input_grad", "real_channel_step"]
 
 DY_IN_PLACE = True
 """An fp32 2-D dX whose taps read no padding (a 1x1 at stride 1) reads dy where it lies, no
@@ -79,7 +83,27 @@ image's whole dy again, a few words of each line (Zen 3, N=8, ResNet-50's 512 ->
 512 1x1 dX on 7x7 planes of 196 B: packed 1.56x and 1.38x faster, 1024 -> 256 on 14x14 (784 B)
 1.01-1.08x; on 28x28 and 56x56 in place stays 1.2-1.4x faster)."""
 
+REAL_CHANNEL_STEPS = True
+"""An fp32 cube dX whose Cout is not whole 16-channel blocks reduces over its real channels only
+(:func:`real_channel_step`): the last block's lanes past Cout are never read. Where dy is read in
+place (a channels-last 1x1) that block was a masked read a lane at a time with a branch a step, and
+a third of its FMAs multiplied zeros (Zen 3, N=32, channels-last, MobileNetV2's 144 -> 24 on 28x28
+71 -> 88 GFLOP/s, 96 -> 24 74 -> 94; N=8 144 -> 24 on 16x16 72 -> 97; 64 -> 8 on 28x28 41 -> 64)."""
+
 PIXEL_LANES_MAX_CIN = 8  # at most half the lanes of a channel block would be real channels
+
+
+def real_channel_step(params: ConvGradParams, dy_dtype: str, pairs: bool = False, fold: DepthFold | None = None) -> int:
+    """The run of dy channels a cube dX's ``co0`` steps over where it reduces over the real Cout
+    channels only (``co1 * step + co0``, ``step = gcd(Cout, 16)``: the largest run that never crosses
+    a 16-channel block, so each index stays one block and one lane), or 0 where the reduction is
+    over whole 16-channel blocks (``co1`` a block, ``co0`` its lane): Cout a multiple of 16, bf16
+    pairs, fp16 / bf16 dy (the tensor cores' 16-deep fragments), groups, 3-D (see
+    :data:`REAL_CHANNEL_STEPS`)."""
+    g = params.geom
+    if not REAL_CHANNEL_STEPS or pairs or fold is not None or dy_dtype != ACC or g.groups != 1 or g.cout % C0 == 0:
+        return 0
+    return math.gcd(g.cout, C0)
 
 
 def pixel_lanes_input_grad(params: ConvGradParams, planar: bool = False, dtype: str = ACC) -> bool:
@@ -223,23 +247,29 @@ def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, grid
         dy_pad = dy if in_place else te.compute((dy_rows, c1_dy, *window.shape, C0), pad_value, name=DY_PAD, tag=DY_PAD)
         w_col = te.compute((g.c1_x, col_blocks, g.kh, g.kw, C0, C0), col_value, name=W_COL, tag=W_COL)
 
+    step = real_channel_step(params, dy.dtype, pairs, fold)
+
     def phase_mad(ph: AxisPhase, pw: AxisPhase, pd: AxisPhase | None = None) -> te.Tensor:
-        co1 = te.reduce_axis((0, ext.cout1_g * (1 if pd is None else pd.taps)), name="co1")
+        co1 = te.reduce_axis((0, g.cout // step if step else ext.cout1_g * (1 if pd is None else pd.taps)), name="co1")
         mh = te.reduce_axis((0, ph.taps), name="mh")
         mw = te.reduce_axis((0, pw.taps), name="mw")
-        co0 = te.reduce_axis((0, C0 // 2 if pairs else C0), name="co0")  # pairs: the pair q
+        co0 = te.reduce_axis((0, step or (C0 // 2 if pairs else C0)), name="co0")  # pairs: the pair q
 
         def mad(n, c1, j, i, c0):
             e = c1 // ext.cin1_g
-            if pd is None:
+            lane = co0
+            if step:  # the real Cout channels only: channel co1 * step + co0 (2-D, one group)
+                channel = co1 * step + co0
+                row, block, w_block, lane = n, channel // C0, channel // C0, channel % C0
+            elif pd is None:
                 row, block, w_block = n, e * ext.cout1_g + co1, co1
             else:  # n: image x depth-phase plane; co1: depth tap x Cout block
                 md, block_g = co1 // ext.cout1_g, co1 % ext.cout1_g
                 image, plane = n // pd.count, n % pd.count
                 row, block = fold.dy_row(image, pd.dy_index(plane, md, fold.top)), e * ext.cout1_g + block_g
                 w_block = pd.tap(md) * ext.cout1_g + block_g
-            dy_at = dy_pad[row, block, ph.dy_index(j, mh, top), pw.dy_index(i, mw, left), co0]
-            w_at = w_col[c1, w_block, ph.tap(mh), pw.tap(mw), co0, c0]
+            dy_at = dy_pad[row, block, ph.dy_index(j, mh, top), pw.dy_index(i, mw, left), lane]
+            w_at = w_col[c1, w_block, ph.tap(mh), pw.tap(mw), lane, c0]
             return te.sum(pair_dot(w_at, dy_at) if pairs else dy_at * w_at, axis=[co1, mh, mw, co0])
 
         batch = g.batch * (1 if pd is None else pd.count)

@@ -105,8 +105,8 @@ class CubeInputGrad(CpuMad):
     def _block_tiles_apply(self, reduction: list[int]) -> bool:
         """Whether a tile may take several result blocks (:meth:`_blocks_per_tile`): a 1x1's mad
         (``reduction``: its ``[co1, mh, mw, co0]`` extents) over enough channel blocks, not tuned."""
-        blocks_in, *taps, _ = reduction
-        return self.block_tiles and not self.tunable and taps == [1, 1] and blocks_in >= BLOCK_TILES_MIN_REDUCTION
+        steps, *taps, lanes = reduction  # (co1 x co0: whole blocks x 16 lanes, or runs of a Cout not whole blocks)
+        return self.block_tiles and not self.tunable and taps == [1, 1] and -(-steps * lanes // C0) >= BLOCK_TILES_MIN_REDUCTION
 
     def _band_tasks(self, block, n, outer: list, j_o, th: int, under: bool) -> tuple[list, list, list]:
         """``(the task's loops, the loops inside a task above its tiles, the packs made per
