@@ -332,3 +332,17 @@ class DspCase:
 def dsp_params(batch, in_hw, in_c, out_hw, out_c, k, s, pad, d, group, workspace=0) -> list:
     """DeconvGradFilter's 18 params from named parts."""
     return [batch, *in_hw, in_c, batch, *out_hw, out_c, *k, *s, *pad, *d, group, workspace]
+
+
+def stages_named(result: te.Tensor, prefix: str) -> list[te.Tensor]:
+    """The stages of the TE graph computing ``result`` whose names start with ``prefix`` (a mad and
+    its live-tap regions' copies: ``dx_cc_0_0``, ``conv_cc``, ``conv_cc_0_1``, ...), each once."""
+    found, pending, seen = [], [result], set()
+    while pending:
+        tensor = pending.pop()
+        if tensor.op.name in seen:
+            continue
+        seen.add(tensor.op.name)
+        found += [tensor] if tensor.op.name.startswith(prefix) else []
+        pending += list(tensor.op.input_tensors)
+    return found

@@ -15,7 +15,7 @@ import pytest
 from tvm import te
 
 from conftest import torch
-from framework_cases import Case, arrays, check, expected, oracles, placeholders
+from framework_cases import Case, arrays, check, expected, oracles, placeholders, stages_named
 from framework_cases import call as framework_call
 from tvm_convgrad import ConvGradError, PostOp, build, dsl, layout, reference
 from tvm_convgrad.frontends import onednn
@@ -191,6 +191,25 @@ def test_a_stem_sums_its_real_input_channels_only():
     y = _tbe_conv(cin=3, cout=16, h=12, w=12, ori=True)
     mads = [t for t in y.op.input_tensors if t.op.name.startswith(CONV_CC)]  # (the live-tap regions of a 3x3 at pad 1 on 12x12)
     assert len(mads) == 5 and all(int(mad.op.reduce_axis[0].dom.extent) == 1 and int(mad.op.reduce_axis[-1].dom.extent) == 3 for mad in mads)
+
+
+@pytest.mark.parametrize("data_format, cin, kernel, runs", [
+    ("NXC", 24, 1, (3, 8)), ("NCX", 40, 3, (5, 8)), ("NXC", 20, 1, (5, 4)), ("NXC", 32, 1, (2, 16)),
+])  # fmt: skip
+def test_an_fp32_cin_not_whole_blocks_sums_its_real_channels_only(data_format, cin, kernel, runs):
+    """An fp32 forward whose Cin is past 16 and not whole blocks sums its real channels, in ``ci1``
+    runs of gcd(Cin, 16) (``ci1 x ci0``), never the last block's lanes past Cin (MobileNetV2's
+    24 -> 144 1x1, channels-last, N=32 on 28x28, Zen 3: 58 -> 69 GFLOP/s). Whole blocks keep
+    ``(blocks, 16)``. Exact."""
+    pad = kernel // 2
+    case = Case("fwd", 2, cin, 40, 1, (9, 9), (9, 9), (kernel, kernel), (1, 1), (pad, pad), (pad, pad), (1, 1), data_format=data_format,
+                weights_format="OIX" if data_format == "NCX" else "XIO", dtype="float32", effective_pads=(pad, pad), bias=False)  # fmt: skip
+    result = framework_call(case, *placeholders(case))
+    mads = stages_named(result, CONV_CC)
+    assert mads and all((int(mad.op.reduce_axis[0].dom.extent), int(mad.op.reduce_axis[-1].dom.extent)) == runs for mad in mads)  # (ci1, ci0)
+    built = build(result)
+    inputs = arrays(case, seed=6)
+    check(built(*inputs), expected(case, *inputs), built, case.name())
 
 
 def test_a_framework_forward_writes_its_output_inside_the_mads_tasks():
@@ -425,8 +444,9 @@ def test_short_rows_of_a_1x1_take_several_result_blocks_a_tile(monkeypatch, op, 
 def test_short_rows_run_in_pixel_tiles_across_the_rows(monkeypatch, op, data_format, dtype, post_ops):
     """A 7-column output on AVX2 (row tiles of 5 and an edge of 2) runs each image's 49 pixels as
     one axis in tiles of 5 that cross the rows (:meth:`~tvm_convgrad.schedule.cpu.cube.CubeInputGrad._flat_pixel_tiles`):
-    the forward (strided, its reduction in chunks of one input-channel block over all the
-    tiles, a partial block, bias and post-ops, its dst written inside the tasks) and the data
+    the forward (strided, its reduction in chunks of one input-channel block, or fp32's run of
+    real channels, over all the tiles, a partial block, bias and post-ops, its dst written inside
+    the tasks) and the data
     gradient of a 1x1 on a 7x7 map, exact."""
     from tvm_convgrad import isa_target
     from tvm_convgrad.isa import host_can_run
@@ -444,7 +464,8 @@ def test_short_rows_run_in_pixel_tiles_across_the_rows(monkeypatch, op, data_for
     case = Case(op, 3, 40, 24, 1, size, (7, 7), taps, strides, pads, pads, (1, 1), data_format=data_format,
                 weights_format="XIO" if data_format == "NXC" else "OIX", dtype=dtype, effective_pads=pads, **extra)  # fmt: skip
     kernel = build(framework_call(case, *placeholders(case)), target=target, schedules=None)
-    assert taken == (["flat", ("chunks", 3)] if op == "fwd" else ["flat"])  # (the forward: 40 input channels, three blocks)
+    runs = 5 if dtype == "float32" else 3  # (the forward's 40 input channels: five runs of 8 in fp32, real_channel_run; bf16 three blocks)
+    assert taken == (["flat", ("chunks", runs)] if op == "fwd" else ["flat"])
     if not host_can_run(target):
         pytest.skip("this host cannot run AVX2 code")
     inputs = arrays(case, seed=9)

@@ -51,7 +51,6 @@ phase's depth taps too (``co1 = md*dy_c1_extend + co1'``), and ``c_ddr`` ``(N*D,
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
 import tvm
@@ -60,7 +59,7 @@ from tvm import te, tirx
 from ... import layout
 from ...layout import C0
 from ...params import ConvGradParams
-from .common import ACC, first_holding, guarded, masked, planar_gemm
+from .common import ACC, first_holding, guarded, masked, planar_gemm, real_channel_run
 from .depthwise import depthwise, depthwise_input_phases
 from .dx_amx import amx_phases
 from .pairs import pair, pair_dot
@@ -83,27 +82,15 @@ image's whole dy again, a few words of each line (Zen 3, N=8, ResNet-50's 512 ->
 512 1x1 dX on 7x7 planes of 196 B: packed 1.56x and 1.38x faster, 1024 -> 256 on 14x14 (784 B)
 1.01-1.08x; on 28x28 and 56x56 in place stays 1.2-1.4x faster)."""
 
-REAL_CHANNEL_STEPS = True
-"""An fp32 cube dX whose Cout is not whole 16-channel blocks reduces over its real channels only
-(:func:`real_channel_step`): the last block's lanes past Cout are never read. Where dy is read in
-place (a channels-last 1x1) that block was a masked read a lane at a time with a branch a step, and
-a third of its FMAs multiplied zeros (Zen 3, N=32, channels-last, MobileNetV2's 144 -> 24 on 28x28
-71 -> 88 GFLOP/s, 96 -> 24 74 -> 94; N=8 144 -> 24 on 16x16 72 -> 97; 64 -> 8 on 28x28 41 -> 64)."""
-
 PIXEL_LANES_MAX_CIN = 8  # at most half the lanes of a channel block would be real channels
 
 
 def real_channel_step(params: ConvGradParams, dy_dtype: str, pairs: bool = False, fold: DepthFold | None = None) -> int:
-    """The run of dy channels a cube dX's ``co0`` steps over where it reduces over the real Cout
-    channels only (``co1 * step + co0``, ``step = gcd(Cout, 16)``: the largest run that never crosses
-    a 16-channel block, so each index stays one block and one lane), or 0 where the reduction is
-    over whole 16-channel blocks (``co1`` a block, ``co0`` its lane): Cout a multiple of 16, bf16
-    pairs, fp16 / bf16 dy (the tensor cores' 16-deep fragments), groups, 3-D (see
-    :data:`REAL_CHANNEL_STEPS`)."""
+    """The run of dy channels a cube dX's ``co0`` steps over where it sums the real Cout channels
+    only (``co1 * step + co0``, :func:`.common.real_channel_run`), or 0 where it sums whole blocks
+    (``co1`` a block, ``co0`` its lane): 2-D dX of one group only."""
     g = params.geom
-    if not REAL_CHANNEL_STEPS or pairs or fold is not None or dy_dtype != ACC or g.groups != 1 or g.cout % C0 == 0:
-        return 0
-    return math.gcd(g.cout, C0)
+    return real_channel_run(g.cout, dy_dtype, pairs) if fold is None and g.groups == 1 else 0
 
 
 def pixel_lanes_input_grad(params: ConvGradParams, planar: bool = False, dtype: str = ACC) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import tvm
 from tvm import te, tirx
 
@@ -10,6 +12,27 @@ from .stages import CONVERT_IN_PLACE
 
 ACC = "float32"
 """Accumulation dtype of the cube: fp16 x fp16 products are exact in fp32."""
+
+
+REAL_CHANNEL_RUNS = True
+"""An fp32 cube GEMM whose reduction channels (dX's Cout, the forward's Cin) are not whole 16-channel
+blocks sums its real channels only (:func:`real_channel_run`): the last block's lanes past them are
+never read. Where the operand is read in place (a channels-last 1x1) that block was a masked read a
+lane at a time with a branch a step, and its FMAs past the channels multiplied zeros (Zen 3, N=32,
+channels-last, MobileNetV2's 144 -> 24 1x1 dX on 28x28 71 -> 88 GFLOP/s, 96 -> 24 74 -> 94; N=8
+144 -> 24 on 16x16 72 -> 97; 64 -> 8 on 28x28 41 -> 64)."""
+
+
+def real_channel_run(channels: int, dtype: str, pairs: bool = False) -> int:
+    """How many channels a cube mad's lane axis (``co0`` / ``ci0``) steps over where it sums the real
+    ``channels`` only: ``gcd(channels, 16)``, the longest run that never crosses a 16-channel block
+    (channel ``run_index * run + lane``: block ``channel // 16``, lane ``channel % 16``); 0 where the
+    reduction stays whole blocks x 16 lanes: ``channels`` a multiple of 16, ``dtype`` not fp32 (the
+    tensor cores' 16-deep fp16 fragments), bf16 pairs (see :data:`REAL_CHANNEL_RUNS`). The caller
+    keeps it to one group and 2-D."""
+    if not REAL_CHANNEL_RUNS or pairs or dtype != ACC or channels % C0 == 0:
+        return 0
+    return math.gcd(channels, C0)
 
 
 def in_place(source: te.Tensor, when: bool = True) -> dict | None:

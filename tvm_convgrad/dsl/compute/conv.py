@@ -36,7 +36,8 @@ i*sw + kw*dw, ci0] * w_conv[co1, ci1, kh, kw, ci0, c0]``, ``e = co1 // cout1_g``
 ``[.., rh, .., yq, ..]`` (``PH = sh`` phases, 1 for a one-row kernel, which reads phase 0 only), so a
 tap reads consecutive rows of one phase, ``Hq = Ho + (KH-1)*dh // sh`` of them; columns likewise.
 One extended group of fewer than 16 input channels (a network's first layer) sums over its real
-channels only: the ``ci0`` axis has ``Cin`` steps.
+channels only: the ``ci0`` axis has ``Cin`` steps; an fp32 Cin of one group past 16 that is not whole
+blocks likewise, in ``ci1`` runs of ``gcd(Cin, 16)`` channels (:func:`.common.real_channel_run`).
 
 **Planar** (``planar``, a frontend's NCX tensors; fp32 1x1 at stride 1, :func:`planar_forward`):
 ``x_rows (N, Cin, H, W)`` (x's planes, read in place), ``w_t (Cin, Cout)`` and the mad ``conv_px
@@ -63,7 +64,7 @@ from tvm import te, tirx
 from ... import layout
 from ...layout import C0, ceil_div
 from ...params import ConvGradParams
-from .common import ACC, NEVER, channel_lanes, first_holding, guarded, inside, planar_gemm
+from .common import ACC, NEVER, channel_lanes, first_holding, guarded, inside, planar_gemm, real_channel_run
 from .depthwise import depthwise_channels, depthwise_forward
 from .depthwise_planar import depthwise_plane_sums, planar_depthwise
 from .pairs import pair, pair_dot
@@ -119,8 +120,9 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
     depth = g.depth
     kd_n = depth.kernel if depth else 1
     one_block = ext.g_extend == 1 and ext.cin1_g == 1 and g.cin < C0  # the real channels only
+    run = real_channel_run(g.cin, data.dtype, pairs) if g.groups == 1 and depth is None and not one_block else 0  # likewise, in runs
 
-    lanes = g.cin if one_block else C0
+    lanes = g.cin if one_block else run or C0
     rows = g.batch * (depth.out if depth else 1)
     kind = Formulation.CUBE_FWD_BF16 if pairs else Formulation.CUBE_FWD
     whole_h, whole_w = whole_axis(g.ho, g.kh), whole_axis(g.wo, g.kw)
@@ -135,7 +137,7 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
 
     def region_mad(ph: AxisPhase, pw: AxisPhase) -> te.Tensor:
         """The sums of the outputs ``ph x pw`` over their live taps ``(ph.tap0 + kh, pw.tap0 + kw)``."""
-        ci1 = te.reduce_axis((0, kd_n * ext.cin1_g), name="ci1")
+        ci1 = te.reduce_axis((0, g.cin // run if run else kd_n * ext.cin1_g), name="ci1")
         kh = te.reduce_axis((0, ph.taps), name="kh")
         kw = te.reduce_axis((0, pw.taps), name="kw")
         ci0 = te.reduce_axis((0, ceil_div(lanes, 2) if pairs else lanes), name="ci0")  # pairs: the pair q
@@ -143,13 +145,18 @@ def conv_compute(data: te.Tensor, weight: te.Tensor, params: ConvGradParams, bia
         def mad(row, co1, j, i, c0):
             e = co1 // ext.cout1_g
             tap_h, tap_w, y, x = ph.tap0 + kh, pw.tap0 + kw, ph.first + j, pw.first + i
-            if depth is None:
+            w_block, lane = ci1, ci0
+            if run:  # the real Cin channels only: channel ci1 * run + ci0 (2-D, one group)
+                channel = ci1 * run + ci0
+                w_block, lane = channel // C0, channel % C0
+                x_at = read_x((row,), w_block, tap_h, tap_w, y, x, lane)
+            elif depth is None:
                 x_at = read_x((row,), e * ext.cin1_g + ci1, tap_h, tap_w, y, x, ci0)
             else:
                 n, plane = row // depth.out, row % depth.out
                 tap, block = ci1 // ext.cin1_g, ci1 % ext.cin1_g
                 x_at = read_x((n, plane * depth.stride + tap * depth.dilation), e * ext.cin1_g + block, tap_h, tap_w, y, x, ci0)
-            w_at = w_conv[co1, ci1, tap_h - taps_h.start, tap_w - taps_w.start, ci0, c0]
+            w_at = w_conv[co1, w_block, tap_h - taps_h.start, tap_w - taps_w.start, lane, c0]
             return te.sum(pair_dot(w_at, x_at) if pairs else x_at * w_at, axis=[ci1, kh, kw, ci0])
 
         name = CONV_CC if len(grid) == 1 else phase_name(CONV_CC, ph.first, pw.first)
