@@ -117,7 +117,7 @@ FIXED = {
                                         weights_format="OIX", effective_pads=(2, 0)),  # fmt: skip
     # ... an fp32 NXC 1x1 without padding: no pack, the mad reads src (40 channels: a partial last block) in place
     "fwd-nxc-1x1-in-place": Case("fwd", 2, 40, 24, 1, (7, 9), (7, 9), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
-    # ... the dX of one, dy's 24 channels read in place in runs of 8 (real_channel_run: the last pixel's ends the tensor)
+    # ... the dX of one: dy's 24 channels read in place in runs of 8 (real_channel_run), its last pixel's ending the tensor
     "dx-nxc-1x1-in-place-runs": Case("data", 2, 40, 24, 1, (7, 9), (7, 9), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
     # ... a stem (3 channels: the reduction over the real channels only), 7x7 stride 2
     # ... with 1024 channels: each pixel's row 4 KB after the last, tiles of at most ALIASED_TILE_PIXELS pixels (an edge tile too)

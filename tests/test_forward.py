@@ -446,8 +446,7 @@ def test_short_rows_run_in_pixel_tiles_across_the_rows(monkeypatch, op, data_for
     one axis in tiles of 5 that cross the rows (:meth:`~tvm_convgrad.schedule.cpu.cube.CubeInputGrad._flat_pixel_tiles`):
     the forward (strided, its reduction in chunks of one input-channel block, or fp32's run of
     real channels, over all the tiles, a partial block, bias and post-ops, its dst written inside
-    the tasks) and the data
-    gradient of a 1x1 on a 7x7 map, exact."""
+    the tasks) and the data gradient of a 1x1 on a 7x7 map, exact."""
     from tvm_convgrad import isa_target
     from tvm_convgrad.isa import host_can_run
     from tvm_convgrad.schedule.cpu import cube
@@ -464,7 +463,7 @@ def test_short_rows_run_in_pixel_tiles_across_the_rows(monkeypatch, op, data_for
     case = Case(op, 3, 40, 24, 1, size, (7, 7), taps, strides, pads, pads, (1, 1), data_format=data_format,
                 weights_format="XIO" if data_format == "NXC" else "OIX", dtype=dtype, effective_pads=pads, **extra)  # fmt: skip
     kernel = build(framework_call(case, *placeholders(case)), target=target, schedules=None)
-    runs = 5 if dtype == "float32" else 3  # (the forward's 40 input channels: five runs of 8 in fp32, real_channel_run; bf16 three blocks)
+    runs = 5 if dtype == "float32" else 3  # (the forward's 40 input channels: fp32's five runs of 8, bf16's three blocks)
     assert taken == (["flat", ("chunks", runs)] if op == "fwd" else ["flat"])
     if not host_can_run(target):
         pytest.skip("this host cannot run AVX2 code")
