@@ -232,9 +232,10 @@ class CubeInputGrad(CpuMad):
         return True
 
     def _reduction_chunks(self, block, blocks: int, images: int, group_weight_bytes: int) -> int:
-        """In how many chunks of its ``blocks`` reduction channel blocks a flat task walks the
-        reduction, each chunk over all the task's tiles (their sums kept in memory between
-        chunks): 1, the whole reduction per tile in registers."""
+        """In how many chunks of its ``blocks`` reduction channel blocks (runs of channels where the
+        mad sums real channels only, :func:`~tvm_convgrad.dsl.compute.common.real_channel_run`) a
+        flat task walks the reduction, each chunk over all the task's tiles (their sums kept in
+        memory between chunks): 1, the whole reduction per tile in registers."""
         return 1
 
     def _images_first(self, block, weight_bytes: int, groups: int, images: int) -> bool:
