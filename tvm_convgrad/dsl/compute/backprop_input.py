@@ -29,7 +29,7 @@ with ``dx_cc[n, c1, j, i, c0] = sum_{co1, mh, mw, co0} dy_pad[n, e*dy_c1_extend 
 i + off_w(mw), co0] * w_col[c1, co1, kh(mh), kw(mw), co0, c0]``, ``e = c1 // dx_c1_extend``. An fp32
 dX of one group whose Cout is not whole blocks sums its real channels only: ``co1`` runs of ``step =
 gcd(Cout, 16)`` channels, channel ``co1*step + co0`` read at block ``channel // 16``, lane ``channel % 16``
-(:func:`real_channel_step`).
+(:func:`.common.real_channel_run`).
 
 **Depthwise** (``Cin/groups == 1``): one ``dx_dw`` mad per phase with channels on the lanes, see
 :mod:`.depthwise`.
@@ -67,7 +67,7 @@ from .phases import (AxisPhase, DepthFold, DyWindow, axis_phases, depth_fold, dy
                      phase_stage_name, region_grid)
 from .stages import C_DDR, DX_PX, DX_TAG, DY_PAD, DY_ROWS, FORMULATION, MAD_TAG, PHASE_AXES, READ_IN_PLACE, W_COL, W_T, Formulation
 
-__all__ = ["AxisPhase", "axis_phases", "conv2d_backprop_input_compute", "phase_stage_name", "pixel_lanes_input_grad", "real_channel_step"]
+__all__ = ["AxisPhase", "axis_phases", "conv2d_backprop_input_compute", "phase_stage_name", "pixel_lanes_input_grad"]
 
 DY_IN_PLACE = True
 """An fp32 2-D dX whose taps read no padding (a 1x1 at stride 1) reads dy where it lies, no
@@ -83,14 +83,6 @@ image's whole dy again, a few words of each line (Zen 3, N=8, ResNet-50's 512 ->
 1.01-1.08x; on 28x28 and 56x56 in place stays 1.2-1.4x faster)."""
 
 PIXEL_LANES_MAX_CIN = 8  # at most half the lanes of a channel block would be real channels
-
-
-def real_channel_step(params: ConvGradParams, dy_dtype: str, pairs: bool = False, fold: DepthFold | None = None) -> int:
-    """The run of dy channels a cube dX's ``co0`` steps over where it sums the real Cout channels
-    only (``co1 * step + co0``, :func:`.common.real_channel_run`), or 0 where it sums whole blocks
-    (``co1`` a block, ``co0`` its lane): 2-D dX of one group only."""
-    g = params.geom
-    return real_channel_run(g.cout, dy_dtype, pairs) if fold is None and g.groups == 1 else 0
 
 
 def pixel_lanes_input_grad(params: ConvGradParams, planar: bool = False, dtype: str = ACC) -> bool:
@@ -234,7 +226,7 @@ def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, grid
         dy_pad = dy if in_place else te.compute((dy_rows, c1_dy, *window.shape, C0), pad_value, name=DY_PAD, tag=DY_PAD)
         w_col = te.compute((g.c1_x, col_blocks, g.kh, g.kw, C0, C0), col_value, name=W_COL, tag=W_COL)
 
-    step = real_channel_step(params, dy.dtype, pairs, fold)
+    step = real_channel_run(g.cout, dy.dtype, pairs) if fold is None and g.groups == 1 else 0  # (2-D, one group)
 
     def phase_mad(ph: AxisPhase, pw: AxisPhase, pd: AxisPhase | None = None) -> te.Tensor:
         co1 = te.reduce_axis((0, g.cout // step if step else ext.cout1_g * (1 if pd is None else pd.taps)), name="co1")
@@ -247,7 +239,8 @@ def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, grid
             lane = co0
             if step:  # the real Cout channels only: channel co1 * step + co0 (2-D, one group)
                 channel = co1 * step + co0
-                row, block, w_block, lane = n, channel // C0, channel // C0, channel % C0
+                row, block, lane = n, channel // C0, channel % C0
+                w_block = block
             elif pd is None:
                 row, block, w_block = n, e * ext.cout1_g + co1, co1
             else:  # n: image x depth-phase plane; co1: depth tap x Cout block

@@ -19,7 +19,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from ...dsl.compute.stages import FMAP_PAD, W_COL, W_CONV
-from ...layout import C0
+from ...layout import C0, ceil_div
 from ..common import buffer_bytes, loop_extent, nbytes
 from .loops import CpuMad, reads_of, whole_tiles_and_edge
 from .prefetch import prefetch_stream, read_in_place
@@ -106,7 +106,7 @@ class CubeInputGrad(CpuMad):
         """Whether a tile may take several result blocks (:meth:`_blocks_per_tile`): a 1x1's mad
         (``reduction``: its ``[co1, mh, mw, co0]`` extents) over enough channel blocks, not tuned."""
         steps, *taps, lanes = reduction  # (co1 x co0: whole blocks x 16 lanes, or runs of a Cout not whole blocks)
-        return self.block_tiles and not self.tunable and taps == [1, 1] and -(-steps * lanes // C0) >= BLOCK_TILES_MIN_REDUCTION
+        return self.block_tiles and not self.tunable and taps == [1, 1] and ceil_div(steps * lanes, C0) >= BLOCK_TILES_MIN_REDUCTION
 
     def _band_tasks(self, block, n, outer: list, j_o, th: int, under: bool) -> tuple[list, list, list]:
         """``(the task's loops, the loops inside a task above its tiles, the packs made per
