@@ -178,6 +178,8 @@ def test_padding_modes_and_same_pads_follow_pytorch():
         (lambda x, w: conv2d(x, w, padding="full"), "padding"),
         (lambda x, w: conv2d(x, w, stride=2, padding="same"), "padding"),
         (lambda x, w: conv2d(x, w, groups=3), "groups"),
+        (lambda x, w: conv2d(x[:, :3], w), "input.shape[1]"),
+        (lambda x, w: conv2d(x, w[:, :3], groups=2), "input.shape[1]"),
         (lambda x, w: conv2d(x[None], w), "input.dim()"),
         (lambda x, w: conv2d(x, w[0]), "weight.dim()"),
     ],
@@ -206,6 +208,28 @@ def test_unbatched_input_is_one_image():
     layer(batched).sum().backward()
     torch.testing.assert_close(x.grad, batched.grad[0])
     torch.testing.assert_close(weight_grad, layer.weight.grad)
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels-last"])
+def test_an_empty_batch_gives_what_nn_conv2d_gives(channels_last):
+    """``N = 0`` (a detection head with no boxes, a rank's empty shard): an empty result, an empty dX,
+    dW and the bias's gradient zeros, as ``nn.Conv2d``'s, at every order (``padding="same"`` with an
+    even kernel: the pads uneven)."""
+    torch.manual_seed(0)
+    ours, stock = Conv2d(4, 6, 4, padding="same", dilation=2), torch.nn.Conv2d(4, 6, 4, padding="same", dilation=2)
+    stock.load_state_dict(ours.state_dict())
+    x = torch.rand(0, 4, 9, 7).to(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    results = []
+    for layer in (ours, stock):
+        xi = x.clone().requires_grad_()
+        y = layer(xi)
+        (dx, dw) = torch.autograd.grad(y.square().sum() + layer.bias.sum(), (xi, layer.weight), create_graph=True)
+        (ddw,) = torch.autograd.grad(dw.sum() + dx.sum(), layer.weight, allow_unused=True, materialize_grads=True)
+        results.append((y, dx, dw, ddw))
+    for got, want in zip(*results):
+        assert got.shape == want.shape and got.stride() == want.stride()
+        torch.testing.assert_close(got, want)
+    assert results[0][0].shape == (0, 6, 9, 7) and not results[0][2].any()
 
 
 def test_double_backward_runs_the_package_operators():

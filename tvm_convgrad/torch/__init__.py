@@ -115,9 +115,11 @@ def _arguments(channels: int, weight_shape: Sequence[int], stride: _IntPair, pad
     """``(stride, pads, dilation)`` of a call's arguments (``channels``: the input's), checked
     (``groups``, :func:`_pair`, :func:`pads_of`): worked out once per distinct arguments (a layer's
     are the same every step)."""
-    if not isinstance(groups, int) or groups < 1 or channels != weight_shape[1] * groups or weight_shape[0] % groups:
-        raise ConvGradError(OP, "groups", groups, f"must divide the output channels {weight_shape[0]} and give input channels "
-                            f"weight.shape[1] x groups = {channels}")  # fmt: skip
+    if not isinstance(groups, int) or groups < 1 or weight_shape[0] % groups:
+        raise ConvGradError(OP, "groups", groups, f"must be an int >= 1 that divides the output channels weight.shape[0] = {weight_shape[0]}")
+    if channels != weight_shape[1] * groups:
+        raise ConvGradError(OP, "input.shape[1]", channels, f"must be weight.shape[1] x groups = {weight_shape[1]} x {groups} "
+                            f"= {weight_shape[1] * groups} (the input's channels)")  # fmt: skip
     stride, dilation = _pair("stride", stride, 1), _pair("dilation", dilation, 1)
     return stride, pads_of(padding, tuple(weight_shape[2:]), stride, dilation), dilation
 

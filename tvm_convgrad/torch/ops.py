@@ -341,8 +341,11 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     convolution: every transform composes with it (an operator's autograd formula does not: torch
     2.13's ``register_autograd`` asks functorch for a ``setup_context`` it does not define, and the
     kernels take no batched tensors), and a TorchScript graph records it (a traced call's sizes are
-    tensors, and the graph could not call the kernels)."""
+    tensors, and the graph could not call the kernels); an empty batch (``N = 0``) is PyTorch's too:
+    there is nothing to compute, and its gradients are empty (dX) or zeros (dW, the bias)."""
     compiling = torch.compiler.is_compiling()
+    if input.shape[0] == 0:  # an empty batch, as ``nn.Conv2d`` takes it: its empty result and gradients are PyTorch's
+        return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
     if not compiling and (torch._C._are_functorch_transforms_active() or torch.jit.is_tracing()):
         return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
     if compiling or not _plain(input, weight, bias):  # (:func:`eager`'s test, its first two parts done above)
