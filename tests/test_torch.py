@@ -232,6 +232,19 @@ def test_an_empty_batch_gives_what_nn_conv2d_gives(channels_last):
     assert results[0][0].shape == (0, 6, 9, 7) and not results[0][2].any()
 
 
+def test_meta_tensors_give_what_nn_conv2d_gives():
+    """A module on the ``"meta"`` device (a model's shapes worked out without memory): its forward
+    and backward are PyTorch's, as for any device but the CPU the kernels are built for."""
+    ours, stock = Conv2d(4, 6, 3, stride=2, device="meta"), torch.nn.Conv2d(4, 6, 3, stride=2, device="meta")
+    grads = []
+    for layer in (ours, stock):
+        x = torch.empty(2, 4, 9, 7, device="meta", requires_grad=True)
+        y = layer(x)
+        y.sum().backward()
+        grads.append((y.shape, x.grad.shape, layer.weight.grad.shape, layer.bias.grad.device))
+    assert grads[0] == grads[1] == ((2, 6, 4, 3), (2, 4, 9, 7), (6, 4, 3, 3), torch.device("meta"))
+
+
 def test_double_backward_runs_the_package_operators():
     """``create_graph=True``: the gradients of the gradient operators are the three operators
     again (gradgradcheck, float64 run in float32: finite differences of a bilinear function, exact

@@ -341,10 +341,11 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     convolution: every transform composes with it (an operator's autograd formula does not: torch
     2.13's ``register_autograd`` asks functorch for a ``setup_context`` it does not define, and the
     kernels take no batched tensors), and a TorchScript graph records it (a traced call's sizes are
-    tensors, and the graph could not call the kernels); an empty batch (``N = 0``) is PyTorch's too:
-    there is nothing to compute, and its gradients are empty (dX) or zeros (dW, the bias)."""
+    tensors, and the graph could not call the kernels). PyTorch's too, as ``nn.Conv2d`` takes them: an
+    empty batch (``N = 0``: nothing to compute, its gradients empty or zeros) and tensors on another
+    device than the CPU the kernels are built for (``"meta"``, a GPU)."""
     compiling = torch.compiler.is_compiling()
-    if input.shape[0] == 0:  # an empty batch, as ``nn.Conv2d`` takes it: its empty result and gradients are PyTorch's
+    if input.shape[0] == 0 or not input.is_cpu:  # nothing to compute, or tensors the kernels cannot take: PyTorch's
         return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
     if not compiling and (torch._C._are_functorch_transforms_active() or torch.jit.is_tracing()):
         return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
