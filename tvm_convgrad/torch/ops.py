@@ -23,7 +23,9 @@ Types: float32, bfloat16 and float16 run in their type (sums in float32, rounded
 transformed operands rounded to bf16 too: :mod:`tvm_convgrad.dsl.compute.winograd`, and
 :data:`.kernels.ALGORITHM` ``"direct"`` before the first call keeps the cube); float64
 tensors (``torch.autograd.gradcheck``) are rounded to float32, run there and widened back.
-CPU tensors only: the kernels are built for this CPU.
+The kernels take CPU tensors only (they are built for this CPU): a call on another device (``"meta"``,
+a GPU) is PyTorch's convolution, as is an empty batch (:func:`conv2d`); the gradient operators called
+directly give meta tensors their shapes and raise a ``ConvGradError`` on another device.
 """
 
 import functools
