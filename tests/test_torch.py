@@ -223,7 +223,7 @@ def test_an_empty_batch_gives_what_nn_conv2d_gives(channels_last):
     for layer in (ours, stock):
         xi = x.clone().requires_grad_()
         y = layer(xi)
-        (dx, dw) = torch.autograd.grad(y.square().sum() + layer.bias.sum(), (xi, layer.weight), create_graph=True)
+        dx, dw = torch.autograd.grad(y.square().sum() + layer.bias.sum(), (xi, layer.weight), create_graph=True)
         (ddw,) = torch.autograd.grad(dw.sum() + dx.sum(), layer.weight, allow_unused=True, materialize_grads=True)
         results.append((y, dx, dw, ddw))
     for got, want in zip(*results):

@@ -347,9 +347,8 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     empty batch (``N = 0``: nothing to compute, its gradients empty or zeros) and tensors on another
     device than the CPU the kernels are built for (``"meta"``, a GPU)."""
     compiling = torch.compiler.is_compiling()
-    if input.shape[0] == 0 or not input.is_cpu:  # nothing to compute, or tensors the kernels cannot take: PyTorch's
-        return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
-    if not compiling and (torch._C._are_functorch_transforms_active() or torch.jit.is_tracing()):
+    nothing_for_the_kernels = input.shape[0] == 0 or not input.is_cpu
+    if nothing_for_the_kernels or (not compiling and (torch._C._are_functorch_transforms_active() or torch.jit.is_tracing())):
         return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
     if compiling or not _plain(input, weight, bias):  # (:func:`eager`'s test, its first two parts done above)
         return conv2d_op(input, weight, bias, list(stride), list(pads), list(dilation), groups)
