@@ -245,6 +245,20 @@ def test_meta_tensors_give_what_nn_conv2d_gives():
     assert grads[0] == grads[1] == ((2, 6, 4, 3), (2, 4, 9, 7), (6, 4, 3, 3), torch.device("meta"))
 
 
+@pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
+def test_torch_export_records_pytorchs_convolution(strict):
+    """An exported program is for other runtimes (ONNX, ExecuTorch, AOTInductor): a drop-in layer
+    exports as ``aten``'s convolution, not as the package's operator that only its Python can run."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Conv2d(4, 6, 3, padding="same"), torch.nn.ReLU(), Conv2d(6, 2, 1, stride=2))
+    x = torch.rand(2, 4, 9, 7)
+    exported = torch.export.export(model, (x,), strict=strict)
+    targets = {str(node.target) for node in exported.graph.nodes if node.op == "call_function"}
+    assert not any("tvm_convgrad" in target for target in targets), targets
+    assert any("conv" in target for target in targets), targets
+    torch.testing.assert_close(exported.module()(x), model(x))
+
+
 def test_double_backward_runs_the_package_operators():
     """``create_graph=True``: the gradients of the gradient operators are the three operators
     again (gradgradcheck, float64 run in float32: finite differences of a bilinear function, exact

@@ -344,10 +344,12 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     2.13's ``register_autograd`` asks functorch for a ``setup_context`` it does not define, and the
     kernels take no batched tensors), and a TorchScript graph records it (a traced call's sizes are
     tensors, and the graph could not call the kernels). PyTorch's too, as ``nn.Conv2d`` takes them: an
-    empty batch (``N = 0``: nothing to compute, its gradients empty or zeros) and tensors on another
-    device than the CPU the kernels are built for (``"meta"``, a GPU)."""
+    empty batch (``N = 0``: nothing to compute, its gradients empty or zeros), tensors on another
+    device than the CPU the kernels are built for (``"meta"``, a GPU), and a call ``torch.export``
+    traces (an exported program is for other runtimes, ONNX, ExecuTorch, AOTInductor: it records
+    ``aten``'s convolution, not the package's operator, which only this package's Python can run)."""
     compiling = torch.compiler.is_compiling()
-    nothing_for_the_kernels = input.shape[0] == 0 or not input.is_cpu
+    nothing_for_the_kernels = input.shape[0] == 0 or not input.is_cpu or torch.compiler.is_exporting()
     if nothing_for_the_kernels or (not compiling and (torch._C._are_functorch_transforms_active() or torch.jit.is_tracing())):
         return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
     if compiling or not _plain(input, weight, bias):  # (:func:`eager`'s test, its first two parts done above)
