@@ -180,6 +180,10 @@ def test_padding_modes_and_same_pads_follow_pytorch():
         (lambda x, w: conv2d(x, w, groups=3), "groups"),
         (lambda x, w: conv2d(x[:, :3], w), "input.shape[1]"),
         (lambda x, w: conv2d(x, w[:, :3], groups=2), "input.shape[1]"),
+        (lambda x, w: conv2d(x, w, stride=np.int64(0)), "stride"),
+        (lambda x, w: conv2d(x, w, stride=True), "stride"),
+        (lambda x, w: conv2d(x, w, dilation=(1, 1.0)), "dilation"),
+        (lambda x, w: conv2d(x, w, groups=np.int64(3)), "groups"),
         (lambda x, w: conv2d(x[None], w), "input.dim()"),
         (lambda x, w: conv2d(x, w[0]), "weight.dim()"),
     ],
@@ -189,6 +193,13 @@ def test_bad_arguments_are_conv_grad_errors(call, param):
     with pytest.raises(ConvGradError) as err:
         call(x, w)
     assert err.value.param == param
+
+
+def test_numpy_integers_are_taken_as_f_conv2d_takes_them():
+    """Arguments worked out with numpy (``np.int64``) are integers to ``F.conv2d`` (``__index__``)."""
+    x, w = torch.rand(2, 4, 9, 7), torch.rand(6, 2, 3, 3)
+    args = dict(stride=np.int64(2), padding=(np.int32(1), 0), dilation=(1, np.int64(2)), groups=np.int64(2))
+    torch.testing.assert_close(conv2d(x, w, **args), torch.nn.functional.conv2d(x, w, **args))
 
 
 def test_a_wrong_rank_names_both_ranks():

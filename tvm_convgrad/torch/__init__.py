@@ -26,6 +26,7 @@ when glibc returns PyTorch's (:mod:`.heap`; ``TVM_CONVGRAD_HEAP=glibc`` keeps gl
 from __future__ import annotations
 
 import functools
+import operator
 from typing import Optional, Sequence, Union
 
 import torch
@@ -54,9 +55,24 @@ __all__ = ["CACHED_CALLS", "Conv2d", "backward_choices", "conv2d", "convert_conv
 _IntPair = Union[int, Sequence[int]]
 
 
+def _integer(value) -> Optional[int]:
+    """``value`` as an int where ``F.conv2d`` takes it as one (a Python or numpy integer, through
+    ``__index__``; not a bool), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _pair(name: str, value: _IntPair, low: int) -> tuple[int, int]:
-    values = (value, value) if isinstance(value, int) else tuple(value)
-    if len(values) != 2 or not all(isinstance(v, int) and v >= low for v in values):
+    single = _integer(value)
+    try:
+        values = (single, single) if single is not None else tuple(_integer(v) for v in value)
+    except TypeError:  # neither an integer nor a sequence of them
+        values = ()
+    if len(values) != 2 or any(v is None or v < low for v in values):
         raise ConvGradError(OP, name, value, f"must be an int >= {low} or two of them (H, W)")
     return values
 
@@ -103,25 +119,26 @@ def conv2d(
         return conv2d(input.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0)
     try:  # (Dynamo traces the check itself: it warns of an lru_cache it would skip)
         check = _arguments.__wrapped__ if torch.compiler.is_compiling() else _arguments
-        stride, pads, dilation = check(input.shape[1], weight.shape, stride, padding, dilation, groups)
+        stride, pads, dilation, groups = check(input.shape[1], weight.shape, stride, padding, dilation, groups)
     except TypeError:  # a list among them (unhashable): checked without the cache
-        stride, pads, dilation = _arguments.__wrapped__(input.shape[1], weight.shape, stride, padding, dilation, groups)
+        stride, pads, dilation, groups = _arguments.__wrapped__(input.shape[1], weight.shape, stride, padding, dilation, groups)
     return ops.conv2d(input, weight, bias, stride, pads, dilation, groups)
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=256, typed=True)  # (typed: a bool is not taken for the int it equals)
 def _arguments(channels: int, weight_shape: Sequence[int], stride: _IntPair, padding: Union[str, _IntPair], dilation: _IntPair,
-               groups: int) -> tuple[tuple, tuple, tuple]:  # fmt: skip
-    """``(stride, pads, dilation)`` of a call's arguments (``channels``: the input's), checked
-    (``groups``, :func:`_pair`, :func:`pads_of`): worked out once per distinct arguments (a layer's
-    are the same every step)."""
-    if not isinstance(groups, int) or groups < 1 or weight_shape[0] % groups:
-        raise ConvGradError(OP, "groups", groups, f"must be an int >= 1 that divides the output channels weight.shape[0] = {weight_shape[0]}")
+               groups: int) -> tuple[tuple, tuple, tuple, int]:  # fmt: skip
+    """``(stride, pads, dilation, groups)`` of a call's arguments (``channels``: the input's),
+    checked (``groups``, :func:`_pair`, :func:`pads_of`) and made ints: worked out once per distinct
+    arguments (a layer's are the same every step)."""
+    given, groups = groups, _integer(groups)
+    if groups is None or groups < 1 or weight_shape[0] % groups:
+        raise ConvGradError(OP, "groups", given, f"must be an int >= 1 that divides the output channels weight.shape[0] = {weight_shape[0]}")
     if channels != weight_shape[1] * groups:
         raise ConvGradError(OP, "input.shape[1]", channels, f"must be weight.shape[1] x groups = {weight_shape[1]} x {groups} "
                             f"= {weight_shape[1] * groups} (the input's channels)")  # fmt: skip
     stride, dilation = _pair("stride", stride, 1), _pair("dilation", dilation, 1)
-    return stride, pads_of(padding, tuple(weight_shape[2:]), stride, dilation), dilation
+    return stride, pads_of(padding, tuple(weight_shape[2:]), stride, dilation), dilation, groups
 
 
 class Conv2d(nn.Conv2d):
