@@ -195,11 +195,14 @@ def test_bad_arguments_are_conv_grad_errors(call, param):
     assert err.value.param == param
 
 
-def test_numpy_integers_are_taken_as_f_conv2d_takes_them():
-    """Arguments worked out with numpy (``np.int64``) are integers to ``F.conv2d`` (``__index__``)."""
+def test_numpy_integers_and_one_value_sequences_are_taken_as_f_conv2d_takes_them():
+    """Arguments worked out with numpy (``np.int64``) are integers to ``F.conv2d`` (``__index__``),
+    and a sequence of one value is that value for both axes."""
     x, w = torch.rand(2, 4, 9, 7), torch.rand(6, 2, 3, 3)
     args = dict(stride=np.int64(2), padding=(np.int32(1), 0), dilation=(1, np.int64(2)), groups=np.int64(2))
     torch.testing.assert_close(conv2d(x, w, **args), torch.nn.functional.conv2d(x, w, **args))
+    args = dict(stride=(2,), padding=[1], dilation=[np.int64(2)])  # one value for both axes
+    torch.testing.assert_close(conv2d(x[:, :2], w, **args), torch.nn.functional.conv2d(x[:, :2], w, **args))
 
 
 def test_a_wrong_rank_names_both_ranks():

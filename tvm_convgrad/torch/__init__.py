@@ -72,6 +72,7 @@ def _pair(name: str, value: _IntPair, low: int) -> tuple[int, int]:
         values = (single, single) if single is not None else tuple(_integer(v) for v in value)
     except TypeError:  # neither an integer nor a sequence of them
         values = ()
+    values = values * 2 if len(values) == 1 else values  # (one for both axes, as F.conv2d reads ``(2,)``)
     if len(values) != 2 or any(v is None or v < low for v in values):
         raise ConvGradError(OP, name, value, f"must be an int >= {low} or two of them (H, W)")
     return values
