@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(torch is None, reason="PyTorch is not installed 
 
 if torch is not None:
     from tvm_convgrad import ConvGradError
-    from tvm_convgrad.torch import Conv2d, conv2d, conv_call, convert_conv2d, forward_choices, input_grad_kernel, pads_of, set_forward, weight_grad_kernel
+    from tvm_convgrad.torch import Conv2d, conv2d, conv2d_weight_grad, conv_call, convert_conv2d, forward_choices, input_grad_kernel, pads_of, set_forward, weight_grad_kernel
     from tvm_convgrad.torch import forward as forward_module
     from tvm_convgrad.torch.kernels import call_plan, forward_kernel
     from tvm_convgrad.tools.verify import error_bound
@@ -184,6 +184,8 @@ def test_padding_modes_and_same_pads_follow_pytorch():
         (lambda x, w: conv2d(x, w, stride=True), "stride"),
         (lambda x, w: conv2d(x, w, dilation=(1, 1.0)), "dilation"),
         (lambda x, w: conv2d(x, w, groups=np.int64(3)), "groups"),
+        (lambda x, w: conv2d(x, w, torch.rand(3)), "bias.shape"),
+        (lambda x, w: conv2d(x, w, torch.rand(4, 1)), "bias.shape"),
         (lambda x, w: conv2d(x[None], w), "input.dim()"),
         (lambda x, w: conv2d(x, w[0]), "weight.dim()"),
     ],
@@ -500,11 +502,32 @@ def test_a_channels_last_weight_is_used_and_its_gradient_written_in_place(forwar
         torch.testing.assert_close(ours, contiguous, rtol=1e-6, atol=1e-5)
 
 
-def test_an_unsupported_type_fails_in_the_backward_with_a_clear_error():
+def test_a_type_the_kernels_do_not_take_is_pytorchs_convolution():
+    """complex64 (``F.conv2d`` takes it; the kernels do not): PyTorch's convolution and gradients.
+    The gradient operators called directly name the type they cannot take."""
+    torch.manual_seed(0)
     x = torch.rand(1, 4, 6, 6, dtype=torch.complex64, requires_grad=True)
-    w = torch.rand(4, 4, 3, 3, dtype=torch.complex64)
+    w = torch.rand(4, 4, 3, 3, dtype=torch.complex64, requires_grad=True)
+    y = conv2d(x, w, stride=2, padding=1)
+    y.abs().sum().backward()
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    y2 = torch.nn.functional.conv2d(x2, w2, stride=2, padding=1)
+    y2.abs().sum().backward()
+    for got, want in ((y, y2), (x.grad, x2.grad), (w.grad, w2.grad)):
+        torch.testing.assert_close(got, want)
     with pytest.raises(ConvGradError, match="input.dtype"):
-        conv2d(x, w).abs().sum().backward()
+        conv2d_weight_grad(y.detach(), x.detach(), list(w.shape), [2, 2], [1, 1, 1, 1], [1, 1], 1, False)
+
+
+def test_empty_images_and_channels_are_pytorchs():
+    """No input channels (``F.conv2d``'s result is the bias) and an image of no rows (PyTorch's own
+    error, not an allocation of a negative size)."""
+    x, w, b = torch.rand(2, 0, 9, 7, requires_grad=True), torch.rand(6, 0, 3, 3, requires_grad=True), torch.rand(6)
+    torch.testing.assert_close(conv2d(x, w, b), torch.nn.functional.conv2d(x, w, b))
+    conv2d(x, w, b).sum().backward()
+    assert x.grad.shape == x.shape and w.grad.shape == w.shape
+    with pytest.raises(RuntimeError, match="input size"):
+        conv2d(torch.rand(2, 4, 0, 9), torch.rand(6, 4, 3, 3))
 
 
 def test_a_64_channel_3x3_layer_runs_winograd_for_its_three_gemms():

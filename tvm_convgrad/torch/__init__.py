@@ -116,6 +116,8 @@ def conv2d(
         raise ConvGradError(OP, "input.dim()" if weight.dim() == 4 else "weight.dim()", (input.dim(), weight.dim()),
                             f"input must be 3-D (C, H, W) or 4-D (N, C, H, W) and weight 4-D (O, C/groups, KH, KW); "
                             f"got input.dim() = {input.dim()}, weight.dim() = {weight.dim()}")  # fmt: skip
+    if bias is not None and bias.shape != weight.shape[:1]:
+        raise ConvGradError(OP, "bias.shape", tuple(bias.shape), f"must be (weight.shape[0],) = ({weight.shape[0]},)")
     if input.dim() == 3:
         return conv2d(input.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0)
     try:  # (Dynamo traces the check itself: it warns of an lru_cache it would skip)

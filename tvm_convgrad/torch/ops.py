@@ -24,8 +24,9 @@ transformed operands rounded to bf16 too: :mod:`tvm_convgrad.dsl.compute.winogra
 :data:`.kernels.ALGORITHM` ``"direct"`` before the first call keeps the cube); float64
 tensors (``torch.autograd.gradcheck``) are rounded to float32, run there and widened back.
 The kernels take CPU tensors only (they are built for this CPU): a call on another device (``"meta"``,
-a GPU) is PyTorch's convolution, as is an empty batch (:func:`conv2d`); the gradient operators called
-directly give meta tensors their shapes and raise a ``ConvGradError`` on another device.
+a GPU) is PyTorch's convolution, as is one of another type or of an empty tensor (:func:`conv2d`); the
+gradient operators called directly give meta tensors their shapes and raise a ``ConvGradError`` on
+another device or type.
 """
 
 import functools
@@ -344,12 +345,14 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     2.13's ``register_autograd`` asks functorch for a ``setup_context`` it does not define, and the
     kernels take no batched tensors), and a TorchScript graph records it (a traced call's sizes are
     tensors, and the graph could not call the kernels). PyTorch's too, as ``nn.Conv2d`` takes them: an
-    empty batch (``N = 0``: nothing to compute, its gradients empty or zeros), tensors on another
+    empty tensor (a batch of ``N = 0``: nothing to compute, its gradients empty or zeros; an empty
+    image: PyTorch's error), a type the kernels do not take (complex, integers), tensors on another
     device than the CPU the kernels are built for (``"meta"``, a GPU), and a call ``torch.export``
     traces (an exported program is for other runtimes, ONNX, ExecuTorch, AOTInductor: it records
     ``aten``'s convolution, not the package's operator, which only this package's Python can run)."""
     compiling = torch.compiler.is_compiling()
-    nothing_for_the_kernels = input.shape[0] == 0 or not input.is_cpu or torch.compiler.is_exporting()
+    nothing_for_the_kernels = (input.numel() == 0 or weight.numel() == 0 or not input.is_cpu or input.dtype not in PLANNED
+                               or torch.compiler.is_exporting())  # fmt: skip
     if nothing_for_the_kernels or (not compiling and (torch._C._are_functorch_transforms_active() or torch.jit.is_tracing())):
         return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
     if compiling or not _plain(input, weight, bias):  # (:func:`eager`'s test, its first two parts done above)
