@@ -275,6 +275,38 @@ def test_torch_export_records_pytorchs_convolution(strict):
     torch.testing.assert_close(exported.module()(x), model(x))
 
 
+@pytest.mark.parametrize("forward", ["ours", "pytorch"])
+@pytest.mark.parametrize(
+    "channels, shape, input_cl, weight_cl",
+    [(1, (2, 1, 9, 9), True, False), (8, (2, 8, 1, 1), True, False), (8, (2, 8, 9, 9), False, True), (8, (2, 8, 9, 9), True, False)],
+    ids=["one-channel-cl", "1x1-planes-cl", "cl-weight-only", "cl"],
+)
+def test_results_take_the_layout_f_conv2d_gives(channels, shape, input_cl, weight_cl, forward):
+    """The result and dX lie as ``nn.Conv2d``'s do, where the layout is PyTorch's tie-break: a
+    one-channel input made channels-last is channels-last (it is dense in both orders), and a
+    channels-last weight makes the result channels-last whatever the input's layout."""
+    torch.manual_seed(0)
+    stock = torch.nn.Conv2d(channels, 8, 3 if shape[2] > 1 else 1)
+    ours = Conv2d(channels, 8, stock.kernel_size)
+    ours.load_state_dict(stock.state_dict())
+    for layer in (stock, ours):
+        layer.to(memory_format=torch.channels_last if weight_cl else torch.contiguous_format)
+    x = torch.rand(shape).to(memory_format=torch.channels_last if input_cl else torch.contiguous_format)
+    set_forward(forward)
+    try:
+        results = []
+        for layer in (stock, ours):
+            xi = x.clone().requires_grad_()
+            y = layer(xi)
+            y.backward(torch.ones_like(y))
+            results.append((y, xi.grad))
+    finally:
+        set_forward("auto")
+    for got, want in zip(results[1], results[0]):
+        assert got.stride() == want.stride()
+        torch.testing.assert_close(got, want)
+
+
 def test_double_backward_runs_the_package_operators():
     """``create_graph=True``: the gradients of the gradient operators are the three operators
     again (gradgradcheck, float64 run in float32: finite differences of a bilinear function, exact

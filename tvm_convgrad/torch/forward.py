@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 from . import blas, outputs
-from .kernels import DTYPES, CallPlan, as_layout, as_weights, forward_kernel, tensors_plan
+from .kernels import DTYPES, CallPlan, as_layout, as_weights, forward_kernel, is_channels_last, tensors_plan
 
 __all__ = ["MARGIN", "MODES", "ROUNDS", "elapsed_ms", "forward", "forward_choices", "get_forward", "ours", "pytorch", "pytorchs", "set_forward", "wins"]
 
@@ -129,7 +129,9 @@ def forward(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     """The convolution, by PyTorch or the package as the mode says (see the module docstring);
     ``plan``: the call's, where the caller has it."""
     if _mode == "pytorch" or input.dtype not in DTYPES or not input.is_cpu or weight.dtype != input.dtype \
-            or (bias is not None and bias.dtype != input.dtype):  # fmt: skip
+            or (bias is not None and bias.dtype != input.dtype) or (is_channels_last(weight) and not channels_last):  # fmt: skip
+        # (a channels-last weight beside an input that is not: PyTorch's result is channels-last,
+        # its rule for either operand, and the package's kernel writes the input's layout)
         return pytorch(input, weight, bias, stride, pads, dilation, groups)
     call = (plan or tensors_plan(input, weight, stride, pads, dilation, groups, channels_last)).call
     if _mode == "ours":

@@ -71,9 +71,26 @@ def memory_format(channels_last: bool) -> torch.memory_format:
 
 
 def is_channels_last(t: torch.Tensor) -> bool:
-    """Whether a 4-D tensor lies channels-last and not also contiguous (a tensor with one channel
-    or 1 x 1 planes is both: it counts as contiguous)."""
-    return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+    """Whether a 4-D tensor lies channels-last: dense in that order, and where it is also dense
+    in NCHW order (one channel, or 1 x 1 planes), PyTorch's own tie-break on the strides
+    (:func:`_strides_like_channels_last`), so that a result takes the layout ``F.conv2d``'s would."""
+    if t.dim() != 4 or not t.is_contiguous(memory_format=torch.channels_last):
+        return False
+    return not t.is_contiguous() or _strides_like_channels_last(t.shape, t.stride())
+
+
+def _strides_like_channels_last(sizes, strides) -> bool:
+    """c10's ``is_channels_last_strides_2d`` (what ``suggest_memory_format`` reads): the strides
+    rise along C, W, H, N, a size-1 dimension's stride counting; ambiguous ties are NCHW. A tensor
+    of one channel made channels-last has strides ``(HW, 1, W, 1)``, an NCHW one ``(HW, HW, W, 1)``."""
+    if strides[1] == 0:
+        return False
+    low = 0
+    for d in (1, 3, 2, 0):
+        if sizes[d] == 0 or strides[d] < low or (d == 0 and low == strides[1]):
+            return False
+        low = strides[d] * sizes[d] if sizes[d] > 1 else strides[d]
+    return True
 
 
 def _in_memory_order(tensor: torch.Tensor, channels_last: bool) -> torch.Tensor:
