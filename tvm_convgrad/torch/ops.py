@@ -351,9 +351,9 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     traces (an exported program is for other runtimes, ONNX, ExecuTorch, AOTInductor: it records
     ``aten``'s convolution, not the package's operator, which only this package's Python can run)."""
     compiling = torch.compiler.is_compiling()
-    nothing_for_the_kernels = (input.numel() == 0 or weight.numel() == 0 or not input.is_cpu or input.dtype not in PLANNED
+    not_for_the_kernels = (input.numel() == 0 or weight.numel() == 0 or not input.is_cpu or input.dtype not in PLANNED
                                or torch.compiler.is_exporting())  # fmt: skip
-    if nothing_for_the_kernels or (not compiling and (torch._C._are_functorch_transforms_active() or torch.jit.is_tracing())):
+    if not_for_the_kernels or (not compiling and (torch._C._are_functorch_transforms_active() or torch.jit.is_tracing())):
         return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
     if compiling or not _plain(input, weight, bias):  # (:func:`eager`'s test, its first two parts done above)
         return conv2d_op(input, weight, bias, list(stride), list(pads), list(dilation), groups)
