@@ -361,8 +361,8 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         input, weight, bias, wide = _autocast_inputs(input, weight, bias, keep_f32_weight=True)
         with torch.autocast("cpu", enabled=False):
             return _apply(input, weight, bias, stride, pads, dilation, groups, wide)
-    plan = tensors_plan(input, weight, stride, pads, dilation, groups, is_channels_last(input)) if input.dtype in PLANNED else None
-    if plan is not None and _pytorchs_throughout(plan.call, input, weight, bias):
+    plan = tensors_plan(input, weight, stride, pads, dilation, groups, is_channels_last(input))  # (a PLANNED type: see above)
+    if _pytorchs_throughout(plan.call, input, weight, bias):
         return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
     return _apply(input, weight, bias, stride, pads, dilation, groups, False, plan)
 
