@@ -384,7 +384,11 @@ def test_torchscript_traces_and_scripts_the_drop_in():
     ours = convert_conv2d(copy.deepcopy(stock))
     x = torch.rand(2, 3, 8, 8)
     expected = stock(x)
-    for module in (torch.jit.trace(ours, x), torch.jit.script(ours)):
+    with warnings.catch_warnings(record=True) as caught:  # a TracerWarning per size compared, before (5 a call)
+        warnings.simplefilter("always")
+        traced = torch.jit.trace(ours, x)
+    assert not [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+    for module in (traced, torch.jit.script(ours)):
         assert torch.equal(module(x), expected)
         saved = io.BytesIO()
         torch.jit.save(module, saved)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import warnings
 from typing import Optional, Sequence, Union
 
 import torch
@@ -111,7 +112,18 @@ def conv2d(
     package's where :func:`set_forward`'s mode chooses it); every order
     of gradient (``create_graph=True``) is the package's, and ``torch.autocast("cpu")`` casts the
     tensors as it casts ``F.conv2d``'s. A call whose forward and gradients the modes all give to
-    PyTorch (``"auto"``: once timed) is ``F.conv2d``'s own, every order of its gradient PyTorch's."""
+    PyTorch (``"auto"``: once timed) is ``F.conv2d``'s own, every order of its gradient PyTorch's.
+    Under ``torch.jit.trace`` the graph records PyTorch's convolution (see :func:`.ops.conv2d`)."""
+    if torch.jit.is_tracing():  # sizes are the trace's tensors: the checks read them as the constants they are
+        with warnings.catch_warnings():  # (nn.Conv2d's trace warns of none of them)
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            return _conv2d(input, weight, bias, stride, padding, dilation, groups)
+    return _conv2d(input, weight, bias, stride, padding, dilation, groups)
+
+
+def _conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: _IntPair, padding: Union[str, _IntPair],
+            dilation: _IntPair, groups: int) -> torch.Tensor:  # fmt: skip
+    """:func:`conv2d`: its arguments checked, then :func:`.ops.conv2d`."""
     if weight.dim() != 4 or input.dim() not in (3, 4):
         raise ConvGradError(OP, "input.dim()" if weight.dim() == 4 else "weight.dim()", (input.dim(), weight.dim()),
                             f"input must be 3-D (C, H, W) or 4-D (N, C, H, W) and weight 4-D (O, C/groups, KH, KW); "
@@ -119,7 +131,7 @@ def conv2d(
     if bias is not None and bias.shape != weight.shape[:1]:
         raise ConvGradError(OP, "bias.shape", tuple(bias.shape), f"must be (weight.shape[0],) = ({weight.shape[0]},)")
     if input.dim() == 3:
-        return conv2d(input.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0)
+        return _conv2d(input.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0)
     try:  # (Dynamo traces the check itself: it warns of an lru_cache it would skip)
         check = _arguments.__wrapped__ if torch.compiler.is_compiling() else _arguments
         stride, pads, dilation, groups = check(input.shape[1], weight.shape, stride, padding, dilation, groups)
