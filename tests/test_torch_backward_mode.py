@@ -264,3 +264,33 @@ def test_auto_credits_pytorchs_both_gemms_where_the_call_would_be_f_conv2d(forwa
     layer(x).backward(g)
     assert {gemm for (_, gemm), package in backward_choices().items() if not package} == given_up
     assert _node(layer(x)) == ("ConvolutionBackward0" if given_up == BOTH else "Conv2dFunctionBackward")
+
+
+def test_deterministic_algorithms_make_auto_untimed(both_modes, monkeypatch):
+    """Under ``torch.use_deterministic_algorithms(True)`` ``"auto"`` times nothing: a timed choice
+    could differ between two runs of a program, and with it the bits. The forward is ``F.conv2d``'s
+    and the gradients the package's kernels, bit for bit what ``"pytorch"`` / ``"ours"`` give,
+    whatever a timing would say (here: the package's forward, PyTorch's two GEMMs); the timed
+    choices are made once it is off."""
+    from tvm_convgrad.torch import forward as forward_module
+    from tvm_convgrad.torch import forward_choices
+
+    layer, x, g = _layer_and_tensors()
+    both_modes("auto", "auto")  # (no choice made yet)
+    monkeypatch.setattr(forward_module, "wins", lambda candidate, incumbent: True)
+    monkeypatch.setattr(backward_module, "_timings", lambda runs: {way: 10.0 - len(way) for way in runs})
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        y = layer(x)
+        assert _node(y) == "Conv2dFunctionBackward"
+        grads = _grads(layer, x, g)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert not backward_choices() and not forward_choices()
+    both_modes("pytorch", "ours")
+    assert torch.equal(y, layer(x))
+    assert all(torch.equal(a, b) for a, b in zip(grads, _grads(layer, x, g)))
+    both_modes("auto", "auto")
+    _grads(layer, x, g)
+    assert set(forward_choices().values()) == {True} and set(backward_choices().values()) == {False}

@@ -15,6 +15,11 @@ The mode (:func:`set_backward`, or the environment variable ``TVM_CONVGRAD_BACKW
 * ``"ours"``: the package's kernels for every call; ``"pytorch"``: PyTorch's wherever it can take
   the call.
 
+While ``torch.use_deterministic_algorithms(True)`` is in force, ``"auto"`` times nothing and runs the
+package's kernels (its choice where nothing is faster): a choice made on a timing could differ
+between two runs of a program, and with it the bits of every gradient after it (PyTorch's and the
+package's GEMMs sum in different orders). The choices made before are kept for when it is off again.
+
 Only the first-order eager backward chooses (:func:`.ops._backward`); gradients of gradients
 (``create_graph=True``) and traced calls run the package's operators, except where an eager
 call's forward and every gradient it needs are PyTorch's (:func:`pytorchs`, :func:`.forward.pytorchs`):
@@ -92,6 +97,12 @@ def backward_choices() -> dict[tuple[Conv2dGradients, str], bool]:
     return dict(_choices)
 
 
+def _deterministic() -> bool:
+    """Whether ``"auto"`` is in force under ``torch.use_deterministic_algorithms(True)``: it then
+    runs the package's kernels, untimed (see the module docstring)."""
+    return _mode == "auto" and torch.are_deterministic_algorithms_enabled()
+
+
 def _evenly_padded(pads) -> bool:
     """Whether ``pads = (top, bottom, left, right)`` pad each axis alike on both sides, as
     PyTorch's ``convolution_backward`` takes them."""
@@ -111,7 +122,7 @@ def pytorchs(call: Conv2dGradients, needs: tuple[bool, bool]) -> bool:
         return True
     key = (call, needs)
     given_up = _given_up.get(key)
-    return _mode == "auto" and given_up is not None and len(given_up) == sum(needs) and key not in _blas
+    return _mode == "auto" and not _deterministic() and given_up is not None and len(given_up) == sum(needs) and key not in _blas
 
 
 def ours_throughout(call: Conv2dGradients, needs: tuple[bool, bool]) -> bool:
@@ -122,7 +133,7 @@ def ours_throughout(call: Conv2dGradients, needs: tuple[bool, bool]) -> bool:
     the interpreter's code and data come back from memory after each kernel, those two took 24 of the
     38 us of glue around a call's kernels (perf_counter checkpoints); the steps' medians moved 0.3-0.6%
     (MobileNetV2 channels-last f32 at 8 x 64x64, 50 calls a step, Zen 4, 2026-12-03)."""
-    if _mode == "ours":
+    if _mode == "ours" or _deterministic():
         return True
     given_up = _given_up.get((call, needs)) if _mode == "auto" else None
     return given_up is not None and not given_up
@@ -203,7 +214,7 @@ def gradients(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx: Callable
     ``theirs_blas()``, a 1x1's, :mod:`.blas`: only where they are timed or chosen) where those win
     against ``theirs`` (:func:`.forward.wins`). ``credit_ms``: :func:`_choose`'s, for PyTorch's
     convolution (not its BLAS way)."""
-    if theirs is None:
+    if theirs is None or _deterministic():
         return _run(frozenset(), needs, ours_dx, ours_dw, theirs)
     key = (call, needs)
     given_up = _given_up.get(key)

@@ -11,6 +11,10 @@ The mode (:func:`set_forward`, or the environment variable ``TVM_CONVGRAD_FORWAR
   the same way (:mod:`.blas`).
 * ``"ours"``: the package's kernel for every call it takes; ``"pytorch"``: PyTorch's for every call.
 
+While ``torch.use_deterministic_algorithms(True)`` is in force, ``"auto"`` times nothing and runs
+``F.conv2d`` (its choice where the package's is not faster): a choice made on a timing could differ
+between two runs of a program, and with it the result's bits (see :mod:`.backward`).
+
 float64 calls (``gradcheck``) always run PyTorch's forward (the package's sums in float32), and so
 do calls whose tensors differ in type or are not on the CPU (PyTorch's error, or its device).
 """
@@ -68,11 +72,14 @@ def forward_choices() -> dict[tuple[Conv2dGradients, bool], bool]:
 
 def pytorchs(call: Conv2dGradients, bias: bool) -> bool:
     """Whether the calls of ``call``'s signature (``bias``: with one) run ``F.conv2d`` as the mode
-    says: ``"pytorch"``, or ``"auto"`` having chosen it over the package's forward and the BLAS way."""
+    says: ``"pytorch"``, or ``"auto"`` having chosen it over the package's forward and the BLAS way
+    (or deterministic, see the module docstring)."""
     if _mode == "pytorch":
         return True
+    if _mode != "auto":
+        return False
     key = (call, bias)
-    return _mode == "auto" and _choices.get(key) is False and key not in _blas
+    return torch.are_deterministic_algorithms_enabled() or (_choices.get(key) is False and key not in _blas)
 
 
 def pytorch(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, pads, dilation, groups: int) -> torch.Tensor:
@@ -136,6 +143,8 @@ def forward(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     call = (plan or tensors_plan(input, weight, stride, pads, dilation, groups, channels_last)).call
     if _mode == "ours":
         return ours(call, input, weight, bias)
+    if torch.are_deterministic_algorithms_enabled():  # "auto", untimed (see the module docstring)
+        return pytorch(input, weight, bias, stride, pads, dilation, groups)
     key = (call, bias is not None)
     if key not in _choices:
         _choices[key] = _choose(key, call, input, weight, bias, stride, pads, dilation, groups, channels_last)
