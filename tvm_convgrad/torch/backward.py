@@ -97,10 +97,10 @@ def backward_choices() -> dict[tuple[Conv2dGradients, str], bool]:
     return dict(_choices)
 
 
-def _deterministic() -> bool:
-    """Whether ``"auto"`` is in force under ``torch.use_deterministic_algorithms(True)``: it then
-    runs the package's kernels, untimed (see the module docstring)."""
-    return _mode == "auto" and torch.are_deterministic_algorithms_enabled()
+def _mode_in_force() -> str:
+    """The mode the calls run by: the set one, but ``"auto"`` under
+    ``torch.use_deterministic_algorithms(True)`` is ``"ours"``, untimed (see the module docstring)."""
+    return "ours" if _mode == "auto" and torch.are_deterministic_algorithms_enabled() else _mode
 
 
 def _evenly_padded(pads) -> bool:
@@ -118,11 +118,12 @@ def pytorchs(call: Conv2dGradients, needs: tuple[bool, bool]) -> bool:
         return True
     if not _evenly_padded(call.pads):
         return False
-    if _mode == "pytorch":
+    mode = _mode_in_force()
+    if mode == "pytorch":
         return True
     key = (call, needs)
     given_up = _given_up.get(key)
-    return _mode == "auto" and not _deterministic() and given_up is not None and len(given_up) == sum(needs) and key not in _blas
+    return mode == "auto" and given_up is not None and len(given_up) == sum(needs) and key not in _blas
 
 
 def ours_throughout(call: Conv2dGradients, needs: tuple[bool, bool]) -> bool:
@@ -133,9 +134,10 @@ def ours_throughout(call: Conv2dGradients, needs: tuple[bool, bool]) -> bool:
     the interpreter's code and data come back from memory after each kernel, those two took 24 of the
     38 us of glue around a call's kernels (perf_counter checkpoints); the steps' medians moved 0.3-0.6%
     (MobileNetV2 channels-last f32 at 8 x 64x64, 50 calls a step, Zen 4, 2026-12-03)."""
-    if _mode == "ours" or _deterministic():
+    mode = _mode_in_force()
+    if mode == "ours":
         return True
-    given_up = _given_up.get((call, needs)) if _mode == "auto" else None
+    given_up = _given_up.get((call, needs)) if mode == "auto" else None
     return given_up is not None and not given_up
 
 
@@ -214,12 +216,13 @@ def gradients(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx: Callable
     ``theirs_blas()``, a 1x1's, :mod:`.blas`: only where they are timed or chosen) where those win
     against ``theirs`` (:func:`.forward.wins`). ``credit_ms``: :func:`_choose`'s, for PyTorch's
     convolution (not its BLAS way)."""
-    if theirs is None or _deterministic():
+    mode = _mode_in_force()
+    if theirs is None or mode == "ours":
         return _run(frozenset(), needs, ours_dx, ours_dw, theirs)
     key = (call, needs)
     given_up = _given_up.get(key)
     if given_up is None:
-        blas_way = theirs_blas() if theirs_blas is not None and _mode == "auto" else None
+        blas_way = theirs_blas() if theirs_blas is not None and mode == "auto" else None
         if blas_way is not None and wins(functools.partial(blas_way, *needs), functools.partial(theirs, *needs)):
             _blas.add(key)
     if key in _blas:
@@ -230,10 +233,8 @@ def gradients(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx: Callable
 
 
 def _ways(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx, ours_dw, theirs, credit_ms: float = 0.0) -> frozenset:
-    """The GEMMs of ``call`` that run PyTorch's in the current mode (``"auto"``: chosen by timing
-    the first time a GEMM is met, see :func:`_choose`)."""
-    if _mode == "ours":
-        return frozenset()
+    """The GEMMs of ``call`` that run PyTorch's in the mode, ``"pytorch"`` or ``"auto"`` (chosen by
+    timing the first time a GEMM is met, see :func:`_choose`; :func:`gradients` runs ``"ours"``)."""
     if _mode == "pytorch":
         return frozenset(gemm for gemm, need in zip(GEMMS, needs) if need)
     keys = [(call, gemm) for gemm, need in zip(GEMMS, needs) if need]

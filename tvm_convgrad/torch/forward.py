@@ -70,16 +70,21 @@ def forward_choices() -> dict[tuple[Conv2dGradients, bool], bool]:
     return dict(_choices)
 
 
+def _mode_in_force() -> str:
+    """The mode the calls run by: the set one, but ``"auto"`` under
+    ``torch.use_deterministic_algorithms(True)`` is ``"pytorch"``, untimed (see the module docstring)."""
+    return "pytorch" if _mode == "auto" and torch.are_deterministic_algorithms_enabled() else _mode
+
+
 def pytorchs(call: Conv2dGradients, bias: bool) -> bool:
     """Whether the calls of ``call``'s signature (``bias``: with one) run ``F.conv2d`` as the mode
     says: ``"pytorch"``, or ``"auto"`` having chosen it over the package's forward and the BLAS way
     (or deterministic, see the module docstring)."""
-    if _mode == "pytorch":
+    mode = _mode_in_force()
+    if mode == "pytorch":
         return True
-    if _mode != "auto":
-        return False
     key = (call, bias)
-    return torch.are_deterministic_algorithms_enabled() or (_choices.get(key) is False and key not in _blas)
+    return mode == "auto" and _choices.get(key) is False and key not in _blas
 
 
 def pytorch(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, pads, dilation, groups: int) -> torch.Tensor:
@@ -135,16 +140,15 @@ def forward(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
             channels_last: bool, plan: Optional[CallPlan] = None) -> torch.Tensor:  # fmt: skip
     """The convolution, by PyTorch or the package as the mode says (see the module docstring);
     ``plan``: the call's, where the caller has it."""
-    if _mode == "pytorch" or input.dtype not in DTYPES or not input.is_cpu or weight.dtype != input.dtype \
+    mode = _mode_in_force()
+    if mode == "pytorch" or input.dtype not in DTYPES or not input.is_cpu or weight.dtype != input.dtype \
             or (bias is not None and bias.dtype != input.dtype) or (is_channels_last(weight) and not channels_last):  # fmt: skip
         # (a channels-last weight beside an input that is not: PyTorch's result is channels-last,
         # its rule for either operand, and the package's kernel writes the input's layout)
         return pytorch(input, weight, bias, stride, pads, dilation, groups)
     call = (plan or tensors_plan(input, weight, stride, pads, dilation, groups, channels_last)).call
-    if _mode == "ours":
+    if mode == "ours":
         return ours(call, input, weight, bias)
-    if torch.are_deterministic_algorithms_enabled():  # "auto", untimed (see the module docstring)
-        return pytorch(input, weight, bias, stride, pads, dilation, groups)
     key = (call, bias is not None)
     if key not in _choices:
         _choices[key] = _choose(key, call, input, weight, bias, stride, pads, dilation, groups, channels_last)
