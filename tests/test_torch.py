@@ -275,6 +275,51 @@ def test_torch_export_records_pytorchs_convolution(strict):
     torch.testing.assert_close(exported.module()(x), model(x))
 
 
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_the_flop_counter_counts_what_nn_conv2d_counts(channels_last):
+    """``FlopCounterMode`` (a model's cost, MFU) sees the drop-in's calls as the package's operators:
+    their formulas are PyTorch's, so each module counts what ``nn.Conv2d`` counts, the forward and
+    each gradient computed (none for a frozen weight), grouped, strided and dilated layers too."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    stock = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1, groups=2), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 8, 3, stride=2, padding=2, dilation=2, bias=False), torch.nn.Conv2d(8, 6, 1))  # fmt: skip
+    stock[2].weight.requires_grad_(False)
+    ours = convert_conv2d(copy.deepcopy(stock))
+    counts, operators = [], []
+    for model in (stock, ours):
+        x = torch.rand(3, 4, 11, 9).to(memory_format=torch.channels_last if channels_last else torch.contiguous_format).requires_grad_()
+        counter = FlopCounterMode(display=False)
+        with counter:
+            model(x).sum().backward()
+        counts.append({module: sum(by_operator.values()) for module, by_operator in counter.get_flop_counts().items()})
+        operators.append({str(op) for op in counter.get_flop_counts().get("Global", {})})
+    assert counts[1] == counts[0] and counts[0]["Global"] > 0
+    assert {"tvm_convgrad.conv2d_input_grad", "tvm_convgrad.conv2d_weight_grad"} <= operators[1], operators[1]
+
+
+def test_fx_symbolic_trace_records_the_drop_in_as_one_call():
+    """``torch.fx.symbolic_trace`` (feature extractors, FX passes) records a drop-in layer as one call
+    of :func:`conv2d`, as a ``nn.Conv2d`` subclass records ``F.conv2d``, not the argument checks a
+    trace's proxies cannot pass: the traced module runs the drop-in, results and gradients bit for bit."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Conv2d(4, 6, 3, padding=1, padding_mode="reflect"), torch.nn.ReLU(), Conv2d(6, 8, 2, padding="same", groups=2),
+                                Conv2d(8, 4, 1, stride=2))  # fmt: skip
+    traced = torch.fx.symbolic_trace(model)
+    assert sum(node.op == "call_function" and node.target is conv2d for node in traced.graph.nodes) == 3
+    x, g = torch.rand(2, 4, 9, 7), torch.rand(2, 4, 5, 4)
+    results = []
+    for module in (model, traced, copy.deepcopy(traced)):
+        xi = x.clone().requires_grad_()
+        y = module(xi)
+        y.backward(g)
+        results.append([y, xi.grad, *(p.grad for p in module.parameters())])
+        module.zero_grad(set_to_none=True)
+    for got in results[1:]:
+        assert len(got) == len(results[0]) and all(torch.equal(a, b) for a, b in zip(got, results[0]))
+
+
 @pytest.mark.parametrize("forward", ["ours", "pytorch"])
 @pytest.mark.parametrize(
     "channels, shape, input_cl, weight_cl",

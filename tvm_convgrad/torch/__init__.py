@@ -39,7 +39,7 @@ from .heap import heap_pinned, pin_heap
 from .outputs import get_outputs, is_kept, kept_outputs, release_outputs, set_outputs
 from .openmp import use_pytorch_threads, using_pytorch_threads
 from .workspace import get_workspaces, kept_workspaces, set_workspaces, use_pytorch_allocator, using_pytorch_allocator, workspace_allocations
-from . import ops
+from . import flops, ops  # noqa: F401  (flops: the operators' FLOP formulas, registered)
 from .backward import backward_choices, get_backward, set_backward
 from .forward import forward_choices, get_forward, set_forward
 from .ops import OP, conv2d_input_grad, conv2d_weight_grad, conv_call
@@ -119,6 +119,9 @@ def conv2d(
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             return _conv2d(input, weight, bias, stride, padding, dilation, groups)
     return _conv2d(input, weight, bias, stride, padding, dilation, groups)
+
+
+torch.fx.wrap("conv2d")  # ``torch.fx.symbolic_trace`` records a call of it, as of ``F.conv2d``, not its checks
 
 
 def _conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: _IntPair, padding: Union[str, _IntPair],
