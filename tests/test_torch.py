@@ -395,6 +395,26 @@ def test_torch_func_transforms_take_the_drop_in():
     assert type(y.grad_fn).__name__ == "Conv2dFunctionBackward"
 
 
+def test_batched_gradients_of_the_legacy_vmap_take_the_drop_in():
+    """``torch.autograd.grad(..., is_grads_batched=True)`` and ``autograd.functional.jacobian(...,
+    vectorize=True)`` run the backward under the legacy ``vmap``, on batched tensors without storage
+    that the kernels cannot read: PyTorch's convolutions there, so the results are stock's."""
+    torch.manual_seed(0)
+    stock = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 6, 3, stride=2, padding=1))
+    ours = convert_conv2d(copy.deepcopy(stock))
+    x = torch.rand(2, 4, 9, 9)
+    v = torch.rand(3, 2, 6, 5, 5)
+    results = []
+    for model in (stock, ours):
+        xi = x.clone().requires_grad_()
+        batched = torch.autograd.grad(model(xi), (xi, model[0].weight), v, is_grads_batched=True)
+        jacobian = torch.autograd.functional.jacobian(lambda a: model(a).sum((2, 3)), x[:1], vectorize=True)
+        results.append((*batched, jacobian))
+    assert results[1][0].shape == (3, 2, 4, 9, 9) and results[1][1].shape == (3, 8, 4, 3, 3)
+    for got, expected in zip(results[1], results[0]):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("tangents", ["x", "w", "b", "xwb"])
 def test_forward_mode_ad_matches_f_conv2d(tangents):
     """``torch.autograd.forward_ad`` through the drop-in (``Conv2dFunction.jvp``: the bilinear

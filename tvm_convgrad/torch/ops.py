@@ -136,11 +136,13 @@ def eager(*tensors: Optional[torch.Tensor]) -> bool:
 
 def _plain(*tensors: Optional[torch.Tensor]) -> bool:
     """No dispatch mode on the stack (what ``_get_current_dispatch_mode`` would return) and
-    ``tensors`` plain tensors or parameters: :func:`eager`'s test once tracing and transforms are ruled out."""
+    ``tensors`` plain tensors or parameters with storage, not the legacy ``vmap``'s batched tensors
+    (``torch.autograd.grad(..., is_grads_batched=True)``, ``autograd.functional.jacobian(...,
+    vectorize=True)``): :func:`eager`'s test once tracing and transforms are ruled out."""
     if torch._C._len_torch_dispatch_stack():
         return False
     for t in tensors:
-        if t is not None and type(t) not in _PLAIN:
+        if t is not None and (type(t) not in _PLAIN or torch._C._functorch.is_legacy_batchedtensor(t)):
             return False
     return True
 
