@@ -395,6 +395,48 @@ def test_torch_func_transforms_take_the_drop_in():
     assert type(y.grad_fn).__name__ == "Conv2dFunctionBackward"
 
 
+class _NegativeGradient(torch.autograd.Function if torch is not None else object):
+    """The identity, whose backward hands on its gradient as a negative view of its negation."""
+
+    @staticmethod
+    def forward(ctx, y):
+        return y.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch._neg_view(-g)
+
+
+def test_negative_views_and_opaque_layouts_are_taken_as_nn_conv2d_takes_them():
+    """A negative view (``z.conj().imag``: the sign a bit beside the memory) as the input or as dy
+    gives stock's results (the kernels read memory, so the operators' dispatch resolves the bit
+    first); oneDNN's opaque ``to_mkldnn()`` input runs PyTorch's convolution, as ``nn.Conv2d``'s
+    does; a sparse input gets PyTorch's error."""
+    torch.manual_seed(0)
+    stock = torch.nn.Conv2d(4, 8, 3, padding=1)
+    ours = convert_conv2d(copy.deepcopy(stock))
+    z = torch.complex(torch.rand(2, 4, 9, 9), torch.rand(2, 4, 9, 9))
+    results = []
+    for layer in (stock, ours):
+        zi = z.clone().requires_grad_()
+        x = zi.conj().imag
+        assert x.is_neg()
+        y = layer(x)
+        _NegativeGradient.apply(y).square().sum().backward()
+        with torch.no_grad():
+            opaque = layer(z.imag.to_mkldnn())
+        results.append((y, zi.grad, layer.weight.grad, opaque.to_dense()))
+        assert opaque.layout == torch._mkldnn
+    for got, expected in zip(results[1], results[0]):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+    errors = []
+    for layer in (stock, ours):
+        with pytest.raises(RuntimeError) as error:
+            layer(z.imag.to_sparse())
+        errors.append(str(error.value))
+    assert errors[1] == errors[0]
+
+
 def test_batched_gradients_of_the_legacy_vmap_take_the_drop_in():
     """``torch.autograd.grad(..., is_grads_batched=True)`` and ``autograd.functional.jacobian(...,
     vectorize=True)`` run the backward under the legacy ``vmap``, on batched tensors without storage

@@ -138,11 +138,13 @@ def _plain(*tensors: Optional[torch.Tensor]) -> bool:
     """No dispatch mode on the stack (what ``_get_current_dispatch_mode`` would return) and
     ``tensors`` plain tensors or parameters with storage, not the legacy ``vmap``'s batched tensors
     (``torch.autograd.grad(..., is_grads_batched=True)``, ``autograd.functional.jacobian(...,
-    vectorize=True)``): :func:`eager`'s test once tracing and transforms are ruled out."""
+    vectorize=True)``), and their values what their memory holds, not a negative view
+    (``z.conj().imag``, whose sign is a bit the kernels would not read; the operators' dispatch
+    resolves it): :func:`eager`'s test once tracing and transforms are ruled out."""
     if torch._C._len_torch_dispatch_stack():
         return False
     for t in tensors:
-        if t is not None and (type(t) not in _PLAIN or torch._C._functorch.is_legacy_batchedtensor(t)):
+        if t is not None and (type(t) not in _PLAIN or t.is_neg() or torch._C._functorch.is_legacy_batchedtensor(t)):
             return False
     return True
 
@@ -348,13 +350,14 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     kernels take no batched tensors), and a TorchScript graph records it (a traced call's sizes are
     tensors, and the graph could not call the kernels). PyTorch's too, as ``nn.Conv2d`` takes them: an
     empty tensor (a batch of ``N = 0``: nothing to compute, its gradients empty or zeros; an empty
-    image: PyTorch's error), a type the kernels do not take (complex, integers), tensors on another
+    image: PyTorch's error), a type the kernels do not take (complex, integers), a layout they do not
+    read (oneDNN's opaque ``to_mkldnn()`` tensors, which ``F.conv2d`` takes; sparse ones), tensors on another
     device than the CPU the kernels are built for (``"meta"``, a GPU), and a call ``torch.export``
     traces (an exported program is for other runtimes, ONNX, ExecuTorch, AOTInductor: it records
     ``aten``'s convolution, not the package's operator, which only this package's Python can run)."""
     compiling = torch.compiler.is_compiling()
     not_for_the_kernels = (input.numel() == 0 or weight.numel() == 0 or not input.is_cpu or input.dtype not in PLANNED
-                               or torch.compiler.is_exporting())  # fmt: skip
+                           or input.layout != torch.strided or weight.layout != torch.strided or torch.compiler.is_exporting())  # fmt: skip
     if not_for_the_kernels or (not compiling and (torch._C._are_functorch_transforms_active() or torch.jit.is_tracing())):
         return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
     if compiling or not _plain(input, weight, bias):  # (:func:`eager`'s test, its first two parts done above)
