@@ -774,3 +774,46 @@ def test_float64_and_mixed_types_run_pytorchs_forward(forward_mode):
 def test_set_forward_takes_three_modes():
     with pytest.raises(ConvGradError, match="mode"):
         set_forward("fast")
+
+
+@pytest.mark.parametrize("kernel", [1, 3])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_tensors_at_an_unaligned_offset_are_copied_for_the_kernels(kernel, channels_last, forward_mode):
+    """A view that starts 4 bytes past an aligned address (``x[:, 1:]`` of one image whose planes
+    are odd, a slice of a shared parameter) as the input, dy, weight or bias: the kernels assume
+    64-byte aligned data (a 1x1 read in place faulted), so such a tensor is copied; stock's results."""
+    from tvm_convgrad.torch import get_backward, set_backward
+
+    ALIGNMENT = 64  # (TVM's kAllocAlignment)
+
+    def unaligned(shape, cl=False):
+        """A random tensor of ``shape`` (channels-last memory where ``cl``) one element past an aligned start."""
+        memory = (shape[0], *shape[2:], shape[1]) if cl else shape
+        flat = torch.rand(1 + int(np.prod(memory)))[1:]
+        t = flat.view(memory)
+        return t.permute(0, 3, 1, 2) if cl else t
+
+    torch.manual_seed(0)
+    forward_mode("ours")
+    previous = get_backward()
+    set_backward("ours")
+    try:
+        stock = torch.nn.Conv2d(16, 32, kernel, padding=kernel // 2)
+        ours = convert_conv2d(copy.deepcopy(stock))
+        x, g = unaligned((2, 16, 12, 12), channels_last), unaligned((2, 32, 12, 12), channels_last)
+        weight, bias = unaligned((32, 16, kernel, kernel)), torch.rand(33)[1:]
+        assert x.data_ptr() % ALIGNMENT and g.data_ptr() % ALIGNMENT and weight.data_ptr() % ALIGNMENT and bias.data_ptr() % ALIGNMENT
+        results = []
+        for layer in (stock, ours):
+            with torch.no_grad():
+                layer.weight.set_(weight.clone() if layer is stock else weight)
+                layer.bias.set_(bias.clone() if layer is stock else bias)
+            xi = x.detach().requires_grad_()
+            y = layer(xi)
+            y.backward(g)
+            results.append((y, xi.grad, layer.weight.grad, layer.bias.grad))
+        assert ours.weight.data_ptr() % ALIGNMENT  # (the layer's own parameter still the unaligned view)
+        for got, expected in zip(results[1], results[0]):
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    finally:
+        set_backward(previous)

@@ -6,7 +6,7 @@ The forward pass is PyTorch's, or the package's kernel where it is faster for th
 (``ConvolutionBackwardData`` / ``ConvolutionBackwardWeights`` on the cube schedules; per GEMM
 PyTorch's where it is faster for the layer, :mod:`.backward`: ``set_backward("auto" | "ours" |
 "pytorch")``), on the tensors' memory through DLPack: NCHW tensors as NCX, channels-last tensors as NXC, no copies where the
-layout allows (a weight gradient is written OIHW). Registered with ``torch.library``
+layout and the data's 64-byte alignment allow (a weight gradient is written OIHW). Registered with ``torch.library``
 (``tvm_convgrad::conv2d`` and its two gradient operators), so ``torch.compile`` keeps the calls
 in its graph. Types float32, bfloat16, float16 (and float64, computed in float32 for
 ``gradcheck``); CPU tensors. The kernels run on PyTorch's own OpenMP threads (:mod:`.openmp`,

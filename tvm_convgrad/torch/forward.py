@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 from . import blas, outputs
-from .kernels import DTYPES, CallPlan, as_layout, as_weights, forward_kernel, is_channels_last, tensors_plan
+from .kernels import DTYPES, CallPlan, aligned, as_layout, as_weights, forward_kernel, is_channels_last, tensors_plan
 
 __all__ = ["MARGIN", "MODES", "ROUNDS", "elapsed_ms", "forward", "forward_choices", "get_forward", "ours", "pytorch", "pytorchs", "set_forward", "wins"]
 
@@ -98,7 +98,7 @@ def pytorch(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
 def ours(call: Conv2dGradients, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """The package's forward kernel of ``call`` on the tensors' memory (the output in the input's layout)."""
     out = outputs.empty(call.y_shape, input.dtype, call.data_format == "NXC")
-    args = (as_layout(input, call), as_weights(weight, call)) + (() if bias is None else (bias.contiguous(),))
+    args = (as_layout(input, call), as_weights(weight, call)) + (() if bias is None else (aligned(bias),))
     forward_kernel(call, bias is not None).function(*args, as_layout(out, call))
     return out
 

@@ -33,8 +33,12 @@ from ..compile import Kernel, build
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 
-__all__ = ["ALGORITHM", "CACHED_CALLS", "DTYPES", "PLANNED", "CallPlan", "as_layout", "as_weights", "call_plan", "conv_call", "dtype_name", "empty_weights",
+__all__ = ["ALGORITHM", "ALIGNMENT", "CACHED_CALLS", "DTYPES", "PLANNED", "CallPlan", "aligned", "as_layout", "as_weights", "call_plan", "conv_call", "dtype_name", "empty_weights",
            "forward_kernel", "input_grad_kernel", "is_channels_last", "memory_format", "plan_for", "tensors_plan", "weight_grad_kernel"]  # fmt: skip
+
+ALIGNMENT = 64
+"""Bytes the kernels take every tensor's data to start on (TVM's ``kAllocAlignment``: their loads
+assume it; TVM's ``from_dlpack`` refuses less, a call's DLPack arguments are not checked)."""
 
 CACHED_CALLS = 128
 """Signatures whose kernels stay built (least recently used first out)."""
@@ -93,12 +97,21 @@ def _strides_like_channels_last(sizes, strides) -> bool:
     return True
 
 
+def aligned(tensor: torch.Tensor, layout: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
+    """``tensor`` contiguous in ``layout``, its data starting on :data:`ALIGNMENT` bytes: itself
+    where it is both, else one copy (a view at an offset, ``x[:, 1:]`` of one image: the kernels'
+    aligned loads of it would fault)."""
+    tensor = tensor.contiguous(memory_format=layout)
+    return tensor if tensor.data_ptr() % ALIGNMENT == 0 else tensor.clone(memory_format=layout)
+
+
 def _in_memory_order(tensor: torch.Tensor, channels_last: bool) -> torch.Tensor:
-    """A 4-D tensor's dimensions in its memory's order, contiguous: ``(0, 2, 3, 1)`` of a
-    channels-last one (a view when it is channels-last already, else one copy), as it is else."""
+    """A 4-D tensor's dimensions in its memory's order, contiguous and :func:`aligned`: ``(0, 2, 3,
+    1)`` of a channels-last one (a view when it is channels-last already, else one copy), as it is
+    else. (Results are allocated aligned, by ``torch.empty`` or as whole pages: never copied here.)"""
     if channels_last:
-        return tensor.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
-    return tensor.contiguous()
+        return aligned(tensor, torch.channels_last).permute(0, 2, 3, 1)
+    return aligned(tensor)
 
 
 def as_weights(weight: torch.Tensor, call: Conv2dGradients) -> torch.Tensor:
