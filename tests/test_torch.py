@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(torch is None, reason="PyTorch is not installed 
 
 if torch is not None:
     from tvm_convgrad import ConvGradError
-    from tvm_convgrad.torch import Conv2d, conv2d, conv2d_weight_grad, conv_call, convert_conv2d, forward_choices, input_grad_kernel, pads_of, set_forward, weight_grad_kernel
+    from tvm_convgrad.torch import Conv2d, conv2d, conv2d_input_grad, conv2d_weight_grad, conv_call, convert_conv2d, forward_choices, input_grad_kernel, pads_of, set_forward, weight_grad_kernel
     from tvm_convgrad.torch import forward as forward_module
     from tvm_convgrad.torch.kernels import call_plan, forward_kernel
     from tvm_convgrad.tools.verify import error_bound
@@ -188,6 +188,17 @@ def test_padding_modes_and_same_pads_follow_pytorch():
         (lambda x, w: conv2d(x, w, torch.rand(4, 1)), "bias.shape"),
         (lambda x, w: conv2d(x[None], w), "input.dim()"),
         (lambda x, w: conv2d(x, w[0]), "weight.dim()"),
+        (lambda x, w: conv2d(x, torch.rand(4, 4, 7, 7)), "input.shape"),  # no output: the kernel outgrows the input
+        (lambda x, w: conv2d(x, w, padding=(1, 0), dilation=3), "input.shape"),
+        # the gradient operators called directly: dy (1, 4, 4, 4) of x (1, 4, 6, 6) through w (4, 4, 3, 3), unpadded
+        (lambda x, w: conv2d_input_grad(torch.rand(1, 4, 6, 6), w, [1, 4, 6, 6], [1, 1], [0] * 4, [1, 1], 1, False), "grad_output.shape"),
+        (lambda x, w: conv2d_weight_grad(torch.rand(1, 4, 5, 4), x, [4, 4, 3, 3], [1, 1], [0] * 4, [1, 1], 1, False), "grad_output.shape"),
+        (lambda x, w: conv2d_weight_grad(torch.rand(1, 4, 4, 4), x, [4, 4, 3, 3], [0, 1], [0] * 4, [1, 1], 1, False), "stride"),
+        (lambda x, w: conv2d_input_grad(torch.rand(1, 4, 4, 4), w, [1, 4, 6, 6], [1, 1], [0] * 3, [1, 1], 1, False), "pads"),
+        (lambda x, w: conv2d_input_grad(torch.rand(1, 4, 4, 4), w, [1, 4, 6, 6], [1, 1], [0] * 4, [1, 1], 3, False), "groups"),
+        (lambda x, w: conv2d_weight_grad(torch.rand(1, 4, 4, 4), x[:, :3], [4, 4, 3, 3], [1, 1], [0] * 4, [1, 1], 1, False), "input channels"),
+        (lambda x, w: conv2d_input_grad(torch.rand(1, 4, 1, 1), torch.rand(4, 4, 7, 7), [1, 4, 6, 6], [1, 1], [0] * 4, [1, 1], 1, False),
+         "input shape"),
     ],
 )
 def test_bad_arguments_are_conv_grad_errors(call, param):

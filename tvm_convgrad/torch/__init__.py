@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from ..errors import ConvGradError
-from .kernels import CACHED_CALLS, input_grad_kernel, weight_grad_kernel
+from .kernels import CACHED_CALLS, check_output, input_grad_kernel, weight_grad_kernel
 from .heap import heap_pinned, pin_heap
 from .outputs import get_outputs, is_kept, kept_outputs, release_outputs, set_outputs
 from .openmp import use_pytorch_threads, using_pytorch_threads
@@ -140,6 +140,8 @@ def _conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         stride, pads, dilation, groups = check(input.shape[1], weight.shape, stride, padding, dilation, groups)
     except TypeError:  # a list among them (unhashable): checked without the cache
         stride, pads, dilation, groups = _arguments.__wrapped__(input.shape[1], weight.shape, stride, padding, dilation, groups)
+    if input.numel():  # (an empty tensor is PyTorch's call, its errors too: see ops.conv2d)
+        check_output(OP, "input.shape", input.shape, weight.shape, pads, dilation)
     return ops.conv2d(input, weight, bias, stride, pads, dilation, groups)
 
 

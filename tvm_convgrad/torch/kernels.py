@@ -33,8 +33,8 @@ from ..compile import Kernel, build
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 
-__all__ = ["ALGORITHM", "ALIGNMENT", "CACHED_CALLS", "DTYPES", "PLANNED", "CallPlan", "aligned", "as_layout", "as_weights", "call_plan", "conv_call", "dtype_name", "empty_weights",
-           "forward_kernel", "input_grad_kernel", "is_channels_last", "memory_format", "plan_for", "tensors_plan", "weight_grad_kernel"]  # fmt: skip
+__all__ = ["ALGORITHM", "ALIGNMENT", "CACHED_CALLS", "DTYPES", "PLANNED", "CallPlan", "aligned", "as_layout", "as_weights", "call_plan", "check_output", "conv_call", "dtype_name", "empty_weights",
+           "forward_kernel", "gradient_plan", "input_grad_kernel", "is_channels_last", "memory_format", "plan_for", "tensors_plan", "weight_grad_kernel"]  # fmt: skip
 
 ALIGNMENT = 64
 """Bytes the kernels take every tensor's data to start on (TVM's ``kAllocAlignment``: their loads
@@ -200,6 +200,42 @@ def plan_for(input_shape, weight_shape, stride, pads, dilation, groups: int, dty
     """:func:`call_plan` of a call's arguments as the operators pass them (lists, sizes)."""
     return call_plan(tuple(input_shape), tuple(weight_shape), tuple(stride), tuple(pads), tuple(dilation), int(groups), dtype,
                      bool(channels_last), bool(weights_last))  # fmt: skip
+
+
+def check_output(op: str, param: str, input_shape, weight_shape, pads, dilation):
+    """A ``ConvGradError`` on ``param`` (``input_shape``) where the input, padded by ``pads (top,
+    bottom, left, right)``, is smaller than the dilated kernel of ``weight_shape``: the convolution
+    would have no output (``F.conv2d``'s rule)."""
+    (h, w), (kh, kw), (pt, pb, pl, pr), (dh, dw) = input_shape[2:], weight_shape[2:], pads, dilation
+    padded, kernel = (h + pt + pb, w + pl + pr), (dh * (kh - 1) + 1, dw * (kw - 1) + 1)
+    if padded[0] < kernel[0] or padded[1] < kernel[1]:
+        raise ConvGradError(op, param, tuple(input_shape), f"the padded input ({padded[0]} x {padded[1]}) must be at least the "
+                            f"dilated kernel ({kernel[0]} x {kernel[1]}): the convolution would have no output")  # fmt: skip
+
+
+def gradient_plan(op: str, input_shape, weight_shape, grad_output_shape, stride, pads, dilation, groups: int, dtype: torch.dtype,
+                  channels_last: bool, weights_last: bool = False) -> CallPlan:  # fmt: skip
+    """:func:`plan_for` of a gradient operator's arguments, checked first (a ``ConvGradError`` naming
+    the argument): strides and dilations two ints >= 1, ``pads`` four ints >= 0, ``groups`` >= 1
+    dividing the output channels, the input's channels ``weight_shape[1] x groups``, an output
+    (:func:`check_output`) and ``grad_output_shape`` that output's shape."""
+    for name, values, count, low in (("stride", stride, 2, 1), ("dilation", dilation, 2, 1), ("pads", pads, 4, 0)):
+        if len(values) != count or any(int(v) < low for v in values):
+            axes = "(top, bottom, left, right)" if count == 4 else "(H, W)"
+            raise ConvGradError(op, name, list(values), f"must be {count} ints >= {low} {axes}")
+    if len(input_shape) != 4 or len(weight_shape) != 4:
+        shapes = (tuple(input_shape), tuple(weight_shape))
+        raise ConvGradError(op, "input and weight shapes", shapes, "must be 4-D: (N, C, H, W) and (O, C/groups, KH, KW)")
+    outputs, inputs = weight_shape[0], weight_shape[1] * groups
+    if groups < 1 or outputs % groups:
+        raise ConvGradError(op, "groups", groups, f"must be an int >= 1 dividing the output channels, {outputs}")
+    if input_shape[1] != inputs:
+        raise ConvGradError(op, "input channels", input_shape[1], f"must be weight.shape[1] x groups = {inputs}")
+    check_output(op, "input shape", input_shape, weight_shape, pads, dilation)
+    plan = plan_for(input_shape, weight_shape, stride, pads, dilation, groups, dtype, channels_last, weights_last)
+    if tuple(grad_output_shape) != plan.call.y_shape:
+        raise ConvGradError(op, "grad_output.shape", tuple(grad_output_shape), f"must be the output's shape {plan.call.y_shape}")
+    return plan
 
 
 def tensors_plan(input: torch.Tensor, weight: torch.Tensor, stride, pads, dilation, groups: int, channels_last: bool) -> CallPlan:

@@ -42,7 +42,7 @@ from .backward import pytorchs as pytorchs_backward
 from .forward import forward as choose_forward
 from .forward import pytorch as pytorch_forward
 from .forward import pytorchs as pytorchs_forward
-from .kernels import DTYPES, PLANNED, CallPlan, as_layout, as_weights, conv_call, empty_weights, is_channels_last, memory_format, plan_for, tensors_plan
+from .kernels import DTYPES, PLANNED, CallPlan, as_layout, as_weights, conv_call, empty_weights, gradient_plan, is_channels_last, memory_format, tensors_plan
 
 __all__ = ["Conv2dFunction", "conv2d", "conv2d_input_grad", "conv2d_op", "conv2d_weight_grad", "conv_call", "eager", "forward", "input_grad", "weight_grad"]
 
@@ -99,18 +99,21 @@ def _weight_grad(plan: CallPlan, grad_output: torch.Tensor, input: torch.Tensor,
 def input_grad(grad_output: torch.Tensor, weight: torch.Tensor, input_shape: list[int], stride: list[int], pads: list[int],
                dilation: list[int], groups: int, channels_last: bool) -> torch.Tensor:  # fmt: skip
     """dX ``(N, C, H, W)`` of ``grad_output`` through ``weight`` (the package's dX kernel; taps
-    that read only padding left out, see ``Conv2dGradients.cropped``)."""
+    that read only padding left out, see ``Conv2dGradients.cropped``); arguments checked (:func:`.kernels.gradient_plan`)."""
     _on_cpu(grad_output, weight)
-    plan = plan_for(input_shape, weight.shape, stride, pads, dilation, groups, grad_output.dtype, channels_last, is_channels_last(weight))
+    plan = gradient_plan("tvm_convgrad.torch.conv2d_input_grad", input_shape, weight.shape, grad_output.shape, stride, pads,
+                         dilation, groups, grad_output.dtype, channels_last, is_channels_last(weight))  # fmt: skip
     return _input_grad(plan, grad_output, weight)
 
 
 def weight_grad(grad_output: torch.Tensor, input: torch.Tensor, weight_shape: list[int], stride: list[int], pads: list[int],
                 dilation: list[int], groups: int, channels_last: bool) -> torch.Tensor:  # fmt: skip
     """dW ``(O, C/groups, KH, KW)`` of ``grad_output`` and ``input`` (the package's dW kernel;
-    0 for taps that read only padding, see ``Conv2dGradients.cropped``)."""
+    0 for taps that read only padding, see ``Conv2dGradients.cropped``); arguments checked (:func:`.kernels.gradient_plan`)."""
     _on_cpu(grad_output, input)
-    return _weight_grad(plan_for(input.shape, weight_shape, stride, pads, dilation, groups, input.dtype, channels_last), grad_output, input)
+    plan = gradient_plan("tvm_convgrad.torch.conv2d_weight_grad", input.shape, weight_shape, grad_output.shape, stride, pads,
+                         dilation, groups, input.dtype, channels_last)  # fmt: skip
+    return _weight_grad(plan, grad_output, input)
 
 
 conv2d_input_grad = torch.library.custom_op("tvm_convgrad::conv2d_input_grad", mutates_args=())(input_grad)
