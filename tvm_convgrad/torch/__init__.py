@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from ..errors import ConvGradError
-from .kernels import CACHED_CALLS, check_output, input_grad_kernel, weight_grad_kernel
+from .kernels import CACHED_CALLS, check_groups, check_output, input_grad_kernel, weight_grad_kernel
 from .heap import heap_pinned, pin_heap
 from .outputs import get_outputs, is_kept, kept_outputs, release_outputs, set_outputs
 from .openmp import use_pytorch_threads, using_pytorch_threads
@@ -152,11 +152,7 @@ def _arguments(channels: int, weight_shape: Sequence[int], stride: _IntPair, pad
     checked (``groups``, :func:`_pair`, :func:`pads_of`) and made ints: worked out once per distinct
     arguments (a layer's are the same every step)."""
     given, groups = groups, _integer(groups)
-    if groups is None or groups < 1 or weight_shape[0] % groups:
-        raise ConvGradError(OP, "groups", given, f"must be an int >= 1 that divides the output channels weight.shape[0] = {weight_shape[0]}")
-    if channels != weight_shape[1] * groups:
-        raise ConvGradError(OP, "input.shape[1]", channels, f"must be weight.shape[1] x groups = {weight_shape[1]} x {groups} "
-                            f"= {weight_shape[1] * groups} (the input's channels)")  # fmt: skip
+    check_groups(OP, "input.shape[1]", channels, weight_shape, groups, given)
     stride, dilation = _pair("stride", stride, 1), _pair("dilation", dilation, 1)
     return stride, pads_of(padding, tuple(weight_shape[2:]), stride, dilation), dilation, groups
 

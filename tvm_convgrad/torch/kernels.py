@@ -33,7 +33,7 @@ from ..compile import Kernel, build
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 
-__all__ = ["ALGORITHM", "ALIGNMENT", "CACHED_CALLS", "DTYPES", "PLANNED", "CallPlan", "aligned", "as_layout", "as_weights", "call_plan", "check_output", "conv_call", "dtype_name", "empty_weights",
+__all__ = ["ALGORITHM", "ALIGNMENT", "CACHED_CALLS", "DTYPES", "PLANNED", "CallPlan", "aligned", "as_layout", "as_weights", "call_plan", "check_groups", "check_output", "conv_call", "dtype_name", "empty_weights",
            "forward_kernel", "gradient_plan", "input_grad_kernel", "is_channels_last", "memory_format", "plan_for", "tensors_plan", "weight_grad_kernel"]  # fmt: skip
 
 ALIGNMENT = 64
@@ -202,6 +202,19 @@ def plan_for(input_shape, weight_shape, stride, pads, dilation, groups: int, dty
                      bool(channels_last), bool(weights_last))  # fmt: skip
 
 
+def check_groups(op: str, param: str, channels: int, weight_shape, groups, given=None):
+    """A ``ConvGradError`` where ``groups`` (an int, or None where ``given`` is not one) is not >= 1
+    dividing the output channels ``weight_shape[0]``, or on ``param`` where the input's ``channels``
+    are not ``weight_shape[1] x groups``."""
+    outputs, per_group = weight_shape[0], weight_shape[1]
+    if groups is None or groups < 1 or outputs % groups:
+        raise ConvGradError(op, "groups", groups if given is None else given,
+                            f"must be an int >= 1 that divides the output channels weight.shape[0] = {outputs}")  # fmt: skip
+    if channels != per_group * groups:
+        raise ConvGradError(op, param, channels, f"must be weight.shape[1] x groups = {per_group} x {groups} "
+                            f"= {per_group * groups} (the input's channels)")  # fmt: skip
+
+
 def check_output(op: str, param: str, input_shape, weight_shape, pads, dilation):
     """A ``ConvGradError`` on ``param`` (``input_shape``) where the input, padded by ``pads (top,
     bottom, left, right)``, is smaller than the dilated kernel of ``weight_shape``: the convolution
@@ -226,11 +239,7 @@ def gradient_plan(op: str, input_shape, weight_shape, grad_output_shape, stride,
     if len(input_shape) != 4 or len(weight_shape) != 4:
         shapes = (tuple(input_shape), tuple(weight_shape))
         raise ConvGradError(op, "input and weight shapes", shapes, "must be 4-D: (N, C, H, W) and (O, C/groups, KH, KW)")
-    outputs, inputs = weight_shape[0], weight_shape[1] * groups
-    if groups < 1 or outputs % groups:
-        raise ConvGradError(op, "groups", groups, f"must be an int >= 1 dividing the output channels, {outputs}")
-    if input_shape[1] != inputs:
-        raise ConvGradError(op, "input channels", input_shape[1], f"must be weight.shape[1] x groups = {inputs}")
+    check_groups(op, "input channels", input_shape[1], weight_shape, groups)
     check_output(op, "input shape", input_shape, weight_shape, pads, dilation)
     plan = plan_for(input_shape, weight_shape, stride, pads, dilation, groups, dtype, channels_last, weights_last)
     if tuple(grad_output_shape) != plan.call.y_shape:
