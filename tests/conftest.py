@@ -33,6 +33,9 @@ _share_the_cores_among_workers()
 # The PyTorch drop-in's tests check the package's dX and dW kernels: "auto" (the default) would run
 # PyTorch's in their place where it times faster (tests/test_torch_backward_mode.py tests it).
 os.environ.setdefault("TVM_CONVGRAD_BACKWARD", "ours")
+# The drop-in keeps its kernels on disk (tvm_convgrad.compile.stored): the tests build theirs in the
+# process, writing nothing to the user's cache (tests/test_stored.py tests the store, in a folder of its own).
+os.environ.setdefault("TVM_CONVGRAD_KERNEL_CACHE", "off")
 
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402

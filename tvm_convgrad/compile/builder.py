@@ -25,6 +25,7 @@ from .. import schedule
 from ..isa import host_can_run
 from ..schedule.cpu.amx import request_amx
 from ..schedule.cpu.marks import lower_marks
+from . import stored
 from .kernel import Kernel
 from .records import SHIPPED, database_folder, shipped_schedules, tuned_schedule
 from .target import pass_context, resolve_target
@@ -83,7 +84,17 @@ def _schedule(func: tirx.PrimFunc, target: Target, schedules) -> tuple[Any, str]
     return schedule.apply(func, target), "default"
 
 
-def build(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target = "llvm", schedules: str | os.PathLike | None = SHIPPED) -> Kernel:
+def _compiled(workload: Workload, target: Target, schedules, func: tirx.PrimFunc | None = None) -> tuple[Any, tvm.IRModule, str]:
+    """``(executable, scheduled module, how it was scheduled)`` of ``workload``."""
+    func = workload.prim_func(target) if func is None else func
+    sch, how = _schedule(func, target, schedules)
+    mod = lower_marks(tvm.IRModule({workload.name: sch.mod["main"]}))
+    with pass_context(target):
+        return tvm.compile(mod, target=target), mod, how
+
+
+def build(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target = "llvm", schedules: str | os.PathLike | None = SHIPPED,  # fmt: skip
+          store: bool = False) -> Kernel:  # fmt: skip
     """Compile a gradient for ``target`` (``"llvm"``, ``"cuda"``, a dict or a Target).
 
     ``tensors`` is the result of ``tvm_convgrad.dsl`` (its inputs are known), or the argument
@@ -92,25 +103,38 @@ def build(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target 
     folder written by :func:`tvm_convgrad.tune` (``report.database``) or the ``work_dir`` given to
     it (its kept records), or None for the rule's default schedule
     (``Kernel.schedule`` says which was used). Compiled kernels are cached by workload, target
-    and schedules: building the same thing twice returns the same :class:`Kernel`.
+    and schedules: building the same thing twice returns the same :class:`Kernel`. ``store``: keep
+    the kernel on disk, and load it from there in later processes (:mod:`.stored`: a CPU kernel
+    this host runs, with the shipped or no records; ``$TVM_CONVGRAD_KERNEL_CACHE`` names the
+    folder, ``off`` keeps nothing).
     """
     target = resolve_target(target)
     workload = Workload.of(tensors).for_target(target)
-    name = workload.name
+    stored_as = None
+    if store and schedules in (SHIPPED, None) and target.kind.name == "llvm" and host_can_run(target) and stored.folder():
+        stored_as = stored.key(workload, target, schedules)
+        kernel = stored.load(stored_as, workload, target, lambda: _compiled(workload, target, schedules)[:2])
+        if kernel is not None:
+            return _ready(kernel)
     func = workload.prim_func(target)
     key = (tvm_ffi.structural_hash(func), str(target), str(schedules))
     kernel = _cached(key, func)
     if kernel is not None:
         return kernel
-    sch, how = _schedule(func, target, schedules)
-    mod = lower_marks(tvm.IRModule({name: sch.mod["main"]}))
-    with pass_context(target):
-        executable = tvm.compile(mod, target=target)
+    executable, mod, how = _compiled(workload, target, schedules, func)
     kernel = Kernel(executable, mod, workload, target, how)
-    if workload.formulation == "cube-amx" and host_can_run(target):
-        request_amx()  # Linux hands out the tile registers on request only
-    if target.kind.name == "cuda" and not tvm.runtime.enabled("cuda") and shutil.which("nvcc"):
-        kernel.ptx  # no CUDA runtime to JIT it: produce the PTX now, with nvcc
-    _cache(key, func, kernel)
+    if stored_as is not None:
+        kernel = stored.save(stored_as, kernel)
+    _cache(key, func, _ready(kernel))
+    return kernel
+
+
+def _ready(kernel: Kernel) -> Kernel:
+    """``kernel``, with what running it needs asked for: AMX's tile registers (Linux hands them out
+    on request only), a CUDA kernel's PTX where there is no CUDA runtime to JIT it (nvcc makes it)."""
+    if kernel.formulation == "cube-amx" and host_can_run(kernel.target):
+        request_amx()
+    if kernel.target.kind.name == "cuda" and not tvm.runtime.enabled("cuda") and shutil.which("nvcc"):
+        kernel.ptx
     return kernel
 

@@ -11,7 +11,7 @@ import functools
 import os
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import tvm
@@ -83,15 +83,18 @@ class Kernel:
     only. ``flops`` is ``2*N*Cout*(Cin/groups)*KH*KW*Ho*Wo``.
     """
 
-    def __init__(self, executable, mod: tvm.IRModule, workload: Workload, target: Target, schedule: str = "default"):
-        self.executable = executable
+    def __init__(self, executable, mod: tvm.IRModule | None, workload: Workload, target: Target, schedule: str = "default", *,
+                 library: tvm.runtime.Module | None = None, rebuild: Callable[[], tuple[Any, tvm.IRModule]] | None = None):  # fmt: skip
+        self._executable, self._mod, self._rebuild = executable, mod, rebuild
+        self.library = library
+        """The shared library the function runs from, for a kernel stored on disk (:mod:`.stored`), else None."""
         self.name = workload.name
         self.schedule = schedule
         """``"default"`` (the rule's deterministic schedule), ``"tuned:<database>"``, or
         ``"emulated:<cuda target>"`` (:func:`emulate_cuda`)."""
-        self.units = cuda_units(mod[self.name])
+        self.units = cuda_units(mod[self.name]) if mod is not None else None
         """What the CUDA schedule runs the mads on: ``"tensor-core"`` or ``"simt"`` (None on LLVM)."""
-        self.mod = mod
+        self.workload = workload
         self.target = target
         self.params = workload.params
         self.args = tuple(ArgSpec(t.op.name, tuple(int(d) for d in t.shape), str(t.dtype)) for t in workload.args)
@@ -106,11 +109,29 @@ class Kernel:
         dX no tap reaches: the result is 0, no mad)."""
         self._ptx: str | None = None
 
+    @property
+    def executable(self):
+        """What ``tvm.compile`` made (a kernel loaded from disk: compiled again on first use, for inspection)."""
+        if self._executable is None:
+            self._executable, self._mod = self._rebuild()
+        return self._executable
+
+    @property
+    def mod(self) -> tvm.IRModule:
+        """The scheduled ``IRModule`` (a kernel loaded from disk: scheduled again on first use)."""
+        if self._mod is None:
+            self._executable, self._mod = self._rebuild()
+        return self._mod
+
+    @property
+    def _runtime(self) -> tvm.runtime.Module:
+        return self.library if self.library is not None else self.executable.mod
+
     @functools.cached_property
     def function(self) -> tvm.runtime.PackedFunc:
         """The compiled function itself, ``function(*inputs, result)`` on tensors (``tvm.runtime.Tensor``
         or DLPack-capable, e.g. torch), no checks: looked up once (a module lookup costs ~50 us)."""
-        return self.executable[self.name]
+        return self._runtime[self.name]
 
     @property
     def isa(self) -> IsaPlan | None:
@@ -185,7 +206,7 @@ class Kernel:
         arrays = inputs or tuple(_random_array(a, rng) for a in self.inputs)
         tensors = [self._to_device(i, v) for i, v in enumerate(arrays)]
         result = tvm.runtime.empty(self.output.shape, self.output.dtype, self.device)
-        evaluator = self.executable.mod.time_evaluator(
+        evaluator = self._runtime.time_evaluator(
             self.name, self.device, number=1, repeat=repeat, min_repeat_ms=int(min_repeat_ms)
         )
         return Timing(tuple(evaluator(*tensors, result).results), self.flops)

@@ -16,7 +16,9 @@ lies (DLPack, no copy: a channels-last ``(N, C, H, W)`` tensor is the contiguous
 a weight gradient comes out in its parameter's layout (no copy in ``AccumulateGrad``: PyTorch
 copies a gradient whose strides differ from its parameter's). Transposing a 512 x 512 x 3 x 3
 weight costs a copy of 1.5 ms, and 10-20 ms at times inside a training step (Zen 4). Kernels are
-built for this CPU (``llvm``, every usable core) and cached (:data:`CACHED_CALLS` signatures).
+built for this CPU (``llvm``, every usable core), cached (:data:`CACHED_CALLS` signatures) and kept
+on disk, where a later process loads them instead of compiling them again
+(:mod:`tvm_convgrad.compile.stored`; ``TVM_CONVGRAD_KERNEL_CACHE=off`` keeps nothing there).
 
 A call's fixed costs are paid once per signature too: :func:`call_plan` works out its
 :class:`CallPlan` (the signature, the taps its dX / dW run on, its kernels once built), which the
@@ -135,20 +137,20 @@ def as_layout(tensor: torch.Tensor, call: Conv2dGradients) -> torch.Tensor:
 @functools.lru_cache(maxsize=CACHED_CALLS)
 def input_grad_kernel(call: Conv2dGradients) -> Kernel:
     """dX of ``call``: ``(grad_output, weight) -> grad_input``, in the call's layouts."""
-    return build(call.input_grad("torch_conv2d_input_grad", algorithm=ALGORITHM))
+    return build(call.input_grad("torch_conv2d_input_grad", algorithm=ALGORITHM), store=True)
 
 
 @functools.lru_cache(maxsize=CACHED_CALLS)
 def weight_grad_kernel(call: Conv2dGradients, dw_dtype: str | None = None) -> Kernel:
     """dW of ``call``: ``(input, grad_output) -> grad_weight``, in the call's layouts (``dw_dtype``:
     grad_weight's type, None for the call's; ``"float32"``: a bf16 / f16 call's sums unrounded)."""
-    return build(call.weight_grad("torch_conv2d_weight_grad", algorithm=ALGORITHM, dw_dtype=dw_dtype))
+    return build(call.weight_grad("torch_conv2d_weight_grad", algorithm=ALGORITHM, dw_dtype=dw_dtype), store=True)
 
 
 @functools.lru_cache(maxsize=CACHED_CALLS)
 def forward_kernel(call: Conv2dGradients, bias: bool) -> Kernel:
     """The forward of ``call``: ``(input, weight[, bias]) -> output``, in the call's layouts."""
-    return build(call.forward("torch_conv2d_forward", bias, algorithm=ALGORITHM))
+    return build(call.forward("torch_conv2d_forward", bias, algorithm=ALGORITHM), store=True)
 
 
 class CallPlan:
