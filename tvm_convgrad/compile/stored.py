@@ -64,10 +64,8 @@ def folder() -> Path | None:
 def fingerprint() -> str:
     """The SHA-256 of the code a kernel comes from: every ``.py`` file of the package and every
     file of the shipped tuning records (read once a process, ~10 ms), TVM's and tvm-ffi's versions."""
-    import tvm_convgrad
-
     digest = hashlib.sha256(f"tvm {tvm.__version__} tvm-ffi {tvm_ffi.__version__}".encode())
-    roots = [Path(tvm_convgrad.__file__).parent]
+    roots = [Path(__file__).resolve().parent.parent]  # the package's folder
     try:
         from importlib import resources
 
