@@ -161,3 +161,27 @@ def test_a_second_process_trains_on_the_kernels_the_first_stored(tmp_path):
     assert counts[0] >= 4 and counts[1] == 0  # the second process compiled nothing
     first, second = (torch.load(tmp_path / f"{run}.pt") for run in ("first", "second"))
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+def test_a_folder_shared_read_only_still_serves_its_kernels(store, monkeypatch):
+    _fresh(CALL.weight_grad("dw"), store=True)
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(stored.os, "utime", read_only)
+    loaded = _fresh(CALL.weight_grad("dw"), store=True)
+    assert loaded.library is not None and loaded._executable is None
+
+
+def test_trimming_passes_over_files_other_processes_take_away(tmp_path, monkeypatch):
+    """Found with two pytest-xdist workers storing at once: a temporary renamed between the folder's
+    listing and its ``stat`` failed the build."""
+    (tmp_path / "kept.default.so").write_bytes(b"x")
+    gone = tmp_path / ".building-renamed.so"
+    gone.write_bytes(b"x")
+    listing = list(os.scandir(tmp_path))
+    gone.unlink()
+    monkeypatch.setattr(stored.os, "scandir", lambda where: iter(listing))
+    stored._trim(tmp_path, limit=0)
+    assert os.listdir(tmp_path) == []

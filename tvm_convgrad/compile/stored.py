@@ -24,6 +24,7 @@ in-process one, as without the store.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -107,7 +108,8 @@ def load(name: str, workload: Workload, target: Target, rebuild) -> Kernel | Non
         except Exception:  # a damaged or foreign file: build again
             path.unlink(missing_ok=True)
             return None
-        os.utime(path)  # recently used
+        with contextlib.suppress(OSError):  # (a folder shared read-only)
+            os.utime(path)  # recently used
         return Kernel(None, None, workload, target, schedule, library=library, rebuild=rebuild)
     return None
 
@@ -134,16 +136,21 @@ def save(name: str, kernel: Kernel) -> Kernel:
     finally:
         if temporary is not None:
             Path(temporary).unlink(missing_ok=True)
-    _trim(where)
+    with contextlib.suppress(OSError):  # (trimming is housekeeping: never a build's failure)
+        _trim(where)
     return Kernel(kernel.executable, kernel.mod, kernel.workload, kernel.target, kernel.schedule, library=library)
 
 
 def _trim(where: Path, limit: int = STORE_BYTES):
     """Remove the least recently used libraries past ``limit`` bytes, and temporaries an hour old
-    (a process that died writing)."""
+    (a process that died writing). Other processes write and remove files meanwhile: one gone
+    before it is looked at is passed over."""
     entries, now = [], time.time()
     for entry in os.scandir(where):
-        info = entry.stat()
+        try:
+            info = entry.stat()
+        except FileNotFoundError:  # another process's temporary, renamed or removed since the listing
+            continue
         if entry.name.startswith(".building-"):
             if now - info.st_mtime > _STALE_TEMPORARY_S:
                 Path(entry.path).unlink(missing_ok=True)
