@@ -45,8 +45,10 @@ def test_a_stored_kernel_is_loaded_again_and_computes_what_was_built(store, whic
     assert built.library is None and _libraries(store) == []  # store=False: nothing written
     first = _fresh(tensors(), store=True)
     assert first.library is not None and len(_libraries(store)) == 1
+    assert tvm_convgrad.build(tensors(), store=True) is first  # built once a process, as without the store
     again = _fresh(tensors(), store=True)
     assert again.library is not None and again._executable is None  # loaded: nothing compiled
+    assert tvm_convgrad.build(tensors(), store=True) is again
     assert (again.name, again.args, again.formulation, again.flops, again.schedule) == (built.name, built.args, built.formulation, built.flops, built.schedule)  # fmt: skip
     rng = np.random.default_rng(0)
     inputs = [rng.uniform(-1, 1, a.shape).astype(a.dtype) for a in built.inputs]

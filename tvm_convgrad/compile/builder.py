@@ -54,18 +54,21 @@ CACHED_KERNELS = 256
 """How many compiled kernels :func:`build` keeps (the least recently built or reused are dropped
 first): a notebook or a bench never compiles twice, and a long sweep does not hold every
 executable it ever built."""
-_CACHE: OrderedDict[tuple[int, str, str], list[tuple[tirx.PrimFunc, Kernel]]] = OrderedDict()
+_CACHE: OrderedDict[tuple, list[tuple[tirx.PrimFunc | None, Kernel]]] = OrderedDict()
+"""Kernels by (the PrimFunc's structural hash, target, schedules), or by ``("stored", key)`` for those
+built with ``store=True`` (:func:`.stored.key`)."""
 
 
-def _cached(key: tuple[int, str, str], func: tirx.PrimFunc) -> Kernel | None:
+def _cached(key: tuple, func: tirx.PrimFunc | None) -> Kernel | None:
+    """The kernel cached under ``key`` for ``func`` (None: a stored kernel's key, which names it whole)."""
     for cached_func, kernel in _CACHE.get(key, []):
-        if tvm_ffi.structural_equal(cached_func, func):
+        if func is None or tvm_ffi.structural_equal(cached_func, func):
             _CACHE.move_to_end(key)
             return kernel
     return None
 
 
-def _cache(key: tuple[int, str, str], func: tirx.PrimFunc, kernel: Kernel):
+def _cache(key: tuple, func: tirx.PrimFunc | None, kernel: Kernel):
     _CACHE.setdefault(key, []).append((func, kernel))
     _CACHE.move_to_end(key)
     while sum(len(v) for v in _CACHE.values()) > CACHED_KERNELS:
@@ -112,10 +115,14 @@ def build(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target 
     workload = Workload.of(tensors).for_target(target)
     stored_as = None
     if store and schedules in (SHIPPED, None) and target.kind.name == "llvm" and host_can_run(target) and stored.folder():
-        stored_as = stored.key(workload, target, schedules)
-        kernel = stored.load(stored_as, workload, target, lambda: _compiled(workload, target, schedules)[:2])
+        stored_as = ("stored", stored.key(workload, target, schedules))
+        kernel = _cached(stored_as, None)
         if kernel is not None:
-            return _ready(kernel)
+            return kernel
+        kernel = stored.load(stored_as[1], workload, target, lambda: _compiled(workload, target, schedules)[:2])
+        if kernel is not None:
+            _cache(stored_as, None, _ready(kernel))
+            return kernel
     func = workload.prim_func(target)
     key = (tvm_ffi.structural_hash(func), str(target), str(schedules))
     kernel = _cached(key, func)
@@ -124,8 +131,8 @@ def build(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target 
     executable, mod, how = _compiled(workload, target, schedules, func)
     kernel = Kernel(executable, mod, workload, target, how)
     if stored_as is not None:
-        kernel = stored.save(stored_as, kernel)
-    _cache(key, func, _ready(kernel))
+        kernel = stored.save(stored_as[1], kernel)
+    _cache(key if stored_as is None else stored_as, func, _ready(kernel))
     return kernel
 
 
