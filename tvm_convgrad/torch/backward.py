@@ -7,7 +7,7 @@ The mode (:func:`set_backward`, or the environment variable ``TVM_CONVGRAD_BACKW
   a signature times every way on its own tensors (the package's two GEMMs, PyTorch's two in one
   call, one of each), alternating (:data:`ROUNDS` each, medians), and keeps the package's unless
   another way is faster by :data:`MARGIN`, there and in a second timing of the two; later calls
-  take the choice made. Where the layer's forward is ``F.conv2d``, PyTorch's way of every GEMM
+  take the choice made, and so do later processes on this CPU (:mod:`.remembered`). Where the layer's forward is ``F.conv2d``, PyTorch's way of every GEMM
   is credited with :data:`FUNCTION_MS`: the call then runs as ``F.conv2d`` itself. PyTorch's way
   of a float32 1x1 at stride 1 is its BLAS GEMMs (:mod:`.blas`) where they win against its ``convolution_backward`` first
   (:func:`backward_choices` lists it per GEMM). The ways are timed whole, as they run: PyTorch's
@@ -41,6 +41,7 @@ import torch
 
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
+from . import remembered
 from .forward import elapsed_ms, wins
 
 __all__ = ["FUNCTION_MS", "GEMMS", "MARGIN", "MODES", "ROUNDS", "backward_choices", "get_backward", "gradients",
@@ -79,7 +80,8 @@ _mode = _check(os.environ.get("TVM_CONVGRAD_BACKWARD", "auto"), "TVM_CONVGRAD_BA
 
 
 def set_backward(mode: str) -> None:
-    """``"auto"``, ``"ours"`` or ``"pytorch"`` (see the module docstring); forgets the choices made."""
+    """``"auto"``, ``"ours"`` or ``"pytorch"`` (see the module docstring); forgets the choices made
+    in this process (those kept on disk are recalled again: :func:`.remembered.forget` removes them)."""
     global _mode
     _mode = _check(mode)
     _choices.clear()
@@ -221,6 +223,12 @@ def gradients(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx: Callable
         return _run(frozenset(), needs, ours_dx, ours_dw, theirs)
     key = (call, needs)
     given_up = _given_up.get(key)
+    recalled = remembered.recall("backward", key) if given_up is None and mode == "auto" else None
+    if recalled is not None:  # the choice an earlier process made
+        given_up = _given_up[key] = frozenset(recalled["pytorch"])
+        _choices.update({(call, gemm): gemm not in given_up for gemm, need in zip(GEMMS, needs) if need})
+        if recalled["blas"] and theirs_blas is not None:
+            _blas.add(key)
     if given_up is None:
         blas_way = theirs_blas() if theirs_blas is not None and mode == "auto" else None
         if blas_way is not None and wins(functools.partial(blas_way, *needs), functools.partial(theirs, *needs)):
@@ -229,6 +237,8 @@ def gradients(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx: Callable
         theirs = theirs_blas()
     if given_up is None:
         given_up = _given_up[key] = _ways(call, needs, ours_dx, ours_dw, theirs, 0.0 if key in _blas else credit_ms)
+        if mode == "auto":
+            remembered.remember("backward", key, {"pytorch": sorted(given_up), "blas": key in _blas})
     return _run(given_up, needs, ours_dx, ours_dw, theirs)
 
 

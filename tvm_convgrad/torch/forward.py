@@ -6,7 +6,8 @@ The mode (:func:`set_forward`, or the environment variable ``TVM_CONVGRAD_FORWAR
   The first call of a signature (shapes, stride, pads, dilation, groups, type, layout, bias) times
   both on its own tensors, alternating (:data:`ROUNDS` each, medians), and keeps the package's only
   when it is faster by :data:`MARGIN`, in that timing and in a second one (:func:`wins`); later
-  calls of the signature take the choice made (:func:`forward_choices` lists them). PyTorch's is
+  calls of the signature take the choice made (:func:`forward_choices` lists them), and so do later
+  processes on this CPU (:mod:`.remembered`, beside the kernels kept on disk). PyTorch's is
   ``F.conv2d``, or for a float32 1x1 at stride 1 its BLAS GEMM where that wins against ``F.conv2d``
   the same way (:mod:`.blas`).
 * ``"ours"``: the package's kernel for every call it takes; ``"pytorch"``: PyTorch's for every call.
@@ -32,7 +33,7 @@ import torch.nn.functional as F
 
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
-from . import blas, outputs
+from . import blas, outputs, remembered
 from .kernels import DTYPES, CallPlan, aligned, as_layout, as_weights, forward_kernel, is_channels_last, tensors_plan
 
 __all__ = ["MARGIN", "MODES", "ROUNDS", "elapsed_ms", "forward", "forward_choices", "get_forward", "ours", "pytorch", "pytorchs", "set_forward", "wins"]
@@ -50,8 +51,8 @@ _blas: set[tuple[Conv2dGradients, bool]] = set()
 
 
 def set_forward(mode: str) -> None:
-    """``"auto"``, ``"ours"`` or ``"pytorch"`` (see the module docstring); ``"auto"`` forgets
-    the choices made so far."""
+    """``"auto"``, ``"ours"`` or ``"pytorch"`` (see the module docstring); forgets the choices made
+    in this process (those kept on disk are recalled again: :func:`.remembered.forget` removes them)."""
     global _mode
     if mode not in MODES:
         raise ConvGradError("tvm_convgrad.torch.set_forward", "mode", mode, f"must be one of {list(MODES)}")
@@ -151,7 +152,14 @@ def forward(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         return ours(call, input, weight, bias)
     key = (call, bias is not None)
     if key not in _choices:
-        _choices[key] = _choose(key, call, input, weight, bias, stride, pads, dilation, groups, channels_last)
+        way = remembered.recall("forward", key)  # a choice an earlier process made
+        if way is None:
+            _choices[key] = _choose(key, call, input, weight, bias, stride, pads, dilation, groups, channels_last)
+            remembered.remember("forward", key, "ours" if _choices[key] else "blas" if key in _blas else "pytorch")
+        else:
+            _choices[key] = way == "ours"
+            if way == "blas":
+                _blas.add(key)
     if _choices[key]:
         return ours(call, input, weight, bias)
     if key in _blas:

@@ -1,0 +1,94 @@
+"""The ``"auto"`` modes' choices kept on disk beside the kernels, so that a later process (a
+restarted notebook, a second training run) takes them instead of timing every signature again.
+
+A signature's first call in ``"auto"`` times every way of running it (:mod:`.forward`,
+:mod:`.backward`): MobileNetV2 channels-last at 32 x 112x112 spent 6 of its first step's 7 s so
+on a 2-core Zen 3 once its kernels were loaded from disk (:mod:`tvm_convgrad.compile.stored`).
+The choices are a JSON file in the kernels' folder, one per (package code, CPU target, PyTorch
+version, thread count) -- :func:`path` -- since a choice is a timing on those. They are recalled
+only in ``"auto"``; ``TVM_CONVGRAD_KERNEL_CACHE=off`` keeps none, and :func:`forget` (or removing
+the file) has the next process time them again. Written whole under a temporary name and renamed,
+merged with what other processes wrote meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from ..compile import resolve_target, stored
+
+__all__ = ["forget", "path", "recall", "remember"]
+
+_recalled: dict[Path, dict[str, Any]] = {}
+
+
+@functools.lru_cache(maxsize=8)
+def _name(threads: int) -> str:
+    parts = (stored.fingerprint(), str(resolve_target("llvm")), torch.__version__, str(threads))
+    return f"choices-{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:32]}.json"
+
+
+def path() -> Optional[Path]:
+    """The file of this process's choices (None where the store is off)."""
+    where = stored.folder()
+    return None if where is None else where / _name(torch.get_num_threads())
+
+
+def _read(file: Path) -> dict[str, Any]:
+    try:
+        with open(file) as f:
+            found = json.load(f)
+        return found if isinstance(found, dict) else {}
+    except (OSError, ValueError):  # none yet, or damaged: time again
+        return {}
+
+
+def _key(kind: str, key) -> str:
+    return f"{kind} {key!r}"
+
+
+def recall(kind: str, key) -> Any:
+    """The choice remembered for ``key`` (a signature's) of ``kind`` (``"forward"``, ``"backward"``), or None."""
+    file = path()
+    if file is None:
+        return None
+    if file not in _recalled:
+        _recalled[file] = _read(file)
+    return _recalled[file].get(_key(kind, key))
+
+
+def remember(kind: str, key, choice: Any) -> None:
+    """Keep ``choice`` (JSON) for ``key`` of ``kind``, merged into the file with what other processes wrote."""
+    file = path()
+    if file is None:
+        return
+    choices = _recalled.setdefault(file, {})
+    choices[_key(kind, key)] = choice
+    temporary = None
+    with contextlib.suppress(OSError):  # a folder that cannot be written: kept in this process only
+        file.parent.mkdir(parents=True, exist_ok=True)
+        merged = {**_read(file), **choices}
+        handle, temporary = tempfile.mkstemp(prefix=".building-", suffix=".json", dir=file.parent)
+        with os.fdopen(handle, "w") as f:
+            json.dump(merged, f)
+        os.replace(temporary, file)
+        temporary = None
+    if temporary is not None:
+        Path(temporary).unlink(missing_ok=True)
+
+
+def forget() -> None:
+    """Remove this process's remembered choices, on disk too: the next calls time them again."""
+    file = path()
+    _recalled.clear()
+    if file is not None:
+        file.unlink(missing_ok=True)
