@@ -73,3 +73,13 @@ def test_off_remembers_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     remembered.remember("forward", ("call", False), "ours")
     assert remembered.path() is None and remembered.recall("forward", ("call", False)) is None and os.listdir(tmp_path) == []
+
+
+def test_a_remembered_choice_of_another_form_is_timed_again(tmp_path):
+    """A file another version wrote, or edited by hand: its entries are passed over, not trusted."""
+    _run(tmp_path)
+    (file,) = (p for p in tmp_path.iterdir() if p.suffix == ".json")
+    choices = json.loads(file.read_text())
+    file.write_text(json.dumps({key: ({"pytorch": "dx"} if key.startswith("backward") else 3) for key in choices}))
+    timed, count, _ = _run(tmp_path)
+    assert timed > 0 and count == 5

@@ -224,7 +224,7 @@ def gradients(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx: Callable
     key = (call, needs)
     given_up = _given_up.get(key)
     recalled = remembered.recall("backward", key) if given_up is None and mode == "auto" else None
-    if recalled is not None:  # the choice an earlier process made
+    if recalled is not None and _recallable(recalled, needs):  # the choice an earlier process made
         given_up = _given_up[key] = frozenset(recalled["pytorch"])
         _choices.update({(call, gemm): gemm not in given_up for gemm, need in zip(GEMMS, needs) if need})
         if recalled["blas"] and theirs_blas is not None:
@@ -240,6 +240,14 @@ def gradients(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx: Callable
         if mode == "auto":
             remembered.remember("backward", key, {"pytorch": sorted(given_up), "blas": key in _blas})
     return _run(given_up, needs, ours_dx, ours_dw, theirs)
+
+
+def _recallable(recalled, needs: tuple[bool, bool]) -> bool:
+    """Whether a remembered backward choice has the form :func:`gradients` writes: PyTorch's GEMMs among
+    those needed, and whether they run as BLAS GEMMs."""
+    needed = {gemm for gemm, need in zip(GEMMS, needs) if need}
+    return isinstance(recalled, dict) and isinstance(recalled.get("pytorch"), list) and set(recalled["pytorch"]) <= needed \
+        and isinstance(recalled.get("blas"), bool)  # fmt: skip
 
 
 def _ways(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx, ours_dw, theirs, credit_ms: float = 0.0) -> frozenset:
