@@ -32,6 +32,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import tvm
 import tvm_ffi
@@ -40,7 +41,7 @@ from tvm.target import Target
 from .kernel import Kernel
 from .workload import Workload
 
-__all__ = ["ENV", "STORE_BYTES", "fingerprint", "folder", "key", "load", "save"]
+__all__ = ["ENV", "STORE_BYTES", "fingerprint", "folder", "key", "load", "save", "write_whole"]
 
 ENV = "TVM_CONVGRAD_KERNEL_CACHE"
 """The environment variable naming the folder (``off``, ``0`` or empty: none)."""
@@ -120,25 +121,30 @@ def save(name: str, kernel: Kernel) -> Kernel:
     where = folder()
     if where is None:
         return kernel
-    temporary = None
     try:
-        where.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(prefix=".building-", suffix=".so", dir=where)
-        os.close(handle)
-        kernel.executable.export_library(temporary)
         path = _path(where, name, kernel.schedule)
-        os.replace(temporary, path)
-        temporary = None
+        write_whole(path, kernel.executable.export_library)
         library = tvm.runtime.load_module(str(path))
     except Exception as error:  # no C compiler, a read-only folder: the in-process kernel
         _warn_once(f"tvm_convgrad: kernels are not kept on disk ({type(error).__name__}: {error}); set {ENV}=off to silence")
         return kernel
-    finally:
-        if temporary is not None:
-            Path(temporary).unlink(missing_ok=True)
     with contextlib.suppress(OSError):  # (trimming is housekeeping: never a build's failure)
         _trim(where)
     return Kernel(kernel.executable, kernel.mod, kernel.workload, kernel.target, kernel.schedule, library=library)
+
+
+def write_whole(path: Path, write: Callable[[str], object]):
+    """``write(temporary)`` a file in ``path``'s folder (made if missing), then renamed ``path``:
+    another process sees the whole file or none, and one that has the old file mapped keeps it
+    (a file rewritten in place would fault it). The temporary is removed where ``write`` raises."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=".building-", suffix=path.suffix, dir=path.parent)
+    os.close(handle)
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    finally:
+        Path(temporary).unlink(missing_ok=True)
 
 
 def _trim(where: Path, limit: int = STORE_BYTES):

@@ -17,8 +17,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -73,17 +71,14 @@ def remember(kind: str, key, choice: Any) -> None:
         return
     choices = _recalled.setdefault(file, {})
     choices[_key(kind, key)] = choice
-    temporary = None
-    with contextlib.suppress(OSError):  # a folder that cannot be written: kept in this process only
-        file.parent.mkdir(parents=True, exist_ok=True)
-        merged = {**_read(file), **choices}
-        handle, temporary = tempfile.mkstemp(prefix=".building-", suffix=".json", dir=file.parent)
-        with os.fdopen(handle, "w") as f:
+    merged = {**_read(file), **choices}
+
+    def write(temporary: str):
+        with open(temporary, "w") as f:
             json.dump(merged, f)
-        os.replace(temporary, file)
-        temporary = None
-    if temporary is not None:
-        Path(temporary).unlink(missing_ok=True)
+
+    with contextlib.suppress(OSError):  # a folder that cannot be written: kept in this process only
+        stored.write_whole(file, write)
 
 
 def forget() -> None:
