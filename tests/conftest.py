@@ -33,9 +33,11 @@ _share_the_cores_among_workers()
 # The PyTorch drop-in's tests check the package's dX and dW kernels: "auto" (the default) would run
 # PyTorch's in their place where it times faster (tests/test_torch_backward_mode.py tests it).
 os.environ.setdefault("TVM_CONVGRAD_BACKWARD", "ours")
-# The drop-in keeps its kernels on disk (tvm_convgrad.compile.stored): the tests build theirs in the
-# process, writing nothing to the user's cache (tests/test_stored.py tests the store, in a folder of its own).
-os.environ.setdefault("TVM_CONVGRAD_KERNEL_CACHE", "off")
+# The drop-in keeps its kernels and "auto"'s choices on disk (tvm_convgrad.compile.stored,
+# tvm_convgrad.torch.remembered): the tests build and time in the process, writing nothing to the
+# user's cache, and "auto"'s tests time their own signatures rather than recall another run's
+# choices (tests/test_stored.py and tests/test_torch_remembered.py test the store, in folders of their own).
+os.environ["TVM_CONVGRAD_KERNEL_CACHE"] = "off"
 
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
