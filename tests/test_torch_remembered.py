@@ -75,6 +75,16 @@ def test_off_remembers_nothing(tmp_path, monkeypatch):
     assert remembered.path() is None and remembered.recall("forward", ("call", False)) is None and os.listdir(tmp_path) == []
 
 
+def test_each_kernel_algorithm_has_its_own_choices(tmp_path, monkeypatch):
+    """``kernels.ALGORITHM = "direct"`` (the cube where F(2x2, 3x3) would run): other kernels, other timings."""
+    from tvm_convgrad.torch import kernels
+
+    monkeypatch.setenv(stored.ENV, str(tmp_path))
+    first = remembered.path()
+    monkeypatch.setattr(kernels, "ALGORITHM", "direct")
+    assert remembered.path() != first and remembered.path().parent == first.parent
+
+
 def test_a_remembered_choice_of_another_form_is_timed_again(tmp_path):
     """A file another version wrote, or edited by hand: its entries are passed over, not trusted."""
     _run(tmp_path)

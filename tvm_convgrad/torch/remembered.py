@@ -5,7 +5,7 @@ A signature's first call in ``"auto"`` times every way of running it (:mod:`.for
 :mod:`.backward`): MobileNetV2 channels-last at 32 x 112x112 spent 6 of its first step's 7 s so
 on a 2-core Zen 3 once its kernels were loaded from disk (:mod:`tvm_convgrad.compile.stored`).
 The choices are a JSON file in the kernels' folder, one per (package code, CPU target, PyTorch
-version, thread count) -- :func:`path` -- since a choice is a timing on those. They are recalled
+version, thread count, kernel algorithm) -- :func:`path` -- since a choice is a timing on those. They are recalled
 only in ``"auto"``; ``TVM_CONVGRAD_KERNEL_CACHE=off`` keeps none, and :func:`forget` (or removing
 the file) has the next process time them again. Written whole under a temporary name and renamed,
 merged with what other processes wrote meanwhile.
@@ -23,6 +23,7 @@ from typing import Any, Optional
 import torch
 
 from ..compile import resolve_target, stored
+from . import kernels
 
 __all__ = ["forget", "path", "recall", "remember"]
 
@@ -30,15 +31,16 @@ _recalled: dict[Path, dict[str, Any]] = {}
 
 
 @functools.lru_cache(maxsize=8)
-def _name(threads: int) -> str:
-    parts = (stored.fingerprint(), str(resolve_target("llvm")), torch.__version__, str(threads))
+def _name(threads: int, algorithm: str) -> str:
+    parts = (stored.fingerprint(), str(resolve_target("llvm")), torch.__version__, str(threads), algorithm)
     return f"choices-{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:32]}.json"
 
 
 def path() -> Optional[Path]:
-    """The file of this process's choices (None where the store is off)."""
+    """The file of this process's choices (None where the store is off): one per package code, CPU
+    target, PyTorch version, thread count and kernel algorithm (:data:`.kernels.ALGORITHM`)."""
     where = stored.folder()
-    return None if where is None else where / _name(torch.get_num_threads())
+    return None if where is None else where / _name(torch.get_num_threads(), kernels.ALGORITHM)
 
 
 def _read(file: Path) -> dict[str, Any]:
