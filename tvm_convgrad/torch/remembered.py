@@ -84,7 +84,9 @@ def remember(kind: str, key, choice: Any) -> None:
 
 
 def forget() -> None:
-    """Remove this process's remembered choices, on disk too: the next calls time them again."""
+    """Remove the remembered choices of this process's file, on disk too: the next process times
+    its signatures again, and so does this one after :func:`.set_backward` / :func:`.set_forward`
+    (which forget the choices it has made)."""
     file = path()
     _recalled.clear()
     if file is not None:
