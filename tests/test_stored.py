@@ -14,8 +14,6 @@ import tvm_convgrad
 from tvm_convgrad.compile import Workload, builder, resolve_target, stored
 from tvm_convgrad.frontends.conv2d import Conv2dGradients
 
-torch = pytest.importorskip("torch")
-
 CALL = Conv2dGradients((2, 8, 9, 9), (16, 8, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "float32", "NXC", "OXI")
 
 
@@ -154,6 +152,7 @@ _TRAIN = textwrap.dedent("""
 
 
 def test_a_second_process_trains_on_the_kernels_the_first_stored(tmp_path):
+    torch = pytest.importorskip("torch")
     env = dict(os.environ, **{stored.ENV: str(tmp_path / "kernels")})
     counts = []
     for run in ("first", "second"):
