@@ -109,18 +109,21 @@ class Kernel:
         dX no tap reaches: the result is 0, no mad)."""
         self._ptx: str | None = None
 
+    def _built(self):
+        """A kernel loaded from disk: its executable and scheduled module made again, on first use."""
+        if self._executable is None or self._mod is None:
+            self._executable, self._mod = self._rebuild()
+
     @property
     def executable(self):
         """What ``tvm.compile`` made (a kernel loaded from disk: compiled again on first use, for inspection)."""
-        if self._executable is None:
-            self._executable, self._mod = self._rebuild()
+        self._built()
         return self._executable
 
     @property
     def mod(self) -> tvm.IRModule:
         """The scheduled ``IRModule`` (a kernel loaded from disk: scheduled again on first use)."""
-        if self._mod is None:
-            self._executable, self._mod = self._rebuild()
+        self._built()
         return self._mod
 
     @property

@@ -226,7 +226,7 @@ def gradients(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx: Callable
     recalled = remembered.recall("backward", key) if given_up is None and mode == "auto" else None
     if recalled is not None and _recallable(recalled, needs):  # the choice an earlier process made
         given_up = _given_up[key] = frozenset(recalled["pytorch"])
-        _choices.update({(call, gemm): gemm not in given_up for gemm, need in zip(GEMMS, needs) if need})
+        _keep(call, needs, given_up)
         if recalled["blas"] and theirs_blas is not None:
             _blas.add(key)
     if given_up is None:
@@ -240,6 +240,11 @@ def gradients(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx: Callable
         if mode == "auto":
             remembered.remember("backward", key, {"pytorch": sorted(given_up), "blas": key in _blas})
     return _run(given_up, needs, ours_dx, ours_dw, theirs)
+
+
+def _keep(call: Conv2dGradients, needs: tuple[bool, bool], given_up: frozenset):
+    """Record the choice of each GEMM of ``call`` in ``needs``: the package's unless in ``given_up``."""
+    _choices.update({(call, gemm): gemm not in given_up for gemm, need in zip(GEMMS, needs) if need})
 
 
 def _recallable(recalled, needs: tuple[bool, bool]) -> bool:
@@ -257,6 +262,5 @@ def _ways(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx, ours_dw, the
         return frozenset(gemm for gemm, need in zip(GEMMS, needs) if need)
     keys = [(call, gemm) for gemm, need in zip(GEMMS, needs) if need]
     if any(key not in _choices for key in keys):
-        chosen = _choose(needs, ours_dx, ours_dw, theirs, credit_ms)
-        _choices.update({key: key[1] not in chosen for key in keys})
+        _keep(call, needs, _choose(needs, ours_dx, ours_dw, theirs, credit_ms))
     return frozenset(gemm for (_, gemm) in keys if not _choices[(call, gemm)])
