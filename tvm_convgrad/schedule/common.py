@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import tvm
 from tvm import s_tir, tirx
 from tvm.target import Target
@@ -9,7 +11,7 @@ from tvm.target import Target
 from ..dsl.compute.stages import LAYOUT_ADAPTER
 from ..machine import usable_cores
 
-__all__ = ["buffer_bytes", "elements", "inline_layout_stages", "loop_extent", "nbytes", "rewrite_prim_funcs", "stage_blocks", "split_loop_kinds", "target_cores"]
+__all__ = ["buffer_bytes", "covers", "elements", "inline_layout_stages", "loop_extent", "nbytes", "rewrite_prim_funcs", "stage_blocks", "split_loop_kinds", "target_cores"]
 
 
 def loop_extent(sch: s_tir.Schedule, loop) -> int:
@@ -28,6 +30,19 @@ def elements(buffer) -> int:
 def nbytes(*buffers) -> int:
     """Bytes of buffers of static shape, together."""
     return sum(elements(b) * tvm.DataType(b.dtype).bits // 8 for b in buffers)
+
+
+def covers(sch: s_tir.Schedule, producer, consumer) -> bool:
+    """Whether ``producer``'s spatial domain has as many points as ``consumer``'s, so that running
+    ``consumer`` inside it (``reverse_compute_inline``, ``reverse_compute_at``) keeps every output.
+    TVM allows both where the consumer also writes elements the producer has no point for (a TBE
+    result's zeros: channel pads, a stride phase without taps) and then drops those writes."""
+
+    def points(block) -> int:
+        spatial = (it for it in sch.get(block).iter_vars if it.iter_type == tirx.IterVar.DataPar)
+        return math.prod(int(it.dom.extent) for it in spatial)
+
+    return points(consumer) <= points(producer)
 
 
 def buffer_bytes(sch: s_tir.Schedule, stage: str) -> int:

@@ -105,10 +105,11 @@ class Check:
     worst_ratio: float  # max over elements of |error| / allowed error; <= 1 passes
     result: np.ndarray
     expected: np.ndarray
+    unwritten: int = 0  # result elements still NaN: the kernel never wrote them (see _run_poisoned)
 
     @property
     def ok(self) -> bool:
-        return self.worst_ratio <= 1.0
+        return self.worst_ratio <= 1.0  # (False where an element is NaN)
 
     @property
     def relative_error(self) -> float:
@@ -117,7 +118,7 @@ class Check:
 
     def __str__(self) -> str:
         rel = self.relative_error
-        verdict = "OK" if self.ok else "MISMATCH"
+        verdict = "OK" if self.ok else f"MISMATCH, {self.unwritten} elements unwritten" if self.unwritten else "MISMATCH"
         return f"max |error| {self.max_abs_error:.3g} (relative {rel:.2g}, {self.worst_ratio:.2g} of the bound): {verdict}"
 
 
@@ -162,6 +163,13 @@ def post_op_bound(call: FrameworkCall, arrays: Sequence[np.ndarray], params: Con
     return 2 * moved + len(ops) * 2.0**-22 * (np.abs(result) + np.abs(sums)) + _EPS[dtype] * np.abs(result)
 
 
+def _run_poisoned(kernel: Kernel, arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """``kernel``'s result on ``arrays``, written over a result array of NaNs: an element the
+    kernel leaves unwritten (a pad it should zero) fails the check, where a fresh zeroed page would hide it."""
+    poison = np.full(kernel.output.shape, np.nan, dtype=numpy_dtype(kernel.output.dtype))
+    return kernel(*arrays, out=poison).numpy()
+
+
 def check_kernel(kernel: Kernel, seed: int = 0) -> Check:
     """Run ``kernel`` on random inputs and compare it with the float64 reference, elementwise.
 
@@ -172,7 +180,7 @@ def check_kernel(kernel: Kernel, seed: int = 0) -> Check:
     if kernel.call is not None:
         rng = np.random.default_rng(seed)
         arrays = [rng.uniform(-1.0, 1.0, a.shape).astype(numpy_dtype(a.dtype)) for a in kernel.inputs]
-        result = kernel(*arrays)
+        result = _run_poisoned(kernel, arrays)
         expected = framework_expected(kernel.call, arrays)
         if kernel.call.post_ops:
             bound = post_op_bound(kernel.call, arrays, params, kernel.output.dtype)
@@ -180,11 +188,11 @@ def check_kernel(kernel: Kernel, seed: int = 0) -> Check:
             bound = error_bound(params, expected, kernel.output.dtype)
     else:
         inputs = random_inputs(params, seed, kernel.inputs[2] if len(kernel.inputs) > 2 else None)
-        result = kernel(*kernel_arrays(params, inputs))
+        result = _run_poisoned(kernel, kernel_arrays(params, inputs))
         expected = expected_result(params, inputs)
         bound = error_bound(params, expected)
     if result.shape != expected.shape:
         raise AssertionError(f"{kernel.name}: result shape {result.shape} != the reference's {expected.shape}")
     error = np.abs(result.astype(np.float64) - expected)
     ratio = error / bound
-    return Check(float(error.max()), float(np.abs(expected).max()), float(ratio.max()), result, expected)
+    return Check(float(error.max()), float(np.abs(expected).max()), float(ratio.max()), result, expected, int(np.isnan(result).sum()))

@@ -42,7 +42,7 @@ from tvm import ir, s_tir, sym
 
 from ...dsl.compute.stages import PACK_STAGES
 from ...layout import C0
-from ..common import split_loop_kinds
+from ..common import covers, split_loop_kinds
 from .lowering import Lowering
 
 __all__ = ["OUTPUT_THREADS", "PACK_BYTES", "REDUCE_THREADS", "THREADS_PER_BLOCK", "schedule_simt"]
@@ -139,8 +139,8 @@ def _fuse_the_epilogue(sch: s_tir.Schedule, stage, thread) -> set[str]:
     element, the sum kept in a register: one kernel, no fp32 round trip through global memory.
     Returns the name of the stage fused, if any."""
     consumers = sch.get_consumers(stage)
-    if len(consumers) != 1 or len(sch.get_producers(consumers[0])) != 1:
-        return set()
+    if len(consumers) != 1 or len(sch.get_producers(consumers[0])) != 1 or not covers(sch, stage, consumers[0]):
+        return set()  # (not covered: it writes zeros where stage has no element, e.g. a dW's channel pads)
     probe = _probe(sch)
     at = [sch.get(loop).same_as(sch.get(thread)) for loop in sch.get_loops(stage)].index(True)
     try:  # the same step on the probe, at the thread loop's position

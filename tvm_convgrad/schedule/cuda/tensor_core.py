@@ -50,9 +50,9 @@ staging, padding and fragment layout on a CPU.
 from __future__ import annotations
 
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumers, auto_inline_producers, get_index_map
+from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers, get_index_map
 
-from ..common import loop_extent
+from ..common import covers, loop_extent
 from .gemm import TC, WARP, GemmConfig, GemmExtents, gemm_extents
 from .intrinsics import cuda_intrinsics
 from .lowering import Lowering
@@ -193,7 +193,7 @@ def tensorize_gemm(sch: s_tir.Schedule, mad, config: GemmConfig, lowering: Lower
 
     sch.unroll(i2)
     sch.unroll(j2)
-    auto_inline_consumers(sch, to_global)  # the result stages, when they read this mad only
+    _inline_result_stages(sch, to_global)
     fused = sch.fuse(*sch.get_loops(to_global)[-2:])
     if sch.get_consumers(to_global):  # a result stage reads several phases: a plain copy of the tile
         _, tx = sch.split(fused, [None, WARP])
@@ -202,6 +202,29 @@ def tensorize_gemm(sch: s_tir.Schedule, mad, config: GemmConfig, lowering: Lower
         sch.vectorize(vec)
     lowering.bind(sch, tx, "threadIdx.x")
     return left
+
+
+def _inline_result_stages(sch: s_tir.Schedule, to_global) -> None:
+    """Inline the result stages (a cast, a layout) into the copy of the tile to global memory, when
+    they read this mad only (dlight's ``auto_inline_consumers``) and write no element the GEMM has
+    no point for (:func:`~..common.covers`: the zeros of a stride phase without taps, of channel
+    pads); those stay a SIMT kernel of their own."""
+    while True:
+        inlined = 0
+        for consumer in sch.get_consumers(to_global):
+            try:
+                sch.compute_inline(consumer)
+                inlined += 1
+            except s_tir.ScheduleError:
+                if not covers(sch, to_global, consumer):
+                    continue
+                try:
+                    sch.reverse_compute_inline(consumer)
+                    inlined += 1
+                except s_tir.ScheduleError:
+                    continue
+        if not inlined:
+            return
 
 
 def _inline_up_to_the_output(sch: s_tir.Schedule, block) -> None:
