@@ -49,6 +49,7 @@ staging, padding and fragment layout on a CPU.
 
 from __future__ import annotations
 
+import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers, get_index_map
 
@@ -209,19 +210,20 @@ def _inline_result_stages(sch: s_tir.Schedule, to_global) -> None:
     they read this mad only (dlight's ``auto_inline_consumers``) and write no element the GEMM has
     no point for (:func:`~..common.covers`: the zeros of a stride phase without taps, of channel
     pads); those stay a SIMT kernel of their own."""
+    failed = (s_tir.ScheduleError, tvm.error.InternalError)  # (TVM 0.27 fails some layouts' index analysis internally)
     while True:
         inlined = 0
         for consumer in sch.get_consumers(to_global):
             try:
                 sch.compute_inline(consumer)
                 inlined += 1
-            except s_tir.ScheduleError:
+            except failed:
                 if not covers(sch, to_global, consumer):
                     continue
                 try:
                     sch.reverse_compute_inline(consumer)
                     inlined += 1
-                except s_tir.ScheduleError:
+                except failed:
                     continue
         if not inlined:
             return
