@@ -30,6 +30,7 @@ import numpy as np
 import tvm
 
 from ...compile import build, resolve_target
+from . import cuda_remote
 from .cases import OPS, BenchCase, load_cases, tbe_result
 from .measure import SAMPLE_SECONDS, torch_call
 from .results import BenchFailure, BenchResult, CheckFailed, checked, geomean, summarize
@@ -59,22 +60,9 @@ def gpu_name() -> str:
 
 def sample_cuda(call: Callable[[], object]) -> float:
     """Seconds per call of ``call`` on the GPU: CUDA events around as many back-to-back calls as
-    fill SAMPLE_SECONDS (after one call to warm up)."""
-    import torch
-
-    call()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    calls, began = 0, time.perf_counter()
-    start.record()
-    while time.perf_counter() - began < SAMPLE_SECONDS:
-        for _ in range(10):
-            call()
-        calls += 10
-        torch.cuda.synchronize()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / calls
+    fill SAMPLE_SECONDS (after one call to warm up); the runner's :func:`.cuda_remote.sample`, which
+    must stay importable without the package, is the one copy."""
+    return cuda_remote.sample(call, "cuda", SAMPLE_SECONDS)
 
 
 def run_cuda_bench(cases: Sequence[BenchCase], ops: Sequence[str], rounds: int = 5, progress: bool = True

@@ -152,7 +152,8 @@ def check(k: dict, layout, function, device: str, rng: np.random.Generator, refe
 
 
 def sample(call, device: str, seconds: float) -> float:
-    """Seconds per call: one call to warm up, then back-to-back calls filling ``seconds`` (CUDA events on the GPU)."""
+    """Seconds per call: one call to warm up, then back-to-back calls filling ``seconds`` (CUDA events on the GPU;
+    also ``tvm-convgrad bench --target cuda``'s :func:`.cuda.sample_cuda`)."""
     import torch
 
     call()
