@@ -166,13 +166,12 @@ def pytorch_gradients(grad_output: torch.Tensor, input: torch.Tensor, weight: to
 
 def _run(given_up: frozenset, needs: tuple[bool, bool], ours_dx: Callable[[], torch.Tensor], ours_dw: Callable[[], torch.Tensor],
          theirs: Optional[Callable[[bool, bool], tuple]]) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:  # fmt: skip
-    """The needed gradients: PyTorch's for the GEMMs in ``given_up`` (one call), the package's for the rest."""
-    grad_input, grad_weight = theirs("dx" in given_up, "dw" in given_up) if given_up else (None, None)
-    if needs[0] and "dx" not in given_up:
-        grad_input = ours_dx()
-    if needs[1] and "dw" not in given_up:
-        grad_weight = ours_dw()
-    return grad_input, grad_weight
+    """The needed gradients: PyTorch's for the GEMMs in ``given_up`` (one call), the package's for the rest;
+    dX the last made, so that the backward's next node reads it from cache."""
+    grad_weight = ours_dw() if needs[1] and "dw" not in given_up else None
+    theirs_dx, theirs_dw = theirs("dx" in given_up, "dw" in given_up) if given_up else (None, None)
+    grad_input = ours_dx() if needs[0] and "dx" not in given_up else theirs_dx
+    return grad_input, (theirs_dw if "dw" in given_up else grad_weight)
 
 
 def _timings(runs: dict[frozenset, Callable[[], object]]) -> dict[frozenset, float]:

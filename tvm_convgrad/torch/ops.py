@@ -206,8 +206,8 @@ def _backward(ctx, grad_output):
         dy = grad_output if grad_output.dtype == input.dtype else grad_output.to(input.dtype)
         needs = ctx.needs_input_grad[:2]
         if ours_throughout(plan.call, needs):  # the package's kernels, settled: no PyTorch way to make
+            grad_weight = dw(plan, dy, input, wide) if needs[1] else None  # dW first: dX, read next, is left in cache
             grad_input = dx(plan, dy, narrow) if needs[0] else None
-            grad_weight = dw(plan, dy, input, wide) if needs[1] else None
         else:
             theirs = pytorch_gradients(dy, input, narrow, stride, pads, dilation, groups)  # where :mod:`.backward` chooses it
             theirs_blas = functools.partial(blas.gradients, dy, input, narrow, channels_last) \
