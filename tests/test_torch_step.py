@@ -88,6 +88,35 @@ def test_the_step_bench_times_both_and_profiles_them(tmp_path):
     assert f"| {row['ceiling']:.2f} |" in report and "at this host's roofline" in report
 
 
+def test_the_step_profiles_alternate_and_take_each_operators_median():
+    """The profiled steps alternate as the timed ones (stock, drop-in, drop-in, stock, ...), each
+    side's operators in its own profile, each at its median over the steps (0 in a step that did
+    not run it: an operator of one step in three has median 0)."""
+    import torch
+
+    from tvm_convgrad.training.torch_step import _profiles
+
+    calls, a = [], torch.randn(64, 64)
+
+    def stock():
+        calls.append("stock")
+        torch.mm(a, a)
+
+    def ours():
+        calls.append("ours")
+        torch.add(a, a)
+        if calls.count("ours") == 1:
+            torch.mul(a, a)
+
+    profiles = _profiles(stock, ours, 3)
+    assert calls == ["stock", "ours", "ours", "stock", "stock", "ours"]
+    stock_ops, ours_ops = dict(profiles[stock][0]), dict(profiles[ours][0])
+    assert stock_ops["aten::mm"] > 0 and "aten::add" not in stock_ops
+    assert ours_ops["aten::add"] > 0 and "aten::mm" not in ours_ops and ours_ops["aten::mul"] == 0.0
+    assert list(ours_ops.values()) == sorted(ours_ops.values(), reverse=True)
+    assert all(profiles[side][2] > 0 for side in (stock, ours))
+
+
 def test_the_step_report_gives_each_rounds_ratio():
     """Each round's ratio is of its own two steps (the samples paired by round, not sorted), and
     the table gives their lowest and highest beside the ratio of the medians."""
