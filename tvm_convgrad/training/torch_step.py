@@ -10,7 +10,7 @@ medians are compared (the machines are noisy: only ratios from one interleaved r
 
 For each configuration (network, batch x image size, NCHW or channels-last, float32 or bf16
 autocast) the report gives both medians, their ratio, and where the time goes: a
-``torch.profiler`` trace of a few steps of each, self CPU time summed by operator (the
+``torch.profiler`` trace of a few steps of each, taken in turn, self CPU time per operator (the
 package's kernels are the ``tvm_convgrad::`` operators; stock's convolution backward is
 ``aten::convolution_backward``), the convolutions' whole time on each side (:func:`conv_ms`), and
 the step's *ceiling*: stock / drop-in for a drop-in whose convolutions all ran at this host's
