@@ -141,9 +141,9 @@ its operators): whatever runs inside one (``mkldnn_convolution``, the package's 
 way's ``aten::mm``, a layout copy) is the convolution's time."""
 
 
-def conv_ms(events, steps: int) -> float:
-    """The whole CPU time (ms per step) of the outermost :data:`CONV_ENTRIES` ranges among a
-    profile's ``events``."""
+def conv_ms(events) -> float:
+    """The whole CPU time (ms) of the outermost :data:`CONV_ENTRIES` ranges among a profiled
+    step's ``events``."""
 
     def nested(event) -> bool:
         parent = event.cpu_parent
@@ -151,7 +151,7 @@ def conv_ms(events, steps: int) -> float:
             parent = parent.cpu_parent
         return parent is not None
 
-    return sum(e.cpu_time_total for e in events if e.name in CONV_ENTRIES and not nested(e)) / 1e3 / steps
+    return sum(e.cpu_time_total for e in events if e.name in CONV_ENTRIES and not nested(e)) / 1e3
 
 
 def _profile(step) -> tuple[dict[str, float], float, float]:
@@ -163,7 +163,14 @@ def _profile(step) -> tuple[dict[str, float], float, float]:
         start = time.perf_counter()
         step()
         step_ms = (time.perf_counter() - start) * 1e3
-    return {e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages()}, conv_ms(prof.events(), 1), step_ms
+    return {e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages()}, conv_ms(prof.events()), step_ms
+
+
+def _in_turn(stock, ours, rounds: int):
+    """The two sides' steps for ``rounds`` rounds, one of each a round, who goes first alternating
+    (stock, drop-in, drop-in, stock, ...): a drift of the host's speed falls on both alike."""
+    for r in range(rounds):
+        yield from (stock, ours) if r % 2 == 0 else (ours, stock)
 
 
 def _profiles(stock, ours, steps: int) -> dict:
@@ -174,9 +181,8 @@ def _profiles(stock, ours, steps: int) -> dict:
     pairs). Per side: each operator's median self CPU time (ms per step; 0 in a step that did not
     run it), largest first, and the medians of the convolutions' time and of the step's."""
     samples: dict = {stock: [], ours: []}
-    for r in range(steps):
-        for step in (stock, ours) if r % 2 == 0 else (ours, stock):
-            samples[step].append(_profile(step))
+    for step in _in_turn(stock, ours, steps):
+        samples[step].append(_profile(step))
     profiles = {}
     for side, runs in samples.items():
         names = {name for ops, _, _ in runs for name in ops}
@@ -197,11 +203,10 @@ def time_steps(config: StepConfig, rounds: int = 9, warmup: int = 2, profile_ste
         ours()
     samples: dict = {stock: [], ours: []}
     faults: dict = {stock: [], ours: []}
-    for r in range(rounds):
-        for step in (stock, ours) if r % 2 == 0 else (ours, stock):
-            ms, step_faults = timed_step(step)
-            samples[step].append(ms)
-            faults[step].append(step_faults)
+    for step in _in_turn(stock, ours, rounds):
+        ms, step_faults = timed_step(step)
+        samples[step].append(ms)
+        faults[step].append(step_faults)
     result = StepResult(config, statistics.median(samples[stock]), statistics.median(samples[ours]), samples[stock], samples[ours],
                         stock_faults=faults[stock], ours_faults=faults[ours])  # fmt: skip
     if profile_steps:
