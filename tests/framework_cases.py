@@ -270,16 +270,42 @@ def winograd_magnitudes(x: np.ndarray, w: np.ndarray, pads) -> np.ndarray:
     return np.einsum("ra,nkijaf,sf->nkirjs", at, m, at).reshape(n, -1, 2 * th, 2 * tw)[:, :, :ho, :wo]
 
 
+def winograd_dw_magnitudes(x: np.ndarray, dy: np.ndarray, pads) -> np.ndarray:
+    """``(K, C, 3, 3)``: the weight gradient by F(2x2, 3x3) transposed of ``x (N, C, H, W)`` and
+    ``dy (N, K, Ho, Wo)`` (``pads``: top, bottom, left, right) with every matrix, input and gradient
+    taken by magnitude: per weight, the sum of the ``|D| |V|`` products it is made of, through ``|G|``."""
+    n, c, h, wd = x.shape
+    k, (ho, wo) = dy.shape[1], dy.shape[2:]
+    pt, pb, pl, pr = pads
+    th, tw = -(-ho // 2), -(-wo // 2)
+    padded = np.zeros((n, c, 2 * th + 2, 2 * tw + 2))
+    padded[:, :, pt : pt + h, pl : pl + wd] = np.abs(x)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (4, 4), axis=(2, 3))[:, :, ::2, ::2]
+    tiles = np.zeros((n, k, 2 * th, 2 * tw))
+    tiles[:, :, :ho, :wo] = np.abs(dy)
+    bt, g, a = np.abs(_BT), np.abs(_G), np.abs(_AT).T
+    v = np.einsum("ab,ncijbe,fe->ncijaf", bt, windows, bt)
+    d = np.einsum("ar,nkirjs,fs->nkijaf", a, tiles.reshape(n, k, th, 2, tw, 2), a)
+    return np.einsum("ap,kcaf,fq->kcpq", g, np.einsum("nkijaf,ncijaf->kcaf", d, v), g)
+
+
 PAIR_PRODUCT_ERROR = 2.0**-7 * (1 + 2.0**-9)
 """The most a product of two operands each rounded once to bf16 (relative 2^-8 each, bf16's unit
 roundoff) is off, relative to its magnitude: ``(1 + 2^-8)^2 - 1``."""
 
 
 def pair_winograd_bound(case: Case, inputs, expected: np.ndarray, kernel) -> np.ndarray:
-    """Elementwise allowed error of a forward or dX by F(2x2, 3x3) on bf16 pairs (``winograd-bf16``):
+    """Elementwise allowed error of a forward, dX or dW by F(2x2, 3x3) on bf16 pairs (``winograd-bf16``):
     each product's two operands rounded once to bf16, so each output is off by at most
     :data:`PAIR_PRODUCT_ERROR` of :func:`winograd_magnitudes` (a dX: dy through the weight rotated
-    and transposed, the pads ``2 - p``), plus the direct kernels' bound (``tools.verify.error_bound``)."""
+    and transposed, the pads ``2 - p``; a dW: :func:`winograd_dw_magnitudes`, a deconvolution's of its
+    conv view, diff_dst the input), plus the direct kernels' bound (``tools.verify.error_bound``)."""
+    if case.op != FORWARD_OP and case.op not in DATA_OPS:
+        x, dy = (_ncx(case, t) for t in (inputs[::-1] if case.op == "deconv" else inputs))
+        pt, pl = case.effective_pads if case.op != "deconv" else (2 - p for p in case.effective_pads)
+        pads = (pt, dy.shape[2] + 2 - x.shape[2] - pt, pl, dy.shape[3] + 2 - x.shape[3] - pl)
+        sums = reference.to_weights_format(winograd_dw_magnitudes(x, dy, pads), case.weights_format)
+        return PAIR_PRODUCT_ERROR * sums + error_bound(kernel.params, expected, kernel.output.dtype)
     a = _ncx(case, inputs[0].astype(np.float64))
     w = reference.from_weights_format(inputs[1].astype(np.float64), case.weights_format)
     (pt, pl), (h, wd), (ho, wo) = case.effective_pads, case.x_size, case.dy_size

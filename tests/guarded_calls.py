@@ -286,6 +286,12 @@ FIXED = {
                                       dtype="bfloat16", effective_pads=(1, 1), algorithm="auto"),  # fmt: skip
     "pairs-dx-nxc-winograd-xio": Case("data", 4, 64, 80, 1, (8, 10), (8, 10), (3, 3), (1, 1), (2, 0), (0, 2), (1, 1), weights_format="XIO",
                                       dtype="bfloat16", effective_pads=(2, 0), algorithm="auto"),  # fmt: skip
+    # ... and its dW on pairs of tiles: an NCX dy of 5 tiles a row (the last pair's second tile 0), one NXC image in parts of its
+    # tile rows with pads 0..2 and OXI weights
+    "pairs-dw-ncx-winograd-odd": Case("conv_v2", 4, 64, 80, 1, (7, 10), (7, 10), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
+                                      weights_format="OIX", dtype="bfloat16", effective_pads=(1, 1), algorithm="auto"),  # fmt: skip
+    "pairs-dw-nxc-winograd-pads": Case("conv_v2", 1, 64, 64, 1, (16, 18), (16, 18), (3, 3), (1, 1), (2, 0), (0, 2), (1, 1), weights_format="OXI",
+                                       dtype="bfloat16", effective_pads=(2, 0), algorithm="auto"),  # fmt: skip
 }
 """Named calls every run includes (framework operator cases of ``tests/framework_cases.py``); a
 ``pairs-`` one in the bf16-pair form (emulated where this CPU lacks ``vdpbf16ps``)."""

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import slow, tiered, torch
-from framework_cases import PAIR_PRODUCT_ERROR, winograd_magnitudes
+from framework_cases import PAIR_PRODUCT_ERROR, winograd_dw_magnitudes, winograd_magnitudes
 
 pytestmark = pytest.mark.skipif(torch is None, reason="PyTorch is not installed (pip install torch==2.13.0)")
 
@@ -87,8 +87,9 @@ def test_conv2d_gradients_match_pytorch_autograd(layer, dtype, channels_last):
     call = _call(x, ours, channels_last)
     w = ours.weight.detach().double().numpy()[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)  # (a stride-1 dX: dy through it, the pads 2 - p)
     dx_sums = lambda: winograd_magnitudes(g.double().numpy(), w, (2 - padding,) * 4)
+    dw_sums = lambda: winograd_dw_magnitudes(x64.detach().numpy(), g.double().numpy(), call.pads)
     _close(x.grad, x64.grad, input_grad_kernel(call), "grad_input", dx_sums)
-    _close(ours.weight.grad, reference.weight.grad, weight_grad_kernel(call), "grad_weight")
+    _close(ours.weight.grad, reference.weight.grad, weight_grad_kernel(call), "grad_weight", dw_sums)
     assert x.grad.dtype == dtype and x.grad.is_contiguous(memory_format=memory)
     if bias:
         torch.testing.assert_close(ours.bias.grad.double(), reference.bias.grad, rtol=2e-2, atol=1e-1)
@@ -575,7 +576,8 @@ def test_autocast_weight_gradients_are_the_float32_sums(layer, dtype, channels_l
     assert [ours.weight.grad.stride(i) for i in sized] == [ours.weight.stride(i) for i in sized]
     call = conv_call(x.shape, ours.weight.shape, ours.stride, pads_of(ours.padding, ours.kernel_size, ours.stride, ours.dilation), ours.dilation,
                      groups, narrow, channels_last, channels_last and ours.weight.shape[1] > 1)  # fmt: skip
-    _close(ours.weight.grad, reference.weight.grad, weight_grad_kernel(call, "float32"), "grad_weight")
+    dw_sums = lambda: winograd_dw_magnitudes(x64.detach().numpy(), g.double().numpy(), call.pads)
+    _close(ours.weight.grad, reference.weight.grad, weight_grad_kernel(call, "float32"), "grad_weight", dw_sums)
     _close(x.grad.to(narrow), x64.grad, input_grad_kernel(call), "grad_input")
 
 

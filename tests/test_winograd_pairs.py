@@ -1,6 +1,6 @@
 """Issue 27: F(2x2, 3x3) on bf16 pairs, what a ``vdpbf16ps`` target (Zen 4) runs for a bf16
-forward or stride-1 dX under ``algorithm="auto"`` where it pays: the transformed tiles and weights
-rounded to bf16 (to nearest, ties to even), the 16 GEMMs on ``vdpbf16ps``.
+forward, stride-1 dX or dW under ``algorithm="auto"`` where it pays: the transformed tiles and weights
+(the dW: tiles of x and dy) rounded to bf16 (to nearest, ties to even), the 16 GEMMs on ``vdpbf16ps``.
 
 Every kernel runs in its emulated form where the host lacks the instruction
 (:func:`tvm_convgrad.emulate_bf16_dot`), against the float64 reference written from the
@@ -44,12 +44,15 @@ _CASES = [
     ("data", 2, 64, 64, (14, 10), ((1, 1), (1, 1)), "NXC", False),
     ("data", 16, 64, 64, (4, 4), ((1, 1), (1, 1)), "NCX", False),  # 2 tiles a row: the register tile spans 16 images' tiles
     ("data", 4, 64, 80, (8, 10), ((2, 0), (0, 2)), "NXC", False),  # the dX's own pads 0..2, Cout 80 (5 blocks)
+    ("conv_v2", 2, 64, 64, (16, 16), ((1, 1), (1, 1)), "NXC", False),  # dW: pairs of tiles, 8 tiles a row
+    ("conv_v2", 4, 64, 80, (7, 10), ((1, 1), (1, 1)), "NCX", False),  # odd: 4 rows of 5 tiles (the last pair's second 0), Cout 80
+    ("conv_v2", 1, 64, 64, (16, 18), ((2, 0), (0, 2)), "NXC", False),  # one image (its tile rows in parts), 9 tiles a row, pads 0..2
 ]
 
 
 @pytest.mark.parametrize("op, batch, cin, cout, size, pads, data_format, bias", _CASES)
 def test_bf16_pair_winograd_matches_the_reference(op, batch, cin, cout, size, pads, data_format, bias):
-    """The pair form of ``"auto"``'s bf16 forward and dX, emulated where the host lacks ``vdpbf16ps``:
+    """The pair form of ``"auto"``'s bf16 forward, dX and dW, emulated where the host lacks ``vdpbf16ps``:
     F(2x2, 3x3) on bf16 pairs (``winograd-bf16``), every element within the rounding bound of its
     operands (module docstring); the pairs' error shows (above the exact path's bound somewhere)."""
     case = _case(op, batch, cin, cout, size, pads, data_format, bias=bias)
@@ -76,19 +79,24 @@ _WEIGHTS = lambda a, w, shape, kw: onednn.convolution_backward_weights(a, a, [in
 _NAMED = lambda a, w, shape, kw: onednn.convolution(a, w, **kw, algorithm="winograd")
 
 
-@pytest.mark.parametrize("batch, size, channels, way", [(32, 28, 64, "winograd-bf16"), (32, 14, 128, "winograd-bf16"),
-                                                        (32, 7, 256, "winograd-bf16"), (4, 14, 256, "winograd-bf16"),
-                                                        (8, 7, 256, "cube-bf16"), (2, 14, 256, "cube-bf16"),
-                                                        (32, 4, 512, "cube-bf16"), (8, 14, 32, "cube-bf16")])  # fmt: skip
-def test_auto_takes_the_pair_winograd_on_zen4_where_it_pays(batch, size, channels, way):
+_PAIRS, _CUBE = "winograd-bf16", "cube-bf16"
+
+
+@pytest.mark.parametrize("batch, size, channels, way, dw_way", [(32, 28, 64, _PAIRS, _PAIRS), (32, 14, 128, _PAIRS, _PAIRS),
+                                                                (8, 56, 64, _PAIRS, _PAIRS), (8, 16, 64, _PAIRS, _PAIRS),
+                                                                (32, 7, 256, _PAIRS, _CUBE), (4, 14, 256, _PAIRS, _CUBE),
+                                                                (8, 14, 256, _PAIRS, _CUBE), (8, 7, 256, _CUBE, _CUBE), (2, 14, 256, _CUBE, _CUBE),
+                                                                (32, 4, 512, _CUBE, _CUBE), (8, 14, 32, _CUBE, _CUBE)])  # fmt: skip
+def test_auto_takes_the_pair_winograd_on_zen4_where_it_pays(batch, size, channels, way, dw_way):
     """``"auto"``'s bf16 forward and dX for Zen 4: F(2x2, 3x3) on pairs with 12 tiles or more per
     64 x 64 block of weights (ResNet-18's 3x3 layers at N=32 down to 7x7; 256 on 14x14 at N=4: 12.25),
     the bf16-pair cube below (N=2: 6.1; 256 on 7x7 at N=8: 8; 512 on 4x4: 2) or under 64 channels;
-    the dW stays the cube; Winograd asked for by name keeps its exact form (no operand rounded)."""
+    the dW on pairs of tiles up to 128 x 128 weights a tap (ResNet-18's and ResNet-50's first two
+    stages), the cube past them; Winograd asked for by name keeps its exact form (no operand rounded)."""
     shape, wshape = (batch, size, size, channels), (channels, channels, 3, 3)
     assert _formulation(_FORWARD, shape, wshape, _znver4()) == way
     assert _formulation(_DATA, shape, wshape, _znver4()) == way
-    assert _formulation(_WEIGHTS, shape, wshape, _znver4()) == "cube-bf16"
+    assert _formulation(_WEIGHTS, shape, wshape, _znver4()) == dw_way
     assert _formulation(_NAMED, shape, wshape, _znver4()) == "winograd"
 
 
@@ -101,6 +109,9 @@ def test_the_pair_winograd_runs_its_gemms_on_vdpbf16ps():
     assert kernel.inspect_source("asm").count("vdpbf16ps") >= 16
     exact = build(case_call(replace(case, algorithm="winograd"), *placeholders(case)), target=_znver4())
     assert exact.formulation == "winograd" and "vdpbf16ps" not in exact.inspect_source("asm")
+    dw = replace(_case("conv_v2", 8, 64, 64, (16, 16)), data_format="NCX")
+    kernel = build(case_call(dw, *placeholders(dw)), target=_znver4())
+    assert kernel.formulation == "winograd-bf16" and kernel.inspect_source("asm").count("vdpbf16ps") >= 8
 
 
 def test_a_rounded_pair_rounds_to_nearest_with_ties_to_even():

@@ -65,9 +65,9 @@ def _filter_grad(op: str, x: te.Tensor, dy: te.Tensor, view: ConvView, data_form
     builder of its bf16-pair form (``bf16_pairs``; ``amx``: in the AMX tile plan's layout), which
     a ``vdpbf16ps`` (AMX) target builds instead."""
     params = view.params(kernel_name)
-    if use_winograd(op, algorithm, view, filter_grad=True, planar=data_format == "NCX"):
+    if use_winograd(op, algorithm, view, filter_grad=True, planar=data_format == "NCX", pairs=bf16_pairs) and not amx:
         attrs = {"kernel_name": kernel_name, "flops": params.flops, "weights_format": weights_format}
-        result = winograd_filter_grad_result(x, dy, view, data_format, weights_format, shape, DIFF_WEIGHTS, attrs, dw_dtype)
+        result = winograd_filter_grad_result(x, dy, view, data_format, weights_format, shape, DIFF_WEIGHTS, attrs, dw_dtype, bf16_pairs)
         return attach(result, params, inputs, FrameworkCall(op, view, data_format, weights_format))
     cout_innermost = weights_format in _COUT_INNERMOST  # the pair tile turned to write rows of it
     dw = conv2d_backprop_filter_compute(as_5hd(x, data_format, FMAP_5HD), as_5hd(dy, data_format, DY_5HD), params, bf16_pairs, cout_innermost, amx,
@@ -75,7 +75,7 @@ def _filter_grad(op: str, x: te.Tensor, dy: te.Tensor, view: ConvView, data_form
     to_oix = partial(_conv_view_weight, weights_format)
     attrs = {"kernel_name": kernel_name, "flops": params.flops, "weights_format": weights_format}
     result = weight_stage(dw, view, shape, to_oix, dw_dtype or view.dtype, DIFF_WEIGHTS, attrs)
-    paired = partial(_filter_grad, op, x, dy, view, data_format, weights_format, shape, kernel_name, inputs, True, dw_dtype=dw_dtype) \
+    paired = partial(_filter_grad, op, x, dy, view, data_format, weights_format, shape, kernel_name, inputs, True, algorithm=algorithm, dw_dtype=dw_dtype) \
         if _pairs_apply(view, bf16_pairs) else None  # fmt: skip
     return attach(result, params, inputs, FrameworkCall(op, view, data_format, weights_format), paired)
 

@@ -37,10 +37,10 @@ def use_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = Fal
                  planar: bool = False, pairs: bool = False) -> bool:  # fmt: skip
     """Whether the forward (``input_grad``: the dX; ``filter_grad``: the dW) of ``view`` runs as
     F(2x2, 3x3) for ``algorithm`` (a forward with ``post_ops`` keeps the cube; ``planar``: the
-    activations are channel-planar, NCX); ``pairs``: whether a bf16 forward's or dX's pair form
-    does (:func:`paired_winograd`)."""
+    activations are channel-planar, NCX); ``pairs``: whether a bf16 forward's, dX's or dW's pair
+    form does (:func:`paired_winograd`)."""
     if pairs:
-        return paired_winograd(op, algorithm, view, input_grad, post_ops)
+        return paired_winograd(op, algorithm, view, input_grad, post_ops, filter_grad)
     algorithm = algorithm_choice(op, algorithm)
     if algorithm == "direct" or view.rank != 2 or post_ops:
         if algorithm == "winograd":
@@ -59,9 +59,9 @@ def use_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = Fal
     return winograd_pays(geom, input_grad, filter_grad, plan is not None and plan.registers_per_row > 1, planar)
 
 
-def paired_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = False, post_ops: Sequence = ()) -> bool:
-    """Whether the bf16-pair form of a bf16 forward or dX (``input_grad``) of ``view`` runs as
-    F(2x2, 3x3) with its GEMMs on bf16 pairs (:func:`~tvm_convgrad.dsl.compute.winograd.winograd_conv`'s
+def paired_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = False, post_ops: Sequence = (), filter_grad: bool = False) -> bool:
+    """Whether the bf16-pair form of a bf16 forward, dX (``input_grad``) or dW (``filter_grad``) of
+    ``view`` runs as F(2x2, 3x3) with its GEMMs on bf16 pairs (:func:`~tvm_convgrad.dsl.compute.winograd.winograd_conv`'s
     ``pairs``): for ``"auto"`` where it applies and pays on AVX-512 (:func:`~tvm_convgrad.dsl.compute.winograd_rules.paired_winograd_pays`).
     ``"winograd"`` keeps its exact form (the transforms and sums in fp32, no operand rounded):
     the pair form rounds the transformed tiles and weights to bf16 (see the module docstring of
@@ -69,7 +69,7 @@ def paired_winograd(op: str, algorithm: str, view: ConvView, input_grad: bool = 
     if algorithm_choice(op, algorithm) != "auto" or view.rank != 2 or post_ops or view.dtype != "bfloat16":
         return False
     geom = view.geometry()
-    return winograd_applies(geom, view.dtype, input_grad) and paired_winograd_pays(geom, input_grad)
+    return winograd_applies(geom, view.dtype, input_grad) and paired_winograd_pays(geom, input_grad, filter_grad)
 
 
 def exact_bf16(plan, gradient: bool) -> bool:
@@ -152,11 +152,11 @@ def winograd_data_grad(dy: te.Tensor, weights: te.Tensor, view: ConvView, data_f
 
 
 def winograd_filter_grad_result(x: te.Tensor, dy: te.Tensor, view: ConvView, data_format: str, weights_format: str, shape, name: str,
-                                attrs: dict, dtype: str | None = None) -> te.Tensor:  # fmt: skip
+                                attrs: dict, dtype: str | None = None, pairs: bool = False) -> te.Tensor:  # fmt: skip
     """The weight gradient of ``shape`` in ``weights_format`` by F(2x2, 3x3) transposed
     (:func:`~tvm_convgrad.dsl.compute.winograd.winograd_filter_grad`), rounded once to ``dtype``
     (None: the inputs' type; a bf16 call's ``"float32"``: its sums unrounded)."""
-    w = winograd_filter_grad(_activation(x, data_format), _activation(dy, data_format), forward_shape(view.geometry()), data_format == "NCX")
+    w = winograd_filter_grad(_activation(x, data_format), _activation(dy, data_format), forward_shape(view.geometry()), data_format == "NCX", pairs)
 
     def value(*index):
         o, i, (kh, kw) = split_weights(index, weights_format)

@@ -19,7 +19,7 @@ modes all give to PyTorch (:func:`_pytorchs_throughout`) is ``F.conv2d``'s own: 
 node in C++, ~60-90 us less a call than the ``autograd.Function`` running the same convolutions.
 
 Types: float32, bfloat16 and float16 run in their type (sums in float32, rounded once; on a
-``vdpbf16ps`` CPU a bf16 3x3 forward or dX with enough tiles runs F(2x2, 3x3) on bf16 pairs, its
+``vdpbf16ps`` CPU a bf16 3x3 forward, dX or dW with enough tiles runs F(2x2, 3x3) on bf16 pairs, its
 transformed operands rounded to bf16 too: :mod:`tvm_convgrad.dsl.compute.winograd`, and
 :data:`.kernels.ALGORITHM` ``"direct"`` before the first call keeps the cube); float64
 tensors (``torch.autograd.gradcheck``) are rounded to float32, run there and widened back.

@@ -55,7 +55,7 @@ from typing import Iterable
 __all__ = [
     "AMX_STEPS", "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "CONV_PX", "CONV_DW", "CONV_DW_PX", "READ_IN_PLACE", "X_ROWS", "X_PLANE", "W_PLANE", "DIFF_SRC", "DIFF_WEIGHTS", "DST", "SRC_5HD", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
     "DX_PX", "DX_AMX", "DY_5HD", "DY_AMX", "W_AMX", "DY_DW", "DY_PACKS", "DY_PAD", "DY_ROWS", "DW_TAG", "DX_TAG", "FMAP_5HD", "FMAP_DW", "FMAP_L1", "FORMULATION", "Formulation",
-    "GRADS_2_MATRIX", "GRADS_DW", "KERNEL_H", "KERNEL_W", "PAD_CUTS_H", "PAD_CUTS_W", "LAYOUT_ADAPTER", "LAYOUT_IN_TAG", "LAYOUT_OUT_TAG", "MAD_TAG", "PACK_STAGES", "WEIGHTS_FRACZ", "W_COL", "W_DW", "W_T", "WINO_D", "WINO_DW", "WINO_DYW", "WINO_M", "WINO_U", "WINO_UP", "WINO_V", "WINO_VP", "WINO_W", "WINO_WT", "WINO_X", "WINO_Y",
+    "GRADS_2_MATRIX", "GRADS_DW", "KERNEL_H", "KERNEL_W", "PAD_CUTS_H", "PAD_CUTS_W", "LAYOUT_ADAPTER", "LAYOUT_IN_TAG", "LAYOUT_OUT_TAG", "MAD_TAG", "PACK_STAGES", "WEIGHTS_FRACZ", "W_COL", "W_DW", "W_T", "WINO_D", "WINO_DP", "WINO_DW", "WINO_DYW", "WINO_M", "WINO_U", "WINO_UP", "WINO_V", "WINO_VP", "WINO_W", "WINO_WT", "WINO_X", "WINO_Y",
     "X_STEP", "formulation", "phase_firsts", "phase_name", "PHASE_AXES", "FMAP_PAD", "W_CONV", "CONV_CC", "CONV_RES", "CONV_TAG",
 ]  # fmt: skip
 
@@ -101,6 +101,7 @@ WINO_UP = "wino_up"
 WINO_M = "wino_m"
 WINO_Y = "wino_y"
 WINO_D = "wino_d"
+WINO_DP = "wino_dp"
 WINO_DW = "wino_dw"
 WINO_DYW = "wino_dyw"
 WINO_W = "wino_w"
@@ -190,6 +191,7 @@ class Formulation(str, Enum):
     WINOGRAD = "winograd"  # a 3x3 stride-1 forward or dX by F(2x2, 3x3): 16 GEMMs over Cin, Cout on the lanes
     WINOGRAD_DW = "winograd-dw"  # its dW: 16 GEMMs over the 2x2 tiles of dy, Cout on the lanes
     WINOGRAD_BF16 = "winograd-bf16"  # F(2x2, 3x3)'s GEMMs on bf16 pairs of Cin (a vdpbf16ps target's bf16 forward or dX)
+    WINOGRAD_DW_BF16 = "winograd-bf16-dw"  # its dW's GEMMs on bf16 pairs of tiles (a vdpbf16ps target's bf16 dW)
 
     @property
     def family(self) -> str:

@@ -51,12 +51,13 @@ Error: each output is a sum of the same products as the direct convolution's, re
 the transforms (``+-1`` and ``1/2``) add a few units in the last place per output (tests bound it
 against the float64 reference).
 
-**bf16 pairs** (``pairs``, what a ``vdpbf16ps`` target builds for a bf16 forward or dX under
+**bf16 pairs** (``pairs``, what a ``vdpbf16ps`` target builds for a bf16 forward, dX or dW under
 ``algorithm="auto"`` where it pays: :func:`~.winograd_rules.paired_winograd_pays`): the transforms
 stay fp32, then ``wino_vp (16, N, TH, Cin/16, TW, 8)`` and ``wino_up (Cout/16, 16, Cin/2, 16)``
 hold ``wino_v`` and ``wino_u`` rounded to bf16 (to nearest, ties to even:
 :func:`.pairs.rounded_pair`), two consecutive input channels a ``uint32`` word, and ``wino_m`` sums
-:func:`.pairs.pair_dot` over the pairs in fp32 (``Formulation.WINOGRAD_BF16``). Each product's two
+:func:`.pairs.pair_dot` over the pairs in fp32 (``Formulation.WINOGRAD_BF16``; the dW pairs
+consecutive tiles of ``wino_v`` and ``wino_d``: :func:`_paired_dw_mad`). Each product's two
 operands are rounded once (relative 2^-8 each: bf16's unit roundoff), so an output is off by at most 2^-7 of the same
 sums taken over the magnitudes (``tests/framework_cases.pair_winograd_bound``): on random data
 (64 -> 64 on 16x16, N=8, weights 0.05 x N(0, 1)) 4.2e-3 of the result's RMS, against 1.7e-3 for
@@ -79,6 +80,7 @@ from .stages import (
     FORMULATION,
     MAD_TAG,
     WINO_D,
+    WINO_DP,
     WINO_DW,
     WINO_DYW,
     WINO_M,
@@ -176,12 +178,10 @@ def weight_index(co, ci, kh, kw) -> tuple:
 
 def _signed_sum(terms) -> tirx.PrimExpr:
     """``sum(sign * value)`` of ``(value, sign)`` pairs, signs +-1, without multiplies."""
-    total = None
-    for value, sign in terms:
-        if total is None:
-            total = value if sign > 0 else -value
-        else:
-            total = total + value if sign > 0 else total - value
+    (first, sign), *rest = terms
+    total = first if sign > 0 else -first
+    for value, sign in rest:
+        total = total + value if sign > 0 else total - value
     return total
 
 
@@ -323,7 +323,31 @@ def winograd_conv(x_at: Callable, w_at: Callable, shape: WinogradShape, bias_at:
     return te.compute((shape.n, th, cout1, tw, 2, 2, C0), y_value, name=WINO_Y)
 
 
-def winograd_filter_grad(x_at: Callable, dy_at: Callable, shape: WinogradShape, planar: bool = False) -> te.Tensor:
+def _paired_dw_mad(v: te.Tensor, d: te.Tensor, shape: WinogradShape, n, i) -> te.Tensor:
+    """``wino_dw`` on bf16 pairs of tiles: ``wino_vp (16, N, TH, Cin/16, ceil(TW/2), 16)`` and ``wino_dp (16, N,
+    TH, Cout/16, ceil(TW/2), 16)`` hold ``wino_v`` and ``wino_d`` rounded to bf16, tiles ``2p`` and ``2p + 1``
+    of a row a word, and the mad sums :func:`.pairs.pair_dot` over the pairs (``Formulation.WINOGRAD_DW_BF16``:
+    a ``vdpbf16ps`` per 16 Cout lanes, x's pair broadcast); ``n``, ``i``: the reduction's image and row axes."""
+    th, tw = shape.tiles
+    half = (tw + 1) // 2
+
+    def tile_pairs(t: te.Tensor, c1: int, name: str) -> te.Tensor:
+        def value(xi, n_, i_, c, p, c0, k):  # (an odd row's last pair: its second tile 0, t read inside its row)
+            at = t[xi, n_, i_, c, tirx.min(2 * p + k, tw - 1) if tw % 2 else 2 * p + k, c0]
+            return tirx.if_then_else(2 * p + k < tw, at, tirx.const(0, ACC)) if tw % 2 else at
+
+        return _rounded_pairs((ALPHA * ALPHA, shape.n, th, c1, half, C0), value, name)
+
+    vp, dp = tile_pairs(v, shape.cin // C0, WINO_VP), tile_pairs(d, shape.cout // C0, WINO_DP)
+    p = te.reduce_axis((0, half), name="p")
+    return te.compute(
+        (shape.cout // C0, shape.cin, ALPHA * ALPHA, C0),
+        lambda co1, ci, xi, co0: te.sum(pair_dot(dp[xi, n, i, co1, p, co0], vp[xi, n, i, ci // C0, p, ci % C0]), axis=[n, i, p]),
+        name=WINO_DW, tag=MAD_TAG, attrs={FORMULATION: Formulation.WINOGRAD_DW_BF16.value},
+    )
+
+
+def winograd_filter_grad(x_at: Callable, dy_at: Callable, shape: WinogradShape, planar: bool = False, pairs: bool = False) -> te.Tensor:
     """``wino_w (Cout/16, Cin, 3, 3, 16)``, the weight gradient of the convolution of ``shape``
     (``dw[co, ci, kh, kw] = sum_{n, p, q} dy[n, co, p, q] * x[n, ci, p - pt + kh, q - pl + kw]``)
     by F(2x2, 3x3) transposed: per 2x2 tile of dy, ``dW = G^T [sum_tiles (A dy A^T) (.) (B^T d B)] G``
@@ -334,7 +358,7 @@ def winograd_filter_grad(x_at: Callable, dy_at: Callable, shape: WinogradShape, 
     the sum over the tiles ``(n, i, j)``) and ``wino_w`` (``G^T m G``; weight ``(co, ci, kh, kw)`` at
     :func:`weight_index`). ``x_at(n, c, r, col)`` and
     ``dy_at(n, c, r, col)`` read the tensors at positions inside them, as fp32 (``planar``:
-    :func:`input_tiles`)."""
+    :func:`input_tiles`); ``pairs``: the 16 GEMMs on bf16 pairs of tiles (:func:`_paired_dw_mad`)."""
     th, tw = shape.tiles
     cout1 = shape.cout // C0
     zero = tirx.const(0, ACC)
@@ -359,12 +383,15 @@ def winograd_filter_grad(x_at: Callable, dy_at: Callable, shape: WinogradShape, 
     d = te.compute((ALPHA * ALPHA, shape.n, th, cout1, tw, C0), d_value, name=WINO_D)
     n = te.reduce_axis((0, shape.n), name="n")
     i = te.reduce_axis((0, th), name="i")
-    j = te.reduce_axis((0, tw), name="j")
-    m = te.compute(
-        (cout1, shape.cin, ALPHA * ALPHA, C0),
-        lambda co1, ci, xi, co0: te.sum(d[xi, n, i, co1, j, co0] * v[xi, n, i, ci // C0, j, ci % C0], axis=[n, i, j]),
-        name=WINO_DW, tag=MAD_TAG, attrs={FORMULATION: Formulation.WINOGRAD_DW.value},
-    )
+    if pairs:
+        m = _paired_dw_mad(v, d, shape, n, i)
+    else:
+        j = te.reduce_axis((0, tw), name="j")
+        m = te.compute(
+            (cout1, shape.cin, ALPHA * ALPHA, C0),
+            lambda co1, ci, xi, co0: te.sum(d[xi, n, i, co1, j, co0] * v[xi, n, i, ci // C0, j, ci % C0], axis=[n, i, j]),
+            name=WINO_DW, tag=MAD_TAG, attrs={FORMULATION: Formulation.WINOGRAD_DW.value},
+        )
 
     def w_value(co1, ci, kh, kw, co0):
         terms = [(_g(a, kh) * _g(b, kw)) * m[co1, ci, ALPHA * a + b, co0] for a in range(ALPHA) for b in range(ALPHA)]

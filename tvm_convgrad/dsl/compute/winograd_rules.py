@@ -17,7 +17,7 @@ from .winograd import forward_shape, input_grad_shape
 __all__ = ["WINOGRAD_DW_MAX_WEIGHTS", "WINOGRAD_DW_TILES_PER_WEIGHTS", "WINOGRAD_DW_WIDE_MAX_WEIGHTS",
            "WINOGRAD_DW_WIDEST_MAX_WEIGHTS", "WINOGRAD_DW_WIDEST_MIN_TILES", "WINOGRAD_MIN_CHANNELS", "WINOGRAD_MIN_TILES",
            "WINOGRAD_NARROW_MIN_TILES", "WINOGRAD_NARROW_ODD_MIN_TILES", "WINOGRAD_TILES_PER_WEIGHTS", "WINOGRAD_WHOLE_MIN_TILES",
-           "WINOGRAD_WHOLE_TILES_PER_WEIGHTS", "PAIRED_TILES_PER_WEIGHTS", "paired_winograd_pays", "winograd_pays"]
+           "WINOGRAD_WHOLE_TILES_PER_WEIGHTS", "PAIRED_DW_MAX_WEIGHTS", "PAIRED_TILES_PER_WEIGHTS", "paired_winograd_pays", "winograd_pays"]
 
 WINOGRAD_MIN_CHANNELS = 64
 """Fewest input and output channels a layer takes Winograd at by choice (``algorithm="auto"``):
@@ -155,10 +155,26 @@ bf16-pair cube, dX / forward, NCHW and NHWC (``layers/dec03g-pairs.txt``): 64 ->
 on 4x4 N=32 (2) 0.67-0.71x / 0.81-1.10x, N=8 (0.5) 0.51-0.71x / 0.32-0.53x."""
 
 
-def paired_winograd_pays(geom, input_grad: bool = False) -> bool:
+PAIRED_DW_MAX_WEIGHTS = 128 * 128
+"""Most weights per tap (Cin x Cout) a bf16 dW takes F(2x2, 3x3) on bf16 pairs of tiles at by choice
+(where :func:`winograd_pays` takes the fp32 one): each core's sums of the transformed products
+(16 x Cin x Cout floats) are read and written once per chunk, which weighs twice as much against
+GEMMs at the pairs' rate. Zen 4 (2 cores, 2026-12-04), against the bf16-pair cube, NCHW / NHWC, two
+calls of each in turn: 64 -> 64 on 28x28 N=32 1.33-1.51 / 1.51-1.76x, 64 on 56x56 N=8 1.23-1.37 /
+1.49-1.60x, 64 on 32x32 N=8 1.36 / 1.38-1.46x, 64 on 16x16 N=8 1.09-1.22 / 1.15-1.38x, 128 on
+14x14 N=32 1.28-1.37 / 1.37x, 128 on 28x28 N=8 1.19-1.43 / 1.47-2.17x; past it the cube: 256 on
+14x14 N=16 1.09-1.14 / 1.08-1.10x, N=8 0.72-0.83 / 0.80-0.84x, N=4 1.01-1.10 / 0.90-0.94x, 256 on
+7x7 N=32 0.94-1.16 / 0.74-0.75x, 512 on 7x7 N=8 0.32-0.56 / 0.39-0.41x, 512 on 4x4 N=32 0.31-0.54 /
+0.58-0.60x."""
+
+
+def paired_winograd_pays(geom, input_grad: bool = False, filter_grad: bool = False) -> bool:
     """Whether F(2x2, 3x3) on bf16 pairs (``vdpbf16ps``) is the faster way of a bf16 forward or dX
     (``input_grad``) it applies to, against the direct bf16-pair cube: where :func:`winograd_pays`
-    (on AVX-512) and with :data:`PAIRED_TILES_PER_WEIGHTS` tiles per block of weights."""
+    (on AVX-512) and with :data:`PAIRED_TILES_PER_WEIGHTS` tiles per block of weights; of a bf16 dW
+    (``filter_grad``): where :func:`winograd_pays` and up to :data:`PAIRED_DW_MAX_WEIGHTS` weights per tap."""
+    if filter_grad:
+        return geom.cin * geom.cout <= PAIRED_DW_MAX_WEIGHTS and winograd_pays(geom, filter_grad=True)
     shape = input_grad_shape(geom) if input_grad else forward_shape(geom)
     th, tw = shape.tiles
     blocks = geom.cin * geom.cout / (64 * 64)

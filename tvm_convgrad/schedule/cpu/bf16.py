@@ -33,7 +33,7 @@ from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
 from ...dsl.compute.pairs import PAIR_DTYPE, pair_dot
-from ...dsl.compute.stages import WINO_U, WINO_UP, WINO_V, WINO_WT
+from ...dsl.compute.stages import WINO_D, WINO_DP, WINO_U, WINO_UP, WINO_V, WINO_VP, WINO_WT
 from ...isa import PLANS
 from ...layout import C0
 from ...tvmscript import fast_tvmscript
@@ -41,10 +41,10 @@ from .cube import CubeForward, CubeInputGrad
 from .cube_dw import CubeFilterGrad
 from .lanes import CoutLanesFilterGrad
 from .loops import CpuMad, producers_named
-from .winograd import WinogradConv
+from .winograd import WinogradConv, WinogradFilterGrad
 
 __all__ = [
-    "DPBF16", "DPBF16_EMULATED_LLVM", "DPBF16_INTRIN", "DPBF16_LLVM", "PairedCoutLanesFilterGrad", "PairedFilterGrad", "PairedForward", "PairedInputGrad", "PairedWinogradConv",
+    "DPBF16", "DPBF16_EMULATED_LLVM", "DPBF16_INTRIN", "DPBF16_LLVM", "PairedCoutLanesFilterGrad", "PairedFilterGrad", "PairedForward", "PairedInputGrad", "PairedWinogradConv", "PairedWinogradFilterGrad",
     "dpbf16_llvm", "emulated_pairs_llvm",
 ]  # fmt: skip
 
@@ -227,3 +227,19 @@ class PairedWinogradConv(_Pairs, WinogradConv):
         self._positions_unrolled(vp, task)
         (v,) = producers_named(sch, vp, (WINO_V,))
         self._positions_unrolled(v, sch.get_loops(vp)[-3])  # (under vp's tile loop: *rows, tile, xi, pair)
+
+
+class PairedWinogradFilterGrad(_Pairs, WinogradFilterGrad):
+    """F(2x2, 3x3)'s dW GEMMs on bf16 pairs of tiles (``wino_dw``, ``Formulation.WINOGRAD_DW_BF16``):
+    the fp32 Winograd dW schedule, each Cout row of a register tile one ``vdpbf16ps`` per pair of
+    tiles (the input channel's pair broadcast). A chunk's pairs (``wino_vp``, ``wino_dp``) are made
+    pair by pair from the two tiles' 16 transformed positions (``wino_v``, ``wino_d``, computed under
+    the pair: in L1)."""
+
+    packs = (WINO_VP, WINO_DP)
+
+    def _pack(self, pack, chunk):
+        sch = self.sch
+        self._positions_unrolled(pack, chunk)
+        (values,) = producers_named(sch, pack, (WINO_V, WINO_D))
+        self._positions_unrolled(values, sch.get_loops(pack)[-3])  # (under the pack's pair loop: *rows, pair, xi, lanes)

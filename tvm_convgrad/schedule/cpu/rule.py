@@ -29,6 +29,7 @@ cube forward           ``conv_cc``                    :class:`.cube.CubeForward`
 Winograd F(2x2, 3x3)   ``wino_m``                     :class:`.winograd.WinogradConv` (forward, dX)
 Winograd dW            ``wino_dw``                    :class:`.winograd.WinogradFilterGrad`
 Winograd, bf16 pairs   ``wino_m``                     :class:`.bf16.PairedWinogradConv` (``vdpbf16ps``)
+Winograd dW, bf16      ``wino_dw``                    :class:`.bf16.PairedWinogradFilterGrad` (``vdpbf16ps``)
 =====================  =============================  ===========================================
 
 The fp16 -> fp32 conversion happens once: in the packing stages (``fmap_l1``, ``grads_2_matrix``,
@@ -58,7 +59,7 @@ from ..base import Config, Rule, mads
 from ..common import inline_layout_stages, stage_blocks, target_cores
 from .amx import AmxFilterGrad
 from .amx_dx import AmxInputGrad
-from .bf16 import PairedCoutLanesFilterGrad, PairedFilterGrad, PairedForward, PairedInputGrad, PairedWinogradConv
+from .bf16 import PairedCoutLanesFilterGrad, PairedFilterGrad, PairedForward, PairedInputGrad, PairedWinogradConv, PairedWinogradFilterGrad
 from .cube import CubeForward, CubeInputGrad
 from .cube_dw import CubeFilterGrad
 from .depthwise import DepthwiseFilterGrad, DepthwiseForward, DepthwiseInputGrad, phases_plane_by_plane
@@ -90,6 +91,7 @@ FORMULATIONS: dict[Formulation, type[CpuMad]] = {
     Formulation.WINOGRAD: WinogradConv,
     Formulation.WINOGRAD_DW: WinogradFilterGrad,
     Formulation.WINOGRAD_BF16: PairedWinogradConv,
+    Formulation.WINOGRAD_DW_BF16: PairedWinogradFilterGrad,
 }
 """The class that schedules each kind of mad."""
 

@@ -14,7 +14,9 @@
 * The dW (:class:`WinogradFilterGrad`, ``wino_dw``): each core sums a part of the tiles
   (``rfactor``) in chunks, each chunk's ``wino_v`` and ``wino_d`` made in its task, register
   tiles of ``R`` input channels x ``V`` Cout rows (:func:`.tiles.winograd_dw_tile`); the parts are
-  added in a fixed order and ``wino_w`` (the 3x3 weight gradient) is a pass after.
+  added in a fixed order and ``wino_w`` (the 3x3 weight gradient) is a pass after. On bf16 pairs
+  of tiles (:class:`.bf16.PairedWinogradFilterGrad`): the same, from a chunk's pair stages
+  ``wino_vp`` and ``wino_dp`` (:attr:`WinogradFilterGrad.packs`, :meth:`WinogradFilterGrad._pack`).
 """
 
 from __future__ import annotations
@@ -258,11 +260,17 @@ class WinogradFilterGrad(_Transforms):
             chunks, steps = [n_o], [n_i, i]
         sch.reorder(part, *chunks, xi, co1_o, ci_o, *steps, j, ci_r, co1_v, co0)
         sch.parallel(part)
-        for name in (WINO_V, WINO_D):
-            (pack,) = [p for p in sch.get_producers(rf) if sch.get(p).name_hint == name]
-            self._positions_unrolled(pack, chunks[-1])
+        for pack in producers_named(sch, rf, self.packs):
+            self._pack(pack, chunks[-1])
         self.register_tile(rf, [ci_r, co1_v], co0, chunks[0])  # (the part's sums zeroed before its first chunk, in registers within each)
         self._result()
+
+    packs = (WINO_V, WINO_D)
+    """The mad's operand stages, each made per chunk (:meth:`_pack`)."""
+
+    def _pack(self, pack, chunk):
+        """An operand stage under ``chunk``, its positions unrolled."""
+        self._positions_unrolled(pack, chunk)
 
     def _result(self):
         """``wino_w`` with the frontend's weight layout folded in: ``(co1, ci)`` tasks, the taps
