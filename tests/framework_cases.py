@@ -298,12 +298,12 @@ def pair_winograd_bound(case: Case, inputs, expected: np.ndarray, kernel) -> np.
     """Elementwise allowed error of a forward, dX or dW by F(2x2, 3x3) on bf16 pairs (``winograd-bf16``):
     each product's two operands rounded once to bf16, so each output is off by at most
     :data:`PAIR_PRODUCT_ERROR` of :func:`winograd_magnitudes` (a dX: dy through the weight rotated
-    and transposed, the pads ``2 - p``; a dW: :func:`winograd_dw_magnitudes`, a deconvolution's of its
-    conv view, diff_dst the input), plus the direct kernels' bound (``tools.verify.error_bound``)."""
+    and transposed, the pads ``2 - p``; a dW: :func:`winograd_dw_magnitudes`; the deconvolution's dW
+    has no Winograd form), plus the direct kernels' bound (``tools.verify.error_bound``)."""
     if case.op != FORWARD_OP and case.op not in DATA_OPS:
-        x, dy = (_ncx(case, t) for t in (inputs[::-1] if case.op == "deconv" else inputs))
-        pt, pl = case.effective_pads if case.op != "deconv" else (2 - p for p in case.effective_pads)
-        pads = (pt, dy.shape[2] + 2 - x.shape[2] - pt, pl, dy.shape[3] + 2 - x.shape[3] - pl)
+        x, dy = (_ncx(case, t) for t in inputs)
+        (pt, pl), (h, wd), (ho, wo) = case.effective_pads, case.x_size, case.dy_size
+        pads = (pt, ho + 2 - h - pt, pl, wo + 2 - wd - pl)
         sums = reference.to_weights_format(winograd_dw_magnitudes(x, dy, pads), case.weights_format)
         return PAIR_PRODUCT_ERROR * sums + error_bound(kernel.params, expected, kernel.output.dtype)
     a = _ncx(case, inputs[0].astype(np.float64))

@@ -112,6 +112,7 @@ def test_the_pair_winograd_runs_its_gemms_on_vdpbf16ps():
     dw = replace(_case("conv_v2", 8, 64, 64, (16, 16)), data_format="NCX")
     kernel = build(case_call(dw, *placeholders(dw)), target=_znver4())
     assert kernel.formulation == "winograd-bf16" and kernel.inspect_source("asm").count("vdpbf16ps") >= 8
+    assert "T.int64(" in kernel.inspect_source("tir")  # (the dW's pairs keep a CPU's 64-bit indices: no fused loop over them)
 
 
 def test_a_rounded_pair_rounds_to_nearest_with_ties_to_even():

@@ -104,14 +104,15 @@ class Workload:
     @property
     def _grouped_pairs(self) -> bool:
         """A bf16-pair mad whose tensorized rows lie under a fused loop, which takes 32-bit indices
-        on CPUs too: a grouped dW (the fused (group, Cout-block) core loop), F(2x2, 3x3) on pairs
-        (a register tile across a task's rows and images of tiles). With 64-bit ones, TVM 0.27's
+        on CPUs too: a grouped dW (the fused (group, Cout-block) core loop), F(2x2, 3x3)'s forward or
+        dX on pairs (a register tile across a task's rows and images of tiles; its dW's tiles are
+        loops of their own, and keep 64-bit indices). With 64-bit ones, TVM 0.27's
         ``blockize`` (under the ``dpbf16`` tensorize) fails there ("The dtype of the extent of an
         IterVar (int32) must match its associated Var's dtype (int64)"); with 32-bit ones the hot
         loop is the same but for one sign extension per step."""
         p = self.params
         if self.formulation == "winograd-bf16":
-            return True
+            return p is None or p.op != FILTER_OP
         return p is not None and p.op == FILTER_OP and p.geom.group.g_extend > 1 and self.formulation in ("cube-bf16", "cube-amx")
 
 
