@@ -252,19 +252,28 @@ _G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.floa
 _AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64)
 
 
+def _window_magnitudes(x: np.ndarray, pads, th: int, tw: int) -> np.ndarray:
+    """``(N, C, TH, TW, 4, 4)``: ``|B^T| |d| |B|`` of each 2x2 tile's 4x4 window ``d`` of ``x (N, C, H, W)``
+    padded by ``pads`` (top, bottom, left, right), 0 outside it."""
+    n, c, h, wd = x.shape
+    pt, _, pl, _ = pads
+    padded = np.zeros((n, c, 2 * th + 2, 2 * tw + 2))
+    padded[:, :, pt : pt + h, pl : pl + wd] = np.abs(x)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (4, 4), axis=(2, 3))[:, :, ::2, ::2]
+    bt = np.abs(_BT)
+    return np.einsum("ab,ncijbe,fe->ncijaf", bt, windows, bt)
+
+
 def winograd_magnitudes(x: np.ndarray, w: np.ndarray, pads) -> np.ndarray:
     """``(N, K, Ho, Wo)``: F(2x2, 3x3) (Lavin and Gray) of ``x (N, C, H, W)`` and ``w (K, C, 3, 3)``
     (``pads``: top, bottom, left, right) with every matrix, input and weight taken by magnitude: per
     output, the sum of the ``|U| |V|`` products it is made of, through ``|A^T|``."""
-    n, c, h, wd = x.shape
+    n, _, h, wd = x.shape
     pt, pb, pl, pr = pads
     ho, wo = h + pt + pb - 2, wd + pl + pr - 2
     th, tw = -(-ho // 2), -(-wo // 2)
-    padded = np.zeros((n, c, 2 * th + 2, 2 * tw + 2))
-    padded[:, :, pt : pt + h, pl : pl + wd] = np.abs(x)
-    windows = np.lib.stride_tricks.sliding_window_view(padded, (4, 4), axis=(2, 3))[:, :, ::2, ::2]
-    bt, g, at = np.abs(_BT), np.abs(_G), np.abs(_AT)
-    v = np.einsum("ab,ncijbe,fe->ncijaf", bt, windows, bt)
+    v = _window_magnitudes(x, pads, th, tw)
+    g, at = np.abs(_G), np.abs(_AT)
     u = np.einsum("ab,kcbe,fe->kcaf", g, np.abs(w), g)
     m = np.einsum("ncijaf,kcaf->nkijaf", v, u)
     return np.einsum("ra,nkijaf,sf->nkirjs", at, m, at).reshape(n, -1, 2 * th, 2 * tw)[:, :, :ho, :wo]
@@ -274,17 +283,12 @@ def winograd_dw_magnitudes(x: np.ndarray, dy: np.ndarray, pads) -> np.ndarray:
     """``(K, C, 3, 3)``: the weight gradient by F(2x2, 3x3) transposed of ``x (N, C, H, W)`` and
     ``dy (N, K, Ho, Wo)`` (``pads``: top, bottom, left, right) with every matrix, input and gradient
     taken by magnitude: per weight, the sum of the ``|D| |V|`` products it is made of, through ``|G|``."""
-    n, c, h, wd = x.shape
-    k, (ho, wo) = dy.shape[1], dy.shape[2:]
-    pt, pb, pl, pr = pads
+    n, k, ho, wo = dy.shape
     th, tw = -(-ho // 2), -(-wo // 2)
-    padded = np.zeros((n, c, 2 * th + 2, 2 * tw + 2))
-    padded[:, :, pt : pt + h, pl : pl + wd] = np.abs(x)
-    windows = np.lib.stride_tricks.sliding_window_view(padded, (4, 4), axis=(2, 3))[:, :, ::2, ::2]
+    v = _window_magnitudes(x, pads, th, tw)
     tiles = np.zeros((n, k, 2 * th, 2 * tw))
     tiles[:, :, :ho, :wo] = np.abs(dy)
-    bt, g, a = np.abs(_BT), np.abs(_G), np.abs(_AT).T
-    v = np.einsum("ab,ncijbe,fe->ncijaf", bt, windows, bt)
+    g, a = np.abs(_G), np.abs(_AT).T
     d = np.einsum("ar,nkirjs,fs->nkijaf", a, tiles.reshape(n, k, th, 2, tw, 2), a)
     return np.einsum("ap,kcaf,fq->kcpq", g, np.einsum("nkijaf,ncijaf->kcaf", d, v), g)
 
@@ -300,19 +304,16 @@ def pair_winograd_bound(case: Case, inputs, expected: np.ndarray, kernel) -> np.
     :data:`PAIR_PRODUCT_ERROR` of :func:`winograd_magnitudes` (a dX: dy through the weight rotated
     and transposed, the pads ``2 - p``; a dW: :func:`winograd_dw_magnitudes`; the deconvolution's dW
     has no Winograd form), plus the direct kernels' bound (``tools.verify.error_bound``)."""
-    if case.op != FORWARD_OP and case.op not in DATA_OPS:
-        x, dy = (_ncx(case, t) for t in inputs)
-        (pt, pl), (h, wd), (ho, wo) = case.effective_pads, case.x_size, case.dy_size
-        pads = (pt, ho + 2 - h - pt, pl, wo + 2 - wd - pl)
-        sums = reference.to_weights_format(winograd_dw_magnitudes(x, dy, pads), case.weights_format)
-        return PAIR_PRODUCT_ERROR * sums + error_bound(kernel.params, expected, kernel.output.dtype)
-    a = _ncx(case, inputs[0].astype(np.float64))
-    w = reference.from_weights_format(inputs[1].astype(np.float64), case.weights_format)
     (pt, pl), (h, wd), (ho, wo) = case.effective_pads, case.x_size, case.dy_size
     pads = (pt, ho + 2 - h - pt, pl, wo + 2 - wd - pl)
-    if case.op in DATA_OPS:
-        w, pads = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), tuple(2 - p for p in pads)
-    sums = reference.to_data_format(winograd_magnitudes(a, w, pads), case.data_format)
+    a = _ncx(case, inputs[0].astype(np.float64))
+    if case.op != FORWARD_OP and case.op not in DATA_OPS:
+        sums = reference.to_weights_format(winograd_dw_magnitudes(a, _ncx(case, inputs[1]), pads), case.weights_format)
+    else:
+        w = reference.from_weights_format(inputs[1].astype(np.float64), case.weights_format)
+        if case.op in DATA_OPS:
+            w, pads = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), tuple(2 - p for p in pads)
+        sums = reference.to_data_format(winograd_magnitudes(a, w, pads), case.data_format)
     return PAIR_PRODUCT_ERROR * sums + error_bound(kernel.params, expected, kernel.output.dtype)
 
 

@@ -198,7 +198,19 @@ class PairedCoutLanesFilterGrad(_Pairs, CoutLanesFilterGrad):
     packs_per_band = False
 
 
-class PairedWinogradConv(_Pairs, WinogradConv):
+class _PairedTransforms(_Pairs):
+    """What both Winograd mads on bf16 pairs do with their pair stages."""
+
+    def _pack(self, pack, loop):
+        """A pair stage (``wino_vp``, ``wino_dp``) under ``loop``, its positions unrolled, and the
+        fp32 transform it rounds (``wino_v``, ``wino_d``) under its tile loop."""
+        sch = self.sch
+        self._positions_unrolled(pack, loop)
+        (values,) = producers_named(sch, pack, (WINO_V, WINO_D))
+        self._positions_unrolled(values, sch.get_loops(pack)[-3])  # (under the pack's tile loop: *rows, tile, xi, lanes)
+
+
+class PairedWinogradConv(_PairedTransforms, WinogradConv):
     """F(2x2, 3x3)'s 16 GEMMs on bf16 pairs of input channels (``wino_m``, ``Formulation.WINOGRAD_BF16``):
     the fp32 Winograd schedule, each Cout row of a register tile one ``vdpbf16ps`` per pair, whole
     register tiles only (a tensorized mad has no edge tile's copy). The weights' pairs
@@ -222,14 +234,8 @@ class PairedWinogradConv(_Pairs, WinogradConv):
         sch.vectorize(co0)
         self.placed.update({WINO_U, WINO_UP})
 
-    def _inputs(self, vp, task):
-        sch = self.sch
-        self._positions_unrolled(vp, task)
-        (v,) = producers_named(sch, vp, (WINO_V,))
-        self._positions_unrolled(v, sch.get_loops(vp)[-3])  # (under vp's tile loop: *rows, tile, xi, pair)
 
-
-class PairedWinogradFilterGrad(_Pairs, WinogradFilterGrad):
+class PairedWinogradFilterGrad(_PairedTransforms, WinogradFilterGrad):
     """F(2x2, 3x3)'s dW GEMMs on bf16 pairs of tiles (``wino_dw``, ``Formulation.WINOGRAD_DW_BF16``):
     the fp32 Winograd dW schedule, each Cout row of a register tile one ``vdpbf16ps`` per pair of
     tiles (the input channel's pair broadcast). A chunk's pairs (``wino_vp``, ``wino_dp``) are made
@@ -237,9 +243,3 @@ class PairedWinogradFilterGrad(_Pairs, WinogradFilterGrad):
     the pair: in L1)."""
 
     packs = (WINO_VP, WINO_DP)
-
-    def _pack(self, pack, chunk):
-        sch = self.sch
-        self._positions_unrolled(pack, chunk)
-        (values,) = producers_named(sch, pack, (WINO_V, WINO_D))
-        self._positions_unrolled(values, sch.get_loops(pack)[-3])  # (under the pack's pair loop: *rows, pair, xi, lanes)

@@ -10,13 +10,13 @@
   transformed weights (``wino_u``) are a pass before, each weight's 16 positions from its nine taps in registers.
 * On bf16 pairs (:class:`.bf16.PairedWinogradConv`, a ``vdpbf16ps`` target's bf16 forward and dX):
   the same, each register tile's Cout rows tensorized, from the pair stages ``wino_vp`` and
-  ``wino_up`` (:meth:`WinogradConv._inputs`, :meth:`WinogradConv._weights`).
+  ``wino_up`` (:meth:`_Transforms._pack`, :meth:`WinogradConv._weights`).
 * The dW (:class:`WinogradFilterGrad`, ``wino_dw``): each core sums a part of the tiles
   (``rfactor``) in chunks, each chunk's ``wino_v`` and ``wino_d`` made in its task, register
   tiles of ``R`` input channels x ``V`` Cout rows (:func:`.tiles.winograd_dw_tile`); the parts are
   added in a fixed order and ``wino_w`` (the 3x3 weight gradient) is a pass after. On bf16 pairs
   of tiles (:class:`.bf16.PairedWinogradFilterGrad`): the same, from a chunk's pair stages
-  ``wino_vp`` and ``wino_dp`` (:attr:`WinogradFilterGrad.packs`, :meth:`WinogradFilterGrad._pack`).
+  ``wino_vp`` and ``wino_dp`` (:attr:`WinogradFilterGrad.packs`, :meth:`_Transforms._pack`).
 """
 
 from __future__ import annotations
@@ -81,6 +81,10 @@ class _Transforms(CpuMad):
         sch.vectorize(c0)
         self.placed.add(sch.get(transform).name_hint)
 
+    def _pack(self, pack, loop):
+        """A mad's operand stage (``wino_v``, ``wino_d``) under ``loop``, its positions unrolled."""
+        self._positions_unrolled(pack, loop)
+
 
 class WinogradConv(_Transforms):
     """The Winograd mad ``wino_m[n, i, co1, j, xi, co0]`` (reduction ``ci1, ci0``), with its input
@@ -100,7 +104,7 @@ class WinogradConv(_Transforms):
         y, task = self._result_tasks(block)
         sch.compute_at(block, task)
         (v,) = producers_named(sch, block, (WINO_V, WINO_VP))
-        self._inputs(v, task)
+        self._pack(v, task)
         self.placed.add(sch.get(y).name_hint)
         at = [sch.get(lp).same_as(sch.get(task)) for lp in sch.get_loops(block)].index(True)
         restore_unit_loops(sch, block, at + 1)  # (compute-at leaves out the axes a task holds one of, and those of extent 1)
@@ -117,10 +121,6 @@ class WinogradConv(_Transforms):
     def _weights(self, u):
         """The transformed weights (``wino_u``), a pass before the tasks: :meth:`_weights_by_position`."""
         self._weights_by_position(u)
-
-    def _inputs(self, v, task):
-        """The task's transformed windows (``wino_v``) under ``task``, its positions unrolled."""
-        self._positions_unrolled(v, task)
 
     def _cout_rows(self, co1, tiles: int, whole: bool = False):
         """``(co1_o, co1_i, R)``: the Cout rows split by :func:`winograd_tile`'s ``V``, and its ``R``
@@ -267,10 +267,6 @@ class WinogradFilterGrad(_Transforms):
 
     packs = (WINO_V, WINO_D)
     """The mad's operand stages, each made per chunk (:meth:`_pack`)."""
-
-    def _pack(self, pack, chunk):
-        """An operand stage under ``chunk``, its positions unrolled."""
-        self._positions_unrolled(pack, chunk)
 
     def _result(self):
         """``wino_w`` with the frontend's weight layout folded in: ``(co1, ci)`` tasks, the taps
