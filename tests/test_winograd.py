@@ -405,10 +405,12 @@ def test_weights_whose_contiguous_axis_is_the_other_channel_are_copied_lanes_las
 
 
 @pytest.mark.parametrize("op, data_format", [("fwd", "NCX"), ("fwd", "NXC"), ("data", "NCX"), ("data", "NXC"), ("dw", "NCX"), ("dw", "NXC")])
-def test_a_planar_inputs_windows_are_a_stage_kept_in_registers(op, data_format):
-    """Over NCX activations each vector of a tile's 4x4 window is gathered from 16 planes; the
-    window is then a stage of its own (``wino_x``, computed per tile in registers) that the 16
-    positions of ``wino_v`` read, not 16 gathers each; over NXC the positions load their vectors."""
+def test_a_planar_input_is_copied_to_channel_vectors_in_each_task(op, data_format):
+    """Over NCX activations a vector's 16 channels lie in 16 planes: each task (a dW chunk) first
+    copies the rows its windows read into channel vectors (``wino_x``, under the parallel loop, its
+    lanes vectorized), so each value is gathered once, not once for each of the four windows that
+    hold it; the dW's 2x2 tiles of dy do not overlap and are gathered per tile in registers
+    (``wino_dyw``); over NXC the positions load their vectors in place."""
     shape = (2, 64, 8, 8) if data_format == "NCX" else (2, 8, 8, 64)
     kw = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], data_format=data_format, weights_format="OIX")
     w = te.placeholder((64, 64, 3, 3), "float32", name="weights")
@@ -421,9 +423,15 @@ def test_a_planar_inputs_windows_are_a_stage_kept_in_registers(op, data_format):
         result = onednn.convolution_backward_weights(x, dy, [64, 64, 3, 3], algorithm="winograd", **kw)
     names = _stage_names(result)
     assert "wino_v" in names and ("wino_x" in names) == (data_format == "NCX")
-    assert ("wino_dyw" in names) == (op == "dw" and data_format == "NCX")  # (the dW's 2x2 windows of dy likewise)
+    assert ("wino_dyw" in names) == (op == "dw" and data_format == "NCX")
+    if data_format == "NCX":
+        target = resolve_target("llvm")
+        sch = rule_for(target).apply(Workload.of(result).prim_func(target), target)
+        loops = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock("wino_x"))]
+        assert loops[0].kind == ForKind.PARALLEL and loops[-1].kind == ForKind.VECTORIZED and int(loops[-1].extent) == 16
+        assert int(loops[-2].extent) == 2 * 4 + 2  # (whole padded rows of the 8x8 map's 4 tiles a row, not a window's 4 columns)
     script = build(result).mod.script()
-    assert ("wino_x" in script and 'scope="local"' in script) == (data_format == "NCX")
+    assert ("wino_dyw" in script and 'scope="local"' in script) == (op == "dw" and data_format == "NCX")
 
 
 @pytest.mark.parametrize("batch, size, channels, mcpu, choice", [(8, 28, 128, "emeraldrapids", True), (32, 14, 128, "znver4", True), (8, 16, 128, "znver4", True),

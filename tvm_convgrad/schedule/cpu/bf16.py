@@ -208,6 +208,7 @@ class _PairedTransforms(_Pairs):
         self._positions_unrolled(pack, loop)
         (values,) = producers_named(sch, pack, (WINO_V, WINO_D))
         self._positions_unrolled(values, sch.get_loops(pack)[-3])  # (under the pack's tile loop: *rows, tile, xi, lanes)
+        self._rows_in_task(values, loop)
 
 
 class PairedWinogradConv(_PairedTransforms, WinogradConv):

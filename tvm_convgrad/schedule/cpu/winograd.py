@@ -3,7 +3,8 @@
 * The forward and the stride-1 dX (:class:`WinogradConv`, ``wino_m``): the 16 GEMMs of the
   transform domain run task by task over rows of output tiles (one image's, or whole images:
   :meth:`WinogradConv._result_tasks`), each task transforming its tiles' input windows (``wino_v``,
-  the 16 positions unrolled: one window's loads serve them all), multiplying them (register tiles
+  the 16 positions unrolled: one window's loads serve them all; an NCX input's rows first copied
+  into channel vectors, ``wino_x``: :meth:`_Transforms._rows_in_task`), multiplying them (register tiles
   of ``R`` tiles x ``V`` Cout rows, :func:`.tiles.winograd_tile`: each reduction step ``R``
   broadcast values of ``wino_v`` and ``V`` rows of ``wino_u``) and transforming its sums back
   (``wino_y``, the frontend's result stage folded into it) while they are in cache; the
@@ -69,7 +70,7 @@ class _Transforms(CpuMad):
         restore_unit_loops(sch, transform, at + 1)
         xi, *rest, tile, c0 = sch.get_loops(transform)[at + 1 :]
         sch.reorder(*rest, tile, xi, c0)  # (the positions inside a tile's loop, laid out outside it)
-        for window in [p for p in sch.get_producers(transform) if sch.get(p).name_hint in (WINO_X, WINO_DYW)]:
+        for window in producers_named(sch, transform, (WINO_DYW,)):
             sch.compute_at(window, tile)
             sch.set_scope(window, 0, "local")
             *_, r, col, lanes = sch.get_loops(window)
@@ -82,8 +83,20 @@ class _Transforms(CpuMad):
         self.placed.add(sch.get(transform).name_hint)
 
     def _pack(self, pack, loop):
-        """A mad's operand stage (``wino_v``, ``wino_d``) under ``loop``, its positions unrolled."""
+        """A mad's operand stage (``wino_v``, ``wino_d``) under ``loop``, its positions unrolled
+        (and an NCX input's channel vectors: :meth:`_rows_in_task`)."""
         self._positions_unrolled(pack, loop)
+        self._rows_in_task(pack, loop)
+
+    def _rows_in_task(self, transform, loop):
+        """An NCX input's channel vectors (``wino_x``, a producer of ``transform``) under ``loop``
+        (a task, a dW chunk: the rows its windows read), the 16 lanes vectorized: each value
+        gathered from its plane once a task (:func:`~tvm_convgrad.dsl.compute.winograd.input_tiles`)."""
+        sch = self.sch
+        for rows in producers_named(sch, transform, (WINO_X,)):
+            sch.compute_at(rows, loop)
+            sch.vectorize(sch.get_loops(rows)[-1])
+            self.placed.add(WINO_X)
 
 
 class WinogradConv(_Transforms):
