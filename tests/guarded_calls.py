@@ -239,8 +239,8 @@ FIXED = {
     "dx-ncx-1x1-small-planes": Case("data", 2, 40, 64, 1, (7, 7), (7, 7), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
                                     weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
     # Winograd F(2x2, 3x3): the input windows of the edge tiles (padding read as 0), a bias, OXI weights copied lanes-last tap by
-    # tap (wino_wt); a row of 5 tiles (a narrower last register tile) on NCX (its rows copied to channel vectors: wino_x); the dX with its own
-    # pads 2 and 0 (uneven), whole images per task; an XIO dX (its weights copied lanes-last too)
+    # tap (wino_wt); a row of 5 tiles (a narrower last register tile) on NCX (its rows copied to channel vectors: wino_x); the dX
+    # with its own pads 2 and 0 (uneven), whole images per task; an XIO dX (its weights copied lanes-last too)
     "fwd-nxc-winograd": Case("fwd", 2, 32, 48, 1, (8, 10), (8, 10), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), weights_format="OXI", bias=True,
                              effective_pads=(1, 1), algorithm="winograd"),  # fmt: skip
     "fwd-ncx-winograd-ragged": Case("fwd", 1, 16, 32, 1, (6, 10), (6, 10), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
