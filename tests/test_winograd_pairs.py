@@ -21,11 +21,13 @@ from test_winograd import _case as winograd_case
 from test_winograd import _cpu
 from tvm import te
 from tvm.target import Target
+from tvm.tirx import ForKind
 
 from tvm_convgrad import build, emulate_bf16_dot
 from tvm_convgrad.compile import Workload
 from tvm_convgrad.dsl.compute.pairs import PAIR_DTYPE, rounded_pair
 from tvm_convgrad.frontends import onednn
+from tvm_convgrad.schedule import rule_for
 from tvm_convgrad.tools.verify import error_bound
 
 
@@ -113,6 +115,21 @@ def test_the_pair_winograd_runs_its_gemms_on_vdpbf16ps():
     kernel = build(case_call(dw, *placeholders(dw)), target=_znver4())
     assert kernel.formulation == "winograd-bf16" and kernel.inspect_source("asm").count("vdpbf16ps") >= 8
     assert "T.int64(" in kernel.inspect_source("tir")  # (the dW's pairs keep a CPU's 64-bit indices: no fused loop over them)
+
+
+@pytest.mark.parametrize("op", ["fwd", "data", "conv_v2"])
+def test_the_pair_forms_copy_an_ncx_input_to_channel_vectors_in_each_task(op):
+    """As the fp32 forms (``test_winograd``): over NCX each task of the pair forms (a dW chunk) copies
+    the rows its windows read into channel vectors (``wino_x`` under the parallel loop, whole padded
+    rows of 2 x 8 + 2 columns, 16 lanes), scheduled for Zen 4 whatever the host."""
+    case = replace(_case(op, 8, 64, 64, (16, 16)), data_format="NCX")
+    target = _znver4()
+    workload = Workload.of(case_call(case, *placeholders(case))).for_target(target)
+    assert workload.formulation == "winograd-bf16"
+    sch = rule_for(target).apply(workload.prim_func(target), target)
+    loops = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock("wino_x"))]
+    assert loops[0].kind == ForKind.PARALLEL and loops[-1].kind == ForKind.VECTORIZED and int(loops[-1].extent) == 16
+    assert int(loops[-2].extent) == 2 * 8 + 2
 
 
 def test_a_rounded_pair_rounds_to_nearest_with_ties_to_even():
