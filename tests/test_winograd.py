@@ -404,6 +404,14 @@ def test_weights_whose_contiguous_axis_is_the_other_channel_are_copied_lanes_las
     assert "wino_u" in names and ("wino_wt" in names) == staged
 
 
+def _check_rows_in_task(sch, tiles_a_row: int):
+    """An NCX input's channel vectors (``wino_x``) in ``sch``: under the task's parallel loop, whole
+    padded rows (``2 TW + 2`` columns, not a window's 4), 16 vectorized lanes."""
+    loops = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock("wino_x"))]
+    assert loops[0].kind == ForKind.PARALLEL and loops[-1].kind == ForKind.VECTORIZED and int(loops[-1].extent) == 16
+    assert int(loops[-2].extent) == 2 * tiles_a_row + 2
+
+
 @pytest.mark.parametrize("op, data_format", [("fwd", "NCX"), ("fwd", "NXC"), ("data", "NCX"), ("data", "NXC"), ("dw", "NCX"), ("dw", "NXC")])
 def test_a_planar_input_is_copied_to_channel_vectors_in_each_task(op, data_format):
     """Over NCX activations a vector's 16 channels lie in 16 planes: each task (a dW chunk) first
@@ -427,9 +435,7 @@ def test_a_planar_input_is_copied_to_channel_vectors_in_each_task(op, data_forma
     if data_format == "NCX":
         target = resolve_target("llvm")
         sch = rule_for(target).apply(Workload.of(result).prim_func(target), target)
-        loops = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock("wino_x"))]
-        assert loops[0].kind == ForKind.PARALLEL and loops[-1].kind == ForKind.VECTORIZED and int(loops[-1].extent) == 16
-        assert int(loops[-2].extent) == 2 * 4 + 2  # (whole padded rows of the 8x8 map's 4 tiles a row, not a window's 4 columns)
+        _check_rows_in_task(sch, tiles_a_row=4)
     script = build(result).mod.script()
     assert ("wino_dyw" in script and 'scope="local"' in script) == (op == "dw" and data_format == "NCX")
 

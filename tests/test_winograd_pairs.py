@@ -18,10 +18,9 @@ import pytest
 from framework_cases import Case, arrays, expected, pair_winograd_bound, placeholders
 from framework_cases import call as case_call
 from test_winograd import _case as winograd_case
-from test_winograd import _cpu
+from test_winograd import _check_rows_in_task, _cpu
 from tvm import te
 from tvm.target import Target
-from tvm.tirx import ForKind
 
 from tvm_convgrad import build, emulate_bf16_dot
 from tvm_convgrad.compile import Workload
@@ -126,10 +125,7 @@ def test_the_pair_forms_copy_an_ncx_input_to_channel_vectors_in_each_task(op):
     target = _znver4()
     workload = Workload.of(case_call(case, *placeholders(case))).for_target(target)
     assert workload.formulation == "winograd-bf16"
-    sch = rule_for(target).apply(workload.prim_func(target), target)
-    loops = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock("wino_x"))]
-    assert loops[0].kind == ForKind.PARALLEL and loops[-1].kind == ForKind.VECTORIZED and int(loops[-1].extent) == 16
-    assert int(loops[-2].extent) == 2 * 8 + 2
+    _check_rows_in_task(rule_for(target).apply(workload.prim_func(target), target), tiles_a_row=8)
 
 
 def test_a_rounded_pair_rounds_to_nearest_with_ties_to_even():
