@@ -350,21 +350,24 @@ def test_an_oix_weight_gradient_is_written_tap_run_by_tap_run(isa, kernel, size)
         assert check_kernel(kernel_built).ok
 
 
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
 @pytest.mark.parametrize("channels, stride, x_size, inside", [(32, 1, 21, True), (24, 1, 21, False), (32, 1, 14, False), (32, 2, 14, True),
                                                              (24, 2, 14, True)])  # fmt: skip
-def test_a_depthwise_data_gradient_runs_plane_by_plane(channels, stride, x_size, inside):
+def test_a_depthwise_data_gradient_runs_plane_by_plane(isa, channels, stride, x_size, inside):
     """A depthwise dX (NCX) packs each (image, channel block) plane of dy, runs its tiles (every
     stride phase's) and writes its plane of diff_src inside one parallel task; exact. A stride-1
     dX with a partial last block (whose channels TVM cannot bound per task as a write-back of
     the one phase), or whose planes are small (14x14: under ``PLANE_MIN_PIXELS``), keeps its
-    passes, its tasks the tiles' rows; the strided one (its phases under the result's task) not."""
+    passes, its tasks the tiles' rows; the strided one (its phases under the result's task) not.
+    On AVX-512 the small planes' result is written tile by tile all the same, under the tiles'
+    rows' task (``DepthwiseInputGrad._write_back_per_tile``), their pack a pass of its own."""
     from tvm import te
 
     from tvm_convgrad.dsl.compute.stages import DX_DW, DY_DW
     from tvm_convgrad.frontends import onednn
     from tvm_convgrad.schedule.cpu.depthwise import PLANE_MIN_PIXELS
 
-    target = resolve_target("llvm")
+    target = isa_target(isa, cores=2)
     size = x_size // stride
     assert stride > 1 or (size * size >= PLANE_MIN_PIXELS) == (x_size == 21)
     dy = te.placeholder((8, channels, size, size), "float32", name="diff_dst")
@@ -373,9 +376,11 @@ def test_a_depthwise_data_gradient_runs_plane_by_plane(channels, stride, x_size,
                                           pads_end=[1, 1], dilations=[1, 1], groups=channels, data_format="NCX", weights_format="OIX")  # fmt: skip
     sch = schedule.rule_for(target).apply(Workload.of(dx).prim_func(target), target)
     task = _outermost_loop(sch, f"{DX_DW}_0_0_update")
-    assert _outermost_loop(sch, dx.op.name).same_as(task) == inside
+    tiles_write = isa == "avx512" and stride == 1 and channels % 16 == 0
+    assert _outermost_loop(sch, dx.op.name).same_as(task) == (inside or tiles_write)
     assert _outermost_loop(sch, DY_DW).same_as(task) == inside
-    assert check_kernel(build(dx)).ok
+    if host_can_run(target):
+        assert check_kernel(build(dx, target=target)).ok
 
 
 @pytest.mark.parametrize("op", ["forward", "dx"])
@@ -414,6 +419,44 @@ def test_an_nxc_depthwise_forward_or_data_gradient_runs_by_bands_of_image_rows(o
     if banded:
         *_, blocks, lanes = (sch.get(lp) for lp in sch.get_loops(sch.get_sblock(pack)))
         assert int(blocks.extent) == -(-channels // 16) and lanes.kind == ForKind.VECTORIZED
+    if host_can_run(target):
+        assert check_kernel(build(out, target=target)).ok
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "sse"])
+@pytest.mark.parametrize("op, data_format, x_size", [("forward", "NXC", 21), ("dx", "NXC", 21), ("dx", "NCX", 21), ("dx", "NCX", 14)])
+def test_a_one_phase_depthwise_result_is_written_tile_by_tile(isa, op, data_format, x_size):
+    """A stride-1 depthwise forward or dX writes each register tile's sums to the result as the tile
+    ends: the result stage sits under the mad's tile loop (the loop above its reductions), its
+    loops there unrolled but the innermost, vectorized (NXC: the tile's channels, one run a pixel;
+    NCX: a tile row of one plane); in a band or plane task (21x21) and where the tasks are the
+    tiles' rows (NCX 14x14). On AVX-512 only: AVX2's and SSE's tiles need their registers; exact."""
+    from tvm import te
+    from tvm.tirx import ForKind
+
+    from tvm_convgrad.dsl.compute.stages import CONV_DW, DX_DW
+    from tvm_convgrad.frontends import onednn
+
+    target = isa_target(isa, cores=2)
+    nxc = data_format == "NXC"
+    x_shape = [8, x_size, x_size, 32] if nxc else [8, 32, x_size, x_size]
+    weights = te.placeholder((3, 3, 1, 32) if nxc else (32, 1, 3, 3), "float32", name="weights")
+    kw = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], groups=32, data_format=data_format,
+              weights_format="XIO" if nxc else "OIX")  # fmt: skip
+    if op == "forward":
+        out, mad = onednn.convolution(te.placeholder(x_shape, "float32", name="src"), weights, None, **kw), f"{CONV_DW}_update"
+    else:
+        out, mad = onednn.convolution_backward_data(te.placeholder(x_shape, "float32", name="diff_dst"), weights, x_shape, **kw), f"{DX_DW}_0_0_update"
+    sch = schedule.rule_for(target).apply(Workload.of(out).prim_func(target), target)
+    mad_loops = sch.get_loops(sch.get_sblock(mad))
+    result_loops = sch.get_loops(sch.get_sblock(out.op.name))
+    tile = len(mad_loops) - 7  # (above the reductions (q, kh, kw) and the tile's rows, columns, lanes)
+    tiled = len(result_loops) > tile + 1 and all(sch.get(a).same_as(sch.get(b)) for a, b in zip(result_loops[: tile + 1], mad_loops))
+    assert tiled == (isa == "avx512")
+    if tiled:
+        *rows, lanes = (sch.get(lp) for lp in result_loops[tile + 1 :])
+        assert all(lp.kind == ForKind.UNROLLED for lp in rows) and lanes.kind == ForKind.VECTORIZED
+        assert int(lanes.extent) == (16 if nxc else int(sch.get(mad_loops[-2]).extent))  # (a pixel's channels; a tile row)
     if host_can_run(target):
         assert check_kernel(build(out, target=target)).ok
 

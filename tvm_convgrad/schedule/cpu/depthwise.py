@@ -31,8 +31,8 @@ from .tiles import (
     most_blocks_a_task,
 )
 
-__all__ = ["BAND_BYTES", "NXC_BANDS", "PACKS_PER_IMAGE", "PLANES_PER_CORE", "PLANE_MIN_PIXELS", "DepthwiseFilterGrad",
-           "DepthwiseForward", "DepthwiseInputGrad", "phases_plane_by_plane"]  # fmt: skip
+__all__ = ["BAND_BYTES", "NXC_BANDS", "PACKS_PER_IMAGE", "PLANES_PER_CORE", "PLANE_MIN_PIXELS", "TILE_WRITE_BACK", "TILE_WRITE_BACK_LANES",
+           "DepthwiseFilterGrad", "DepthwiseForward", "DepthwiseInputGrad", "phases_plane_by_plane"]  # fmt: skip
 
 PACKS_PER_IMAGE = True  # depthwise dW: x and dy packed image by image inside the tasks
 IMAGES_PER_CORE = True  # depthwise dW: each core sums its own images, every channel block of each (DepthwiseFilterGrad._in_parts)
@@ -46,6 +46,11 @@ at N=32 0.335 / 0.223 (0.189), 384 on 7x7 0.360 / 0.226 (0.265), 144 on 16x16 at
 (0.136), 384 on 4x4 0.044 / 0.023 (0.098); the dX 0.559 / 0.404 on 7x7, 0.109 / 0.087 on 16x16. On 28x28
 the planes win: 144 channels at N=32, forward 2.72 / 4.38, dX 2.53 / 4.44."""
 
+
+TILE_WRITE_BACK = True  # a one-phase dX / forward: each tile's sums written to the result as the tile ends
+TILE_WRITE_BACK_LANES = 16
+"""A one-phase dX's (or forward's) result is written tile by tile (:meth:`DepthwiseInputGrad._write_back_per_tile`)
+on ISAs of this many fp32 lanes or more (AVX-512: 32 registers, a tile pixel's 16 channels in one)."""
 
 NXC_BANDS = True  # NXC depthwise: dX / forward tasks and dW packs by bands of an image's rows, every channel block inside
 BAND_BYTES = 512 * 1024
@@ -206,15 +211,52 @@ class DepthwiseInputGrad(CpuMad):
         if not any(sch.get(lp).kind == tirx.ForKind.PARALLEL for lp in outer):  # (under a plane's task: phases_plane_by_plane)
             sch.parallel(sch.fuse(n, c1, lane_groups, j_o))
         self.register_tile(block, [j_i, i_i], c0, q)
+        if not outer:
+            self._write_back_per_tile(block, i_o)
 
     def _in_tasks(self, block, task, unrolled, lanes, first_reduce):
-        """The mad's tiles under the parallel ``task``, its pack made and its result written there."""
-        self.sch.parallel(task)
+        """The mad's tiles under the parallel ``task``, its pack made there, each tile's sums written
+        to the result as the tile ends (:meth:`_write_back_per_tile`; else the task's once its
+        tiles are done)."""
+        sch = self.sch
+        sch.parallel(task)
+        loops = sch.get_loops(block)
+        tile = loops[[sch.get(lp).same_as(sch.get(first_reduce)) for lp in loops].index(True) - 1]
         self.register_tile(block, unrolled, lanes, first_reduce)
-        self.write_back_in(block, task)
+        if not self._write_back_per_tile(block, tile):
+            self.write_back_in(block, task)
         for pack in producers_named(self.sch, block, self.packs):
             self.pack_at(pack, task)
             pack_in_source_axes(self.sch, pack, task)
+
+    def _write_back_per_tile(self, block, tile) -> bool:
+        """The result stage moved under the mad's ``tile`` loop: each tile's sums, still in registers,
+        relaid into the caller's layout as it ends, the stage's loops there unrolled and its innermost
+        vectorized, instead of the task's sums written to memory and read back (Zen 4, 2 cores, N=32,
+        fp32, ms, per task / per tile, one process, interleaved: NXC forward 32 channels on 56x56 0.68 /
+        0.46, 144 on 28x28 0.86 / 0.59, 960 on 4x4 0.111 / 0.080; NXC dX 0.91 / 0.81 on 56x56, 0.105 /
+        0.077 on 4x4; NCX dX 1.59 / 0.92 on 56x56, 1.97 / 1.32 on 28x28, 192 on 14x14 0.46 / 0.36).
+        AVX-512 only (:data:`TILE_WRITE_BACK_LANES`): AVX2's 16 registers hold the 9 weight vectors
+        across a task's tiles of one or two pixels, and a write-back in the tile loop cost them
+        (the same Zen 4, AVX2 code: NCX dX 192 on 14x14 1.21 / 2.32, 576 on 7x7 0.37 / 1.01, NXC
+        576 on 7x7 0.20 / 0.36, though NCX 32 on 56x56 1.74 / 0.85); SSE's and NEON's 4-lane tiles
+        spilled (``test_isa``). Tried on a copy first: False, unchanged, where TVM cannot bound the
+        tile's part of the result."""
+        consumer = self.write_back_stage(block)
+        if consumer is None or not TILE_WRITE_BACK or self.plan.lanes < TILE_WRITE_BACK_LANES:
+            return False
+        for sch in (self.sch.copy(), self.sch):
+            try:
+                sch.reverse_compute_at(consumer, tile)
+                loops = sch.get_loops(consumer)
+                *rows, lanes = loops[[sch.get(lp).same_as(sch.get(tile)) for lp in loops].index(True) + 1 :]
+                for loop in rows:
+                    sch.unroll(loop)
+                sch.vectorize(lanes)
+            except (s_tir.ScheduleError, ValueError):
+                return False
+        self.placed.add(self.sch.get(consumer).name_hint)
+        return True
 
     def _image_band(self, block, n, c1, tile_rows, pixels, taps, th):
         """Tile rows per task where the result is NXC (channels innermost) and can be written per
