@@ -226,7 +226,7 @@ def conv2d_backprop_filter_compute(fmap: te.Tensor, dy: te.Tensor, params: ConvG
     g = params.geom
     shape = layout.shape_dw_result(g.filter_sizes, g.groups, g.kd)
     if depthwise(params):
-        _, value = depthwise_filter_grad(fmap, dy, params)
+        _, value = depthwise_filter_grad(fmap, dy, params, rows_in_place=not planar)
     elif transposed_filter_grad(params, planar, dy.dtype) and not (bf16_pairs and amx and g.depth is None):  # (AMX: the tiles, Cin padded)
         dw = _transposed_mad(fmap, dy, params, bf16_pairs and dy.dtype == "bfloat16")
         value = lambda grp, fkk, co, ci0: _from_transposed(dw, fkk, co, ci0, params)  # noqa: E731
