@@ -233,9 +233,12 @@ class DepthwiseInputGrad(CpuMad):
         """The result stage moved under the mad's ``tile`` loop: each tile's sums, still in registers,
         relaid into the caller's layout as it ends, the stage's loops there unrolled and its innermost
         vectorized, instead of the task's sums written to memory and read back (Zen 4, 2 cores, N=32,
-        fp32, ms, per task / per tile, one process, interleaved: NXC forward 32 channels on 56x56 0.68 /
-        0.46, 144 on 28x28 0.86 / 0.59, 960 on 4x4 0.111 / 0.080; NXC dX 0.91 / 0.81 on 56x56, 0.105 /
-        0.077 on 4x4; NCX dX 1.59 / 0.92 on 56x56, 1.97 / 1.32 on 28x28, 192 on 14x14 0.46 / 0.36).
+        fp32, ms, per task / per tile, one process, interleaved, inputs in cache: NXC forward 32
+        channels on 56x56 0.68 / 0.46, 144 on 28x28 0.86 / 0.59, 960 on 4x4 0.111 / 0.080; NXC dX
+        0.91 / 0.81 on 56x56, 0.105 / 0.077 on 4x4; NCX dX 1.59 / 0.92 on 56x56, 1.97 / 1.32 on 28x28,
+        192 on 14x14 0.46 / 0.36. Flushed from the caches before each call: NXC forward 1.41 / 1.23,
+        1.72 / 1.53, 576 on 7x7 0.46 / 0.38; NXC dX 1.53 / 1.38 on 56x56, 192 on 14x14 0.67 / 0.47, 144
+        on 28x28 level (0.93-1.10x); NCX dX 2.12 / 1.86, 2.22 / 1.65, 192 on 14x14 level).
         AVX-512 only (:data:`TILE_WRITE_BACK_LANES`): AVX2's 16 registers hold the 9 weight vectors
         across a task's tiles of one or two pixels, and a write-back in the tile loop cost them
         (the same Zen 4, AVX2 code: NCX dX 192 on 14x14 1.21 / 2.32, 576 on 7x7 0.37 / 1.01, NXC
