@@ -11,12 +11,18 @@ from tvm.target import Target
 from ..dsl.compute.stages import LAYOUT_ADAPTER
 from ..machine import usable_cores
 
-__all__ = ["buffer_bytes", "covers", "elements", "inline_layout_stages", "loop_extent", "nbytes", "rewrite_prim_funcs", "stage_blocks", "split_loop_kinds", "target_cores"]
+__all__ = ["buffer_bytes", "covers", "elements", "inline_layout_stages", "loop_extent", "loop_position", "nbytes", "rewrite_prim_funcs", "stage_blocks", "split_loop_kinds",
+           "target_cores"]  # fmt: skip
 
 
 def loop_extent(sch: s_tir.Schedule, loop) -> int:
     """The (static) extent of a loop."""
     return int(sch.get(loop).extent)
+
+
+def loop_position(sch: s_tir.Schedule, loops: list, loop) -> int:
+    """Where ``loop`` is in ``loops`` (a stage's loops, outermost first)."""
+    return [sch.get(lp).same_as(sch.get(loop)) for lp in loops].index(True)
 
 
 def elements(buffer) -> int:

@@ -9,7 +9,7 @@ from tvm import s_tir, tirx
 
 from ...dsl.compute.stages import DX_DW, DX_PHASE_PREFIXES, DY_DW, FMAP_DW, FMAP_PAD, GRADS_DW
 from ...layout import C0
-from ..common import elements, loop_extent, stage_blocks
+from ..common import elements, loop_extent, loop_position, stage_blocks
 from .loops import (
     CpuMad,
     channel_block_task,
@@ -221,7 +221,7 @@ class DepthwiseInputGrad(CpuMad):
         sch = self.sch
         sch.parallel(task)
         loops = sch.get_loops(block)
-        tile = loops[[sch.get(lp).same_as(sch.get(first_reduce)) for lp in loops].index(True) - 1]
+        tile = loops[loop_position(sch, loops, first_reduce) - 1]
         self.register_tile(block, unrolled, lanes, first_reduce)
         if not self._write_back_per_tile(block, tile):
             self.write_back_in(block, task)
@@ -252,7 +252,7 @@ class DepthwiseInputGrad(CpuMad):
             try:
                 sch.reverse_compute_at(consumer, tile)
                 loops = sch.get_loops(consumer)
-                *rows, lanes = loops[[sch.get(lp).same_as(sch.get(tile)) for lp in loops].index(True) + 1 :]
+                *rows, lanes = loops[loop_position(sch, loops, tile) + 1 :]
                 for loop in rows:
                     sch.unroll(loop)
                 sch.vectorize(lanes)

@@ -14,7 +14,7 @@ from tvm import s_tir, sym, tirx
 
 from ...dsl.compute.stages import DX_PHASE_PREFIXES, DY_PACKS
 from ...layout import C0
-from ..common import elements, loop_extent, stage_blocks
+from ..common import elements, loop_extent, loop_position, stage_blocks
 
 __all__ = [
     "PER_IMAGE_ABOVE", "PHASES_PER_IMAGE", "WRITE_RUN", "CpuMad", "channel_block_task", "channels_innermost", "channels_last_result", "pack_in_source_axes", "pack_under", "phases_image_by_image", "producers_named", "reads_of", "reads_past", "restore_unit_loops", "result_channel_var", "sum_parts", "whole_tiles_and_edge",
@@ -105,7 +105,7 @@ class CpuMad(ABC):
         except (s_tir.ScheduleError, ValueError):  # (TVM reports a region it cannot solve as a ValueError, before any change)
             return False
         loops = sch.get_loops(consumer)
-        at = [sch.get(lp).same_as(sch.get(task)) for lp in loops].index(True)
+        at = loop_position(sch, loops, task)
         inner = loops[at + 1 :]
         if inner and loop_extent(sch, inner[-1]) % 8 == 0:
             lanes = inner[-1]
@@ -239,7 +239,7 @@ def pack_in_source_axes(sch: s_tir.Schedule, pack, task):
         return
     region = stmt.reads[0].region
     loops = sch.get_loops(pack)
-    at = [sch.get(lp).same_as(sch.get(task)) for lp in loops].index(True)
+    at = loop_position(sch, loops, task)
     below = loops[at + 1 : -1]
     values = sch.get(loops[-1]).body.iter_values
 
@@ -298,7 +298,7 @@ def whole_tiles_and_edge(sch: s_tir.Schedule, loop, extent: int, tile: int):
     for part in parts:
         (copy,) = sch.get_child_blocks(part)
         loops = sch.get_loops(copy)
-        at = [sch.get(lp).same_as(sch.get(part)) for lp in loops].index(True)
+        at = loop_position(sch, loops, part)
         if part is whole:
             tiles, inner = sch.split(part, [None, tile])
             yield copy, [tiles], inner, loops[at + 1 :]

@@ -26,7 +26,7 @@ from tvm import s_tir
 
 from ...dsl.compute.stages import WINO_D, WINO_DYW, WINO_U, WINO_UP, WINO_V, WINO_VP, WINO_W, WINO_WT, WINO_X, WINO_Y
 from ...layout import C0
-from ..common import loop_extent
+from ..common import loop_extent, loop_position
 from .loops import CpuMad, producers_named, restore_unit_loops, sum_parts, whole_tiles_and_edge
 from .tiles import largest_divisor, winograd_dw_tile, winograd_tile
 
@@ -66,7 +66,7 @@ class _Transforms(CpuMad):
         lanes vectorized."""
         sch = self.sch
         sch.compute_at(transform, loop)
-        at = [sch.get(lp).same_as(sch.get(loop)) for lp in sch.get_loops(transform)].index(True)
+        at = loop_position(sch, sch.get_loops(transform), loop)
         restore_unit_loops(sch, transform, at + 1)
         xi, *rest, tile, c0 = sch.get_loops(transform)[at + 1 :]
         sch.reorder(*rest, tile, xi, c0)  # (the positions inside a tile's loop, laid out outside it)
@@ -119,7 +119,7 @@ class WinogradConv(_Transforms):
         (v,) = producers_named(sch, block, (WINO_V, WINO_VP))
         self._pack(v, task)
         self.placed.add(sch.get(y).name_hint)
-        at = [sch.get(lp).same_as(sch.get(task)) for lp in sch.get_loops(block)].index(True)
+        at = loop_position(sch, sch.get_loops(block), task)
         restore_unit_loops(sch, block, at + 1)  # (compute-at leaves out the axes a task holds one of, and those of extent 1)
         *tile_rows, co1, j, xi, co0, ci1, ci0 = sch.get_loops(block)[at + 1 :]
         fused = bool(tile_rows) and loop_extent(sch, j) < FUSED_ROWS_BELOW and self.plan.registers_per_row == 1

@@ -42,7 +42,7 @@ from tvm import ir, s_tir, sym
 
 from ...dsl.compute.stages import PACK_STAGES
 from ...layout import C0
-from ..common import covers, split_loop_kinds
+from ..common import covers, loop_position, split_loop_kinds
 from .lowering import Lowering
 
 __all__ = ["OUTPUT_THREADS", "PACK_BYTES", "REDUCE_THREADS", "THREADS_PER_BLOCK", "schedule_simt"]
@@ -142,7 +142,7 @@ def _fuse_the_epilogue(sch: s_tir.Schedule, stage, thread) -> set[str]:
     if len(consumers) != 1 or len(sch.get_producers(consumers[0])) != 1 or not covers(sch, stage, consumers[0]):
         return set()  # (not covered: it writes zeros where stage has no element, e.g. a dW's channel pads)
     probe = _probe(sch)
-    at = [sch.get(loop).same_as(sch.get(thread)) for loop in sch.get_loops(stage)].index(True)
+    at = loop_position(sch, sch.get_loops(stage), thread)
     try:  # the same step on the probe, at the thread loop's position
         probe_stage = probe.get_sblock(sch.get(stage).name_hint)
         probe.reverse_compute_at(probe.get_sblock(sch.get(consumers[0]).name_hint), probe.get_loops(probe_stage)[at])
