@@ -97,10 +97,10 @@ def depthwise_filter_grad(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams
     g = params.geom
     m = g.cout_g
     (sh, sw), (dil_h, dil_w), (pt, _, pl, _) = g.strides, g.dilations, g.pads
-    direct = DY_IN_PLACE and rows_in_place and m == 1 and dy.dtype == ACC and g.cout % C0 == 0
+    dy_rows = DY_IN_PLACE and rows_in_place and m == 1 and dy.dtype == ACC and g.cout % C0 == 0
     grads = _by_multiplier(
         dy, params, (g.batch, m, g.c1_x, g.ho, g.wo, C0), lambda y, x: ([], (y, x)), GRADS_DW,
-        {READ_IN_PLACE: 1} if direct else in_place(dy, m == 1),
+        {READ_IN_PLACE: 1} if dy_rows else in_place(dy, m == 1),
     )  # fmt: skip
     reach = ((g.ho - 1) * sh + g.kh_dilated, (g.wo - 1) * sw + g.kw_dilated)
 
