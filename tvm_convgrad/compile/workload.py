@@ -19,7 +19,7 @@ from tvm.target import Target
 from ..dsl import bf16_pairs_form, framework_call, result_info
 from ..dsl.compute import ARGUMENT_STAGES, formulation
 from ..errors import ConvGradError
-from ..isa import has_amx_bf16, isa_plan
+from ..isa import isa_plan
 from ..params import FILTER_OP, ConvGradParams
 from ..params.framework import FrameworkCall
 

@@ -65,7 +65,7 @@ class Conv2dGradients:
         output the same), and the kernel rows and columns it keeps. dX is the cropped call's (on
         ``w[:, :, rows, columns]``), dW the cropped call's in those rows and columns and 0
         elsewhere. None when every tap is live, no tap is, or a shifted pad would be negative."""
-        (n, c, h, w), (o, i, kh, kw) = self.x_shape, self.w_shape
+        (_, _, h, w), (o, i, kh, kw) = self.x_shape, self.w_shape
         (sh, sw), (dh, dw), (pt, pb, pl, pr) = self.strides, self.dilation, self.pads
         rows, cols = live_taps(h, kh, sh, pt, pb, dh), live_taps(w, kw, sw, pl, pr, dw)
         if rows is None or cols is None or (rows, cols) == ((0, kh - 1), (0, kw - 1)):

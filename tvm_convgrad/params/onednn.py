@@ -220,7 +220,7 @@ def forward_view(
     ``post_ops`` as :func:`~tvm_convgrad.params.post_ops.post_op_rules` admits them on that dst."""
     r = Rules(op, CODES)
     src_shape, w_shape, dtype = activations(r, ("src", src), ("weights", weights))
-    rank, nd = len(src_shape), len(src_shape) - 2
+    nd = len(src_shape) - 2
     data_format = format_choice(r, "data_format", data_format, DATA_FORMATS)
     weights_format = format_choice(r, "weights_format", weights_format, WEIGHTS_FORMATS)
     mode = auto_pad_mode(r, auto_pad)

@@ -26,7 +26,7 @@ import tvm
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
-from ...dsl.compute.pairs import PAIR_DTYPE, pair_dot
+from ...dsl.compute.pairs import PAIR_DTYPE
 from ...dsl.compute.stages import FMAP_L1, GRADS_2_MATRIX, X_STEP
 from ...layout import C0
 from ...tvmscript import fast_tvmscript
