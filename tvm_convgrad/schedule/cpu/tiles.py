@@ -8,7 +8,6 @@ of a dependent FMA chain, loads) per ISA.
 
 from __future__ import annotations
 
-
 from ...isa import IsaPlan
 from ...layout import C0
 
