@@ -39,6 +39,10 @@ os.environ.setdefault("TVM_CONVGRAD_BACKWARD", "ours")
 # choices (tests/test_stored.py and tests/test_torch_remembered.py test the store, in folders of their own).
 os.environ["TVM_CONVGRAD_KERNEL_CACHE"] = "off"
 
+DROP_IN_NODES = frozenset({"Conv2dFunctionBackward", "CppFunction"})
+"""The drop-in's autograd nodes: the Python one (``ops.Conv2dFunction``) and the C++ one a call
+whose gradients are settled as the package's takes (``tvm_convgrad.torch.native``)."""
+
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import pytest  # noqa: E402

@@ -16,7 +16,9 @@ calls (:mod:`.workspace`: ``set_workspaces("malloc" | "kept")``); their large re
 forward's output, dX) lie over mappings kept between calls, touched already (:mod:`.outputs`:
 ``set_outputs("kept" | "malloc")``, ``release_outputs()``); glibc's heap thresholds are
 pinned at their dynamic rule's maxima, so that the drop-in's memory beside PyTorch's does not decide
-when glibc returns PyTorch's (:mod:`.heap`; ``TVM_CONVGRAD_HEAP=glibc`` keeps glibc's rule).
+when glibc returns PyTorch's (:mod:`.heap`; ``TVM_CONVGRAD_HEAP=glibc`` keeps glibc's rule). Once a
+layer's gradients are settled as the package's, its autograd node is a C++ one, compiled on first
+use (:mod:`.native`: ``set_native("on" | "off")``; the Python node where it cannot be built).
 
     >>> from tvm_convgrad.torch import Conv2d
     >>> layer = Conv2d(64, 64, 3, padding=1, bias=False)   # same constructor and state_dict as nn.Conv2d
@@ -42,6 +44,7 @@ from .workspace import get_workspaces, kept_workspaces, set_workspaces, use_pyto
 from . import flops, ops  # noqa: F401  (flops: the operators' FLOP formulas, registered)
 from .backward import backward_choices, get_backward, set_backward
 from .forward import forward_choices, get_forward, set_forward
+from .native import get_native, set_native
 from .ops import OP, conv2d_input_grad, conv2d_weight_grad, conv_call
 
 use_pytorch_threads()  # every kernel built from here on runs on PyTorch's OpenMP threads (see .openmp)
@@ -49,8 +52,8 @@ use_pytorch_allocator()  # ... and takes its scratch buffers from malloc, as PyT
 pin_heap()  # glibc maps and trims by fixed thresholds, not by what the process has freed so far (see .heap)
 
 __all__ = ["CACHED_CALLS", "Conv2d", "backward_choices", "conv2d", "convert_conv2d", "conv2d_input_grad", "conv2d_weight_grad", "conv_call", "forward_choices",
-           "get_backward", "get_forward", "get_outputs", "get_workspaces", "heap_pinned", "input_grad_kernel", "is_kept", "kept_outputs", "kept_workspaces", "pads_of", "pin_heap",
-           "release_outputs", "set_backward", "set_forward", "set_outputs", "set_workspaces", "use_pytorch_allocator",
+           "get_backward", "get_forward", "get_native", "get_outputs", "get_workspaces", "heap_pinned", "input_grad_kernel", "is_kept", "kept_outputs", "kept_workspaces", "pads_of", "pin_heap",
+           "release_outputs", "set_backward", "set_forward", "set_native", "set_outputs", "set_workspaces", "use_pytorch_allocator",
            "use_pytorch_threads", "using_pytorch_allocator", "using_pytorch_threads", "weight_grad_kernel", "workspace_allocations"]  # fmt: skip
 
 _IntPair = Union[int, Sequence[int]]

@@ -157,15 +157,16 @@ class CallPlan:
     """One signature's backward worked out once: ``call`` (its :class:`Conv2dGradients`), ``live``
     (the call the kernels run: cropped to the taps that read the input, see
     :meth:`Conv2dGradients.cropped`, else ``call``) and ``taps`` (the kernel ``(rows, columns)`` that
-    are live, None when all are); its kernels are built on first use and kept."""
+    are live, None when all are); its kernels are built on first use and kept. ``native``: its id
+    with the C++ node (:mod:`.native`), None until it runs there."""
 
-    __slots__ = ("call", "live", "taps", "_input_grad", "_weight_grad", "_weight_grad_f32")
+    __slots__ = ("call", "live", "taps", "native", "_input_grad", "_weight_grad", "_weight_grad_f32")
 
     def __init__(self, call: Conv2dGradients):
         crop = call.cropped()
         self.call = call
         self.live, self.taps = (call, None) if crop is None else (crop[0], crop[1:])
-        self._input_grad = self._weight_grad = self._weight_grad_f32 = None
+        self.native = self._input_grad = self._weight_grad = self._weight_grad_f32 = None
 
     @property
     def input_grad(self) -> Kernel:

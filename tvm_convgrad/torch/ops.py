@@ -12,11 +12,11 @@ Three custom operators, so that ``torch.compile`` keeps each as one node of its 
 
 In eager mode (:func:`eager`: no compiler tracing, no dispatch mode, plain tensors) the same
 computation runs as one ``torch.autograd.Function`` (:class:`Conv2dFunction`) whose backward calls
-the kernels directly: a custom operator's dispatch costs 60-130 us a call, more than a small
-layer's kernel. Gradients of gradients (``create_graph=True``) go through the operators, whose
-autograd formulas are the three operators again. An eager call whose forward and gradients the
-modes all give to PyTorch (:func:`_pytorchs_throughout`) is ``F.conv2d``'s own: PyTorch's autograd
-node in C++, ~60-90 us less a call than the ``autograd.Function`` running the same convolutions.
+the kernels directly (a custom operator's dispatch costs 60-130 us a call, more than a small
+layer's kernel), and once a signature's gradients are settled as the package's, as a C++ node
+(:mod:`.native`: no call into Python). Gradients of gradients (``create_graph=True``) go through
+the operators, whose autograd formulas are the three operators again. An eager call whose forward
+and gradients the modes all give to PyTorch (:func:`_pytorchs_throughout`) is ``F.conv2d``'s own.
 
 Types: float32, bfloat16 and float16 run in their type (sums in float32, rounded once; on a
 ``vdpbf16ps`` CPU a bf16 3x3 forward, dX or dW with enough tiles runs F(2x2, 3x3) on bf16 pairs, its
@@ -36,7 +36,7 @@ import torch
 
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
-from . import blas, outputs
+from . import blas, native, outputs
 from .backward import FUNCTION_MS, gradients, ours_throughout, pytorch_gradients
 from .backward import pytorchs as pytorchs_backward
 from .forward import forward as choose_forward
@@ -65,10 +65,6 @@ def _narrow(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.dtype == torch.float64 else t
 
 
-def _run(kernel, out: torch.Tensor, *args: torch.Tensor):
-    kernel.function(*args, out)
-
-
 def _input_grad(plan: CallPlan, grad_output: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """dX of ``plan``'s call (its live taps' weights only)."""
     call = plan.live
@@ -76,7 +72,7 @@ def _input_grad(plan: CallPlan, grad_output: torch.Tensor, weight: torch.Tensor)
         weight = weight[:, :, plan.taps[0], plan.taps[1]]
     dy, w = _narrow(grad_output), _narrow(weight)
     out = outputs.empty(call.x_shape, dy.dtype, call.data_format == "NXC")
-    _run(plan.input_grad, as_layout(out, call), as_layout(dy, call), as_weights(w, call))
+    plan.input_grad.function(as_layout(dy, call), as_weights(w, call), as_layout(out, call))
     return out if out.dtype == grad_output.dtype else out.to(grad_output.dtype)
 
 
@@ -87,11 +83,11 @@ def _weight_grad(plan: CallPlan, grad_output: torch.Tensor, input: torch.Tensor,
     kernel, dtype = (plan.weight_grad_f32, torch.float32) if wide else (plan.weight_grad, x.dtype)
     if plan.taps is None:
         out = empty_weights(call.w_shape, dtype, call)
-        _run(kernel, as_weights(out, call), as_layout(x, call), as_layout(dy, call))
+        kernel.function(as_layout(x, call), as_layout(dy, call), as_weights(out, call))
     else:  # the live taps' dW into a zero one
         out = empty_weights(plan.call.w_shape, dtype, call, zero=True)
         live = empty_weights(call.w_shape, dtype, call)
-        _run(kernel, as_weights(live, call), as_layout(x, call), as_layout(dy, call))
+        kernel.function(as_layout(x, call), as_layout(dy, call), as_weights(live, call))
         out[:, :, plan.taps[0], plan.taps[1]] = live
     return out if wide or out.dtype == input.dtype else out.to(input.dtype)
 
@@ -372,7 +368,10 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     plan = tensors_plan(input, weight, stride, pads, dilation, groups, is_channels_last(input))  # (a PLANNED type: see above)
     if _pytorchs_throughout(plan.call, input, weight, bias):
         return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
-    return _apply(input, weight, bias, stride, pads, dilation, groups, False, plan)
+    channels_last = plan.call.data_format == "NXC"
+    forward = functools.partial(choose_forward, input, weight, bias, stride, pads, dilation, groups, channels_last, plan)
+    output = native.node(plan, input, weight, bias, forward, _backward)  # (the C++ node, where the gradients are settled)
+    return _apply(input, weight, bias, stride, pads, dilation, groups, False, plan) if output is None else output
 
 
 def _pytorchs_throughout(call: Conv2dGradients, input, weight, bias) -> bool:

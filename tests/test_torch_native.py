@@ -1,0 +1,172 @@
+"""The drop-in's autograd node in C++ (``tvm_convgrad.torch.native``): taken once a signature's
+gradients are settled as the package's, its gradients the Python node's bit for bit (the same
+kernels on the same memory) and right against the float64 reference, every order of gradient,
+every layout and type, the bias, frozen inputs; the Python node where it must not be taken (the
+profiler, cropped taps, a large dX under kept outputs, the mode off) or cannot be built.
+(Why: the Python node costs a small step 8-9%; timing is not a test.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import torch
+
+pytestmark = pytest.mark.skipif(torch is None, reason="PyTorch is not installed (pip install torch==2.13.0)")
+
+
+@pytest.fixture
+def native():
+    """The C++ node on, built (skipped where this machine cannot build it), every choice ours."""
+    from tvm_convgrad.torch import backward, native
+
+    mode, backward_mode = native.get_native(), backward.get_backward()
+    native.set_native("on")
+    if not native.available():
+        pytest.skip(f"the extension cannot be built here: {native.build_error()}")
+    backward.set_backward("ours")
+    yield native
+    native.set_native(mode)
+    backward.set_backward(backward_mode)
+
+
+def _layer(cin=16, cout=32, k=3, stride=1, padding=1, dilation=1, groups=1, bias=True, channels_last=False, dtype="float32"):
+    import tvm_convgrad.torch as tct
+
+    torch.manual_seed(0)
+    memory = torch.channels_last if channels_last else torch.contiguous_format
+    layer = tct.Conv2d(cin, cout, k, stride=stride, padding=padding, dilation=dilation, groups=groups, bias=bias)
+    return layer.to(getattr(torch, dtype), memory_format=memory)
+
+
+def _gradients(layer, x, g, mode: str):
+    """``(output, node name, dX, dW, db)`` of one forward and backward with the node mode ``mode``."""
+    from tvm_convgrad.torch import native
+
+    native.set_native(mode)
+    x = x.detach().requires_grad_(x.requires_grad)
+    layer.zero_grad(set_to_none=True)
+    y = layer(x)
+    name = type(y.grad_fn).__name__
+    y.backward(g)
+    bias = None if layer.bias is None else layer.bias.grad
+    return y.detach(), name, x.grad, layer.weight.grad, bias
+
+
+def _reference(layer, x, g):
+    """dX, dW, db in float64 by PyTorch's convolution (the independent oracle)."""
+    x64 = x.detach().double().requires_grad_(x.requires_grad)
+    w64 = layer.weight.detach().double().requires_grad_()
+    b64 = None if layer.bias is None else layer.bias.detach().double().requires_grad_()
+    y = torch.nn.functional.conv2d(x64, w64, b64, layer.stride, layer.padding, layer.dilation, layer.groups)
+    y.backward(g.double())
+    return x64.grad, w64.grad, None if b64 is None else b64.grad
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape", [dict(), dict(k=1, padding=0, bias=False), dict(stride=2), dict(dilation=2, padding=2),
+                                   dict(cin=32, groups=32, cout=32)])
+def test_the_cpp_node_gives_the_python_nodes_gradients(native, channels_last, dtype, shape):
+    """The second call of a signature runs the C++ node; its output and gradients equal the
+    Python node's bit for bit, and the float64 reference's within the type's bound."""
+    layer = _layer(channels_last=channels_last, dtype=dtype, **shape)
+    memory = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(2, layer.in_channels, 9, 9).to(layer.weight.dtype, memory_format=memory).requires_grad_()
+    g = torch.randn_like(layer(x))
+    python = _gradients(layer, x, g, "off")
+    cpp = _gradients(layer, x, g, "on")
+    assert python[1] == "Conv2dFunctionBackward" and cpp[1] == "CppFunction"
+    for a, b in zip(python[2:], cpp[2:]):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a, b)
+    assert torch.equal(python[0], cpp[0])
+    bound = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 5e-3}[dtype]
+    for got, want in zip(cpp[2:], _reference(layer, x, g)):
+        if want is not None:
+            assert (got.double() - want).abs().max() <= bound * (1 + want.abs().max()), dtype
+
+
+def test_frozen_inputs_and_weights_take_the_cpp_node(native):
+    """Only the gradients asked for: an input that does not require grad (the first layer) gets
+    none, a frozen weight none, and the bias its sum; no node at all where nothing needs one."""
+    layer = _layer()
+    x = torch.randn(2, 16, 9, 9)
+    g = torch.randn_like(layer(x))
+    layer(x).backward(g)  # (the first call: the Python node)
+    y, name, dx, dw, db = _gradients(layer, x, g, "on")
+    assert name == "CppFunction" and dx is None and dw is not None and torch.allclose(db, g.sum((0, 2, 3)))
+    layer.weight.requires_grad_(False)
+    y, name, dx, dw, db = _gradients(layer, x.requires_grad_(), g, "on")
+    assert name == "CppFunction" and dx is not None and dw is None
+    layer.requires_grad_(False)
+    with torch.no_grad():
+        assert layer(x.detach()).grad_fn is None
+
+
+def test_double_backward_through_the_cpp_node(native):
+    """create_graph=True: the C++ node's backward records a graph through the package's operators
+    (the Python fallback), so gradients of gradients match PyTorch's in float64."""
+    layer = _layer(bias=False)
+    x = torch.randn(2, 16, 7, 7, requires_grad=True)
+    layer(x).sum().backward()  # (settles the signature)
+    y = layer(x)
+    assert type(y.grad_fn).__name__ == "CppFunction"
+    (gx,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+    (ggw,) = torch.autograd.grad(gx.square().sum(), layer.weight)
+    x64, w64 = x.detach().double().requires_grad_(), layer.weight.detach().double().requires_grad_()
+    y64 = torch.nn.functional.conv2d(x64, w64, None, 1, 1)
+    (gx64,) = torch.autograd.grad(y64.square().sum(), x64, create_graph=True)
+    (ggw64,) = torch.autograd.grad(gx64.square().sum(), w64)
+    assert torch.allclose(gx.double(), gx64, rtol=1e-4, atol=1e-4) and torch.allclose(ggw.double(), ggw64, rtol=1e-3, atol=1e-3)
+
+
+def test_the_python_node_where_the_cpp_one_must_not_run(native, monkeypatch):
+    """The profiler (its Conv2dFunction ranges), the mode off, cropped taps (a dilation that reads
+    only padding) and a dX the kept outputs would map keep the Python node."""
+    from tvm_convgrad.torch import outputs
+
+    layer = _layer()
+    x = torch.randn(2, 16, 9, 9, requires_grad=True)
+    layer(x).sum().backward()
+    with torch.profiler.profile():
+        assert type(layer(x).grad_fn).__name__ == "Conv2dFunctionBackward"
+    native.set_native("off")
+    assert type(layer(x).grad_fn).__name__ == "Conv2dFunctionBackward"
+    native.set_native("on")
+    cropped, small = _layer(dilation=6, padding=6), torch.randn(2, 16, 5, 5, requires_grad=True)  # (only the centre tap reads)
+    cropped(small).sum().backward()
+    assert type(cropped(small).grad_fn).__name__ == "Conv2dFunctionBackward"
+    monkeypatch.setattr(outputs, "OUTPUTS_FROM", 1024)
+    if outputs.get_outputs() == "kept":
+        assert type(layer(x).grad_fn).__name__ == "Conv2dFunctionBackward"
+
+
+def test_a_machine_without_a_compiler_takes_the_python_node(monkeypatch):
+    """Where the extension cannot be built, available() is False, build_error() says why, and
+    every call takes the Python node, its gradients right."""
+    from torch.utils import cpp_extension
+
+    from tvm_convgrad.torch import native
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(native, "_STATE", {"mode": "on", "module": None, "tried": False, "error": None})
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    assert not native.available() and "no C++ compiler" in native.build_error()
+    layer = _layer(cin=8, cout=8)
+    x = torch.randn(1, 8, 6, 6, requires_grad=True)
+    for _ in range(2):
+        y = layer(x)
+        assert type(y.grad_fn).__name__ == "Conv2dFunctionBackward"
+        y.sum().backward()
+    assert x.grad is not None
+
+
+def test_a_wrong_mode_names_the_values_allowed():
+    from tvm_convgrad.errors import ConvGradError
+    from tvm_convgrad.torch import set_native
+
+    with pytest.raises(ConvGradError, match=r"mode.*'fast'.*\['on', 'off'\]"):
+        set_native("fast")

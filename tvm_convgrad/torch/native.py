@@ -1,0 +1,182 @@
+"""The drop-in's autograd node in C++ (``native.cpp``), for the calls whose gradients are settled.
+
+Every eager call of the drop-in whose gradients are the package's kernels goes through an autograd
+node, and a Python one (:class:`.ops.Conv2dFunction`) costs the autograd engine a call into the
+interpreter per node: a minimal Python ``autograd.Function`` around PyTorch's own convolutions
+made MobileNetV2's channels-last training step at 8 x 64x64 2.9-3.2 ms slower (8-9%, ~56 us a
+convolution; ResNet-18's 1.5-1.7 ms), the same node in C++ 0.4 ms (Zen 4, 2 cores, 2026-12-05,
+``docs/performance/avx512-zen4-torch-steps/layers/dec05c-zen4.txt``).
+
+Where a signature's gradients are the package's kernels for good (:func:`.backward.ours_throughout`:
+``"ours"``, or ``"auto"`` having chosen them), :func:`node` runs the forward as the caller gives it
+(no graph recorded) and hands the result to a C++ node (:func:`module`), whose backward calls
+the dW kernel, then the dX kernel, through tvm-ffi's C ABI on the saved tensors' memory, laid out
+as :func:`.kernels.as_layout` and :func:`.kernels.as_weights` lay them, and sums the bias's
+gradient; the profiler sees the kernels under the Python path's labels. A backward that records
+a graph (``create_graph=True``) calls back into Python (the package's differentiable operators).
+The rest takes the Python node: the first calls of a signature (its choices made there), float64
+and autocast's float32 weights, cropped taps, a dX of :data:`.outputs.OUTPUTS_FROM` bytes or more
+under ``"kept"`` outputs (:mod:`.outputs` maps those), and calls under the profiler (its
+``Conv2dFunction`` ranges are what the step benchmark counts as a convolution's).
+
+The extension is compiled on first use with PyTorch's ``torch.utils.cpp_extension`` (a C++
+compiler and ninja; ~30 s, kept in PyTorch's extensions folder for later processes) against
+tvm-ffi's headers and library. Where it cannot be built or loaded, every call takes the Python
+node: :func:`available` says which, :func:`build_error` why. ``TVM_CONVGRAD_NATIVE=off`` (read at
+import) or :func:`set_native` turn it off. A signature that ran the C++ node keeps its kernels
+loaded for the life of the process (the node holds their handles).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+from torch.autograd import forward_ad
+
+from ..errors import ConvGradError
+from . import outputs
+from .backward import ours_throughout
+from .kernels import DTYPES, CallPlan
+
+
+__all__ = ["MODES", "available", "build_error", "get_native", "module", "node", "set_native"]
+
+MODES = ("on", "off")
+SOURCE = Path(__file__).with_name("native.cpp")
+
+_LOCK = threading.Lock()
+_STATE: dict = {"mode": os.environ.get("TVM_CONVGRAD_NATIVE", "on"), "module": None, "tried": False, "error": None}
+_PLANS: list[CallPlan] = []  # a registered plan's id is its index; kept, so that its kernels stay loaded
+_backward: list[Callable] = []  # the Python backward of a node that records a graph (set by :mod:`.ops`)
+
+
+def _check(mode: str, name: str = "mode") -> str:
+    if mode not in MODES:
+        raise ConvGradError("tvm_convgrad.torch.set_native", name, mode, f"must be one of {list(MODES)}")
+    return mode
+
+
+_check(_STATE["mode"], "TVM_CONVGRAD_NATIVE")
+
+
+def set_native(mode: str) -> None:
+    """``"on"`` (the default: the C++ node where it applies and builds) or ``"off"`` (the Python node for every call)."""
+    _STATE["mode"] = _check(mode)
+
+
+def get_native() -> str:
+    """The current mode."""
+    return _STATE["mode"]
+
+
+def module():
+    """The compiled extension, built (or loaded from PyTorch's extensions folder) on the first call;
+    None where it cannot be (:func:`build_error` says why)."""
+    if _STATE["tried"]:
+        return _STATE["module"]
+    with _LOCK:
+        if not _STATE["tried"]:
+            try:
+                import tvm_ffi.libinfo
+                from torch.utils import cpp_extension
+
+                library, include = Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent, tvm_ffi.libinfo.find_include_path()
+                links = [f"-L{library}", "-ltvm_ffi", f"-Wl,-rpath,{library}"]
+                flags = {"extra_cflags": ["-O2"], "extra_include_paths": [include], "extra_ldflags": links}
+                built = cpp_extension.load("tvm_convgrad_native", [str(SOURCE)], verbose=False, **flags)
+                built.set_fallback(_fallback)
+                _STATE["module"] = built
+            except Exception as error:  # noqa: BLE001 -- no compiler, no ninja, a failed build: the Python node
+                _STATE["error"] = f"{type(error).__name__}: {error}"
+            _STATE["tried"] = True
+    return _STATE["module"]
+
+
+def available() -> bool:
+    """Whether the C++ node is on and built (building it now if it has not been tried)."""
+    return _STATE["mode"] == "on" and module() is not None
+
+
+def build_error() -> Optional[str]:
+    """Why the extension could not be built or loaded (None where it was, or has not been tried)."""
+    return _STATE["error"]
+
+
+def node(plan: CallPlan, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], forward: Callable[[], torch.Tensor],
+         backward: Callable) -> Optional[torch.Tensor]:  # fmt: skip
+    """The convolution of an eager call (its tensors plain, checked by the caller) through the C++
+    node, its result ``forward()`` (run there without recording a graph); None where the call
+    takes the Python node instead (see the module docstring). ``backward(ctx, grad_output)``: the
+    Python node's, for a backward that records a graph."""
+    grad = torch.is_grad_enabled()
+    needs = (grad and input.requires_grad, grad and weight.requires_grad)
+    if _STATE["mode"] != "on" or not any(needs) or forward_ad._current_level >= 0:  # (forward-mode AD: the Python node's jvp)
+        return None
+    if input.dtype not in DTYPES or weight.dtype != input.dtype or (bias is not None and bias.dtype != input.dtype):
+        return None
+    if plan.native is _NEVER or torch.autograd._profiler_enabled() or not ours_throughout(plan.call, needs):
+        return None
+    if needs[0] and input.nbytes >= outputs.OUTPUTS_FROM and outputs.get_outputs() == "kept":  # (a dX :mod:`.outputs` maps)
+        return None
+    native = plan.native
+    if native is None or (needs[0] and not native.input_grad) or (needs[1] and not native.weight_grad):
+        native = _register(plan, needs, backward)
+    return None if native is None else _STATE["module"].apply(input, weight, bias, forward, native.id)
+
+
+class _Native:
+    """A plan's registration with the C++ node: its ``id`` there, and which of its kernels it has
+    (each built and given to it when a call first needs it)."""
+
+    __slots__ = ("id", "input_grad", "weight_grad")
+
+    def __init__(self, id: int):
+        self.id, self.input_grad, self.weight_grad = id, False, False
+
+
+_NEVER = _Native(-1)
+"""The registration of a plan whose calls never take the C++ node (cropped taps)."""
+
+
+def _register(plan: CallPlan, needs: tuple[bool, bool], backward: Callable) -> Optional[_Native]:
+    """``plan`` registered with the C++ node, with the kernels ``needs`` asks for; None where its
+    calls take the Python node (cropped taps: for good) or the extension is not there."""
+    if plan.taps is not None:
+        plan.native = _NEVER
+    if plan.native is _NEVER or module() is None:
+        return None
+    built = _STATE["module"]
+    with _LOCK:
+        if not _backward:
+            _backward.append(backward)
+        if plan.native is None:
+            plan.native = _Native(built.add_plan(plan.call.data_format == "NXC", plan.call.weights_format == "OXI"))
+            _PLANS.append(plan)
+        native = plan.native
+        if needs[0] and not native.input_grad:
+            built.set_kernel(native.id, True, plan.input_grad.function.__chandle__())
+            native.input_grad = True
+        if needs[1] and not native.weight_grad:
+            built.set_kernel(native.id, False, plan.weight_grad.function.__chandle__())
+            native.weight_grad = True
+    return native
+
+
+class _Context:
+    """What the Python node's backward reads of its context, for a C++ node's (see :func:`_fallback`)."""
+
+    __slots__ = ("saved_tensors", "attrs", "has_bias", "plan", "needs_input_grad")
+
+
+def _fallback(plan_id: int, grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, needs: tuple) -> tuple:
+    """A C++ node's backward that records a graph: the Python node's (the operators), ``(dX, dW, db)``."""
+    plan = _PLANS[plan_id]
+    call = plan.call
+    ctx = _Context()
+    ctx.saved_tensors, ctx.has_bias, ctx.plan, ctx.needs_input_grad = (input, weight), needs[2], plan, tuple(needs)
+    ctx.attrs = (call.strides, call.pads, call.dilation, call.groups, call.data_format == "NXC")
+    return tuple(_backward[0](ctx, grad_output)[:3])
