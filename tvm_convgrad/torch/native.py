@@ -4,8 +4,9 @@ Every eager call of the drop-in whose gradients are the package's kernels goes t
 node, and a Python one (:class:`.ops.Conv2dFunction`) costs the autograd engine a call into the
 interpreter per node: a minimal Python ``autograd.Function`` around PyTorch's own convolutions
 made MobileNetV2's channels-last training step at 8 x 64x64 2.9-3.2 ms slower (8-9%, ~56 us a
-convolution; ResNet-18's 1.5-1.7 ms), the same node in C++ 0.4 ms (Zen 4, 2 cores, 2026-12-05,
-``docs/performance/avx512-zen4-torch-steps/layers/dec05c-zen4.txt``).
+convolution; ResNet-18's 1.5-1.7 ms), the same node in C++ 0.4 ms. This one, against the Python
+node, steps interleaved: that MobileNetV2 step 39.93 -> 37.89 ms, ResNet-18 NCHW 54.22 -> 52.98 (Zen
+4, 2 cores, 2026-12-05, ``docs/performance/avx512-zen4-torch-steps/layers/dec05c-zen4.txt``).
 
 Where a signature's gradients are the package's kernels for good (:func:`.backward.ours_throughout`:
 ``"ours"``, or ``"auto"`` having chosen them), :func:`node` runs the forward as the caller gives it
