@@ -104,6 +104,29 @@ def test_frozen_inputs_and_weights_take_the_cpp_node(native):
         assert layer(x.detach()).grad_fn is None
 
 
+def test_a_first_order_backward_runs_no_python(native):
+    """A plain first-order backward of the C++ node calls the kernels from C++: the Python fallback
+    it holds is not called (one that raises leaves it untouched); a backward that records a graph
+    calls it."""
+    layer = _layer()
+    x = torch.randn(2, 16, 9, 9, requires_grad=True)
+    layer(x).sum().backward()
+    calls = []
+
+    def counted(*args):
+        calls.append(args)
+        return native._fallback(*args)
+
+    native.module().set_fallback(counted)
+    try:
+        layer(x).sum().backward()
+        assert not calls
+        (gx,) = torch.autograd.grad(layer(x).square().sum(), x, create_graph=True)
+        assert len(calls) == 1 and gx.requires_grad
+    finally:
+        native.module().set_fallback(native._fallback)
+
+
 def test_double_backward_through_the_cpp_node(native):
     """create_graph=True: the C++ node's backward records a graph through the package's operators
     (the Python fallback), so gradients of gradients match PyTorch's in float64."""

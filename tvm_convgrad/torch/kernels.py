@@ -157,8 +157,8 @@ class CallPlan:
     """One signature's backward worked out once: ``call`` (its :class:`Conv2dGradients`), ``live``
     (the call the kernels run: cropped to the taps that read the input, see
     :meth:`Conv2dGradients.cropped`, else ``call``) and ``taps`` (the kernel ``(rows, columns)`` that
-    are live, None when all are); its kernels are built on first use and kept. ``native``: its id
-    with the C++ node (:mod:`.native`), None until it runs there."""
+    are live, None when all are); its kernels are built on first use and kept. ``native``: its
+    registration with the C++ node (:mod:`.native`), None until a call takes it."""
 
     __slots__ = ("call", "live", "taps", "native", "_input_grad", "_weight_grad", "_weight_grad_f32")
 

@@ -3,8 +3,8 @@
 // A convolution whose gradients are the package's kernels, settled for its signature, runs its
 // backward here: the dW kernel, then the dX kernel, called through tvm-ffi's C ABI on the saved
 // tensors' memory, and grad_output's sum for the bias; the autograd engine never enters Python.
-// A backward that must record a graph (create_graph=True) calls the Python fallback registered
-// with set_fallback, which runs the package's differentiable operators.
+// A backward that must record a graph (create_graph=True), or whose grad_output is batched or
+// wrapped, calls the Python fallback registered with set_fallback (the Python node's backward).
 
 #include <torch/extension.h>
 #include <tvm/ffi/c_api.h>

@@ -9,15 +9,16 @@ node, steps interleaved: that MobileNetV2 step 39.93 -> 37.89 ms, ResNet-18 NCHW
 4, 2 cores, 2026-12-05, ``docs/performance/avx512-zen4-torch-steps/layers/dec05c-zen4.txt``).
 
 Where a signature's gradients are the package's kernels for good (:func:`.backward.ours_throughout`:
-``"ours"``, or ``"auto"`` having chosen them), :func:`node` runs the forward as the caller gives it
-(no graph recorded) and hands the result to a C++ node (:func:`module`), whose backward calls
-the dW kernel, then the dX kernel, through tvm-ffi's C ABI on the saved tensors' memory, laid out
-as :func:`.kernels.as_layout` and :func:`.kernels.as_weights` lay them, and sums the bias's
-gradient; the profiler sees the kernels under the Python path's labels. A backward that records
-a graph (``create_graph=True``) calls back into Python (the package's differentiable operators).
-The rest takes the Python node: the first calls of a signature (its choices made there), float64
-and autocast's float32 weights, cropped taps, a dX of :data:`.outputs.OUTPUTS_FROM` bytes or more
-under ``"kept"`` outputs (:mod:`.outputs` maps those), and calls under the profiler (its
+``"ours"``, or ``"auto"`` having chosen them), :func:`node` hands the call to a C++ node
+(:func:`module`): its apply runs the caller's forward (no graph recorded), its backward calls the
+dW kernel, then the dX kernel, through tvm-ffi's C ABI on the saved tensors' memory, laid out as
+:func:`.kernels.as_layout` and :func:`.kernels.as_weights` lay them, and sums the bias's gradient;
+the profiler sees the kernels under the Python path's labels. A backward that records a graph
+(``create_graph=True``), or whose grad_output is batched or wrapped (legacy ``vmap``, functorch, a
+subclass), calls back into Python (the Python node's backward). The rest takes the Python node: the
+first calls of a signature (its choices made there), forward-mode AD (its ``jvp``), float64 and
+autocast's float32 weights, cropped taps, a dX of :data:`.outputs.OUTPUTS_FROM` bytes or more under
+``"kept"`` outputs (:mod:`.outputs` maps those), and calls under the profiler (its
 ``Conv2dFunction`` ranges are what the step benchmark counts as a convolution's).
 
 The extension is compiled on first use with PyTorch's ``torch.utils.cpp_extension`` (a C++
@@ -42,7 +43,6 @@ from ..errors import ConvGradError
 from . import outputs
 from .backward import ours_throughout
 from .kernels import DTYPES, CallPlan
-
 
 __all__ = ["MODES", "available", "build_error", "get_native", "module", "node", "set_native"]
 
