@@ -127,6 +127,54 @@ def test_a_first_order_backward_runs_no_python(native):
         native.module().set_fallback(native._fallback)
 
 
+GUARDED_BACKWARD = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np, torch
+from guard_pages import GuardedMemory
+import tvm_convgrad.torch as tct
+from tvm_convgrad.torch import native
+tct.set_backward("ours")
+if not native.available():
+    print("no extension:", native.build_error()); sys.exit(0)
+memory, side = GuardedMemory(), sys.argv[2]
+
+def guarded(shape, channels_last):  # NCHW logical, its memory flush against the guard page
+    stored = (shape[0], shape[2], shape[3], shape[1]) if channels_last else shape
+    array = memory.array(stored, np.float32, side)
+    array[...] = np.random.default_rng(0).standard_normal(stored, dtype=np.float32)
+    t = torch.from_numpy(array)
+    t = t.permute(0, 3, 1, 2) if channels_last else t
+    assert t.data_ptr() % 64 == 0 and t.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    return t  # (aligned and dense in its layout: the node reads it in place, no copy)
+
+for channels_last in (False, True):
+    layer = tct.Conv2d(16, 32, 3, padding=1, bias=False)
+    with torch.no_grad():
+        layer.weight.set_(guarded((32, 16, 3, 3), channels_last))
+    x = guarded((2, 16, 8, 8), channels_last).requires_grad_()
+    y = layer(x)
+    assert type(y.grad_fn).__name__ == "CppFunction", type(y.grad_fn)
+    y.backward(guarded((2, 32, 8, 8), channels_last))
+    print(channels_last, float(x.grad.abs().sum()), float(layer.weight.grad.abs().sum()), flush=True)
+"""
+
+
+@pytest.mark.parametrize("side", ["after", "before"])
+def test_the_cpp_node_reads_inside_its_tensors(side):
+    """The C++ node's backward reads x, the weight and grad_output where they lie (NCHW and
+    channels-last views, no copy): each flush against a page mapped PROT_NONE, so that a read past
+    an edge faults (in a child process: the fault fails this test)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", GUARDED_BACKWARD, str(Path(__file__).parent), side], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])
+    assert "no extension" in done.stdout or done.stdout.count("\n") == 2, done.stdout
+
+
 def test_double_backward_through_the_cpp_node(native):
     """create_graph=True: the C++ node's backward records a graph through the package's operators
     (the Python fallback), so gradients of gradients match PyTorch's in float64."""

@@ -19,7 +19,10 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-constexpr int64_t kAlignment = 64;  // bytes the kernels' loads take a tensor's data to start on
+#ifndef TVM_CONVGRAD_ALIGNMENT
+#error "native.py defines TVM_CONVGRAD_ALIGNMENT (tvm_convgrad.torch.kernels.ALIGNMENT)"
+#endif
+constexpr int64_t kAlignment = TVM_CONVGRAD_ALIGNMENT;  // bytes the kernels' loads take a tensor's data to start on
 
 // One signature's backward: its two kernels (tvm-ffi Function handles) and layouts.
 struct Plan {

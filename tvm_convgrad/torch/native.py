@@ -42,7 +42,7 @@ from torch.autograd import forward_ad
 from ..errors import ConvGradError
 from . import outputs
 from .backward import ours_throughout
-from .kernels import DTYPES, CallPlan
+from .kernels import ALIGNMENT, DTYPES, CallPlan
 
 __all__ = ["MODES", "available", "build_error", "get_native", "module", "node", "set_native"]
 
@@ -87,7 +87,8 @@ def module():
 
                 library, include = Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent, tvm_ffi.libinfo.find_include_path()
                 links = [f"-L{library}", "-ltvm_ffi", f"-Wl,-rpath,{library}"]
-                flags = {"extra_cflags": ["-O2"], "extra_include_paths": [include], "extra_ldflags": links}
+                defines = ["-O2", f"-DTVM_CONVGRAD_ALIGNMENT={ALIGNMENT}"]  # (kernels.ALIGNMENT: the one constant)
+                flags = {"extra_cflags": defines, "extra_include_paths": [include], "extra_ldflags": links}
                 built = cpp_extension.load("tvm_convgrad_native", [str(SOURCE)], verbose=False, **flags)
                 built.set_fallback(_fallback)
                 _STATE["module"] = built
