@@ -105,26 +105,30 @@ def test_frozen_inputs_and_weights_take_the_cpp_node(native):
 
 
 def test_a_first_order_backward_runs_no_python(native):
-    """A plain first-order backward of the C++ node calls the kernels from C++: the Python fallback
-    it holds is not called (one that raises leaves it untouched); a backward that records a graph
-    calls it."""
+    """A plain first-order backward of the C++ node calls the kernels from C++: neither the Python
+    fallback nor the kept dX's allocator it holds is called (a dX under ``OUTPUTS_FROM``); a
+    backward that records a graph calls the fallback."""
     layer = _layer()
     x = torch.randn(2, 16, 9, 9, requires_grad=True)
     layer(x).sum().backward()
-    calls = []
+    calls, allocations = [], []
 
     def counted(*args):
         calls.append(args)
         return native._fallback(*args)
 
-    native.module().set_fallback(counted)
+    def allocate(*args):
+        allocations.append(args)
+        return native._kept_input_grad(*args)
+
+    native.module().set_fallback(counted, allocate)
     try:
         layer(x).sum().backward()
-        assert not calls
+        assert not calls and not allocations
         (gx,) = torch.autograd.grad(layer(x).square().sum(), x, create_graph=True)
-        assert len(calls) == 1 and gx.requires_grad
+        assert len(calls) == 1 and gx.requires_grad and not allocations
     finally:
-        native.module().set_fallback(native._fallback)
+        native.module().set_fallback(native._fallback, native._kept_input_grad)
 
 
 GUARDED_BACKWARD = r"""
@@ -193,8 +197,9 @@ def test_double_backward_through_the_cpp_node(native):
 
 
 def test_the_python_node_where_the_cpp_one_must_not_run(native, monkeypatch):
-    """The profiler (its Conv2dFunction ranges), the mode off, cropped taps (a dilation that reads
-    only padding) and a dX the kept outputs would map keep the Python node."""
+    """The profiler (its Conv2dFunction ranges), the mode off and cropped taps (a dilation that
+    reads only padding) keep the Python node; a dX the kept outputs map takes the C++ node, over a
+    kept mapping, its values the Python node's."""
     from tvm_convgrad.torch import outputs
 
     layer = _layer()
@@ -209,8 +214,13 @@ def test_the_python_node_where_the_cpp_one_must_not_run(native, monkeypatch):
     cropped(small).sum().backward()
     assert type(cropped(small).grad_fn).__name__ == "Conv2dFunctionBackward"
     monkeypatch.setattr(outputs, "OUTPUTS_FROM", 1024)
-    if outputs.get_outputs() == "kept":
-        assert type(layer(x).grad_fn).__name__ == "Conv2dFunctionBackward"
+    if outputs.get_outputs() == "kept":  # a large dX: the C++ node, its dX over a kept mapping as the Python node's
+        x.grad = None
+        y = layer(x)
+        y.sum().backward()
+        assert type(y.grad_fn).__name__ == "CppFunction" and outputs.is_kept(x.grad)
+        python = _gradients(layer, x, torch.ones_like(y), "off")
+        assert python[1] == "Conv2dFunctionBackward" and outputs.is_kept(python[2]) and torch.equal(python[2], x.grad)
 
 
 def test_a_machine_without_a_compiler_takes_the_python_node(monkeypatch):
@@ -241,3 +251,135 @@ def test_a_wrong_mode_names_the_values_allowed():
 
     with pytest.raises(ConvGradError, match=r"mode.*'fast'.*\['on', 'off'\]"):
         set_native("fast")
+
+
+def _settled(layer, x, g, calls: int = 3):
+    """``layer`` run forward and backward ``calls`` times on ``x`` (its route settles), grads cleared."""
+    for _ in range(calls):
+        layer(x).backward(g)
+    layer.zero_grad(set_to_none=True)
+    x.grad = None
+
+
+@pytest.fixture
+def python_path(monkeypatch):
+    """``ops.conv2d`` (the Python path behind :func:`tvm_convgrad.torch.conv2d`) counted: the list
+    of calls that reached it."""
+    from tvm_convgrad.torch import ops
+
+    seen, original = [], ops.conv2d
+
+    def counted(*args):
+        seen.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(ops, "conv2d", counted)
+    return seen
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("way", ["pytorch", "ours", "blas"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_settled_call_skips_the_python_path(native, python_path, monkeypatch, channels_last, way, bias):
+    """Once a signature's route is settled, its calls go from ``tvm_convgrad.torch.conv2d``
+    straight to the C++ node (``native.fast``) with the forward chosen (``F.conv2d``, the package's
+    kernel, PyTorch's BLAS way): the Python path is not entered, and the output and gradients equal
+    the Python path's bit for bit."""
+    from tvm_convgrad.torch import blas, forward
+
+    blas_calls = []
+    if way == "blas":  # "auto" choosing the BLAS way over F.conv2d, and it over the package's forward
+        monkeypatch.setattr(forward, "wins", lambda candidate, incumbent: getattr(candidate, "func", None) is blas.forward)
+        monkeypatch.setattr(blas, "forward", lambda *args, original=blas.forward: blas_calls.append(1) or original(*args))
+    forward.set_forward("auto" if way == "blas" else way)
+    try:
+        k, padding = (1, 0) if way == "blas" else (3, 1)
+        layer = _layer(cin=16, cout=32, k=k, padding=padding, bias=bias, channels_last=channels_last)
+        memory = torch.channels_last if channels_last else torch.contiguous_format
+        x = torch.randn(2, 16, 9, 9).to(memory_format=memory).requires_grad_()
+        g = torch.randn_like(layer(x))
+        python = [None if t is None else t.clone() for t in _gradients(layer, x, g, "off") if not isinstance(t, str)]
+        native.set_native("on")
+        _settled(layer, x, g)
+        python_path.clear()
+        blas_calls.clear()
+        y = layer(x)
+        assert python_path == [] and type(y.grad_fn).__name__ == "CppFunction"
+        assert blas_calls == ([1] if way == "blas" else [])
+        y.backward(g)
+        fast = (y.detach(), x.grad, layer.weight.grad, None if layer.bias is None else layer.bias.grad)
+        for a, b in zip(python, fast):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert torch.equal(a, b) and a.stride() == b.stride()
+        assert python_path == []
+    finally:
+        forward.set_forward("auto")
+
+
+def test_the_fast_path_declines_where_the_route_could_differ(native, python_path):
+    """A settled signature's call still takes the Python path where that could route it otherwise:
+    no grad, autocast, the profiler, deterministic algorithms, forward-mode AD, a torch function or
+    dispatch mode, a functorch transform, tracing, a subclass, other strides, other gradients
+    needed, a string padding; and a changed setting forgets every settled signature."""
+    import contextlib
+
+    from torch.autograd import forward_ad
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import tvm_convgrad.torch as tct
+
+    layer = _layer()
+    x = torch.randn(2, 16, 9, 9, requires_grad=True)
+    g = torch.randn_like(layer(x))
+    _settled(layer, x, g)
+    assert native.module().settled_count() >= 1
+    python_path.clear()
+    layer(x)
+    assert python_path == []  # (settled: the fast path)
+
+    class Functions(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    class Dispatches(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    class Subclass(torch.Tensor):
+        pass
+
+    @contextlib.contextmanager
+    def deterministic():
+        torch.use_deterministic_algorithms(True)
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(False)
+
+    scopes = {"no_grad": torch.no_grad, "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+              "profiler": torch.profiler.profile, "deterministic": deterministic, "forward AD": forward_ad.dual_level,
+              "torch function mode": Functions, "dispatch mode": Dispatches}  # fmt: skip
+    for name, scope in scopes.items():
+        python_path.clear()
+        with scope():
+            layer(x)
+        assert python_path, name
+    calls = {
+        "functorch": lambda: torch.func.grad(lambda t: layer(t).sum())(x.detach()),
+        "tracing": lambda: torch.jit.trace(layer, x, check_trace=False),
+        "subclass": lambda: layer(x.detach().as_subclass(Subclass).requires_grad_()),
+        "other strides": lambda: layer(x.detach().contiguous(memory_format=torch.channels_last).requires_grad_()),
+        "other gradients": lambda: layer(x.detach()),
+        "string padding": lambda: tct.conv2d(x, layer.weight, layer.bias, 1, "same"),
+    }
+    for name, call in calls.items():
+        python_path.clear()
+        call()
+        assert python_path, name
+    tct.set_forward(tct.get_forward())
+    assert native.module().settled_count() == 0
+    python_path.clear()
+    layer(x)
+    assert python_path

@@ -41,7 +41,7 @@ from .heap import heap_pinned, pin_heap
 from .outputs import get_outputs, is_kept, kept_outputs, release_outputs, set_outputs
 from .openmp import use_pytorch_threads, using_pytorch_threads
 from .workspace import get_workspaces, kept_workspaces, set_workspaces, use_pytorch_allocator, using_pytorch_allocator, workspace_allocations
-from . import flops, ops  # noqa: F401  (flops: the operators' FLOP formulas, registered)
+from . import flops, native, ops  # noqa: F401  (flops: the operators' FLOP formulas, registered)
 from .backward import backward_choices, get_backward, set_backward
 from .forward import forward_choices, get_forward, set_forward
 from .native import get_native, set_native
@@ -117,6 +117,10 @@ def conv2d(
     tensors as it casts ``F.conv2d``'s. A call whose forward and gradients the modes all give to
     PyTorch (``"auto"``: once timed) is ``F.conv2d``'s own, every order of its gradient PyTorch's.
     Under ``torch.jit.trace`` the graph records PyTorch's convolution (see :func:`.ops.conv2d`)."""
+    if not torch.compiler.is_compiling():  # a signature settled on the C++ node (:func:`.native.fast`), else None
+        output = native.fast(input, weight, bias, stride, padding, dilation, groups)
+        if output is not None:
+            return output
     if torch.jit.is_tracing():  # sizes are the trace's tensors: the checks read them as the constants they are
         with warnings.catch_warnings():  # (nn.Conv2d's trace warns of none of them)
             warnings.simplefilter("ignore", torch.jit.TracerWarning)

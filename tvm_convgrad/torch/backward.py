@@ -41,7 +41,7 @@ import torch
 
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
-from . import remembered
+from . import remembered, settled
 from .forward import elapsed_ms, wins
 
 __all__ = ["FUNCTION_MS", "GEMMS", "MARGIN", "MODES", "ROUNDS", "backward_choices", "get_backward", "gradients",
@@ -87,6 +87,7 @@ def set_backward(mode: str) -> None:
     _choices.clear()
     _given_up.clear()
     _blas.clear()
+    settled.reset()
 
 
 def get_backward() -> str:

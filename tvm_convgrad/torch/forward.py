@@ -33,10 +33,10 @@ import torch.nn.functional as F
 
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
-from . import blas, outputs, remembered
+from . import blas, outputs, remembered, settled
 from .kernels import DTYPES, CallPlan, aligned, as_layout, as_weights, forward_kernel, is_channels_last, tensors_plan
 
-__all__ = ["MARGIN", "MODES", "ROUNDS", "elapsed_ms", "forward", "forward_choices", "get_forward", "ours", "pytorch", "pytorchs", "set_forward", "wins"]
+__all__ = ["MARGIN", "MODES", "PENDING", "ROUNDS", "elapsed_ms", "forward", "forward_choices", "get_forward", "ours", "pytorch", "pytorchs", "set_forward", "settled_way", "wins"]
 
 MODES = ("auto", "ours", "pytorch")
 MARGIN = 1.05
@@ -59,6 +59,7 @@ def set_forward(mode: str) -> None:
     _mode = mode
     _choices.clear()
     _blas.clear()
+    settled.reset()
 
 
 def get_forward() -> str:
@@ -86,6 +87,29 @@ def pytorchs(call: Conv2dGradients, bias: bool) -> bool:
         return True
     key = (call, bias)
     return mode == "auto" and _choices.get(key) is False and key not in _blas
+
+
+def settled_way(call: Conv2dGradients, bias: bool) -> Optional[Callable]:
+    """The forward of ``call``'s signature for good, as ``(input, weight, bias) -> output``: None for
+    ``F.conv2d``'s (with the pads the call's, ``(top, left)``), :func:`ours` or the BLAS way;
+    :data:`PENDING` while ``"auto"`` has not chosen. (Deterministic algorithms, under which ``"auto"``
+    runs ``F.conv2d``, are the caller's to rule out; so are the tensors :func:`forward` gives to PyTorch.)"""
+    if _mode == "pytorch":
+        return None
+    key = (call, bias)
+    if _mode == "auto" and key not in _choices:
+        return PENDING
+    if _mode == "ours" or _choices[key]:
+        return functools.partial(ours, call)
+    return functools.partial(_blas_forward, call.data_format == "NXC") if key in _blas else None
+
+
+PENDING = object()
+""":func:`settled_way` of a signature ``"auto"`` has not timed."""
+
+
+def _blas_forward(channels_last: bool, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return blas.forward(input, weight, bias, channels_last)
 
 
 def pytorch(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, pads, dilation, groups: int) -> torch.Tensor:

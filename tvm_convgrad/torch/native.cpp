@@ -5,13 +5,26 @@
 // tensors' memory, and grad_output's sum for the bias; the autograd engine never enters Python.
 // A backward that must record a graph (create_graph=True), or whose grad_output is batched or
 // wrapped, calls the Python fallback registered with set_fallback (the Python node's backward).
+//
+// fast(): once a signature's route is settled (its forward chosen, its gradients the kernels'),
+// native.py registers it (settle); a later call of the same tensors' sizes, strides and types,
+// the same arguments, and the same global state is then taken here from tvm_convgrad.torch.conv2d
+// without the Python checks: cold (a step's large tensors evict the interpreter's data), those
+// cost ~100 us a call more than nn.Conv2d's whole call.
 
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/frontend/tracer.h>
+#include <torch/csrc/profiler/api.h>
 #include <torch/extension.h>
 #include <tvm/ffi/c_api.h>
 
+#include <array>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -26,16 +39,19 @@ constexpr int64_t kAlignment = TVM_CONVGRAD_ALIGNMENT;  // bytes the kernels' lo
 
 // One signature's backward: its two kernels (tvm-ffi Function handles) and layouts.
 struct Plan {
-  int64_t input_grad;   // (grad_output, weight) -> grad_input
-  int64_t weight_grad;  // (input, grad_output) -> grad_weight
-  bool channels_last;   // activations NHWC in memory (NXC), else NCHW (NCX)
-  bool weights_last;    // weights OHWI in memory (OXI), else OIHW (OIX)
+  int64_t input_grad;    // (grad_output, weight) -> grad_input
+  int64_t weight_grad;   // (input, grad_output) -> grad_weight
+  bool channels_last;    // activations NHWC in memory (NXC), else NCHW (NCX)
+  bool weights_last;     // weights OHWI in memory (OXI), else OIHW (OIX)
+  bool kept_input_grad;  // grad_input from the Python allocator (a kept mapping: outputs.py), else at::empty
 };
 
 std::mutex plans_lock;
 std::vector<Plan> plans;  // registered from Python, never removed: a plan's id is its index
 // (plan id, grad_output, input, weight, needs) -> (dX, dW, db); never destroyed (no GIL at exit)
 py::object* fallback = nullptr;
+// (plan id, input) -> an empty grad_input over a kept mapping; never destroyed
+py::object* allocator = nullptr;
 
 Plan plan_of(int64_t id) {
   std::lock_guard<std::mutex> guard(plans_lock);
@@ -101,15 +117,27 @@ void call(int64_t function, const View& a, const View& b, const View& out, const
   }
 }
 
+// A settled signature's forward arguments (pads symmetric) and, for the package's forward or
+// PyTorch's BLAS way, the Python function (input, weight, bias) -> output (None: at::conv2d).
+struct Forward {
+  std::array<int64_t, 2> stride, padding, dilation;
+  int64_t groups;
+  py::object function;
+};
+
 struct Conv2dNative : public torch::autograd::Function<Conv2dNative> {
-  // ``output()``: the caller's forward (Python, called with the GIL the caller holds), run here
-  // without recording a graph; the node records the gradients' edges and saves what the backward reads.
+  // The forward, run here without recording a graph: ``output()`` (the caller's, Python, called
+  // with the GIL the caller holds), or where ``settled`` is given, its function or at::conv2d (as
+  // F.conv2d calls it). The node records the gradients' edges and saves what the backward reads.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
-                            const c10::optional<at::Tensor>& bias, const py::object& output, int64_t plan) {
+                            const c10::optional<at::Tensor>& bias, const py::object& output, int64_t plan,
+                            const Forward* settled) {
     ctx->save_for_backward({input, weight});
     ctx->saved_data["plan"] = plan;
     ctx->saved_data["bias"] = bias.has_value() && bias->defined();
-    return output().cast<at::Tensor>();
+    if (settled == nullptr) return output().cast<at::Tensor>();
+    if (!settled->function.is_none()) return settled->function(input, weight, bias).cast<at::Tensor>();
+    return at::conv2d(input, weight, bias, settled->stride, settled->padding, settled->dilation, settled->groups);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -128,7 +156,7 @@ struct Conv2dNative : public torch::autograd::Function<Conv2dNative> {
       grad_input = got[0].is_none() ? at::Tensor() : got[0].cast<at::Tensor>();
       grad_weight = got[1].is_none() ? at::Tensor() : got[1].cast<at::Tensor>();
       grad_bias = got[2].is_none() ? at::Tensor() : got[2].cast<at::Tensor>();
-      return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor()};
+      return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor()};
     }
     at::Tensor dy = grads[0].scalar_type() == input.scalar_type() ? grads[0] : grads[0].to(input.scalar_type());
     dy = aligned(dy, plan.channels_last);
@@ -139,23 +167,144 @@ struct Conv2dNative : public torch::autograd::Function<Conv2dNative> {
            View(grad_weight, plan.weights_last), "tvm_convgrad::conv2d_weight_grad");
     }
     if (need_x) {
-      grad_input = at::empty(input.sizes(), input.options().memory_format(layout(plan.channels_last)));
+      if (plan.kept_input_grad) {
+        py::gil_scoped_acquire gil;
+        grad_input = (*allocator)(id, input).cast<at::Tensor>();
+      } else {
+        grad_input = at::empty(input.sizes(), input.options().memory_format(layout(plan.channels_last)));
+      }
       call(plan.input_grad, dy_view, View(aligned(weight, plan.weights_last), plan.weights_last),
            View(grad_input, plan.channels_last), "tvm_convgrad::conv2d_input_grad");
     }
     if (need_b) grad_bias = grads[0].sum({0, 2, 3});
-    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor()};
+    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 at::Tensor apply(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                  const py::object& output, int64_t plan) {
-  return Conv2dNative::apply(input, weight, bias, output, plan);
+  return Conv2dNative::apply(input, weight, bias, output, plan, static_cast<const Forward*>(nullptr));
 }
+
+// ---- the settled signatures' fast path (called from Python with the GIL; its table only with it)
+
+// A call's signature: types, the tensors' sizes and strides, the arguments, which gradients.
+using Key = std::array<int64_t, 28>;
+
+struct KeyHash {
+  size_t operator()(const Key& key) const {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t v : key) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+struct Settled {
+  int64_t plan;
+  Forward forward;
+};
+
+std::unordered_map<Key, Settled, KeyHash>* settled_calls = nullptr;  // never destroyed (no GIL at exit)
+py::object* forward_ad = nullptr;                                    // torch.autograd.forward_ad
+py::object* transforms_active = nullptr;  // torch._C._are_functorch_transforms_active (its C++ header is not shipped whole)
+
+Key key_of(const at::Tensor& input, const at::Tensor& weight, const at::Tensor* bias, const std::array<int64_t, 2>& stride,
+           const std::array<int64_t, 2>& padding, const std::array<int64_t, 2>& dilation, int64_t groups, bool need_x, bool need_w) {
+  Key key{};
+  size_t i = 0;
+  key[i++] = static_cast<int64_t>(input.scalar_type());
+  key[i++] = bias == nullptr ? -1 : static_cast<int64_t>(bias->scalar_type());
+  for (const at::Tensor* t : {&input, &weight}) {
+    for (int d = 0; d < 4; ++d) key[i++] = t->size(d);
+    for (int d = 0; d < 4; ++d) key[i++] = t->stride(d);
+  }
+  for (const auto* pair : {&stride, &padding, &dilation}) {
+    key[i++] = (*pair)[0];
+    key[i++] = (*pair)[1];
+  }
+  key[i++] = groups;
+  key[i++] = need_x;
+  key[i++] = need_w;
+  key[i++] = static_cast<int64_t>(weight.scalar_type());
+  return key;
+}
+
+// An int, or a tuple / list of two (not a bool: Python's path rejects or reads those itself).
+bool int_pair(PyObject* value, std::array<int64_t, 2>& pair) {
+  if (PyLong_CheckExact(value)) {
+    pair[0] = pair[1] = PyLong_AsLongLong(value);
+    return !PyErr_Occurred();
+  }
+  if ((!PyTuple_CheckExact(value) && !PyList_CheckExact(value)) || PySequence_Fast_GET_SIZE(value) != 2) return false;
+  for (int i = 0; i < 2; ++i) {
+    PyObject* item = PySequence_Fast_GET_ITEM(value, i);
+    if (!PyLong_CheckExact(item)) return false;
+    pair[i] = PyLong_AsLongLong(item);
+  }
+  return !PyErr_Occurred();
+}
+
+// A plain 4-D tensor (torch.Tensor or nn.Parameter itself, no subclass) the kernels may read.
+const at::Tensor* plain_tensor(PyObject* value, int64_t dim) {
+  if (!THPVariable_CheckExact(value)) return nullptr;
+  const at::Tensor& t = THPVariable_Unpack(value);
+  return t.dim() == dim && t.numel() > 0 && plain(t) ? &t : nullptr;
+}
+
+// The state a settled route assumed: grad mode on, no autocast, tracing, transform, mode, profiler,
+// forward-mode AD level or deterministic algorithms.
+bool plain_state() {
+  return at::GradMode::is_enabled() && !at::autocast::is_autocast_enabled(at::kCPU) && !torch::jit::tracer::isTracing() &&
+         !at::impl::torch_function_mode_enabled() && !(*transforms_active)().cast<bool>() &&
+         c10::impl::TorchDispatchModeTLS::stack_len() == 0 && !torch::profiler::impl::profilerEnabled() &&
+         !at::globalContext().deterministicAlgorithms() && forward_ad->attr("_current_level").cast<int64_t>() < 0;
+}
+
+// The convolution of a settled signature's call through the node, or None (Python's path then).
+py::object fast(py::handle input_obj, py::handle weight_obj, py::handle bias_obj, py::handle stride_obj, py::handle padding_obj,
+                py::handle dilation_obj, py::handle groups_obj) {
+  if (settled_calls == nullptr || settled_calls->empty()) return py::none();
+  const at::Tensor* input = plain_tensor(input_obj.ptr(), 4);
+  const at::Tensor* weight = plain_tensor(weight_obj.ptr(), 4);
+  const at::Tensor* bias = bias_obj.is_none() ? nullptr : plain_tensor(bias_obj.ptr(), 1);
+  if (input == nullptr || weight == nullptr || (bias == nullptr && !bias_obj.is_none())) return py::none();
+  std::array<int64_t, 2> stride, padding, dilation, groups;
+  if (!int_pair(stride_obj.ptr(), stride) || !int_pair(padding_obj.ptr(), padding) || !int_pair(dilation_obj.ptr(), dilation) ||
+      !PyLong_CheckExact(groups_obj.ptr()) || !int_pair(groups_obj.ptr(), groups) || !plain_state()) {
+    PyErr_Clear();
+    return py::none();
+  }
+  const bool need_x = input->requires_grad(), need_w = weight->requires_grad();
+  const auto found = settled_calls->find(key_of(*input, *weight, bias, stride, padding, dilation, groups[0], need_x, need_w));
+  if (found == settled_calls->end()) return py::none();
+  const c10::optional<at::Tensor> bias_arg = bias == nullptr ? c10::nullopt : c10::optional<at::Tensor>(*bias);
+  const at::Tensor output = Conv2dNative::apply(*input, *weight, bias_arg, py::none(), found->second.plan, &found->second.forward);
+  return py::cast(output);
+}
+
+// Register a call's signature as settled: its later calls take fast() (``function``: see Forward).
+void settle(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias, std::array<int64_t, 2> stride,
+            std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups, bool need_x, bool need_w, int64_t plan,
+            py::object function) {
+  if (settled_calls == nullptr) {
+    settled_calls = new std::unordered_map<Key, Settled, KeyHash>();
+    forward_ad = new py::object(py::module_::import("torch.autograd.forward_ad"));
+    transforms_active = new py::object(py::module_::import("torch._C").attr("_are_functorch_transforms_active"));
+  }
+  const at::Tensor* bias_ptr = bias.has_value() && bias->defined() ? &*bias : nullptr;
+  (*settled_calls)[key_of(input, weight, bias_ptr, stride, padding, dilation, groups, need_x, need_w)] =
+      Settled{plan, Forward{stride, padding, dilation, groups, std::move(function)}};
+}
+
+void unsettle() {
+  if (settled_calls != nullptr) settled_calls->clear();
+}
+
+size_t settled_count() { return settled_calls == nullptr ? 0 : settled_calls->size(); }
 
 int64_t add_plan(bool channels_last, bool weights_last) {
   std::lock_guard<std::mutex> guard(plans_lock);
-  plans.push_back(Plan{0, 0, channels_last, weights_last});
+  plans.push_back(Plan{0, 0, channels_last, weights_last, false});
   return static_cast<int64_t>(plans.size()) - 1;
 }
 
@@ -165,9 +314,16 @@ void set_kernel(int64_t id, bool input_grad, int64_t function) {
   (input_grad ? plan.input_grad : plan.weight_grad) = function;
 }
 
-void set_fallback(py::object function) {
+void set_kept(int64_t id, bool kept) {
+  std::lock_guard<std::mutex> guard(plans_lock);
+  plans.at(static_cast<size_t>(id)).kept_input_grad = kept;
+}
+
+void set_fallback(py::object function, py::object allocate) {
   if (fallback == nullptr) fallback = new py::object();
+  if (allocator == nullptr) allocator = new py::object();
   *fallback = std::move(function);
+  *allocator = std::move(allocate);
 }
 
 }  // namespace
@@ -176,5 +332,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("apply", &apply, "the convolution's node: (input, weight, bias, forward, plan id) -> forward()");
   m.def("add_plan", &add_plan, "register a signature's layouts: (channels_last, weights_last) -> id");
   m.def("set_kernel", &set_kernel, "a registered signature's dX (input_grad) or dW kernel: (id, input_grad, handle)");
-  m.def("set_fallback", &set_fallback, "the Python backward of a node that records a graph");
+  m.def("set_kept", &set_kept, "whether a registered signature's grad_input is a kept mapping: (id, kept)");
+  m.def("set_fallback", &set_fallback, "the Python backward of a node that records a graph, and the kept grad_input's allocator");
+  m.def("fast", &fast, "a settled signature's call through the node, else None: (input, weight, bias, stride, padding, dilation, groups)");
+  m.def("settle", &settle, "register a call's signature as settled (its tensors, arguments, needs, plan id, forward function or None)");
+  m.def("unsettle", &unsettle, "forget every settled signature (a mode changed)");
+  m.def("settled_count", &settled_count, "how many signatures are settled");
 }

@@ -13,13 +13,21 @@ Where a signature's gradients are the package's kernels for good (:func:`.backwa
 (:func:`module`): its apply runs the caller's forward (no graph recorded), its backward calls the
 dW kernel, then the dX kernel, through tvm-ffi's C ABI on the saved tensors' memory, laid out as
 :func:`.kernels.as_layout` and :func:`.kernels.as_weights` lay them, and sums the bias's gradient;
-the profiler sees the kernels under the Python path's labels. A backward that records a graph
-(``create_graph=True``), or whose grad_output is batched or wrapped (legacy ``vmap``, functorch, a
-subclass), calls back into Python (the Python node's backward). The rest takes the Python node: the
-first calls of a signature (its choices made there), forward-mode AD (its ``jvp``), float64 and
-autocast's float32 weights, cropped taps, a dX of :data:`.outputs.OUTPUTS_FROM` bytes or more under
-``"kept"`` outputs (:mod:`.outputs` maps those), and calls under the profiler (its
-``Conv2dFunction`` ranges are what the step benchmark counts as a convolution's).
+the profiler sees the kernels under the Python path's labels. A dX of :data:`.outputs.OUTPUTS_FROM`
+bytes or more under ``"kept"`` outputs is allocated by Python over a kept mapping, as the Python
+node's (:func:`_kept_input_grad`). A backward that records a graph (``create_graph=True``), or whose
+grad_output is batched or wrapped (legacy ``vmap``, functorch, a subclass), calls back into Python
+(the Python node's backward). The rest takes the Python node: the first calls of a signature (its
+choices made there), forward-mode AD (its ``jvp``), float64 and autocast's float32 weights,
+cropped taps, and calls under the profiler (its ``Conv2dFunction`` ranges are what the step
+benchmark counts as a convolution's).
+
+Once a call taking the C++ node has its forward chosen too, its signature is *settled*
+(:func:`_settle`): later calls of it go from :func:`tvm_convgrad.torch.conv2d` straight to the node
+(:func:`fast`), the checks and choices of the Python path skipped where the call's tensors, arguments
+and the global state are those it settled with. Cold, in a step whose large tensors evict the
+interpreter's data, the Python path cost ~100 us a call more than ``nn.Conv2d``'s whole call; with
+:func:`fast`, ~25 us (a 1x1 layer on 16 x 4x4, the caches flushed before each call, Zen 4).
 
 The extension is compiled on first use with PyTorch's ``torch.utils.cpp_extension`` (a C++
 compiler and ninja; ~30 s, kept in PyTorch's extensions folder for later processes) against
@@ -40,11 +48,12 @@ import torch
 from torch.autograd import forward_ad
 
 from ..errors import ConvGradError
-from . import outputs
+from . import forward as forward_module
+from . import outputs, settled
 from .backward import ours_throughout
 from .kernels import ALIGNMENT, DTYPES, CallPlan
 
-__all__ = ["MODES", "available", "build_error", "get_native", "module", "node", "set_native"]
+__all__ = ["MODES", "available", "build_error", "fast", "get_native", "module", "node", "set_native"]
 
 MODES = ("on", "off")
 SOURCE = Path(__file__).with_name("native.cpp")
@@ -67,6 +76,7 @@ _check(_STATE["mode"], "TVM_CONVGRAD_NATIVE")
 def set_native(mode: str) -> None:
     """``"on"`` (the default: the C++ node where it applies and builds) or ``"off"`` (the Python node for every call)."""
     _STATE["mode"] = _check(mode)
+    settled.reset()
 
 
 def get_native() -> str:
@@ -90,7 +100,8 @@ def module():
                 defines = ["-O2", f"-DTVM_CONVGRAD_ALIGNMENT={ALIGNMENT}"]  # (kernels.ALIGNMENT: the one constant)
                 flags = {"extra_cflags": defines, "extra_include_paths": [include], "extra_ldflags": links}
                 built = cpp_extension.load("tvm_convgrad_native", [str(SOURCE)], verbose=False, **flags)
-                built.set_fallback(_fallback)
+                built.set_fallback(_fallback, _kept_input_grad)
+                settled.on_reset(built.unsettle)
                 _STATE["module"] = built
             except Exception as error:  # noqa: BLE001 -- no compiler, no ninja, a failed build: the Python node
                 _STATE["error"] = f"{type(error).__name__}: {error}"
@@ -122,22 +133,55 @@ def node(plan: CallPlan, input: torch.Tensor, weight: torch.Tensor, bias: Option
         return None
     if plan.native is _NEVER or torch.autograd._profiler_enabled() or not ours_throughout(plan.call, needs):
         return None
-    if needs[0] and input.nbytes >= outputs.OUTPUTS_FROM and outputs.get_outputs() == "kept":  # (a dX :mod:`.outputs` maps)
-        return None
     native = plan.native
     if native is None or (needs[0] and not native.input_grad) or (needs[1] and not native.weight_grad):
         native = _register(plan, needs, backward)
-    return None if native is None else _STATE["module"].apply(input, weight, bias, forward, native.id)
+        if native is None:
+            return None
+    kept = input.nbytes >= outputs.OUTPUTS_FROM and outputs.get_outputs() == "kept"  # (a dX :mod:`.outputs` maps: :func:`_kept_input_grad`)
+    if kept != native.kept_input_grad:
+        _STATE["module"].set_kept(native.id, kept)
+        native.kept_input_grad = kept
+    _settle(plan, input, weight, bias, needs)
+    return _STATE["module"].apply(input, weight, bias, forward, native.id)
+
+
+def fast(input, weight, bias, stride, padding, dilation, groups: int) -> Optional[torch.Tensor]:
+    """A call of :func:`tvm_convgrad.torch.conv2d` (its arguments as given) through the C++ node,
+    without the Python checks, where its signature is settled (:func:`_settle`: the same tensors'
+    sizes, strides and types, the same arguments and gradients needed) and the state it settled in
+    holds (grad mode on; no autocast, tracing, functorch transform, torch function or dispatch mode,
+    profiler, forward-mode AD or deterministic algorithms; plain tensors; the settings unchanged
+    since, :mod:`.settled`); else None (the Python path). Cold, as in a step whose large tensors
+    evict the interpreter's data, the Python path costs ~100 us a call more than ``nn.Conv2d``'s
+    whole call (Zen 4, 2026-12-05)."""
+    built = _STATE["module"]
+    return None if built is None or _STATE["mode"] != "on" else built.fast(input, weight, bias, stride, padding, dilation, groups)
+
+
+def _settle(plan: CallPlan, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], needs: tuple[bool, bool]):
+    """Register a call taking the C++ node as its signature's settled route, once its forward is
+    chosen (:func:`.forward.settled_way`) and its pads are PyTorch's (symmetric)."""
+    call = plan.call
+    pt, pb, pl, pr = call.pads
+    if pt != pb or pl != pr:
+        return
+    if call.weights_format == "OXI" and call.data_format != "NXC":  # (:func:`.forward.forward` gives these to PyTorch)
+        way = None
+    else:
+        way = forward_module.settled_way(call, bias is not None)
+    if way is not forward_module.PENDING:
+        _STATE["module"].settle(input, weight, bias, call.strides, (pt, pl), call.dilation, call.groups, needs[0], needs[1], plan.native.id, way)
 
 
 class _Native:
     """A plan's registration with the C++ node: its ``id`` there, and which of its kernels it has
     (each built and given to it when a call first needs it)."""
 
-    __slots__ = ("id", "input_grad", "weight_grad")
+    __slots__ = ("id", "input_grad", "weight_grad", "kept_input_grad")
 
     def __init__(self, id: int):
-        self.id, self.input_grad, self.weight_grad = id, False, False
+        self.id, self.input_grad, self.weight_grad, self.kept_input_grad = id, False, False, False
 
 
 _NEVER = _Native(-1)
@@ -172,6 +216,13 @@ class _Context:
     """What the Python node's backward reads of its context, for a C++ node's (see :func:`_fallback`)."""
 
     __slots__ = ("saved_tensors", "attrs", "has_bias", "plan", "needs_input_grad")
+
+
+def _kept_input_grad(plan_id: int, input: torch.Tensor) -> torch.Tensor:
+    """A C++ node's grad_input of :data:`.outputs.OUTPUTS_FROM` bytes or more under ``"kept"``: an
+    empty tensor over a kept mapping (no fresh pages to fault in), as the Python node's."""
+    call = _PLANS[plan_id].call
+    return outputs.empty(call.x_shape, input.dtype, call.data_format == "NXC")
 
 
 def _fallback(plan_id: int, grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, needs: tuple) -> tuple:

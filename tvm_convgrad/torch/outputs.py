@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from ..errors import ConvGradError
+from . import settled
 from .kernels import memory_format
 
 __all__ = ["KEPT_BYTES", "OUTPUTS_FROM", "POLICIES", "empty", "get_outputs", "is_kept", "kept_outputs", "release_outputs", "set_outputs"]
@@ -142,6 +143,7 @@ def set_outputs(policy: str) -> None:
     idle mappings (those lent out are unmapped when PyTorch frees them)."""
     _check(policy)
     _STATE["policy"] = policy
+    settled.reset()
     if policy != "kept":
         release_outputs()
 
