@@ -383,3 +383,37 @@ def test_the_fast_path_declines_where_the_route_could_differ(native, python_path
     python_path.clear()
     layer(x)
     assert python_path
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_autocast_takes_the_cpp_node(native, python_path, channels_last, dtype, bias):
+    """Under ``torch.autocast("cpu")`` a float32 layer's calls take the C++ node, settled ones the
+    fast path (autocast's casts made in C++): the output, dX and the float32 weight's float32
+    gradient (the dW kernel's float32 sums) equal the Python node's bit for bit."""
+    layer = _layer(bias=bias, channels_last=channels_last)
+    memory = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(2, 16, 9, 9).to(memory_format=memory).requires_grad_()
+    low = getattr(torch, dtype)
+    with torch.autocast("cpu", dtype=low):
+        g = torch.randn_like(layer(x))
+
+    def run(mode):
+        native.set_native(mode)
+        for _ in range(1 if mode == "off" else 3):  # (the C++ node's signature settles)
+            layer.zero_grad(set_to_none=True)
+            x.grad = None
+            python_path.clear()
+            with torch.autocast("cpu", dtype=low):
+                y = layer(x)
+            y.backward(g)
+        return python_path[:], type(y.grad_fn).__name__, y.detach(), x.grad, layer.weight.grad, None if layer.bias is None else layer.bias.grad
+
+    python, cpp = run("off"), run("on")
+    assert python[0] and python[1] == "Conv2dFunctionBackward" and not cpp[0] and cpp[1] == "CppFunction"
+    assert cpp[2].dtype == low and cpp[4].dtype == torch.float32 and cpp[3].dtype == torch.float32
+    for a, b in zip(python[2:], cpp[2:]):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.dtype == b.dtype and torch.equal(a, b) and a.stride() == b.stride()

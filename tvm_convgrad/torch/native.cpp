@@ -39,16 +39,17 @@ constexpr int64_t kAlignment = TVM_CONVGRAD_ALIGNMENT;  // bytes the kernels' lo
 
 // One signature's backward: its two kernels (tvm-ffi Function handles) and layouts.
 struct Plan {
-  int64_t input_grad;    // (grad_output, weight) -> grad_input
-  int64_t weight_grad;   // (input, grad_output) -> grad_weight
-  bool channels_last;    // activations NHWC in memory (NXC), else NCHW (NCX)
-  bool weights_last;     // weights OHWI in memory (OXI), else OIHW (OIX)
-  bool kept_input_grad;  // grad_input from the Python allocator (a kept mapping: outputs.py), else at::empty
+  int64_t input_grad;       // (grad_output, weight) -> grad_input
+  int64_t weight_grad;      // (input, grad_output) -> grad_weight
+  int64_t weight_grad_f32;  // the same, its sums float32 unrounded (autocast's float32 weight)
+  bool channels_last;       // activations NHWC in memory (NXC), else NCHW (NCX)
+  bool weights_last;        // weights OHWI in memory (OXI), else OIHW (OIX)
+  bool kept_input_grad;     // grad_input from the Python allocator (a kept mapping: outputs.py), else at::empty
 };
 
 std::mutex plans_lock;
 std::vector<Plan> plans;  // registered from Python, never removed: a plan's id is its index
-// (plan id, grad_output, input, weight, needs) -> (dX, dW, db); never destroyed (no GIL at exit)
+// (plan id, grad_output, input, weight, needs, narrow weight or None) -> (dX, dW, db); never destroyed (no GIL at exit)
 py::object* fallback = nullptr;
 // (plan id, input) -> an empty grad_input over a kept mapping; never destroyed
 py::object* allocator = nullptr;
@@ -126,44 +127,50 @@ struct Forward {
 };
 
 struct Conv2dNative : public torch::autograd::Function<Conv2dNative> {
-  // The forward, run here without recording a graph: ``output()`` (the caller's, Python, called
-  // with the GIL the caller holds), or where ``settled`` is given, its function or at::conv2d (as
-  // F.conv2d calls it). The node records the gradients' edges and saves what the backward reads.
+  // The forward, run here without recording a graph on the weight (``wide``: autocast's float32
+  // weight, cast to the input's type here and its gradient the float32 sums): ``output(weight)``
+  // (the caller's, Python, called with the GIL the caller holds), or where ``settled`` is given,
+  // its function or at::conv2d (as F.conv2d calls it). The node records the gradients' edges and
+  // saves what the backward reads.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
                             const c10::optional<at::Tensor>& bias, const py::object& output, int64_t plan,
-                            const Forward* settled) {
-    ctx->save_for_backward({input, weight});
+                            const Forward* settled, bool wide) {
+    const at::Tensor narrow = wide ? weight.to(input.scalar_type()) : weight;
+    ctx->save_for_backward(wide ? variable_list{input, weight, narrow} : variable_list{input, weight});
     ctx->saved_data["plan"] = plan;
     ctx->saved_data["bias"] = bias.has_value() && bias->defined();
-    if (settled == nullptr) return output().cast<at::Tensor>();
-    if (!settled->function.is_none()) return settled->function(input, weight, bias).cast<at::Tensor>();
-    return at::conv2d(input, weight, bias, settled->stride, settled->padding, settled->dilation, settled->groups);
+    if (settled == nullptr) return output(narrow).cast<at::Tensor>();
+    if (!settled->function.is_none()) return settled->function(input, narrow, bias).cast<at::Tensor>();
+    return at::conv2d(input, narrow, bias, settled->stride, settled->padding, settled->dilation, settled->groups);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const at::Tensor& input = saved[0];
-    const at::Tensor& weight = saved[1];
+    const bool wide = saved.size() == 3;    // autocast's float32 weight (saved[1]) and its cast (saved[2])
+    const at::Tensor& weight = saved.back();  // the weight the forward ran on
     const int64_t id = ctx->saved_data["plan"].toInt();
     const bool need_x = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
     const bool need_b = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2);  // (no edge without a bias)
     at::Tensor grad_input, grad_weight, grad_bias;
     const Plan plan = plan_of(id);
-    const bool kernels = (!need_x || plan.input_grad != 0) && (!need_w || plan.weight_grad != 0);
+    const bool kernels = (!need_x || plan.input_grad != 0) && (!need_w || (wide ? plan.weight_grad_f32 : plan.weight_grad) != 0);
     if (at::GradMode::is_enabled() || !plain(grads[0]) || !kernels) {  // create_graph=True, a batched or wrapped grad_output
       py::gil_scoped_acquire gil;
-      auto got = (*fallback)(id, grads[0], input, weight, py::make_tuple(need_x, need_w, need_b)).cast<py::tuple>();
+      auto got = (*fallback)(id, grads[0], input, saved[1], py::make_tuple(need_x, need_w, need_b), wide ? py::cast(weight) : py::none())
+                     .cast<py::tuple>();
       grad_input = got[0].is_none() ? at::Tensor() : got[0].cast<at::Tensor>();
       grad_weight = got[1].is_none() ? at::Tensor() : got[1].cast<at::Tensor>();
       grad_bias = got[2].is_none() ? at::Tensor() : got[2].cast<at::Tensor>();
-      return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor()};
+      return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
     at::Tensor dy = grads[0].scalar_type() == input.scalar_type() ? grads[0] : grads[0].to(input.scalar_type());
     dy = aligned(dy, plan.channels_last);
     const View dy_view(dy, plan.channels_last);
     if (need_w) {  // dW first: dX, read next, is left in cache
-      grad_weight = at::empty(weight.sizes(), weight.options().memory_format(layout(plan.weights_last)));
-      call(plan.weight_grad, View(aligned(input, plan.channels_last), plan.channels_last), dy_view,
+      const at::ScalarType type = wide ? at::kFloat : weight.scalar_type();
+      grad_weight = at::empty(weight.sizes(), weight.options().dtype(type).memory_format(layout(plan.weights_last)));
+      call(wide ? plan.weight_grad_f32 : plan.weight_grad, View(aligned(input, plan.channels_last), plan.channels_last), dy_view,
            View(grad_weight, plan.weights_last), "tvm_convgrad::conv2d_weight_grad");
     }
     if (need_x) {
@@ -177,19 +184,20 @@ struct Conv2dNative : public torch::autograd::Function<Conv2dNative> {
            View(grad_input, plan.channels_last), "tvm_convgrad::conv2d_input_grad");
     }
     if (need_b) grad_bias = grads[0].sum({0, 2, 3});
-    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 at::Tensor apply(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                 const py::object& output, int64_t plan) {
-  return Conv2dNative::apply(input, weight, bias, output, plan, static_cast<const Forward*>(nullptr));
+                 const py::object& output, int64_t plan, bool wide) {
+  return Conv2dNative::apply(input, weight, bias, output, plan, static_cast<const Forward*>(nullptr), wide);
 }
 
 // ---- the settled signatures' fast path (called from Python with the GIL; its table only with it)
 
-// A call's signature: types, the tensors' sizes and strides, the arguments, which gradients.
-using Key = std::array<int64_t, 28>;
+// A call's signature: types (after autocast's casts), the tensors' sizes and strides, the
+// arguments, which gradients, autocast.
+using Key = std::array<int64_t, 29>;
 
 struct KeyHash {
   size_t operator()(const Key& key) const {
@@ -208,12 +216,21 @@ std::unordered_map<Key, Settled, KeyHash>* settled_calls = nullptr;  // never de
 py::object* forward_ad = nullptr;                                    // torch.autograd.forward_ad
 py::object* transforms_active = nullptr;  // torch._C._are_functorch_transforms_active (its C++ header is not shipped whole)
 
-Key key_of(const at::Tensor& input, const at::Tensor& weight, const at::Tensor* bias, const std::array<int64_t, 2>& stride,
+// The types a call runs in (autocast's casts: casts.py, autocast_inputs): the input's and the
+// bias's (-1: none), the weight's, and whether autocast was on.
+struct Types {
+  at::ScalarType input;
+  int64_t bias;
+  at::ScalarType weight;
+  bool autocast;
+};
+
+Key key_of(const Types& types, const at::Tensor& input, const at::Tensor& weight, const std::array<int64_t, 2>& stride,
            const std::array<int64_t, 2>& padding, const std::array<int64_t, 2>& dilation, int64_t groups, bool need_x, bool need_w) {
   Key key{};
   size_t i = 0;
-  key[i++] = static_cast<int64_t>(input.scalar_type());
-  key[i++] = bias == nullptr ? -1 : static_cast<int64_t>(bias->scalar_type());
+  key[i++] = static_cast<int64_t>(types.input);
+  key[i++] = types.bias;
   for (const at::Tensor* t : {&input, &weight}) {
     for (int d = 0; d < 4; ++d) key[i++] = t->size(d);
     for (int d = 0; d < 4; ++d) key[i++] = t->stride(d);
@@ -225,7 +242,8 @@ Key key_of(const at::Tensor& input, const at::Tensor& weight, const at::Tensor* 
   key[i++] = groups;
   key[i++] = need_x;
   key[i++] = need_w;
-  key[i++] = static_cast<int64_t>(weight.scalar_type());
+  key[i++] = static_cast<int64_t>(types.weight);
+  key[i++] = types.autocast;
   return key;
 }
 
@@ -251,10 +269,10 @@ const at::Tensor* plain_tensor(PyObject* value, int64_t dim) {
   return t.dim() == dim && t.numel() > 0 && plain(t) ? &t : nullptr;
 }
 
-// The state a settled route assumed: grad mode on, no autocast, tracing, transform, mode, profiler,
-// forward-mode AD level or deterministic algorithms.
+// The state a settled route assumed: grad mode on, no tracing, transform, mode, profiler,
+// forward-mode AD level or deterministic algorithms (autocast is part of the key).
 bool plain_state() {
-  return at::GradMode::is_enabled() && !at::autocast::is_autocast_enabled(at::kCPU) && !torch::jit::tracer::isTracing() &&
+  return at::GradMode::is_enabled() && !torch::jit::tracer::isTracing() &&
          !at::impl::torch_function_mode_enabled() && !(*transforms_active)().cast<bool>() &&
          c10::impl::TorchDispatchModeTLS::stack_len() == 0 && !torch::profiler::impl::profilerEnabled() &&
          !at::globalContext().deterministicAlgorithms() && forward_ad->attr("_current_level").cast<int64_t>() < 0;
@@ -274,25 +292,41 @@ py::object fast(py::handle input_obj, py::handle weight_obj, py::handle bias_obj
     PyErr_Clear();
     return py::none();
   }
+  // autocast's casts (casts.py, autocast_inputs): floating tensors but float64 to its type; a float32
+  // weight beside a bf16 / f16 input kept (wide), any other weight the Python path's to cast
+  const bool autocast = at::autocast::is_autocast_enabled(at::kCPU);
+  const at::ScalarType low = autocast ? at::autocast::get_autocast_dtype(at::kCPU) : at::kFloat;
+  auto cast = [&](const at::Tensor& t) {
+    return autocast && at::isFloatingType(t.scalar_type()) && t.scalar_type() != at::kDouble ? low : t.scalar_type();
+  };
+  const at::ScalarType x_type = cast(*input);
+  const bool wide = autocast && weight->scalar_type() == at::kFloat && (x_type == at::kBFloat16 || x_type == at::kHalf);
+  if (autocast && !wide && cast(*weight) != weight->scalar_type()) return py::none();
+  const Types types{x_type, bias == nullptr ? -1 : static_cast<int64_t>(cast(*bias)), weight->scalar_type(), autocast};
   const bool need_x = input->requires_grad(), need_w = weight->requires_grad();
-  const auto found = settled_calls->find(key_of(*input, *weight, bias, stride, padding, dilation, groups[0], need_x, need_w));
+  const auto found = settled_calls->find(key_of(types, *input, *weight, stride, padding, dilation, groups[0], need_x, need_w));
   if (found == settled_calls->end()) return py::none();
-  const c10::optional<at::Tensor> bias_arg = bias == nullptr ? c10::nullopt : c10::optional<at::Tensor>(*bias);
-  const at::Tensor output = Conv2dNative::apply(*input, *weight, bias_arg, py::none(), found->second.plan, &found->second.forward);
+  const at::Tensor x = x_type == input->scalar_type() ? *input : input->to(x_type);  // (recorded, as autocast's cast)
+  c10::optional<at::Tensor> bias_arg;
+  if (bias != nullptr) bias_arg = types.bias == static_cast<int64_t>(bias->scalar_type()) ? *bias : bias->to(static_cast<at::ScalarType>(types.bias));
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);  // (Python's: torch.autocast("cpu", enabled=False))
+  const at::Tensor output = Conv2dNative::apply(x, *weight, bias_arg, py::none(), found->second.plan, &found->second.forward, wide);
   return py::cast(output);
 }
 
-// Register a call's signature as settled: its later calls take fast() (``function``: see Forward).
+// Register a call's signature as settled: its later calls take fast() (``function``: see Forward;
+// the tensors as the node got them, autocast's casts made: ``autocast`` whether it was on).
 void settle(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias, std::array<int64_t, 2> stride,
             std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups, bool need_x, bool need_w, int64_t plan,
-            py::object function) {
+            py::object function, bool autocast) {
   if (settled_calls == nullptr) {
     settled_calls = new std::unordered_map<Key, Settled, KeyHash>();
     forward_ad = new py::object(py::module_::import("torch.autograd.forward_ad"));
     transforms_active = new py::object(py::module_::import("torch._C").attr("_are_functorch_transforms_active"));
   }
-  const at::Tensor* bias_ptr = bias.has_value() && bias->defined() ? &*bias : nullptr;
-  (*settled_calls)[key_of(input, weight, bias_ptr, stride, padding, dilation, groups, need_x, need_w)] =
+  const bool has_bias = bias.has_value() && bias->defined();
+  const Types types{input.scalar_type(), has_bias ? static_cast<int64_t>(bias->scalar_type()) : -1, weight.scalar_type(), autocast};
+  (*settled_calls)[key_of(types, input, weight, stride, padding, dilation, groups, need_x, need_w)] =
       Settled{plan, Forward{stride, padding, dilation, groups, std::move(function)}};
 }
 
@@ -304,14 +338,15 @@ size_t settled_count() { return settled_calls == nullptr ? 0 : settled_calls->si
 
 int64_t add_plan(bool channels_last, bool weights_last) {
   std::lock_guard<std::mutex> guard(plans_lock);
-  plans.push_back(Plan{0, 0, channels_last, weights_last, false});
+  plans.push_back(Plan{0, 0, 0, channels_last, weights_last, false});
   return static_cast<int64_t>(plans.size()) - 1;
 }
 
-void set_kernel(int64_t id, bool input_grad, int64_t function) {
+// kernel: 0 dX, 1 dW, 2 dW with float32 sums
+void set_kernel(int64_t id, int64_t kernel, int64_t function) {
   std::lock_guard<std::mutex> guard(plans_lock);
   Plan& plan = plans.at(static_cast<size_t>(id));
-  (input_grad ? plan.input_grad : plan.weight_grad) = function;
+  (kernel == 0 ? plan.input_grad : kernel == 1 ? plan.weight_grad : plan.weight_grad_f32) = function;
 }
 
 void set_kept(int64_t id, bool kept) {
@@ -329,9 +364,9 @@ void set_fallback(py::object function, py::object allocate) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("apply", &apply, "the convolution's node: (input, weight, bias, forward, plan id) -> forward()");
+  m.def("apply", &apply, "the convolution's node: (input, weight, bias, forward, plan id, wide) -> forward(weight or its cast)");
   m.def("add_plan", &add_plan, "register a signature's layouts: (channels_last, weights_last) -> id");
-  m.def("set_kernel", &set_kernel, "a registered signature's dX (input_grad) or dW kernel: (id, input_grad, handle)");
+  m.def("set_kernel", &set_kernel, "a registered signature's kernel: (id, 0 dX | 1 dW | 2 dW in float32, handle)");
   m.def("set_kept", &set_kept, "whether a registered signature's grad_input is a kept mapping: (id, kept)");
   m.def("set_fallback", &set_fallback, "the Python backward of a node that records a graph, and the kept grad_input's allocator");
   m.def("fast", &fast, "a settled signature's call through the node, else None: (input, weight, bias, stride, padding, dilation, groups)");

@@ -15,12 +15,13 @@ dW kernel, then the dX kernel, through tvm-ffi's C ABI on the saved tensors' mem
 :func:`.kernels.as_layout` and :func:`.kernels.as_weights` lay them, and sums the bias's gradient;
 the profiler sees the kernels under the Python path's labels. A dX of :data:`.outputs.OUTPUTS_FROM`
 bytes or more under ``"kept"`` outputs is allocated by Python over a kept mapping, as the Python
-node's (:func:`_kept_input_grad`). A backward that records a graph (``create_graph=True``), or whose
-grad_output is batched or wrapped (legacy ``vmap``, functorch, a subclass), calls back into Python
-(the Python node's backward). The rest takes the Python node: the first calls of a signature (its
-choices made there), forward-mode AD (its ``jvp``), float64 and autocast's float32 weights,
-cropped taps, and calls under the profiler (its ``Conv2dFunction`` ranges are what the step
-benchmark counts as a convolution's).
+node's (:func:`_kept_input_grad`). Under autocast, a float32 weight beside a bf16 / f16 input is
+cast in the node's forward, and its gradient is the dW kernel's float32 sums, as the Python
+node's. A backward that records a graph (``create_graph=True``), or whose grad_output is batched
+or wrapped (legacy ``vmap``, functorch, a subclass), calls back into Python (the Python node's
+backward). The rest takes the Python node: the first calls of a signature (its choices made
+there), forward-mode AD (its ``jvp``), float64, cropped taps, and calls under the profiler (its
+``Conv2dFunction`` ranges are what the step benchmark counts as a convolution's).
 
 Once a call taking the C++ node has its forward chosen too, its signature is *settled*
 (:func:`_settle`): later calls of it go from :func:`tvm_convgrad.torch.conv2d` straight to the node
@@ -119,38 +120,40 @@ def build_error() -> Optional[str]:
     return _STATE["error"]
 
 
-def node(plan: CallPlan, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], forward: Callable[[], torch.Tensor],
-         backward: Callable) -> Optional[torch.Tensor]:  # fmt: skip
-    """The convolution of an eager call (its tensors plain, checked by the caller) through the C++
-    node, its result ``forward()`` (run there without recording a graph); None where the call
-    takes the Python node instead (see the module docstring). ``backward(ctx, grad_output)``: the
-    Python node's, for a backward that records a graph."""
+def node(plan: CallPlan, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], forward: Callable,
+         backward: Callable, wide: bool = False, autocast: bool = False) -> Optional[torch.Tensor]:  # fmt: skip
+    """The convolution of an eager call (its tensors plain, checked by the caller; ``autocast``:
+    its casts made, ``wide`` its float32 weight kept beside a bf16 / f16 input) through the C++
+    node, its result ``forward(weight)`` (run there without recording a graph, on the weight cast
+    to the input's type where ``wide``); None where the call takes the Python node instead (see the
+    module docstring). ``backward(ctx, grad_output)``: the Python node's, for a backward that
+    records a graph."""
     grad = torch.is_grad_enabled()
     needs = (grad and input.requires_grad, grad and weight.requires_grad)
     if _STATE["mode"] != "on" or not any(needs) or forward_ad._current_level >= 0:  # (forward-mode AD: the Python node's jvp)
         return None
-    if input.dtype not in DTYPES or weight.dtype != input.dtype or (bias is not None and bias.dtype != input.dtype):
+    if input.dtype not in DTYPES or (weight.dtype != input.dtype and not wide) or (bias is not None and bias.dtype != input.dtype):
         return None
     if plan.native is _NEVER or torch.autograd._profiler_enabled() or not ours_throughout(plan.call, needs):
         return None
     native = plan.native
-    if native is None or (needs[0] and not native.input_grad) or (needs[1] and not native.weight_grad):
-        native = _register(plan, needs, backward)
+    if native is None or (needs[0] and not native.input_grad) or (needs[1] and not (native.weight_grad_f32 if wide else native.weight_grad)):
+        native = _register(plan, needs, backward, wide)
         if native is None:
             return None
     kept = input.nbytes >= outputs.OUTPUTS_FROM and outputs.get_outputs() == "kept"  # (a dX :mod:`.outputs` maps: :func:`_kept_input_grad`)
     if kept != native.kept_input_grad:
         _STATE["module"].set_kept(native.id, kept)
         native.kept_input_grad = kept
-    _settle(plan, input, weight, bias, needs)
-    return _STATE["module"].apply(input, weight, bias, forward, native.id)
+    _settle(plan, input, weight, bias, needs, autocast)
+    return _STATE["module"].apply(input, weight, bias, forward, native.id, wide)
 
 
 def fast(input, weight, bias, stride, padding, dilation, groups: int) -> Optional[torch.Tensor]:
     """A call of :func:`tvm_convgrad.torch.conv2d` (its arguments as given) through the C++ node,
     without the Python checks, where its signature is settled (:func:`_settle`: the same tensors'
     sizes, strides and types, the same arguments and gradients needed) and the state it settled in
-    holds (grad mode on; no autocast, tracing, functorch transform, torch function or dispatch mode,
+    holds (grad mode on; autocast on or off as then; no tracing, functorch transform, torch function or dispatch mode,
     profiler, forward-mode AD or deterministic algorithms; plain tensors; the settings unchanged
     since, :mod:`.settled`); else None (the Python path). Cold, as in a step whose large tensors
     evict the interpreter's data, the Python path costs ~100 us a call more than ``nn.Conv2d``'s
@@ -159,9 +162,11 @@ def fast(input, weight, bias, stride, padding, dilation, groups: int) -> Optiona
     return None if built is None or _STATE["mode"] != "on" else built.fast(input, weight, bias, stride, padding, dilation, groups)
 
 
-def _settle(plan: CallPlan, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], needs: tuple[bool, bool]):
-    """Register a call taking the C++ node as its signature's settled route, once its forward is
-    chosen (:func:`.forward.settled_way`) and its pads are PyTorch's (symmetric)."""
+def _settle(plan: CallPlan, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], needs: tuple[bool, bool],
+            autocast: bool):  # fmt: skip
+    """Register a call taking the C++ node (its tensors autocast's casts, where ``autocast`` was on)
+    as its signature's settled route, once its forward is chosen (:func:`.forward.settled_way`) and
+    its pads are PyTorch's (symmetric)."""
     call = plan.call
     pt, pb, pl, pr = call.pads
     if pt != pb or pl != pr:
@@ -171,26 +176,28 @@ def _settle(plan: CallPlan, input: torch.Tensor, weight: torch.Tensor, bias: Opt
     else:
         way = forward_module.settled_way(call, bias is not None)
     if way is not forward_module.PENDING:
-        _STATE["module"].settle(input, weight, bias, call.strides, (pt, pl), call.dilation, call.groups, needs[0], needs[1], plan.native.id, way)
+        _STATE["module"].settle(input, weight, bias, call.strides, (pt, pl), call.dilation, call.groups, needs[0], needs[1], plan.native.id, way,
+                                autocast)  # fmt: skip
 
 
 class _Native:
     """A plan's registration with the C++ node: its ``id`` there, and which of its kernels it has
     (each built and given to it when a call first needs it)."""
 
-    __slots__ = ("id", "input_grad", "weight_grad", "kept_input_grad")
+    __slots__ = ("id", "input_grad", "weight_grad", "weight_grad_f32", "kept_input_grad")
 
     def __init__(self, id: int):
-        self.id, self.input_grad, self.weight_grad, self.kept_input_grad = id, False, False, False
+        self.id, self.input_grad, self.weight_grad, self.weight_grad_f32, self.kept_input_grad = id, False, False, False, False
 
 
 _NEVER = _Native(-1)
 """The registration of a plan whose calls never take the C++ node (cropped taps)."""
 
 
-def _register(plan: CallPlan, needs: tuple[bool, bool], backward: Callable) -> Optional[_Native]:
-    """``plan`` registered with the C++ node, with the kernels ``needs`` asks for; None where its
-    calls take the Python node (cropped taps: for good) or the extension is not there."""
+def _register(plan: CallPlan, needs: tuple[bool, bool], backward: Callable, wide: bool) -> Optional[_Native]:
+    """``plan`` registered with the C++ node, with the kernels ``needs`` asks for (``wide``: the dW
+    of float32 sums); None where its calls take the Python node (cropped taps: for good) or the
+    extension is not there."""
     if plan.taps is not None:
         plan.native = _NEVER
     if plan.native is _NEVER or module() is None:
@@ -204,11 +211,14 @@ def _register(plan: CallPlan, needs: tuple[bool, bool], backward: Callable) -> O
             _PLANS.append(plan)
         native = plan.native
         if needs[0] and not native.input_grad:
-            built.set_kernel(native.id, True, plan.input_grad.function.__chandle__())
+            built.set_kernel(native.id, 0, plan.input_grad.function.__chandle__())
             native.input_grad = True
-        if needs[1] and not native.weight_grad:
-            built.set_kernel(native.id, False, plan.weight_grad.function.__chandle__())
+        if needs[1] and not wide and not native.weight_grad:
+            built.set_kernel(native.id, 1, plan.weight_grad.function.__chandle__())
             native.weight_grad = True
+        if needs[1] and wide and not native.weight_grad_f32:
+            built.set_kernel(native.id, 2, plan.weight_grad_f32.function.__chandle__())
+            native.weight_grad_f32 = True
     return native
 
 
@@ -225,11 +235,14 @@ def _kept_input_grad(plan_id: int, input: torch.Tensor) -> torch.Tensor:
     return outputs.empty(call.x_shape, input.dtype, call.data_format == "NXC")
 
 
-def _fallback(plan_id: int, grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, needs: tuple) -> tuple:
-    """A C++ node's backward that records a graph: the Python node's (the operators), ``(dX, dW, db)``."""
+def _fallback(plan_id: int, grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, needs: tuple,
+              narrow: Optional[torch.Tensor]) -> tuple:  # fmt: skip
+    """A C++ node's backward that records a graph: the Python node's (the operators), ``(dX, dW,
+    db)`` (``narrow``: autocast's float32 ``weight`` cast, as the forward ran it; None else)."""
     plan = _PLANS[plan_id]
     call = plan.call
     ctx = _Context()
-    ctx.saved_tensors, ctx.has_bias, ctx.plan, ctx.needs_input_grad = (input, weight), needs[2], plan, tuple(needs)
+    saved = (input, weight) if narrow is None else (input, weight, narrow)
+    ctx.saved_tensors, ctx.has_bias, ctx.plan, ctx.needs_input_grad = saved, needs[2], plan, tuple(needs)
     ctx.attrs = (call.strides, call.pads, call.dilation, call.groups, call.data_format == "NXC")
     return tuple(_backward[0](ctx, grad_output)[:3])

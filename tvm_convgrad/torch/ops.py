@@ -37,6 +37,7 @@ import torch
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 from . import blas, native, outputs
+from .casts import autocast_inputs
 from .backward import FUNCTION_MS, gradients, ours_throughout, pytorch_gradients
 from .backward import pytorchs as pytorchs_backward
 from .forward import forward as choose_forward
@@ -325,20 +326,6 @@ def _apply(input, weight, bias, stride, pads, dilation, groups: int, wide: bool 
     return _apply_function(_unwrap(input), _unwrap(weight), None if bias is None else _unwrap(bias), stride, pads, dilation, groups, wide, plan)
 
 
-def _autocast_inputs(input, weight, bias, keep_f32_weight: bool = False):
-    """``(input, weight, bias, wide)``: the tensors cast as ``torch.autocast("cpu")`` casts
-    ``F.conv2d``'s, to its lower-precision type, float64 left alone; but with ``keep_f32_weight``
-    a float32 weight of a call cast to bf16 / f16 is kept (``wide``: see :class:`Conv2dFunction`)."""
-    dtype = torch.get_autocast_dtype("cpu")
-
-    def cast(t):
-        return t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
-
-    input = cast(input)
-    wide = keep_f32_weight and weight.dtype == torch.float32 and input.dtype in (torch.bfloat16, torch.float16)
-    return input, weight if wide else cast(weight), cast(bias), wide
-
-
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: list[int], pads: list[int],
            dilation: list[int], groups: int) -> torch.Tensor:  # fmt: skip
     """The convolution with the package's gradients (arguments checked by the caller):
@@ -362,16 +349,22 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     if compiling or not _plain(input, weight, bias):  # (:func:`eager`'s test, its first two parts done above)
         return conv2d_op(input, weight, bias, list(stride), list(pads), list(dilation), groups)
     if torch.is_autocast_enabled("cpu"):
-        input, weight, bias, wide = _autocast_inputs(input, weight, bias, keep_f32_weight=True)
+        input, weight, bias, wide = autocast_inputs(input, weight, bias, keep_f32_weight=True)
         with torch.autocast("cpu", enabled=False):
-            return _apply(input, weight, bias, stride, pads, dilation, groups, wide)
+            return _eager(input, weight, bias, stride, pads, dilation, groups, wide, autocast=True)
+    return _eager(input, weight, bias, stride, pads, dilation, groups)
+
+
+def _eager(input, weight, bias, stride, pads, dilation, groups: int, wide: bool = False, autocast: bool = False) -> torch.Tensor:
+    """:func:`conv2d` of plain tensors (autocast's casts made: ``wide``, its float32 weight kept, see
+    :class:`Conv2dFunction`): ``F.conv2d``'s own call, the C++ node, or :class:`Conv2dFunction`."""
     plan = tensors_plan(input, weight, stride, pads, dilation, groups, is_channels_last(input))  # (a PLANNED type: see above)
     if _pytorchs_throughout(plan.call, input, weight, bias):
         return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
-    channels_last = plan.call.data_format == "NXC"
-    forward = functools.partial(choose_forward, input, weight, bias, stride, pads, dilation, groups, channels_last, plan)
-    output = native.node(plan, input, weight, bias, forward, _backward)  # (the C++ node, where the gradients are settled)
-    return _apply(input, weight, bias, stride, pads, dilation, groups, False, plan) if output is None else output
+    forward = functools.partial(choose_forward, input, bias=bias, stride=stride, pads=pads, dilation=dilation, groups=groups,
+                                channels_last=plan.call.data_format == "NXC", plan=plan)  # fmt: skip  (its weight: the node's)
+    output = native.node(plan, input, weight, bias, forward, _backward, wide, autocast)  # (the C++ node, where the gradients are settled)
+    return _apply(input, weight, bias, stride, pads, dilation, groups, wide, plan) if output is None else output
 
 
 def _pytorchs_throughout(call: Conv2dGradients, input, weight, bias) -> bool:
@@ -390,7 +383,7 @@ def _pytorchs_throughout(call: Conv2dGradients, input, weight, bias) -> bool:
 def _autocast_cpu(keyset, input, weight, bias, stride, pads, dilation, groups):
     """``torch.autocast("cpu")`` for the operator: the tensors cast as for ``F.conv2d``, then the
     operator run below autocast."""
-    input, weight, bias, _ = _autocast_inputs(input, weight, bias)
+    input, weight, bias, _ = autocast_inputs(input, weight, bias)
     with torch.autocast("cpu", enabled=False):
         return conv2d_op(input, weight, bias, stride, pads, dilation, groups)
 
