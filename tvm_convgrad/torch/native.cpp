@@ -141,6 +141,7 @@ struct Conv2dNative : public torch::autograd::Function<Conv2dNative> {
     ctx->saved_data["bias"] = bias.has_value() && bias->defined();
     if (settled == nullptr) return output(narrow).cast<at::Tensor>();
     if (!settled->function.is_none()) return settled->function(input, narrow, bias).cast<at::Tensor>();
+    py::gil_scoped_release no_gil;  // (as F.conv2d's binding releases it)
     return at::conv2d(input, narrow, bias, settled->stride, settled->padding, settled->dilation, settled->groups);
   }
 
@@ -306,11 +307,12 @@ py::object fast(py::handle input_obj, py::handle weight_obj, py::handle bias_obj
   const bool need_x = input->requires_grad(), need_w = weight->requires_grad();
   const auto found = settled_calls->find(key_of(types, *input, *weight, stride, padding, dilation, groups[0], need_x, need_w));
   if (found == settled_calls->end()) return py::none();
+  const Settled entry = found->second;  // (a copy: a thread the call lets run may empty the table)
   const at::Tensor x = x_type == input->scalar_type() ? *input : input->to(x_type);  // (recorded, as autocast's cast)
   c10::optional<at::Tensor> bias_arg;
   if (bias != nullptr) bias_arg = types.bias == static_cast<int64_t>(bias->scalar_type()) ? *bias : bias->to(static_cast<at::ScalarType>(types.bias));
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);  // (Python's: torch.autocast("cpu", enabled=False))
-  const at::Tensor output = Conv2dNative::apply(x, *weight, bias_arg, py::none(), found->second.plan, &found->second.forward, wide);
+  const at::Tensor output = Conv2dNative::apply(x, *weight, bias_arg, py::none(), entry.plan, &entry.forward, wide);
   return py::cast(output);
 }
 
