@@ -291,6 +291,7 @@ def test_a_settled_call_skips_the_python_path(native, python_path, monkeypatch, 
     if way == "blas":  # "auto" choosing the BLAS way over F.conv2d, and it over the package's forward
         monkeypatch.setattr(forward, "wins", lambda candidate, incumbent: getattr(candidate, "func", None) is blas.forward)
         monkeypatch.setattr(blas, "forward", lambda *args, original=blas.forward: blas_calls.append(1) or original(*args))
+    mode = forward.get_forward()
     forward.set_forward("auto" if way == "blas" else way)
     try:
         k, padding = (1, 0) if way == "blas" else (3, 1)
@@ -314,7 +315,7 @@ def test_a_settled_call_skips_the_python_path(native, python_path, monkeypatch, 
                 assert torch.equal(a, b) and a.stride() == b.stride()
         assert python_path == []
     finally:
-        forward.set_forward("auto")
+        forward.set_forward(mode)
 
 
 def test_the_fast_path_declines_where_the_route_could_differ(native, python_path):
@@ -417,3 +418,34 @@ def test_autocast_takes_the_cpp_node(native, python_path, channels_last, dtype, 
         assert (a is None) == (b is None)
         if a is not None:
             assert a.dtype == b.dtype and torch.equal(a, b) and a.stride() == b.stride()
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_settled_pytorch_throughout_call_is_f_conv2d_from_cpp(native, python_path, channels_last):
+    """A signature the modes give to PyTorch throughout settles too: its later calls go from
+    ``conv2d`` to ``at::conv2d`` (PyTorch's own node), the Python path not entered, the output and
+    gradients ``F.conv2d``'s bit for bit."""
+    from tvm_convgrad.torch import backward, forward
+
+    modes = forward.get_forward(), backward.get_backward()
+    forward.set_forward("pytorch")
+    backward.set_backward("pytorch")
+    try:
+        layer = _layer(channels_last=channels_last)
+        memory = torch.channels_last if channels_last else torch.contiguous_format
+        x = torch.randn(2, 16, 9, 9).to(memory_format=memory).requires_grad_()
+        g = torch.randn_like(layer(x))
+        _settled(layer, x, g)
+        python_path.clear()
+        y = layer(x)
+        assert python_path == [] and type(y.grad_fn).__name__ == "ConvolutionBackward0"
+        y.backward(g)
+        x64 = x.detach().requires_grad_()
+        w, b = (t.detach().requires_grad_() for t in (layer.weight, layer.bias))
+        y_ref = torch.nn.functional.conv2d(x64, w, b, layer.stride, layer.padding, layer.dilation, layer.groups)
+        y_ref.backward(g)
+        for a, b_ in ((y, y_ref), (x.grad, x64.grad), (layer.weight.grad, w.grad), (layer.bias.grad, b.grad)):
+            assert torch.equal(a, b_) and a.stride() == b_.stride()
+    finally:
+        forward.set_forward(modes[0])
+        backward.set_backward(modes[1])

@@ -209,7 +209,7 @@ struct KeyHash {
 };
 
 struct Settled {
-  int64_t plan;
+  int64_t plan;  // the node's plan id; -1: F.conv2d's own call (the modes give it PyTorch throughout)
   Forward forward;
 };
 
@@ -312,6 +312,15 @@ py::object fast(py::handle input_obj, py::handle weight_obj, py::handle bias_obj
   c10::optional<at::Tensor> bias_arg;
   if (bias != nullptr) bias_arg = types.bias == static_cast<int64_t>(bias->scalar_type()) ? *bias : bias->to(static_cast<at::ScalarType>(types.bias));
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);  // (Python's: torch.autocast("cpu", enabled=False))
+  if (entry.plan < 0) {
+    const Forward& f = entry.forward;
+    at::Tensor output;
+    {
+      py::gil_scoped_release no_gil;
+      output = at::conv2d(x, *weight, bias_arg, f.stride, f.padding, f.dilation, f.groups);
+    }
+    return py::cast(output);
+  }
   const at::Tensor output = Conv2dNative::apply(x, *weight, bias_arg, py::none(), entry.plan, &entry.forward, wide);
   return py::cast(output);
 }

@@ -54,7 +54,7 @@ from . import outputs, settled
 from .backward import ours_throughout
 from .kernels import ALIGNMENT, DTYPES, CallPlan
 
-__all__ = ["MODES", "available", "build_error", "fast", "get_native", "module", "node", "set_native"]
+__all__ = ["MODES", "available", "build_error", "fast", "get_native", "module", "node", "set_native", "settle_pytorchs"]
 
 MODES = ("on", "off")
 SOURCE = Path(__file__).with_name("native.cpp")
@@ -178,6 +178,17 @@ def _settle(plan: CallPlan, input: torch.Tensor, weight: torch.Tensor, bias: Opt
     if way is not forward_module.PENDING:
         _STATE["module"].settle(input, weight, bias, call.strides, (pt, pl), call.dilation, call.groups, needs[0], needs[1], plan.native.id, way,
                                 autocast)  # fmt: skip
+
+
+def settle_pytorchs(plan: CallPlan, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], autocast: bool):
+    """Register a call the modes give to PyTorch throughout (``F.conv2d``'s own, :func:`.ops._pytorchs_throughout`)
+    as settled: its later calls go from :func:`tvm_convgrad.torch.conv2d` to ``at::conv2d`` (:func:`fast`)."""
+    built, call, grad = _STATE["module"], plan.call, torch.is_grad_enabled()
+    needs = (grad and input.requires_grad, grad and weight.requires_grad)
+    pt, pb, pl, pr = call.pads
+    if built is None or _STATE["mode"] != "on" or not any(needs) or pt != pb or pl != pr or torch.are_deterministic_algorithms_enabled():
+        return  # (deterministic: "auto" runs PyTorch's untimed, not the choice a later call would make)
+    built.settle(input, weight, bias, call.strides, (pt, pl), call.dilation, call.groups, needs[0], needs[1], -1, None, autocast)
 
 
 class _Native:

@@ -360,6 +360,7 @@ def _eager(input, weight, bias, stride, pads, dilation, groups: int, wide: bool 
     :class:`Conv2dFunction`): ``F.conv2d``'s own call, the C++ node, or :class:`Conv2dFunction`."""
     plan = tensors_plan(input, weight, stride, pads, dilation, groups, is_channels_last(input))  # (a PLANNED type: see above)
     if _pytorchs_throughout(plan.call, input, weight, bias):
+        native.settle_pytorchs(plan, input, weight, bias, autocast)  # (its later calls: at::conv2d from C++)
         return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
     forward = functools.partial(choose_forward, input, bias=bias, stride=stride, pads=pads, dilation=dilation, groups=groups,
                                 channels_last=plan.call.data_format == "NXC", plan=plan)  # fmt: skip  (its weight: the node's)
