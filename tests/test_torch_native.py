@@ -197,16 +197,13 @@ def test_double_backward_through_the_cpp_node(native):
 
 
 def test_the_python_node_where_the_cpp_one_must_not_run(native, monkeypatch):
-    """The profiler (its Conv2dFunction ranges), the mode off and cropped taps (a dilation that
-    reads only padding) keep the Python node; a dX the kept outputs map takes the C++ node, over a
-    kept mapping, its values the Python node's."""
+    """The mode off and cropped taps (a dilation that reads only padding) keep the Python node; a dX
+    the kept outputs map takes the C++ node, over a kept mapping, its values the Python node's."""
     from tvm_convgrad.torch import outputs
 
     layer = _layer()
     x = torch.randn(2, 16, 9, 9, requires_grad=True)
     layer(x).sum().backward()
-    with torch.profiler.profile():
-        assert type(layer(x).grad_fn).__name__ == "Conv2dFunctionBackward"
     native.set_native("off")
     assert type(layer(x).grad_fn).__name__ == "Conv2dFunctionBackward"
     native.set_native("on")
@@ -320,7 +317,7 @@ def test_a_settled_call_skips_the_python_path(native, python_path, monkeypatch, 
 
 def test_the_fast_path_declines_where_the_route_could_differ(native, python_path):
     """A settled signature's call still takes the Python path where that could route it otherwise:
-    no grad, autocast, the profiler, deterministic algorithms, forward-mode AD, a torch function or
+    no grad, autocast (where it settled without), deterministic algorithms, forward-mode AD, a torch function or
     dispatch mode, a functorch transform, tracing, a subclass, other strides, other gradients
     needed, a string padding; and a changed setting forgets every settled signature."""
     import contextlib
@@ -360,7 +357,7 @@ def test_the_fast_path_declines_where_the_route_could_differ(native, python_path
             torch.use_deterministic_algorithms(False)
 
     scopes = {"no_grad": torch.no_grad, "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
-              "profiler": torch.profiler.profile, "deterministic": deterministic, "forward AD": forward_ad.dual_level,
+              "deterministic": deterministic, "forward AD": forward_ad.dual_level,
               "torch function mode": Functions, "dispatch mode": Dispatches}  # fmt: skip
     for name, scope in scopes.items():
         python_path.clear()
@@ -409,7 +406,8 @@ def test_autocast_takes_the_cpp_node(native, python_path, channels_last, dtype, 
             with torch.autocast("cpu", dtype=low):
                 y = layer(x)
             y.backward(g)
-        return python_path[:], type(y.grad_fn).__name__, y.detach(), x.grad, layer.weight.grad, None if layer.bias is None else layer.bias.grad
+        bias_grad = None if layer.bias is None else layer.bias.grad
+        return python_path[:], type(y.grad_fn).__name__, y.detach(), x.grad, layer.weight.grad, bias_grad
 
     python, cpp = run("off"), run("on")
     assert python[0] and python[1] == "Conv2dFunctionBackward" and not cpp[0] and cpp[1] == "CppFunction"
@@ -449,3 +447,32 @@ def test_a_settled_pytorch_throughout_call_is_f_conv2d_from_cpp(native, python_p
     finally:
         forward.set_forward(modes[0])
         backward.set_backward(modes[1])
+
+
+def test_the_profiler_sees_the_cpp_path_as_the_step_benchmark_counts_it(native, python_path):
+    """Under PyTorch's profiler a settled call still takes the fast path and the C++ node, and the
+    profile has the ranges the step benchmark counts as a convolution's (the forward's
+    ``Conv2dFunction``, the node's backward with the two kernels inside): its per-operator tables
+    show the path the timed steps run."""
+    from tvm_convgrad.training.torch_step import CONV_ENTRIES, conv_ms
+
+    layer = _layer()
+    x = torch.randn(2, 16, 9, 9, requires_grad=True)
+    g = torch.randn_like(layer(x))
+    _settled(layer, x, g)
+    python_path.clear()
+    with torch.profiler.profile() as prof:
+        y = layer(x)
+        y.backward(g)
+    assert python_path == [] and type(y.grad_fn).__name__ == "CppFunction"
+    names = {e.name for e in prof.events()}
+    assert {"Conv2dFunction", "tvm_convgrad::conv2d_weight_grad", "tvm_convgrad::conv2d_input_grad"} <= names, names
+
+    def counted_in(event) -> str:
+        while event is not None and event.name not in CONV_ENTRIES:
+            event = event.cpu_parent
+        return "" if event is None else event.name
+
+    kernels = [e for e in prof.events() if e.name.startswith("tvm_convgrad::conv2d_")]
+    assert len(kernels) == 2 and all("CppNode<tvm_convgrad::Conv2dNative>" in counted_in(e) for e in kernels)
+    assert conv_ms(prof.events()) > 0

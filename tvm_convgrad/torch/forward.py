@@ -36,7 +36,8 @@ from ..frontends.conv2d import Conv2dGradients
 from . import blas, outputs, remembered, settled
 from .kernels import DTYPES, CallPlan, aligned, as_layout, as_weights, forward_kernel, is_channels_last, tensors_plan
 
-__all__ = ["MARGIN", "MODES", "PENDING", "ROUNDS", "elapsed_ms", "forward", "forward_choices", "get_forward", "ours", "pytorch", "pytorchs", "set_forward", "settled_way", "wins"]
+__all__ = ["MARGIN", "MODES", "PENDING", "ROUNDS", "elapsed_ms", "forward", "forward_choices", "get_forward", "ours", "pytorch",
+           "pytorchs", "set_forward", "settled_way", "wins"]
 
 MODES = ("auto", "ours", "pytorch")
 MARGIN = 1.05

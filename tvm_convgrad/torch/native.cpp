@@ -16,7 +16,6 @@
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/frontend/tracer.h>
-#include <torch/csrc/profiler/api.h>
 #include <torch/extension.h>
 #include <tvm/ffi/c_api.h>
 
@@ -36,6 +35,7 @@ using torch::autograd::variable_list;
 #error "native.py defines TVM_CONVGRAD_ALIGNMENT (tvm_convgrad.torch.kernels.ALIGNMENT)"
 #endif
 constexpr int64_t kAlignment = TVM_CONVGRAD_ALIGNMENT;  // bytes the kernels' loads take a tensor's data to start on
+using Pair = std::array<int64_t, 2>;                     // an (H, W) argument
 
 // One signature's backward: its two kernels (tvm-ffi Function handles) and layouts.
 struct Plan {
@@ -121,10 +121,14 @@ void call(int64_t function, const View& a, const View& b, const View& out, const
 // A settled signature's forward arguments (pads symmetric) and, for the package's forward or
 // PyTorch's BLAS way, the Python function (input, weight, bias) -> output (None: at::conv2d).
 struct Forward {
-  std::array<int64_t, 2> stride, padding, dilation;
+  Pair stride, padding, dilation;
   int64_t groups;
   py::object function;
 };
+
+}  // namespace
+
+namespace tvm_convgrad {  // (named: the profiler's range of the node's backward names it, CppNode<tvm_convgrad::Conv2dNative>)
 
 struct Conv2dNative : public torch::autograd::Function<Conv2dNative> {
   // The forward, run here without recording a graph on the weight (``wide``: autocast's float32
@@ -135,6 +139,7 @@ struct Conv2dNative : public torch::autograd::Function<Conv2dNative> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
                             const c10::optional<at::Tensor>& bias, const py::object& output, int64_t plan,
                             const Forward* settled, bool wide) {
+    RECORD_FUNCTION("Conv2dFunction", std::vector<c10::IValue>());  // (the Python node's range: what the step benchmark counts)
     const at::Tensor narrow = wide ? weight.to(input.scalar_type()) : weight;
     ctx->save_for_backward(wide ? variable_list{input, weight, narrow} : variable_list{input, weight});
     ctx->saved_data["plan"] = plan;
@@ -158,8 +163,8 @@ struct Conv2dNative : public torch::autograd::Function<Conv2dNative> {
     const bool kernels = (!need_x || plan.input_grad != 0) && (!need_w || (wide ? plan.weight_grad_f32 : plan.weight_grad) != 0);
     if (at::GradMode::is_enabled() || !plain(grads[0]) || !kernels) {  // create_graph=True, a batched or wrapped grad_output
       py::gil_scoped_acquire gil;
-      auto got = (*fallback)(id, grads[0], input, saved[1], py::make_tuple(need_x, need_w, need_b), wide ? py::cast(weight) : py::none())
-                     .cast<py::tuple>();
+      const py::object narrow = wide ? py::cast(weight) : py::none();
+      auto got = (*fallback)(id, grads[0], input, saved[1], py::make_tuple(need_x, need_w, need_b), narrow).cast<py::tuple>();
       grad_input = got[0].is_none() ? at::Tensor() : got[0].cast<at::Tensor>();
       grad_weight = got[1].is_none() ? at::Tensor() : got[1].cast<at::Tensor>();
       grad_bias = got[2].is_none() ? at::Tensor() : got[2].cast<at::Tensor>();
@@ -188,6 +193,12 @@ struct Conv2dNative : public torch::autograd::Function<Conv2dNative> {
     return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
+
+}  // namespace tvm_convgrad
+
+namespace {
+
+using tvm_convgrad::Conv2dNative;
 
 at::Tensor apply(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                  const py::object& output, int64_t plan, bool wide) {
@@ -226,8 +237,8 @@ struct Types {
   bool autocast;
 };
 
-Key key_of(const Types& types, const at::Tensor& input, const at::Tensor& weight, const std::array<int64_t, 2>& stride,
-           const std::array<int64_t, 2>& padding, const std::array<int64_t, 2>& dilation, int64_t groups, bool need_x, bool need_w) {
+Key key_of(const Types& types, const at::Tensor& input, const at::Tensor& weight, const Pair& stride, const Pair& padding,
+           const Pair& dilation, int64_t groups, bool need_x, bool need_w) {
   Key key{};
   size_t i = 0;
   key[i++] = static_cast<int64_t>(types.input);
@@ -249,7 +260,7 @@ Key key_of(const Types& types, const at::Tensor& input, const at::Tensor& weight
 }
 
 // An int, or a tuple / list of two (not a bool: Python's path rejects or reads those itself).
-bool int_pair(PyObject* value, std::array<int64_t, 2>& pair) {
+bool int_pair(PyObject* value, Pair& pair) {
   if (PyLong_CheckExact(value)) {
     pair[0] = pair[1] = PyLong_AsLongLong(value);
     return !PyErr_Occurred();
@@ -270,12 +281,12 @@ const at::Tensor* plain_tensor(PyObject* value, int64_t dim) {
   return t.dim() == dim && t.numel() > 0 && plain(t) ? &t : nullptr;
 }
 
-// The state a settled route assumed: grad mode on, no tracing, transform, mode, profiler,
-// forward-mode AD level or deterministic algorithms (autocast is part of the key).
+// The state a settled route assumed: grad mode on, no tracing, transform, mode, forward-mode AD
+// level or deterministic algorithms (autocast is part of the key).
 bool plain_state() {
   return at::GradMode::is_enabled() && !torch::jit::tracer::isTracing() &&
          !at::impl::torch_function_mode_enabled() && !(*transforms_active)().cast<bool>() &&
-         c10::impl::TorchDispatchModeTLS::stack_len() == 0 && !torch::profiler::impl::profilerEnabled() &&
+         c10::impl::TorchDispatchModeTLS::stack_len() == 0 &&
          !at::globalContext().deterministicAlgorithms() && forward_ad->attr("_current_level").cast<int64_t>() < 0;
 }
 
@@ -287,7 +298,7 @@ py::object fast(py::handle input_obj, py::handle weight_obj, py::handle bias_obj
   const at::Tensor* weight = plain_tensor(weight_obj.ptr(), 4);
   const at::Tensor* bias = bias_obj.is_none() ? nullptr : plain_tensor(bias_obj.ptr(), 1);
   if (input == nullptr || weight == nullptr || (bias == nullptr && !bias_obj.is_none())) return py::none();
-  std::array<int64_t, 2> stride, padding, dilation, groups;
+  Pair stride, padding, dilation, groups;
   if (!int_pair(stride_obj.ptr(), stride) || !int_pair(padding_obj.ptr(), padding) || !int_pair(dilation_obj.ptr(), dilation) ||
       !PyLong_CheckExact(groups_obj.ptr()) || !int_pair(groups_obj.ptr(), groups) || !plain_state()) {
     PyErr_Clear();
@@ -310,8 +321,12 @@ py::object fast(py::handle input_obj, py::handle weight_obj, py::handle bias_obj
   const Settled entry = found->second;  // (a copy: a thread the call lets run may empty the table)
   const at::Tensor x = x_type == input->scalar_type() ? *input : input->to(x_type);  // (recorded, as autocast's cast)
   c10::optional<at::Tensor> bias_arg;
-  if (bias != nullptr) bias_arg = types.bias == static_cast<int64_t>(bias->scalar_type()) ? *bias : bias->to(static_cast<at::ScalarType>(types.bias));
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);  // (Python's: torch.autocast("cpu", enabled=False))
+  if (bias != nullptr) {
+    const auto bias_type = static_cast<at::ScalarType>(types.bias);
+    bias_arg = bias_type == bias->scalar_type() ? *bias : bias->to(bias_type);
+  }
+  // (Python's: torch.autocast("cpu", enabled=False))
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
   if (entry.plan < 0) {
     const Forward& f = entry.forward;
     at::Tensor output;
@@ -327,16 +342,16 @@ py::object fast(py::handle input_obj, py::handle weight_obj, py::handle bias_obj
 
 // Register a call's signature as settled: its later calls take fast() (``function``: see Forward;
 // the tensors as the node got them, autocast's casts made: ``autocast`` whether it was on).
-void settle(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias, std::array<int64_t, 2> stride,
-            std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups, bool need_x, bool need_w, int64_t plan,
-            py::object function, bool autocast) {
+void settle(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias, Pair stride, Pair padding,
+            Pair dilation, int64_t groups, bool need_x, bool need_w, int64_t plan, py::object function, bool autocast) {
   if (settled_calls == nullptr) {
     settled_calls = new std::unordered_map<Key, Settled, KeyHash>();
     forward_ad = new py::object(py::module_::import("torch.autograd.forward_ad"));
     transforms_active = new py::object(py::module_::import("torch._C").attr("_are_functorch_transforms_active"));
   }
   const bool has_bias = bias.has_value() && bias->defined();
-  const Types types{input.scalar_type(), has_bias ? static_cast<int64_t>(bias->scalar_type()) : -1, weight.scalar_type(), autocast};
+  const int64_t bias_type = has_bias ? static_cast<int64_t>(bias->scalar_type()) : -1;
+  const Types types{input.scalar_type(), bias_type, weight.scalar_type(), autocast};
   (*settled_calls)[key_of(types, input, weight, stride, padding, dilation, groups, need_x, need_w)] =
       Settled{plan, Forward{stride, padding, dilation, groups, std::move(function)}};
 }
@@ -380,8 +395,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_kernel", &set_kernel, "a registered signature's kernel: (id, 0 dX | 1 dW | 2 dW in float32, handle)");
   m.def("set_kept", &set_kept, "whether a registered signature's grad_input is a kept mapping: (id, kept)");
   m.def("set_fallback", &set_fallback, "the Python backward of a node that records a graph, and the kept grad_input's allocator");
-  m.def("fast", &fast, "a settled signature's call through the node, else None: (input, weight, bias, stride, padding, dilation, groups)");
-  m.def("settle", &settle, "register a call's signature as settled (its tensors, arguments, needs, plan id, forward function or None)");
+  m.def("fast", &fast, "a settled signature's call, else None: (input, weight, bias, stride, padding, dilation, groups)");
+  m.def("settle", &settle, "register a signature as settled (tensors, arguments, needs, plan id, forward or None, autocast)");
   m.def("unsettle", &unsettle, "forget every settled signature (a mode changed)");
   m.def("settled_count", &settled_count, "how many signatures are settled");
 }

@@ -13,15 +13,15 @@ Where a signature's gradients are the package's kernels for good (:func:`.backwa
 (:func:`module`): its apply runs the caller's forward (no graph recorded), its backward calls the
 dW kernel, then the dX kernel, through tvm-ffi's C ABI on the saved tensors' memory, laid out as
 :func:`.kernels.as_layout` and :func:`.kernels.as_weights` lay them, and sums the bias's gradient;
-the profiler sees the kernels under the Python path's labels. A dX of :data:`.outputs.OUTPUTS_FROM`
-bytes or more under ``"kept"`` outputs is allocated by Python over a kept mapping, as the Python
-node's (:func:`_kept_input_grad`). Under autocast, a float32 weight beside a bf16 / f16 input is
-cast in the node's forward, and its gradient is the dW kernel's float32 sums, as the Python
-node's. A backward that records a graph (``create_graph=True``), or whose grad_output is batched
-or wrapped (legacy ``vmap``, functorch, a subclass), calls back into Python (the Python node's
-backward). The rest takes the Python node: the first calls of a signature (its choices made
-there), forward-mode AD (its ``jvp``), float64, cropped taps, and calls under the profiler (its
-``Conv2dFunction`` ranges are what the step benchmark counts as a convolution's).
+the profiler sees the forward and the kernels under the Python path's labels (``Conv2dFunction``,
+``tvm_convgrad::conv2d_weight_grad`` and ``conv2d_input_grad``: what the step benchmark counts). A
+dX of :data:`.outputs.OUTPUTS_FROM` bytes or more under ``"kept"`` outputs is allocated by Python
+over a kept mapping, as the Python node's (:func:`_kept_input_grad`). Under autocast, a float32
+weight beside a bf16 / f16 input is cast in the node's forward, and its gradient is the dW kernel's
+float32 sums, as the Python node's. A backward that records a graph (``create_graph=True``), or
+whose grad_output is batched or wrapped (legacy ``vmap``, functorch, a subclass), calls back into
+Python (the Python node's backward). The rest takes the Python node: the first calls of a signature
+(its choices made there), forward-mode AD (its ``jvp``), float64 and cropped taps.
 
 Once a call taking the C++ node has its forward chosen too, its signature is *settled*
 (:func:`_settle`): later calls of it go from :func:`tvm_convgrad.torch.conv2d` straight to the node
@@ -132,16 +132,19 @@ def node(plan: CallPlan, input: torch.Tensor, weight: torch.Tensor, bias: Option
     needs = (grad and input.requires_grad, grad and weight.requires_grad)
     if _STATE["mode"] != "on" or not any(needs) or forward_ad._current_level >= 0:  # (forward-mode AD: the Python node's jvp)
         return None
-    if input.dtype not in DTYPES or (weight.dtype != input.dtype and not wide) or (bias is not None and bias.dtype != input.dtype):
+    if input.dtype not in DTYPES or (weight.dtype != input.dtype and not wide):
         return None
-    if plan.native is _NEVER or torch.autograd._profiler_enabled() or not ours_throughout(plan.call, needs):
+    if bias is not None and bias.dtype != input.dtype:
+        return None
+    if plan.native is _NEVER or not ours_throughout(plan.call, needs):
         return None
     native = plan.native
-    if native is None or (needs[0] and not native.input_grad) or (needs[1] and not (native.weight_grad_f32 if wide else native.weight_grad)):
+    has_weight_grad = native is not None and (native.weight_grad_f32 if wide else native.weight_grad)
+    if native is None or (needs[0] and not native.input_grad) or (needs[1] and not has_weight_grad):
         native = _register(plan, needs, backward, wide)
         if native is None:
             return None
-    kept = input.nbytes >= outputs.OUTPUTS_FROM and outputs.get_outputs() == "kept"  # (a dX :mod:`.outputs` maps: :func:`_kept_input_grad`)
+    kept = input.nbytes >= outputs.OUTPUTS_FROM and outputs.get_outputs() == "kept"  # (a dX :mod:`.outputs` maps)
     if kept != native.kept_input_grad:
         _STATE["module"].set_kept(native.id, kept)
         native.kept_input_grad = kept
@@ -153,8 +156,8 @@ def fast(input, weight, bias, stride, padding, dilation, groups: int) -> Optiona
     """A call of :func:`tvm_convgrad.torch.conv2d` (its arguments as given) through the C++ node,
     without the Python checks, where its signature is settled (:func:`_settle`: the same tensors'
     sizes, strides and types, the same arguments and gradients needed) and the state it settled in
-    holds (grad mode on; autocast on or off as then; no tracing, functorch transform, torch function or dispatch mode,
-    profiler, forward-mode AD or deterministic algorithms; plain tensors; the settings unchanged
+    holds (grad mode on; autocast on or off as then; no tracing, functorch transform, torch function or
+    dispatch mode, forward-mode AD or deterministic algorithms; plain tensors; the settings unchanged
     since, :mod:`.settled`); else None (the Python path). Cold, as in a step whose large tensors
     evict the interpreter's data, the Python path costs ~100 us a call more than ``nn.Conv2d``'s
     whole call (Zen 4, 2026-12-05)."""
@@ -176,8 +179,8 @@ def _settle(plan: CallPlan, input: torch.Tensor, weight: torch.Tensor, bias: Opt
     else:
         way = forward_module.settled_way(call, bias is not None)
     if way is not forward_module.PENDING:
-        _STATE["module"].settle(input, weight, bias, call.strides, (pt, pl), call.dilation, call.groups, needs[0], needs[1], plan.native.id, way,
-                                autocast)  # fmt: skip
+        arguments = (call.strides, (pt, pl), call.dilation, call.groups)
+        _STATE["module"].settle(input, weight, bias, *arguments, needs[0], needs[1], plan.native.id, way, autocast)
 
 
 def settle_pytorchs(plan: CallPlan, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], autocast: bool):
@@ -186,8 +189,10 @@ def settle_pytorchs(plan: CallPlan, input: torch.Tensor, weight: torch.Tensor, b
     built, call, grad = _STATE["module"], plan.call, torch.is_grad_enabled()
     needs = (grad and input.requires_grad, grad and weight.requires_grad)
     pt, pb, pl, pr = call.pads
-    if built is None or _STATE["mode"] != "on" or not any(needs) or pt != pb or pl != pr or torch.are_deterministic_algorithms_enabled():
-        return  # (deterministic: "auto" runs PyTorch's untimed, not the choice a later call would make)
+    if built is None or _STATE["mode"] != "on" or not any(needs) or pt != pb or pl != pr:
+        return
+    if torch.are_deterministic_algorithms_enabled():  # ("auto" runs PyTorch's untimed: not the choice a later call would make)
+        return
     built.settle(input, weight, bias, call.strides, (pt, pl), call.dilation, call.groups, needs[0], needs[1], -1, None, autocast)
 
 

@@ -364,7 +364,7 @@ def _eager(input, weight, bias, stride, pads, dilation, groups: int, wide: bool 
         return pytorch_forward(input, weight, bias, stride, pads, dilation, groups)
     forward = functools.partial(choose_forward, input, bias=bias, stride=stride, pads=pads, dilation=dilation, groups=groups,
                                 channels_last=plan.call.data_format == "NXC", plan=plan)  # fmt: skip  (its weight: the node's)
-    output = native.node(plan, input, weight, bias, forward, _backward, wide, autocast)  # (the C++ node, where the gradients are settled)
+    output = native.node(plan, input, weight, bias, forward, _backward, wide, autocast)  # (the C++ node, the gradients settled)
     return _apply(input, weight, bias, stride, pads, dilation, groups, wide, plan) if output is None else output
 
 

@@ -135,10 +135,12 @@ def trainers(config: StepConfig, seed: int = 0, convert: bool = True):
 
 
 CONV_ENTRIES = ("aten::conv2d", "Conv2dFunction", "tvm_convgrad::conv2d", "autograd::engine::evaluate_function: ConvolutionBackward0",
-                "autograd::engine::evaluate_function: Conv2dFunctionBackward")  # fmt: skip
+                "autograd::engine::evaluate_function: Conv2dFunctionBackward",
+                "autograd::engine::evaluate_function: torch::autograd::CppNode<tvm_convgrad::Conv2dNative>")  # fmt: skip
 """The profiler's ranges a convolution's forward or backward runs in, stock or drop-in (eager or
-its operators): whatever runs inside one (``mkldnn_convolution``, the package's kernels, the BLAS
-way's ``aten::mm``, a layout copy) is the convolution's time."""
+its operators; the drop-in's Python node or its C++ one, :mod:`tvm_convgrad.torch.native`): whatever
+runs inside one (``mkldnn_convolution``, the package's kernels, the BLAS way's ``aten::mm``, a layout
+copy) is the convolution's time."""
 
 
 def conv_ms(events) -> float:
