@@ -119,3 +119,49 @@ def test_opinfo_conv2d_samples_forward_mode_ad(index):
             duals = [None if t is None else fwad.make_dual(t, tt) for t, tt in zip(tensors, tangents)]
             results.append(fwad.unpack_dual(f(*duals, **sample.kwargs)).tangent)
     torch.testing.assert_close(results[0], results[1], rtol=1e-10, atol=1e-10 * results[1].abs().max().item())
+
+
+@pytest.mark.skipif(not HAS_EXPECTTEST, reason="expecttest is not installed (the test extra has it)")
+@pytest.mark.parametrize("dtype", ("float32", "bfloat16", "float16"))
+@pytest.mark.parametrize("index", tiered(range(30), lambda i, _: i % 6 == 0))
+def test_opinfo_conv2d_samples_settled_calls_equal_the_python_paths(index, dtype, monkeypatch):
+    """Each sample run five times, first order, the package's gradients throughout: the fifth call
+    goes through the C++ node's fast path wherever the sample's route settles there (a 4-D input,
+    int arguments, no cropped taps), without entering the Python path, and gives the second call's
+    output and gradients bit for bit (the first call makes the choices)."""
+    import tvm_convgrad.torch as tct
+    from tvm_convgrad.torch import backward, kernels, native, ops
+
+    samples = _samples(dtype)
+    if index >= len(samples):
+        pytest.skip(f"PyTorch has {len(samples)} samples")
+    sample = samples[index]
+    weight, bias = sample.args[0], sample.args[1] if len(sample.args) > 1 else None
+    kwargs = dict(sample.kwargs)
+    typed = getattr(torch, dtype)
+    torch.manual_seed(index)
+    g = (torch.rand(F.conv2d(sample.input, weight, bias, **kwargs).shape) * 2 - 1).to(typed)
+    seen, original = [], ops.conv2d
+    monkeypatch.setattr(ops, "conv2d", lambda *args: seen.append(1) or original(*args))
+    mode = backward.get_backward()
+    backward.set_backward("ours")
+    try:
+        results = []
+        for _ in range(5):
+            seen.clear()
+            x, w, b = _leaves((sample.input, weight, bias), typed)
+            y = conv2d(x, w, b, **kwargs)
+            y.backward(g)
+            results.append([y.detach(), x.grad, w.grad, None if b is None else b.grad])
+    finally:
+        backward.set_backward(mode)
+    for second, fifth in zip(results[1], results[4]):
+        assert (second is None) == (fifth is None)
+        if second is not None:
+            assert torch.equal(second, fifth) and second.stride() == fifth.stride()
+    settles = native.available() and x.dim() == 4 and not any(isinstance(v, str) for v in kwargs.values())
+    if settles:
+        stride, pads, dilation, groups = tct._arguments(x.shape[1], tuple(w.shape), *(kwargs.get(k, d) for k, d in
+                                                        (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1))))  # fmt: skip
+        settles = kernels.tensors_plan(x, w, stride, pads, dilation, groups, kernels.is_channels_last(x)).taps is None
+    assert (seen == []) == settles, (seen, settles, kwargs, tuple(x.shape))

@@ -6,11 +6,11 @@
 // A backward that must record a graph (create_graph=True), or whose grad_output is batched or
 // wrapped, calls the Python fallback registered with set_fallback (the Python node's backward).
 //
-// fast(): once a signature's route is settled (its forward chosen, its gradients the kernels'),
-// native.py registers it (settle); a later call of the same tensors' sizes, strides and types,
-// the same arguments, and the same global state is then taken here from tvm_convgrad.torch.conv2d
-// without the Python checks: cold (a step's large tensors evict the interpreter's data), those
-// cost ~100 us a call more than nn.Conv2d's whole call.
+// fast(): once a signature's route is settled (this node with its forward chosen, or PyTorch's
+// convolution throughout), native.py registers it (settle); a later call of the same tensors'
+// sizes, strides and types, the same arguments, and the same global state is then taken here from
+// tvm_convgrad.torch.conv2d without the Python checks: cold (a step's large tensors evict the
+// interpreter's data), those cost ~100 us a call more than nn.Conv2d's whole call.
 
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/autocast_mode.h>
@@ -37,7 +37,7 @@ using torch::autograd::variable_list;
 constexpr int64_t kAlignment = TVM_CONVGRAD_ALIGNMENT;  // bytes the kernels' loads take a tensor's data to start on
 using Pair = std::array<int64_t, 2>;                     // an (H, W) argument
 
-// One signature's backward: its two kernels (tvm-ffi Function handles) and layouts.
+// One signature's backward: its kernels (tvm-ffi Function handles; 0 until given) and layouts.
 struct Plan {
   int64_t input_grad;       // (grad_output, weight) -> grad_input
   int64_t weight_grad;      // (input, grad_output) -> grad_weight
