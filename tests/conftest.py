@@ -60,6 +60,22 @@ except ImportError:  # the oracle tests skip without it
 needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch is not installed (pip install torch==2.13.0)")
 
 
+@pytest.fixture
+def python_path(monkeypatch):
+    """``tvm_convgrad.torch.ops.conv2d`` (the Python path behind ``tvm_convgrad.torch.conv2d``, which
+    a settled call skips: ``tvm_convgrad.torch.native.fast``) counted: the list of calls that reached it."""
+    from tvm_convgrad.torch import ops
+
+    seen, original = [], ops.conv2d
+
+    def counted(*args):
+        seen.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(ops, "conv2d", counted)
+    return seen
+
+
 def _runnable_isas() -> list[str]:
     """``"native"`` (this CPU's plan) and every other x86 plan this host can execute: AVX2 and
     SSE code run on an AVX-512 machine, SSE code on an AVX2 one. Correctness tests run them all."""

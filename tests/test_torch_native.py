@@ -258,22 +258,6 @@ def _settled(layer, x, g, calls: int = 3):
     x.grad = None
 
 
-@pytest.fixture
-def python_path(monkeypatch):
-    """``ops.conv2d`` (the Python path behind :func:`tvm_convgrad.torch.conv2d`) counted: the list
-    of calls that reached it."""
-    from tvm_convgrad.torch import ops
-
-    seen, original = [], ops.conv2d
-
-    def counted(*args):
-        seen.append(args)
-        return original(*args)
-
-    monkeypatch.setattr(ops, "conv2d", counted)
-    return seen
-
-
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("way", ["pytorch", "ours", "blas"])
 @pytest.mark.parametrize("bias", [False, True])

@@ -44,6 +44,16 @@ def _samples(dtype: str) -> list:
     return list(op.sample_inputs("cpu", getattr(torch, dtype), requires_grad=True))
 
 
+def _sample(index: int, dtype: str):
+    """``(sample, weight, bias, kwargs)`` of the OpInfo's ``index``-th sample in ``dtype`` (the test
+    skipped where PyTorch has fewer)."""
+    samples = _samples(dtype)
+    if index >= len(samples):
+        pytest.skip(f"PyTorch has {len(samples)} samples")
+    sample = samples[index]
+    return sample, sample.args[0], sample.args[1] if len(sample.args) > 1 else None, dict(sample.kwargs)
+
+
 def _steps(f, x, w, b, g, v):
     """Forward ``y``; the gradients ``(x, w, b)`` of ``<y, g>``; the gradients ``(x, w, g)`` of
     ``<dx, v_x> + <dw, v_w> + <db, v_b>``: the three orders one ``create_graph`` step reaches."""
@@ -63,12 +73,7 @@ def _leaves(tensors, dtype, transform=lambda t: t):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("index", tiered(range(30), lambda i, _: i % 6 == 0))
 def test_opinfo_conv2d_samples_forward_backward_and_gradgrad(index, dtype):
-    samples = _samples(dtype)
-    if index >= len(samples):
-        pytest.skip(f"PyTorch has {len(samples)} samples")
-    sample = samples[index]
-    weight, bias = sample.args[0], sample.args[1] if len(sample.args) > 1 else None
-    kwargs = dict(sample.kwargs)
+    sample, weight, bias, kwargs = _sample(index, dtype)
 
     def ours(a, c, d):
         return conv2d(a, c, d, **kwargs)
@@ -105,11 +110,7 @@ def test_opinfo_conv2d_samples_forward_mode_ad(index):
     float64: the drop-in's tangent (``Conv2dFunction.jvp``) equal to ``F.conv2d``'s to rounding."""
     import torch.autograd.forward_ad as fwad
 
-    samples = _samples("float64")
-    if index >= len(samples):
-        pytest.skip(f"PyTorch has {len(samples)} samples")
-    sample = samples[index]
-    weight, bias = sample.args[0], sample.args[1] if len(sample.args) > 1 else None
+    sample, weight, bias, _ = _sample(index, "float64")
     torch.manual_seed(index)
     tensors = [None if t is None else t.detach() for t in (sample.input, weight, bias)]
     tangents = [None if t is None else torch.rand_like(t) * 2 - 1 for t in tensors]
@@ -124,31 +125,24 @@ def test_opinfo_conv2d_samples_forward_mode_ad(index):
 @pytest.mark.skipif(not HAS_EXPECTTEST, reason="expecttest is not installed (the test extra has it)")
 @pytest.mark.parametrize("dtype", ("float32", "bfloat16", "float16"))
 @pytest.mark.parametrize("index", tiered(range(30), lambda i, _: i % 6 == 0))
-def test_opinfo_conv2d_samples_settled_calls_equal_the_python_paths(index, dtype, monkeypatch):
+def test_opinfo_conv2d_samples_settled_calls_equal_the_python_paths(index, dtype, python_path):
     """Each sample run five times, first order, the package's gradients throughout: the fifth call
     goes through the C++ node's fast path wherever the sample's route settles there (a 4-D input,
     int arguments, no cropped taps), without entering the Python path, and gives the second call's
     output and gradients bit for bit (the first call makes the choices)."""
     import tvm_convgrad.torch as tct
-    from tvm_convgrad.torch import backward, kernels, native, ops
+    from tvm_convgrad.torch import backward, kernels, native
 
-    samples = _samples(dtype)
-    if index >= len(samples):
-        pytest.skip(f"PyTorch has {len(samples)} samples")
-    sample = samples[index]
-    weight, bias = sample.args[0], sample.args[1] if len(sample.args) > 1 else None
-    kwargs = dict(sample.kwargs)
+    sample, weight, bias, kwargs = _sample(index, dtype)
     typed = getattr(torch, dtype)
     torch.manual_seed(index)
     g = (torch.rand(F.conv2d(sample.input, weight, bias, **kwargs).shape) * 2 - 1).to(typed)
-    seen, original = [], ops.conv2d
-    monkeypatch.setattr(ops, "conv2d", lambda *args: seen.append(1) or original(*args))
     mode = backward.get_backward()
     backward.set_backward("ours")
     try:
         results = []
         for _ in range(5):
-            seen.clear()
+            python_path.clear()
             x, w, b = _leaves((sample.input, weight, bias), typed)
             y = conv2d(x, w, b, **kwargs)
             y.backward(g)
@@ -164,4 +158,4 @@ def test_opinfo_conv2d_samples_settled_calls_equal_the_python_paths(index, dtype
         stride, pads, dilation, groups = tct._arguments(x.shape[1], tuple(w.shape), *(kwargs.get(k, d) for k, d in
                                                         (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1))))  # fmt: skip
         settles = kernels.tensors_plan(x, w, stride, pads, dilation, groups, kernels.is_channels_last(x)).taps is None
-    assert (seen == []) == settles, (seen, settles, kwargs, tuple(x.shape))
+    assert (python_path == []) == settles, (len(python_path), settles, kwargs, tuple(x.shape))

@@ -281,12 +281,12 @@ const at::Tensor* plain_tensor(PyObject* value, int64_t dim) {
   return t.dim() == dim && t.numel() > 0 && plain(t) ? &t : nullptr;
 }
 
-// The state a settled route assumed: grad mode on, no tracing, transform, mode, forward-mode AD
-// level or deterministic algorithms (autocast is part of the key).
+// The state a settled route assumed: grad mode on, no tracing, transform, torch function mode,
+// forward-mode AD level or deterministic algorithms (autocast is part of the key; a dispatch mode,
+// plain_tensor's plain() rules out).
 bool plain_state() {
   return at::GradMode::is_enabled() && !torch::jit::tracer::isTracing() &&
          !at::impl::torch_function_mode_enabled() && !(*transforms_active)().cast<bool>() &&
-         c10::impl::TorchDispatchModeTLS::stack_len() == 0 &&
          !at::globalContext().deterministicAlgorithms() && forward_ad->attr("_current_level").cast<int64_t>() < 0;
 }
 

@@ -168,32 +168,36 @@ def fast(input, weight, bias, stride, padding, dilation, groups: int) -> Optiona
 def _settle(plan: CallPlan, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], needs: tuple[bool, bool],
             autocast: bool):  # fmt: skip
     """Register a call taking the C++ node (its tensors autocast's casts, where ``autocast`` was on)
-    as its signature's settled route, once its forward is chosen (:func:`.forward.settled_way`) and
-    its pads are PyTorch's (symmetric)."""
+    as its signature's settled route, once its forward is chosen (:func:`.forward.settled_way`)."""
     call = plan.call
-    pt, pb, pl, pr = call.pads
-    if pt != pb or pl != pr:
-        return
     if call.weights_format == "OXI" and call.data_format != "NXC":  # (:func:`.forward.forward` gives these to PyTorch)
         way = None
     else:
         way = forward_module.settled_way(call, bias is not None)
     if way is not forward_module.PENDING:
-        arguments = (call.strides, (pt, pl), call.dilation, call.groups)
-        _STATE["module"].settle(input, weight, bias, *arguments, needs[0], needs[1], plan.native.id, way, autocast)
+        _settled_route(plan, input, weight, bias, needs, autocast, plan.native.id, way)
 
 
 def settle_pytorchs(plan: CallPlan, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], autocast: bool):
     """Register a call the modes give to PyTorch throughout (``F.conv2d``'s own, :func:`.ops._pytorchs_throughout`)
     as settled: its later calls go from :func:`tvm_convgrad.torch.conv2d` to ``at::conv2d`` (:func:`fast`)."""
-    built, call, grad = _STATE["module"], plan.call, torch.is_grad_enabled()
+    grad = torch.is_grad_enabled()
     needs = (grad and input.requires_grad, grad and weight.requires_grad)
-    pt, pb, pl, pr = call.pads
-    if built is None or _STATE["mode"] != "on" or not any(needs) or pt != pb or pl != pr:
+    if _STATE["module"] is None or _STATE["mode"] != "on" or not any(needs):
         return
     if torch.are_deterministic_algorithms_enabled():  # ("auto" runs PyTorch's untimed: not the choice a later call would make)
         return
-    built.settle(input, weight, bias, call.strides, (pt, pl), call.dilation, call.groups, needs[0], needs[1], -1, None, autocast)
+    _settled_route(plan, input, weight, bias, needs, autocast, -1, None)
+
+
+def _settled_route(plan: CallPlan, input, weight, bias, needs: tuple[bool, bool], autocast: bool, plan_id: int, way):
+    """The extension's ``settle`` of a call (``plan_id``: its node's, -1 for PyTorch's own; ``way``:
+    the forward's function, None for ``at::conv2d``), where its pads are PyTorch's (symmetric)."""
+    call = plan.call
+    pt, pb, pl, pr = call.pads
+    if pt == pb and pl == pr:
+        arguments = (call.strides, (pt, pl), call.dilation, call.groups)
+        _STATE["module"].settle(input, weight, bias, *arguments, needs[0], needs[1], plan_id, way, autocast)
 
 
 class _Native:
