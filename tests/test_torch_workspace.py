@@ -144,7 +144,7 @@ def test_kept_workspaces_stay_exact_and_balanced_under_concurrent_calls():
     import threading
 
     import tvm_convgrad.torch as tt
-    from tvm_convgrad.torch import kernels, ops
+    from tvm_convgrad.torch import grads, kernels
 
     generator = torch.Generator().manual_seed(11)
     cases = []
@@ -153,15 +153,15 @@ def test_kept_workspaces_stay_exact_and_balanced_under_concurrent_calls():
         x, w = torch.randn(x_shape, generator=generator), torch.randn(w_shape, generator=generator)
         dy = torch.randn(torch.nn.functional.conv2d(x, w, stride=stride, padding=pad).shape, generator=generator)
         plan = kernels.plan_for(x.shape, w.shape, [stride] * 2, [pad] * 4, [1, 1], 1, torch.float32, False)
-        cases.append((plan, x, w, dy, ops._input_grad(plan, dy, w), ops._weight_grad(plan, dy, x)))
+        cases.append((plan, x, w, dy, grads.input_grad_of(plan, dy, w), grads.weight_grad_of(plan, dy, x)))
     failures = []
 
     def calls():
         try:
             for _ in range(5):
                 for plan, x, w, dy, dx_once, dw_once in cases:
-                    torch.testing.assert_close(ops._input_grad(plan, dy, w), dx_once, rtol=1e-5, atol=1e-5)
-                    torch.testing.assert_close(ops._weight_grad(plan, dy, x), dw_once, rtol=1e-5, atol=1e-4)
+                    torch.testing.assert_close(grads.input_grad_of(plan, dy, w), dx_once, rtol=1e-5, atol=1e-5)
+                    torch.testing.assert_close(grads.weight_grad_of(plan, dy, x), dw_once, rtol=1e-5, atol=1e-4)
         except Exception as failure:  # noqa: BLE001 - reported by the main thread
             failures.append(failure)
 

@@ -31,7 +31,7 @@ from .records import SHIPPED, database_folder, shipped_schedules, tuned_schedule
 from .target import pass_context, resolve_target
 from .workload import Workload
 
-__all__ = ["CACHED_KERNELS", "build", "lower"]
+__all__ = ["CACHED_KERNELS", "build", "build_func", "lower"]
 
 
 def lower(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target = "llvm", bf16_dot: bool = False) -> tvm.IRModule:
@@ -134,6 +134,17 @@ def build(tensors: te.Tensor | Sequence[te.Tensor], target: str | dict | Target 
         kernel = stored.save(stored_as[1], kernel)
     _cache(key if stored_as is None else stored_as, func, _ready(kernel))
     return kernel
+
+
+def build_func(func: tirx.PrimFunc, target: str | dict | Target = "llvm"):
+    """Compile a PrimFunc whose loops are written out already (no rule schedules it: e.g.
+    :mod:`tvm_convgrad.schedule.cpu.depthwise_backward`) for ``target``, in the package's pass
+    context; returns the compiled function, named by its ``global_symbol``. Not cached, not stored
+    on disk: the caller keeps it (such a kernel compiles in ~0.2 s)."""
+    target = resolve_target(target)
+    name = str(func.attrs["global_symbol"])
+    with pass_context(target):
+        return tvm.compile(tvm.IRModule({name: func}), target=target)[name]
 
 
 def _ready(kernel: Kernel) -> Kernel:

@@ -166,9 +166,13 @@ def pytorch_gradients(grad_output: torch.Tensor, input: torch.Tensor, weight: to
 
 
 def _run(given_up: frozenset, needs: tuple[bool, bool], ours_dx: Callable[[], torch.Tensor], ours_dw: Callable[[], torch.Tensor],
-         theirs: Optional[Callable[[bool, bool], tuple]]) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:  # fmt: skip
+         theirs: Optional[Callable[[bool, bool], tuple]], ours_both: Optional[Callable[[], tuple]] = None,
+         ) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:  # fmt: skip
     """The needed gradients: PyTorch's for the GEMMs in ``given_up`` (one call), the package's for the rest;
-    dX the last made, so that the backward's next node reads it from cache."""
+    dX the last made, so that the backward's next node reads it from cache. ``ours_both() -> (dX, dW)``:
+    the package's two in one kernel (a depthwise layer's), where both are needed and none given up."""
+    if ours_both is not None and not given_up and all(needs):
+        return ours_both()
     grad_weight = ours_dw() if needs[1] and "dw" not in given_up else None
     theirs_dx, theirs_dw = theirs("dx" in given_up, "dw" in given_up) if given_up else (None, None)
     grad_input = ours_dx() if needs[0] and "dx" not in given_up else theirs_dx
@@ -186,7 +190,7 @@ def _timings(runs: dict[frozenset, Callable[[], object]]) -> dict[frozenset, flo
     return {given_up: statistics.median(t) for given_up, t in times.items()}
 
 
-def _choose(needs: tuple[bool, bool], ours_dx, ours_dw, theirs, credit_ms: float = 0.0) -> frozenset:
+def _choose(needs: tuple[bool, bool], ours_dx, ours_dw, theirs, credit_ms: float = 0.0, ours_both=None) -> frozenset:
     """The GEMMs that run PyTorch's: every way timed whole (:func:`_timings`), the package's for all
     kept unless another way is :data:`MARGIN` faster -- in that timing and again in a second one
     of the two alone (a shared machine's speed swings within a second; a wrong switch to PyTorch's
@@ -194,7 +198,7 @@ def _choose(needs: tuple[bool, bool], ours_dx, ours_dw, theirs, credit_ms: float
     ``credit_ms`` less (:data:`FUNCTION_MS`, where the call then runs as ``F.conv2d``)."""
     needed = [gemm for gemm, need in zip(GEMMS, needs) if need]
     ways = [frozenset(c) for r in range(len(needed) + 1) for c in itertools.combinations(needed, r)]
-    runs = {given_up: functools.partial(_run, given_up, needs, ours_dx, ours_dw, theirs) for given_up in ways}
+    runs = {given_up: functools.partial(_run, given_up, needs, ours_dx, ours_dw, theirs, ours_both) for given_up in ways}
     everything = frozenset(needed)
 
     def credited(medians: dict) -> dict:
@@ -210,17 +214,18 @@ def _choose(needs: tuple[bool, bool], ours_dx, ours_dw, theirs, credit_ms: float
 
 def gradients(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx: Callable[[], torch.Tensor], ours_dw: Callable[[], torch.Tensor],
               theirs: Optional[Callable[[bool, bool], tuple]],
-              theirs_blas: Optional[Callable[[], Callable[[bool, bool], tuple]]] = None,
-              credit_ms: float = 0.0) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:  # fmt: skip
+              theirs_blas: Optional[Callable[[], Callable[[bool, bool], tuple]]] = None, credit_ms: float = 0.0,
+              ours_both: Optional[Callable[[], tuple]] = None,
+              ) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:  # fmt: skip
     """dX and dW of ``call`` (None where ``needs`` says not): each the package's (``ours_dx()``,
     ``ours_dw()``) or PyTorch's (``theirs``, see :func:`pytorch_gradients`) as the mode says,
     PyTorch's two in one call; in ``"auto"``, PyTorch's are its BLAS GEMMs (made by
     ``theirs_blas()``, a 1x1's, :mod:`.blas`: only where they are timed or chosen) where those win
     against ``theirs`` (:func:`.forward.wins`). ``credit_ms``: :func:`_choose`'s, for PyTorch's
-    convolution (not its BLAS way)."""
+    convolution (not its BLAS way). ``ours_both``: the package's two in one kernel (:func:`_run`)."""
     mode = _mode_in_force()
     if theirs is None or mode == "ours":
-        return _run(frozenset(), needs, ours_dx, ours_dw, theirs)
+        return _run(frozenset(), needs, ours_dx, ours_dw, theirs, ours_both)
     key = (call, needs)
     given_up = _given_up.get(key)
     recalled = remembered.recall("backward", key) if given_up is None and mode == "auto" else None
@@ -236,10 +241,10 @@ def gradients(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx: Callable
     if key in _blas:
         theirs = theirs_blas()
     if given_up is None:
-        given_up = _given_up[key] = _ways(call, needs, ours_dx, ours_dw, theirs, 0.0 if key in _blas else credit_ms)
+        given_up = _given_up[key] = _ways(call, needs, ours_dx, ours_dw, theirs, 0.0 if key in _blas else credit_ms, ours_both)
         if mode == "auto":
             remembered.remember("backward", key, {"pytorch": sorted(given_up), "blas": key in _blas})
-    return _run(given_up, needs, ours_dx, ours_dw, theirs)
+    return _run(given_up, needs, ours_dx, ours_dw, theirs, ours_both)
 
 
 def _keep(call: Conv2dGradients, needs: tuple[bool, bool], given_up: frozenset):
@@ -255,12 +260,13 @@ def _recallable(recalled, needs: tuple[bool, bool]) -> bool:
         and isinstance(recalled.get("blas"), bool)  # fmt: skip
 
 
-def _ways(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx, ours_dw, theirs, credit_ms: float = 0.0) -> frozenset:
+def _ways(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx, ours_dw, theirs, credit_ms: float = 0.0,
+          ours_both=None) -> frozenset:  # fmt: skip
     """The GEMMs of ``call`` that run PyTorch's in the mode, ``"pytorch"`` or ``"auto"`` (chosen by
     timing the first time a GEMM is met, see :func:`_choose`; :func:`gradients` runs ``"ours"``)."""
     if _mode == "pytorch":
         return frozenset(gemm for gemm, need in zip(GEMMS, needs) if need)
     keys = [(call, gemm) for gemm, need in zip(GEMMS, needs) if need]
     if any(key not in _choices for key in keys):
-        _keep(call, needs, _choose(needs, ours_dx, ours_dw, theirs, credit_ms))
+        _keep(call, needs, _choose(needs, ours_dx, ours_dw, theirs, credit_ms, ours_both))
     return frozenset(gemm for (_, gemm) in keys if not _choices[(call, gemm)])

@@ -31,12 +31,17 @@ import functools
 
 import torch
 
-from ..compile import Kernel, build
+from ..compile import Kernel, build, build_func, resolve_target
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
+from ..isa import isa_plan
+from ..schedule.common import target_cores
+from ..schedule.cpu.depthwise_backward import DepthwiseBackward, depthwise_backward_func
 
-__all__ = ["ALGORITHM", "ALIGNMENT", "CACHED_CALLS", "DTYPES", "PLANNED", "CallPlan", "aligned", "as_layout", "as_weights", "call_plan", "check_groups", "check_output", "conv_call", "dtype_name", "empty_weights",
-           "forward_kernel", "gradient_plan", "input_grad_kernel", "is_channels_last", "memory_format", "plan_for", "tensors_plan", "weight_grad_kernel"]  # fmt: skip
+__all__ = ["ALGORITHM", "ALIGNMENT", "CACHED_CALLS", "DTYPES", "PLANNED", "CallPlan", "aligned", "as_layout", "as_weights", "call_plan",
+           "check_groups", "check_output", "conv_call", "depthwise_backward_kernel", "depthwise_layer", "dtype_name", "empty_weights",
+           "forward_kernel", "gradient_plan", "input_grad_kernel", "is_channels_last", "memory_format", "plan_for", "tensors_plan",
+           "weight_grad_kernel"]  # fmt: skip
 
 ALIGNMENT = 64
 """Bytes the kernels take every tensor's data to start on (TVM's ``kAllocAlignment``: their loads
@@ -147,6 +152,26 @@ def weight_grad_kernel(call: Conv2dGradients, dw_dtype: str | None = None) -> Ke
     return build(call.weight_grad("torch_conv2d_weight_grad", algorithm=ALGORITHM, dw_dtype=dw_dtype), store=True)
 
 
+def depthwise_layer(call: Conv2dGradients) -> DepthwiseBackward | None:
+    """``call`` as :mod:`tvm_convgrad.schedule.cpu.depthwise_backward` takes it (one channel per
+    group, channels-last, float32, for this CPU's lanes and cores), or None where that kernel does not."""
+    (n, c, h, w), (o, per_group, kh, kw) = call.x_shape, call.w_shape
+    if not (call.dtype == "float32" and call.data_format == "NXC" and call.groups == c == o and per_group == 1):
+        return None
+    target = resolve_target("llvm")
+    layer = DepthwiseBackward(n, c, h, w, kh, kw, call.strides, call.pads, call.dilation, call.weights_format == "OXI",
+                              isa_plan(target).lanes, target_cores(target))  # fmt: skip
+    return layer if layer.fits() else None
+
+
+@functools.lru_cache(maxsize=CACHED_CALLS)
+def depthwise_backward_kernel(call: Conv2dGradients):
+    """dX and dW of a depthwise ``call`` in one pass over dy (:func:`depthwise_layer`): ``(input,
+    grad_output, weight, grad_input, grad_weight)``, in the call's layouts; None where it does not apply."""
+    layer = depthwise_layer(call)
+    return None if layer is None else build_func(depthwise_backward_func(layer, "torch_conv2d_depthwise_backward"))
+
+
 @functools.lru_cache(maxsize=CACHED_CALLS)
 def forward_kernel(call: Conv2dGradients, bias: bool) -> Kernel:
     """The forward of ``call``: ``(input, weight[, bias]) -> output``, in the call's layouts."""
@@ -160,13 +185,21 @@ class CallPlan:
     are live, None when all are); its kernels are built on first use and kept. ``native``: its
     registration with the C++ node (:mod:`.native`), None until a call takes it."""
 
-    __slots__ = ("call", "live", "taps", "native", "_input_grad", "_weight_grad", "_weight_grad_f32")
+    __slots__ = ("call", "live", "taps", "native", "_input_grad", "_weight_grad", "_weight_grad_f32", "_both")
 
     def __init__(self, call: Conv2dGradients):
         crop = call.cropped()
         self.call = call
         self.live, self.taps = (call, None) if crop is None else (crop[0], crop[1:])
         self.native = self._input_grad = self._weight_grad = self._weight_grad_f32 = None
+        self._both = False  # (not looked up yet)
+
+    @property
+    def both(self):
+        """dX and dW of a depthwise call in one pass (:func:`depthwise_backward_kernel`), or None."""
+        if self._both is False:
+            self._both = depthwise_backward_kernel(self.call) if self.taps is None else None
+        return self._both
 
     @property
     def input_grad(self) -> Kernel:

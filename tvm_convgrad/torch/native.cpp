@@ -1,8 +1,9 @@
 // The drop-in's autograd node in C++ (tvm_convgrad/torch/native.py builds and loads it).
 //
 // A convolution whose gradients are the package's kernels, settled for its signature, runs its
-// backward here: the dW kernel, then the dX kernel, called through tvm-ffi's C ABI on the saved
-// tensors' memory, and grad_output's sum for the bias; the autograd engine never enters Python.
+// backward here: the dW kernel, then the dX kernel (a depthwise layer's: one kernel of both),
+// called through tvm-ffi's C ABI on the saved tensors' memory, and grad_output's sum for the
+// bias; the autograd engine never enters Python.
 // A backward that must record a graph (create_graph=True), or whose grad_output is batched or
 // wrapped, calls the Python fallback registered with set_fallback (the Python node's backward).
 //
@@ -20,6 +21,7 @@
 #include <tvm/ffi/c_api.h>
 
 #include <array>
+#include <initializer_list>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -42,6 +44,7 @@ struct Plan {
   int64_t input_grad;       // (grad_output, weight) -> grad_input
   int64_t weight_grad;      // (input, grad_output) -> grad_weight
   int64_t weight_grad_f32;  // the same, its sums float32 unrounded (autocast's float32 weight)
+  int64_t both;             // (input, grad_output, weight) -> (grad_input, grad_weight): a depthwise layer's in one pass
   bool channels_last;       // activations NHWC in memory (NXC), else NCHW (NCX)
   bool weights_last;        // weights OHWI in memory (OXI), else OIHW (OIX)
   bool kept_input_grad;     // grad_input from the Python allocator (a kept mapping: outputs.py), else at::empty
@@ -98,19 +101,20 @@ struct View {
   }
 };
 
-void call(int64_t function, const View& a, const View& b, const View& out, const char* name) {
+// A kernel's call on the views' memory (its arguments in order: inputs, then results).
+void call(int64_t function, std::initializer_list<const View*> views, const char* name) {
   RECORD_FUNCTION(name, std::vector<c10::IValue>());
-  TVMFFIAny args[3], result;
-  const View* views[3] = {&a, &b, &out};
-  for (int i = 0; i < 3; ++i) {
-    args[i].type_index = kTVMFFIDLTensorPtr;
-    args[i].zero_padding = 0;
-    args[i].v_ptr = const_cast<DLTensor*>(&views[i]->tensor);
+  TVMFFIAny args[5], result;
+  int count = 0;
+  for (const View* view : views) {
+    args[count].type_index = kTVMFFIDLTensorPtr;
+    args[count].zero_padding = 0;
+    args[count++].v_ptr = const_cast<DLTensor*>(&view->tensor);
   }
   result.type_index = kTVMFFINone;
   result.zero_padding = 0;
   result.v_int64 = 0;
-  if (TVMFFIFunctionCall(reinterpret_cast<TVMFFIObjectHandle>(function), args, 3, &result) != 0) {
+  if (TVMFFIFunctionCall(reinterpret_cast<TVMFFIObjectHandle>(function), args, count, &result) != 0) {
     TVMFFIObjectHandle error = nullptr;
     TVMFFIErrorMoveFromRaised(&error);
     if (error != nullptr) TVMFFIObjectDecRef(error);
@@ -160,7 +164,9 @@ struct Conv2dNative : public torch::autograd::Function<Conv2dNative> {
     const bool need_b = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2);  // (no edge without a bias)
     at::Tensor grad_input, grad_weight, grad_bias;
     const Plan plan = plan_of(id);
-    const bool kernels = (!need_x || plan.input_grad != 0) && (!need_w || (wide ? plan.weight_grad_f32 : plan.weight_grad) != 0);
+    const bool both = need_x && need_w && !wide && plan.both != 0;  // (a depthwise layer's two in one pass over dy)
+    const int64_t weight_grad = wide ? plan.weight_grad_f32 : plan.weight_grad;
+    const bool kernels = both || ((!need_x || plan.input_grad != 0) && (!need_w || weight_grad != 0));
     if (at::GradMode::is_enabled() || !plain(grads[0]) || !kernels) {  // create_graph=True, a batched or wrapped grad_output
       py::gil_scoped_acquire gil;
       const py::object narrow = wide ? py::cast(weight) : py::none();
@@ -173,11 +179,9 @@ struct Conv2dNative : public torch::autograd::Function<Conv2dNative> {
     at::Tensor dy = grads[0].scalar_type() == input.scalar_type() ? grads[0] : grads[0].to(input.scalar_type());
     dy = aligned(dy, plan.channels_last);
     const View dy_view(dy, plan.channels_last);
-    if (need_w) {  // dW first: dX, read next, is left in cache
+    if (need_w) {
       const at::ScalarType type = wide ? at::kFloat : weight.scalar_type();
       grad_weight = at::empty(weight.sizes(), weight.options().dtype(type).memory_format(layout(plan.weights_last)));
-      call(wide ? plan.weight_grad_f32 : plan.weight_grad, View(aligned(input, plan.channels_last), plan.channels_last), dy_view,
-           View(grad_weight, plan.weights_last), "tvm_convgrad::conv2d_weight_grad");
     }
     if (need_x) {
       if (plan.kept_input_grad) {
@@ -186,8 +190,23 @@ struct Conv2dNative : public torch::autograd::Function<Conv2dNative> {
       } else {
         grad_input = at::empty(input.sizes(), input.options().memory_format(layout(plan.channels_last)));
       }
-      call(plan.input_grad, dy_view, View(aligned(weight, plan.weights_last), plan.weights_last),
-           View(grad_input, plan.channels_last), "tvm_convgrad::conv2d_input_grad");
+    }
+    // (the aligned tensors named: a View holds their memory's address only)
+    const at::Tensor x = need_w ? aligned(input, plan.channels_last) : at::Tensor();
+    const at::Tensor w = need_x ? aligned(weight, plan.weights_last) : at::Tensor();
+    if (both) {
+      const View x_view(x, plan.channels_last), w_view(w, plan.weights_last);
+      const View dx_view(grad_input, plan.channels_last), dw_view(grad_weight, plan.weights_last);
+      call(plan.both, {&x_view, &dy_view, &w_view, &dx_view, &dw_view}, "tvm_convgrad::conv2d_depthwise_backward");
+    } else {
+      if (need_w) {  // dW first: dX, read next, is left in cache
+        const View x_view(x, plan.channels_last), dw_view(grad_weight, plan.weights_last);
+        call(weight_grad, {&x_view, &dy_view, &dw_view}, "tvm_convgrad::conv2d_weight_grad");
+      }
+      if (need_x) {
+        const View w_view(w, plan.weights_last), dx_view(grad_input, plan.channels_last);
+        call(plan.input_grad, {&dy_view, &w_view, &dx_view}, "tvm_convgrad::conv2d_input_grad");
+      }
     }
     if (need_b) grad_bias = grads[0].sum({0, 2, 3});
     return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
@@ -364,7 +383,7 @@ size_t settled_count() { return settled_calls == nullptr ? 0 : settled_calls->si
 
 int64_t add_plan(bool channels_last, bool weights_last) {
   std::lock_guard<std::mutex> guard(plans_lock);
-  plans.push_back(Plan{0, 0, 0, channels_last, weights_last, false});
+  plans.push_back(Plan{0, 0, 0, 0, channels_last, weights_last, false});
   return static_cast<int64_t>(plans.size()) - 1;
 }
 
@@ -372,7 +391,7 @@ int64_t add_plan(bool channels_last, bool weights_last) {
 void set_kernel(int64_t id, int64_t kernel, int64_t function) {
   std::lock_guard<std::mutex> guard(plans_lock);
   Plan& plan = plans.at(static_cast<size_t>(id));
-  (kernel == 0 ? plan.input_grad : kernel == 1 ? plan.weight_grad : plan.weight_grad_f32) = function;
+  (kernel == 0 ? plan.input_grad : kernel == 1 ? plan.weight_grad : kernel == 2 ? plan.weight_grad_f32 : plan.both) = function;
 }
 
 void set_kept(int64_t id, bool kept) {
@@ -392,7 +411,8 @@ void set_fallback(py::object function, py::object allocate) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("apply", &apply, "the convolution's node: (input, weight, bias, forward, plan id, wide) -> forward(weight or its cast)");
   m.def("add_plan", &add_plan, "register a signature's layouts: (channels_last, weights_last) -> id");
-  m.def("set_kernel", &set_kernel, "a registered signature's kernel: (id, 0 dX | 1 dW | 2 dW in float32, handle)");
+  m.def("set_kernel", &set_kernel,
+        "a registered signature's kernel: (id, 0 dX | 1 dW | 2 dW in float32 | 3 dX and dW in one, handle)");
   m.def("set_kept", &set_kept, "whether a registered signature's grad_input is a kept mapping: (id, kept)");
   m.def("set_fallback", &set_fallback, "the Python backward of a node that records a graph, and the kept grad_input's allocator");
   m.def("fast", &fast, "a settled signature's call, else None: (input, weight, bias, stride, padding, dilation, groups)");

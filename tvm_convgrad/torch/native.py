@@ -139,8 +139,7 @@ def node(plan: CallPlan, input: torch.Tensor, weight: torch.Tensor, bias: Option
     if plan.native is _NEVER or not ours_throughout(plan.call, needs):
         return None
     native = plan.native
-    has_weight_grad = native is not None and (native.weight_grad_f32 if wide else native.weight_grad)
-    if native is None or (needs[0] and not native.input_grad) or (needs[1] and not has_weight_grad):
+    if native is None or not _has_kernels(plan, needs, wide):
         native = _register(plan, needs, backward, wide)
         if native is None:
             return None
@@ -204,10 +203,21 @@ class _Native:
     """A plan's registration with the C++ node: its ``id`` there, and which of its kernels it has
     (each built and given to it when a call first needs it)."""
 
-    __slots__ = ("id", "input_grad", "weight_grad", "weight_grad_f32", "kept_input_grad")
+    __slots__ = ("id", "input_grad", "weight_grad", "weight_grad_f32", "both", "kept_input_grad")
 
     def __init__(self, id: int):
         self.id, self.input_grad, self.weight_grad, self.weight_grad_f32, self.kept_input_grad = id, False, False, False, False
+        self.both = False
+
+
+def _has_kernels(plan: CallPlan, needs: tuple[bool, bool], wide: bool) -> bool:
+    """Whether the C++ node has the kernels a call of ``plan`` and ``needs`` runs (``wide``:
+    autocast's float32 weight): a depthwise layer's two in one where both are needed (as the
+    Python node runs them), else each needed."""
+    native = plan.native
+    if all(needs) and not wide and plan.both is not None:
+        return native.both
+    return (not needs[0] or native.input_grad) and (not needs[1] or (native.weight_grad_f32 if wide else native.weight_grad))
 
 
 _NEVER = _Native(-1)
@@ -230,6 +240,11 @@ def _register(plan: CallPlan, needs: tuple[bool, bool], backward: Callable, wide
             plan.native = _Native(built.add_plan(plan.call.data_format == "NXC", plan.call.weights_format == "OXI"))
             _PLANS.append(plan)
         native = plan.native
+        if all(needs) and not wide and plan.both is not None:  # (a depthwise layer's two in one: the only kernel those calls run)
+            if not native.both:
+                built.set_kernel(native.id, 3, plan.both.__chandle__())
+                native.both = True
+            return native
         if needs[0] and not native.input_grad:
             built.set_kernel(native.id, 0, plan.input_grad.function.__chandle__())
             native.input_grad = True

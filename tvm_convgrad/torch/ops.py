@@ -36,14 +36,15 @@ import torch
 
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
-from . import blas, native, outputs
+from . import blas, native
 from .casts import autocast_inputs
+from .grads import both_grads, input_grad_of, weight_grad_of
 from .backward import FUNCTION_MS, gradients, ours_throughout, pytorch_gradients
 from .backward import pytorchs as pytorchs_backward
 from .forward import forward as choose_forward
 from .forward import pytorch as pytorch_forward
 from .forward import pytorchs as pytorchs_forward
-from .kernels import DTYPES, PLANNED, CallPlan, as_layout, as_weights, conv_call, empty_weights, gradient_plan, is_channels_last, memory_format, tensors_plan
+from .kernels import DTYPES, PLANNED, CallPlan, conv_call, gradient_plan, is_channels_last, memory_format, tensors_plan
 
 __all__ = ["Conv2dFunction", "conv2d", "conv2d_input_grad", "conv2d_op", "conv2d_weight_grad", "conv_call", "eager", "forward", "input_grad", "weight_grad"]
 
@@ -62,37 +63,6 @@ def _on_cpu(*tensors: torch.Tensor):
             raise ConvGradError(OP, "tensor device", str(t.device), "must be cpu (the kernels are built for this CPU)")
 
 
-def _narrow(t: torch.Tensor) -> torch.Tensor:
-    return t.float() if t.dtype == torch.float64 else t
-
-
-def _input_grad(plan: CallPlan, grad_output: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """dX of ``plan``'s call (its live taps' weights only)."""
-    call = plan.live
-    if plan.taps is not None:
-        weight = weight[:, :, plan.taps[0], plan.taps[1]]
-    dy, w = _narrow(grad_output), _narrow(weight)
-    out = outputs.empty(call.x_shape, dy.dtype, call.data_format == "NXC")
-    plan.input_grad.function(as_layout(dy, call), as_weights(w, call), as_layout(out, call))
-    return out if out.dtype == grad_output.dtype else out.to(grad_output.dtype)
-
-
-def _weight_grad(plan: CallPlan, grad_output: torch.Tensor, input: torch.Tensor, wide: bool = False) -> torch.Tensor:
-    """dW of ``plan``'s call (0 for the taps that read only padding), in the call's weight layout,
-    in ``input``'s type (``wide``: float32, the sums of bf16 / f16 tensors unrounded)."""
-    call, x, dy = plan.live, _narrow(input), _narrow(grad_output)
-    kernel, dtype = (plan.weight_grad_f32, torch.float32) if wide else (plan.weight_grad, x.dtype)
-    if plan.taps is None:
-        out = empty_weights(call.w_shape, dtype, call)
-        kernel.function(as_layout(x, call), as_layout(dy, call), as_weights(out, call))
-    else:  # the live taps' dW into a zero one
-        out = empty_weights(plan.call.w_shape, dtype, call, zero=True)
-        live = empty_weights(call.w_shape, dtype, call)
-        kernel.function(as_layout(x, call), as_layout(dy, call), as_weights(live, call))
-        out[:, :, plan.taps[0], plan.taps[1]] = live
-    return out if wide or out.dtype == input.dtype else out.to(input.dtype)
-
-
 def input_grad(grad_output: torch.Tensor, weight: torch.Tensor, input_shape: list[int], stride: list[int], pads: list[int],
                dilation: list[int], groups: int, channels_last: bool) -> torch.Tensor:  # fmt: skip
     """dX ``(N, C, H, W)`` of ``grad_output`` through ``weight`` (the package's dX kernel; taps
@@ -100,7 +70,7 @@ def input_grad(grad_output: torch.Tensor, weight: torch.Tensor, input_shape: lis
     _on_cpu(grad_output, weight)
     plan = gradient_plan("tvm_convgrad.torch.conv2d_input_grad", input_shape, weight.shape, grad_output.shape, stride, pads,
                          dilation, groups, grad_output.dtype, channels_last, is_channels_last(weight))  # fmt: skip
-    return _input_grad(plan, grad_output, weight)
+    return input_grad_of(plan, grad_output, weight)
 
 
 def weight_grad(grad_output: torch.Tensor, input: torch.Tensor, weight_shape: list[int], stride: list[int], pads: list[int],
@@ -110,7 +80,7 @@ def weight_grad(grad_output: torch.Tensor, input: torch.Tensor, weight_shape: li
     _on_cpu(grad_output, input)
     plan = gradient_plan("tvm_convgrad.torch.conv2d_weight_grad", input.shape, weight_shape, grad_output.shape, stride, pads,
                          dilation, groups, input.dtype, channels_last)  # fmt: skip
-    return _weight_grad(plan, grad_output, input)
+    return weight_grad_of(plan, grad_output, input)
 
 
 conv2d_input_grad = torch.library.custom_op("tvm_convgrad::conv2d_input_grad", mutates_args=())(input_grad)
@@ -198,13 +168,19 @@ def _backward(ctx, grad_output):
         _on_cpu(grad_output, input, weight)
         narrow = weight_cast[0] if wide else weight
         plan = ctx.plan or tensors_plan(input, narrow, stride, pads, dilation, groups, channels_last)
-        dx, dw = (_input_grad, _weight_grad) if not torch.autograd._profiler_enabled() else \
-            (_profiled(_input_grad, "tvm_convgrad::conv2d_input_grad"), _profiled(_weight_grad, "tvm_convgrad::conv2d_weight_grad"))  # fmt: skip
+        dx, dw, both = (input_grad_of, weight_grad_of, both_grads) if not torch.autograd._profiler_enabled() else \
+            (_profiled(input_grad_of, "tvm_convgrad::conv2d_input_grad"),
+             _profiled(weight_grad_of, "tvm_convgrad::conv2d_weight_grad"),
+             _profiled(both_grads, "tvm_convgrad::conv2d_depthwise_backward"))  # fmt: skip
         dy = grad_output if grad_output.dtype == input.dtype else grad_output.to(input.dtype)
         needs = ctx.needs_input_grad[:2]
+        ours_both = functools.partial(both, plan, dy, input, narrow) if all(needs) and not wide and plan.both else None
         if ours_throughout(plan.call, needs):  # the package's kernels, settled: no PyTorch way to make
-            grad_weight = dw(plan, dy, input, wide) if needs[1] else None  # dW first: dX, read next, is left in cache
-            grad_input = dx(plan, dy, narrow) if needs[0] else None
+            if ours_both is not None:  # (a depthwise layer's two in one pass over dy)
+                grad_input, grad_weight = ours_both()
+            else:
+                grad_weight = dw(plan, dy, input, wide) if needs[1] else None  # dW first: dX, read next, is left in cache
+                grad_input = dx(plan, dy, narrow) if needs[0] else None
         else:
             theirs = pytorch_gradients(dy, input, narrow, stride, pads, dilation, groups)  # where :mod:`.backward` chooses it
             theirs_blas = functools.partial(blas.gradients, dy, input, narrow, channels_last) \
@@ -212,7 +188,7 @@ def _backward(ctx, grad_output):
             as_f_conv2d = input.dtype == torch.float32 and pytorchs_forward(plan.call, ctx.has_bias)  # PyTorch's forward chosen
             credit = FUNCTION_MS if as_f_conv2d else 0.0
             grad_input, grad_weight = gradients(plan.call, needs, lambda: dx(plan, dy, narrow), lambda: dw(plan, dy, input, wide),
-                                                theirs, theirs_blas, credit)  # fmt: skip
+                                                theirs, theirs_blas, credit, ours_both)  # fmt: skip
     else:  # traced, or create_graph=True: the operators, differentiable again
         if wide:  # the float32 weight's cast, recorded this time
             weight = weight.to(input.dtype)

@@ -1,0 +1,259 @@
+"""Both gradients of a channels-last fp32 depthwise layer in one pass over dy, written as TIR.
+
+The depthwise dX and dW kernels (:mod:`.depthwise`) each stream their inputs from memory: dW reads
+x and dy, dX reads dy again and writes dX. Both run near this machine's memory rate, so the second
+read of dy is a third of what the pair moves. This kernel runs them task by task on the same rows
+of dy: a task (an image's band of :func:`band_rows` dy rows, every channel) adds the band's dW into
+its core's sums, then writes the dX rows those dy rows end, reading them from cache.
+
+Loops are written out here (``tvm.script.ir_builder``), not scheduled from a TE compute: the two
+gradients' loops could not share one band loop. Channels are on the vector lanes (the plan's
+``lanes``, each a contiguous run of NHWC memory); no pack, no pad: a tap's columns outside the
+input are cut from its column loop (the border columns, :func:`tap_columns`, get a loop of their
+own per set of live taps), a dX row's taps outside dy read a clamped row with a zero weight.
+
+Arguments (NHWC activations, the weight ``(C, 1, KH, KW)`` or ``(C, KH, KW, 1)``: the same memory):
+``(x, dy, w, dx, dw)``; ``dw`` in the weight's layout. dW's sums: each core its own tasks' rows
+(each row's sum of ``Wo`` products added to its core's), the cores' sums added in order after.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.tirx.script import builder as T
+
+__all__ = ["BAND_ROWS", "MAX_BORDER_COLUMNS", "DepthwiseBackward", "band_rows", "depthwise_backward_func", "tap_columns"]
+
+BAND_ROWS = 4
+"""dy rows per task where that leaves every core 4 tasks or more (else one row a task). Zen 4, 2
+cores, N=32, 32 channels on 56x56, ms, hot / cold: 2 rows 1.59 / 1.84, 8 rows 1.57 / 1.84 (the
+separate dX and dW kernels 2.06-2.31 / 2.40-2.71)."""
+
+MAX_BORDER_COLUMNS = 32
+"""The most columns a kernel writes out one by one (those a tap's input or dy column is cut from):
+a wider border (a dilated kernel wider than its input) is left to the separate kernels."""
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def tap_columns(tap: int, dilation: int, pad: int, stride: int, size_in: int, size_out: int) -> tuple[int, int]:
+    """``(lo, hi)``: the output positions ``o`` in ``[0, size_out)`` whose input ``o * stride - pad
+    + tap * dilation`` lies in ``[0, size_in)``; ``lo == hi`` where none does."""
+    lo = max(0, _ceil_div(pad - tap * dilation, stride))
+    hi = min(size_out, (size_in - 1 + pad - tap * dilation) // stride + 1)
+    return lo, max(lo, hi)
+
+
+@dataclass(frozen=True)
+class DepthwiseBackward:
+    """One layer: ``x`` is ``(n, h, w, c)`` NHWC, the kernel ``(kh, kw)``, ``pads`` (top, bottom,
+    left, right); ``lanes`` fp32 lanes a vector, ``cores`` the parts dW is summed in."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    kh: int
+    kw: int
+    strides: tuple[int, int]
+    pads: tuple[int, int, int, int]
+    dilation: tuple[int, int]
+    weights_last: bool
+    lanes: int
+    cores: int
+
+    @property
+    def ho(self) -> int:
+        (sh, _), (dh, _), (pt, pb, _, _) = self.strides, self.dilation, self.pads
+        return (self.h + pt + pb - (self.kh - 1) * dh - 1) // sh + 1
+
+    @property
+    def wo(self) -> int:
+        (_, sw), (_, dw), (_, _, pl, pr) = self.strides, self.dilation, self.pads
+        return (self.w + pl + pr - (self.kw - 1) * dw - 1) // sw + 1
+
+    def weight_columns(self) -> list[tuple[int, int]]:
+        """Per kernel column, the dy columns whose x column it reads (dW)."""
+        (_, sw), (_, dw), (_, _, pl, _) = self.strides, self.dilation, self.pads
+        return [tap_columns(kw, dw, pl, sw, self.w, self.wo) for kw in range(self.kw)]
+
+    def input_phase(self, rw: int) -> tuple[int, dict[int, int], dict[int, tuple[int, int]]]:
+        """dX's columns ``rw + j * stride``: their count, and per kernel column reaching them its dy
+        column's offset from ``j`` and the ``j`` whose dy column lies inside dy."""
+        (_, sw), (_, dw), (_, _, pl, _) = self.strides, self.dilation, self.pads
+        count = max(0, _ceil_div(self.w - rw, sw))
+        offsets = {kw: (rw + pl - kw * dw) // sw for kw in range(self.kw) if (rw + pl - kw * dw) % sw == 0}
+        columns = {kw: (max(0, -off), max(max(0, -off), min(count, self.wo - off))) for kw, off in offsets.items()}
+        return count, offsets, columns
+
+    def border_columns(self) -> int:
+        """How many columns the kernel writes out one by one (dW's and every dX phase's)."""
+
+        def border(count: int, ranges) -> int:
+            lo = max((r[0] for r in ranges), default=0)
+            hi = min((r[1] for r in ranges), default=count)
+            return count if hi <= lo else lo + count - hi
+
+        total = border(self.wo, self.weight_columns())
+        for rw in range(self.strides[1]):
+            count, _, columns = self.input_phase(rw)
+            total += border(count, columns.values())
+        return total
+
+    def fits(self) -> bool:
+        """Whether this kernel takes the layer: channels a multiple of the lanes, borders of
+        :data:`MAX_BORDER_COLUMNS` columns or fewer."""
+        return self.c % self.lanes == 0 and self.border_columns() <= MAX_BORDER_COLUMNS
+
+
+def band_rows(layer: DepthwiseBackward) -> int:
+    """dy rows per task: :data:`BAND_ROWS` where the tasks then number 4 a core or more, else 1."""
+    rows = min(BAND_ROWS, layer.ho)
+    return rows if layer.n * _ceil_div(layer.ho, rows) >= 4 * layer.cores else 1
+
+
+def _border_split(count: int, ranges) -> tuple[tuple[int, int], list[int]]:
+    """``((lo, hi), border)``: the positions every range holds (a loop of all taps) and the others."""
+    lo = max((r[0] for r in ranges), default=0)
+    hi = min((r[1] for r in ranges), default=count)
+    if hi <= lo:
+        return (0, 0), list(range(count))
+    return (lo, hi), list(range(0, lo)) + list(range(hi, count))
+
+
+class _Writer:
+    """The function's statements, written into the open ``IRBuilder`` frame."""
+
+    def __init__(self, layer: DepthwiseBackward, x, dy, dx, weights, sums):
+        self.layer, self.x, self.dy, self.dx, self.weights, self.sums = layer, x, dy, dx, weights, sums
+        self.zero = tirx.const(0, "float32")
+
+    def _lanes(self):
+        return T.vectorized(0, self.layer.lanes)
+
+    def weight_grad_row(self, part, image, row):
+        """dy row ``row``'s products added into the core's sums ``sums[part, c1, tap, lane]``."""
+        g, L = self.layer, self.layer.lanes
+        (sh, sw), (dh, dw), (pt, _, pl, _) = g.strides, g.dilation, g.pads
+        (lo, hi), border = _border_split(g.wo, g.weight_columns())
+        ranges = g.weight_columns()
+        with T.serial(0, g.c // L) as c1:
+            acc = T.alloc_buffer((g.kh * g.kw, L), "float32", scope="local")
+            with T.unroll(0, g.kh * g.kw) as tap, self._lanes() as lane:
+                T.buffer_store(acc, self.zero, [tap, lane])
+            for kh in range(g.kh):
+                x_row = row * sh - pt + kh * dh
+                with T.If(tirx.all(x_row >= 0, x_row < g.h)), T.Then():
+
+                    def products(col, taps):
+                        for kw in taps:
+                            tap = kh * g.kw + kw
+                            with self._lanes() as lane:
+                                c = c1 * L + lane
+                                product = self.dy[image, row, col, c] * self.x[image, x_row, col * sw - pl + kw * dw, c]
+                                T.buffer_store(acc, acc[tap, lane] + product, [tap, lane])
+
+                    if hi > lo:
+                        with T.serial(lo, hi) as col:
+                            products(col, range(g.kw))
+                    for col in border:
+                        products(col, [kw for kw in range(g.kw) if ranges[kw][0] <= col < ranges[kw][1]])
+            with T.unroll(0, g.kh * g.kw) as tap, self._lanes() as lane:
+                T.buffer_store(self.sums, self.sums[part, c1, tap, lane] + acc[tap, lane], [part, c1, tap, lane])
+
+    def input_grad_rows(self, image, first, end):
+        """dX rows ``[first, end)`` (``first`` a multiple of the stride), each from the dy rows its
+        taps reach, by stride phases (each phase's taps fixed: no test inside a row)."""
+        g, L = self.layer, self.layer.lanes
+        (sh, sw), (dh, _), (pt, _, _, _) = g.strides, g.dilation, g.pads
+        for rh in range(sh):
+            taps_h = [kh for kh in range(g.kh) if (rh + pt - kh * dh) % sh == 0]
+            with T.serial(0, T.max(0, (end - first - rh + sh - 1) // sh)) as i:
+                h = first + rh + i * sh
+                with T.serial(0, g.c // L) as c1:
+                    wv = T.alloc_buffer((g.kh * g.kw, L), "float32", scope="local")
+                    dy_rows = {}
+                    for kh in taps_h:
+                        dy_row = (h + pt - kh * dh) // sh  # (exact in this phase)
+                        inside = tirx.all(dy_row >= 0, dy_row < g.ho)
+                        dy_rows[kh] = T.max(0, T.min(dy_row, g.ho - 1))
+                        for kw in range(g.kw):
+                            with self._lanes() as lane:
+                                weight = tirx.Select(inside, self.weights[kh * g.kw + kw, c1 * L + lane], self.zero)
+                                T.buffer_store(wv, weight, [kh * g.kw + kw, lane])
+                    for rw in range(sw):
+                        self._input_grad_phase(image, h, c1, rw, taps_h, dy_rows, wv)
+
+    def _input_grad_phase(self, image, h, c1, rw, taps_h, dy_rows, wv):
+        g, L = self.layer, self.layer.lanes
+        sw = g.strides[1]
+        count, offsets, columns = g.input_phase(rw)
+        (lo, hi), border = _border_split(count, columns.values())
+
+        def column(j, taps_w):
+            with self._lanes() as lane:
+                c = c1 * L + lane
+                value = self.zero
+                for kh in taps_h:
+                    for kw in taps_w:
+                        value = value + self.dy[image, dy_rows[kh], j + offsets[kw], c] * wv[kh * g.kw + kw, lane]
+                T.buffer_store(self.dx, value, [image, h, rw + j * sw, c])
+
+        if hi > lo:
+            with T.serial(lo, hi) as j:
+                column(j, list(offsets))
+        for j in border:
+            column(j, [kw for kw in offsets if columns[kw][0] <= j < columns[kw][1]])
+
+
+def depthwise_backward_func(layer: DepthwiseBackward, name: str = "depthwise_backward") -> tirx.PrimFunc:
+    """The kernel of ``layer`` (:meth:`DepthwiseBackward.fits`): ``(x, dy, w, dx, dw)``, see the module docstring."""
+    g, L = layer, layer.lanes
+    taps, rows = g.kh * g.kw, band_rows(layer)
+    bands = _ceil_div(g.ho, rows)
+    tasks = g.n * bands
+    w_shape = (g.c, g.kh, g.kw, 1) if g.weights_last else (g.c, 1, g.kh, g.kw)
+
+    def tap_index(buf, c, tap):
+        kh, kw = tap // g.kw, tap % g.kw
+        return buf[c, kh, kw, 0] if g.weights_last else buf[c, 0, kh, kw]
+
+    def tap_store(buf, value, c, tap):
+        kh, kw = tap // g.kw, tap % g.kw
+        T.buffer_store(buf, value, [c, kh, kw, 0] if g.weights_last else [c, 0, kh, kw])
+
+    with IRBuilder() as builder:
+        with T.prim_func():
+            T.func_name(name)
+            T.func_attr({"global_symbol": name, "tirx.noalias": True})
+            x = T.arg("x", T.buffer((g.n, g.h, g.w, g.c), "float32"))
+            dy = T.arg("dy", T.buffer((g.n, g.ho, g.wo, g.c), "float32"))
+            w = T.arg("w", T.buffer(w_shape, "float32"))
+            dx = T.arg("dx", T.buffer((g.n, g.h, g.w, g.c), "float32"))
+            dw = T.arg("dw", T.buffer(w_shape, "float32"))
+            weights = T.alloc_buffer((taps, g.c), "float32")  # (each tap's channels contiguous: a vector's load)
+            sums = T.alloc_buffer((g.cores, g.c // L, taps, L), "float32")
+            with T.serial(0, taps) as tap, T.serial(0, g.c) as c:
+                T.buffer_store(weights, tap_index(w, c, tap), [tap, c])
+            writer = _Writer(layer, x, dy, dx, weights, sums)
+            with T.parallel(0, g.cores) as part:
+                with T.serial(0, g.c // L) as c1, T.serial(0, taps) as tap, T.vectorized(0, L) as lane:
+                    T.buffer_store(sums, tirx.const(0, "float32"), [part, c1, tap, lane])
+                with T.serial(part * tasks // g.cores, (part + 1) * tasks // g.cores) as task:
+                    image, first = task // bands, task % bands * rows
+                    with T.serial(0, T.min(rows, g.ho - first)) as r:
+                        writer.weight_grad_row(part, image, first + r)
+                    end = T.if_then_else(first + rows >= g.ho, g.h, T.min((first + rows) * g.strides[0], g.h))
+                    writer.input_grad_rows(image, T.min(first * g.strides[0], g.h), end)
+            with T.serial(0, g.c) as c, T.serial(0, taps) as tap:
+                total = sums[0, c // L, tap, c % L]
+                for part in range(1, g.cores):
+                    total = total + sums[part, c // L, tap, c % L]
+                tap_store(dw, total, c, tap)
+    return builder.get()
+
