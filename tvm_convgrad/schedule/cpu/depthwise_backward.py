@@ -17,7 +17,10 @@ separate dX and dW kernels: 32 channels on 56x56 1.51 / 1.66 (2.01 / 2.22), 96 o
 3.45 / 3.96 (4.89 / 4.97), 144 on 28x28 1.93 / 2.20 (2.54 / 2.99). Inside MobileNetV2's
 channels-last f32 step at 32 x 112x112 its ten layers take 14 ms against the pair's 19.5 (profiled),
 and the step ~5 ms less (61 rounds, paired). Asking for the next rows ahead (``llvm.prefetch``, 1,
-2 or 4 dy rows) moved nothing.
+2 or 4 dy rows) moved nothing; nor did two channel blocks a pass (each tap's sums and weights of
+both in registers): 32 channels on 56x56 1.41 -> 1.34 ms hot, but 576 on 7x7 0.26 -> 0.30, 192 on
+14x14 0.44 -> 0.56 (three blocks a pass: slower still). One core runs 32 channels on 56x56 in 3.1
+ms and two in 1.3: the kernel is bound by its loops more than by memory.
 
 Arguments (NHWC activations, the weight ``(C, 1, KH, KW)`` or ``(C, KH, KW, 1)``: the same memory):
 ``(x, dy, w, dx, dw)``; ``dw`` in the weight's layout. dW's sums: each core its own tasks' rows
@@ -144,34 +147,49 @@ class _Writer:
         return T.vectorized(0, self.layer.lanes)
 
     def weight_grad_row(self, part, image, row):
-        """dy row ``row``'s products added into the core's sums ``sums[part, c1, tap, lane]``."""
+        """dy row ``row``'s products added into the core's sums ``sums[part, c1, tap, lane]``. Where
+        every kernel row reads inside x, one loop over the columns runs all the taps (each its own
+        sum: independent chains of FMAs); else a loop per kernel row that does."""
         g, L = self.layer, self.layer.lanes
-        (sh, sw), (dh, dw), (pt, _, pl, _) = g.strides, g.dilation, g.pads
-        (lo, hi), border = _border_split(g.wo, g.weight_columns())
-        ranges = g.weight_columns()
+        (sh, _), (dh, _), (pt, _, _, _) = g.strides, g.dilation, g.pads
+        x_rows = [row * sh - pt + kh * dh for kh in range(g.kh)]
+        inside = [tirx.all(x_row >= 0, x_row < g.h) for x_row in x_rows]
         with T.serial(0, g.c // L) as c1:
             acc = T.alloc_buffer((g.kh * g.kw, L), "float32", scope="local")
             with T.unroll(0, g.kh * g.kw) as tap, self._lanes() as lane:
                 T.buffer_store(acc, self.zero, [tap, lane])
-            for kh in range(g.kh):
-                x_row = row * sh - pt + kh * dh
-                with T.If(tirx.all(x_row >= 0, x_row < g.h)), T.Then():
-
-                    def products(col, taps):
-                        for kw in taps:
-                            tap = kh * g.kw + kw
-                            with self._lanes() as lane:
-                                c = c1 * L + lane
-                                product = self.dy[image, row, col, c] * self.x[image, x_row, col * sw - pl + kw * dw, c]
-                                T.buffer_store(acc, acc[tap, lane] + product, [tap, lane])
-
-                    if hi > lo:
-                        with T.serial(lo, hi) as col:
-                            products(col, range(g.kw))
-                    for col in border:
-                        products(col, [kw for kw in range(g.kw) if ranges[kw][0] <= col < ranges[kw][1]])
+            with T.If(tirx.all(*inside)):
+                with T.Then():
+                    self._products(acc, image, row, c1, list(zip(range(g.kh), x_rows)))
+                with T.Else():
+                    for kh in range(g.kh):
+                        with T.If(inside[kh]), T.Then():
+                            self._products(acc, image, row, c1, [(kh, x_rows[kh])])
             with T.unroll(0, g.kh * g.kw) as tap, self._lanes() as lane:
                 T.buffer_store(self.sums, self.sums[part, c1, tap, lane] + acc[tap, lane], [part, c1, tap, lane])
+
+    def _products(self, acc, image, row, c1, kernel_rows):
+        """``acc[tap] +=`` dy row ``row``'s products with x of the kernel rows ``(kh, x row)``, over
+        every column (the border columns with the taps that read inside x)."""
+        g, L = self.layer, self.layer.lanes
+        (_, sw), (_, dw), (_, _, pl, _) = g.strides, g.dilation, g.pads
+        ranges = g.weight_columns()
+        (lo, hi), border = _border_split(g.wo, ranges)
+
+        def products(col, taps_w):
+            for kh, x_row in kernel_rows:
+                for kw in taps_w:
+                    tap = kh * g.kw + kw
+                    with self._lanes() as lane:
+                        c = c1 * L + lane
+                        product = self.dy[image, row, col, c] * self.x[image, x_row, col * sw - pl + kw * dw, c]
+                        T.buffer_store(acc, acc[tap, lane] + product, [tap, lane])
+
+        if hi > lo:
+            with T.serial(lo, hi) as col:
+                products(col, range(g.kw))
+        for col in border:
+            products(col, [kw for kw in range(g.kw) if ranges[kw][0] <= col < ranges[kw][1]])
 
     def input_grad_rows(self, image, first, end):
         """dX rows ``[first, end)`` (``first`` a multiple of the stride), each from the dy rows its
