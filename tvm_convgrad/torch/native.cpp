@@ -104,7 +104,9 @@ struct View {
 // A kernel's call on the views' memory (its arguments in order: inputs, then results).
 void call(int64_t function, std::initializer_list<const View*> views, const char* name) {
   RECORD_FUNCTION(name, std::vector<c10::IValue>());
-  TVMFFIAny args[5], result;
+  constexpr size_t kMostArguments = 5;  // (the depthwise kernel's: x, dy, w, dx, dw)
+  if (views.size() > kMostArguments) throw std::invalid_argument("tvm_convgrad native: a kernel call of more than 5 tensors");
+  TVMFFIAny args[kMostArguments], result;
   int count = 0;
   for (const View* view : views) {
     args[count].type_index = kTVMFFIDLTensorPtr;

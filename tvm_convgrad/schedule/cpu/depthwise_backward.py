@@ -1,16 +1,17 @@
 """Both gradients of a channels-last fp32 depthwise layer in one pass over dy, written as TIR.
 
-The depthwise dX and dW kernels (:mod:`.depthwise`) each stream their inputs from memory: dW reads
-x and dy, dX reads dy again and writes dX. Both run near this machine's memory rate, so the second
-read of dy is a third of what the pair moves. This kernel runs them task by task on the same rows
-of dy: a task (an image's band of :func:`band_rows` dy rows, every channel) adds the band's dW into
-its core's sums, then writes the dX rows those dy rows end, reading them from cache.
+The depthwise dX and dW kernels (:mod:`.depthwise`) each stream their operands from memory in a
+training step: dW reads x and dy, dX reads dy again and writes dX, so the second read of dy is a
+third of what the pair moves. This kernel runs them task by task on the same rows of dy: a task (an
+image's band of :func:`band_rows` dy rows, every channel) adds the band's dW into its core's sums,
+then writes the dX rows those dy rows end, reading them from cache.
 
 Loops are written out here (``tvm.script.ir_builder``), not scheduled from a TE compute: the two
 gradients' loops could not share one band loop. Channels are on the vector lanes (the plan's
-``lanes``, each a contiguous run of NHWC memory); no pack, no pad: a tap's columns outside the
-input are cut from its column loop (the border columns, :func:`tap_columns`, get a loop of their
-own per set of live taps), a dX row's taps outside dy read a clamped row with a zero weight.
+``lanes``, each a contiguous run of NHWC memory); no pack, no pad: the loop over a row's columns
+runs where every tap reads inside its tensor, and the border columns (:func:`tap_columns`) are
+written out one by one with the taps that do; a dX row's taps outside dy read a clamped row with a
+zero weight.
 
 Zen 4, 2 cores, N=32, ms, hot / cold (a 96 MB buffer written before each call), against the
 separate dX and dW kernels: 32 channels on 56x56 1.51 / 1.66 (2.01 / 2.22), 96 on 56x56 at stride 2
@@ -59,6 +60,15 @@ def tap_columns(tap: int, dilation: int, pad: int, stride: int, size_in: int, si
     return lo, max(lo, hi)
 
 
+def _border_split(count: int, ranges) -> tuple[tuple[int, int], list[int]]:
+    """``((lo, hi), border)``: the positions every range holds (a loop of all taps) and the others."""
+    lo = max((r[0] for r in ranges), default=0)
+    hi = min((r[1] for r in ranges), default=count)
+    if hi <= lo:
+        return (0, 0), list(range(count))
+    return (lo, hi), list(range(0, lo)) + list(range(hi, count))
+
+
 @dataclass(frozen=True)
 class DepthwiseBackward:
     """One layer: ``x`` is ``(n, h, w, c)`` NHWC, the kernel ``(kh, kw)``, ``pads`` (top, bottom,
@@ -103,16 +113,10 @@ class DepthwiseBackward:
 
     def border_columns(self) -> int:
         """How many columns the kernel writes out one by one (dW's and every dX phase's)."""
-
-        def border(count: int, ranges) -> int:
-            lo = max((r[0] for r in ranges), default=0)
-            hi = min((r[1] for r in ranges), default=count)
-            return count if hi <= lo else lo + count - hi
-
-        total = border(self.wo, self.weight_columns())
+        total = len(_border_split(self.wo, self.weight_columns())[1])
         for rw in range(self.strides[1]):
             count, _, columns = self.input_phase(rw)
-            total += border(count, columns.values())
+            total += len(_border_split(count, columns.values())[1])
         return total
 
     def fits(self) -> bool:
@@ -127,13 +131,9 @@ def band_rows(layer: DepthwiseBackward) -> int:
     return rows if layer.n * _ceil_div(layer.ho, rows) >= 4 * layer.cores else 1
 
 
-def _border_split(count: int, ranges) -> tuple[tuple[int, int], list[int]]:
-    """``((lo, hi), border)``: the positions every range holds (a loop of all taps) and the others."""
-    lo = max((r[0] for r in ranges), default=0)
-    hi = min((r[1] for r in ranges), default=count)
-    if hi <= lo:
-        return (0, 0), list(range(count))
-    return (lo, hi), list(range(0, lo)) + list(range(hi, count))
+def _live(position: int, ranges: dict[int, tuple[int, int]]) -> list[int]:
+    """The kernel columns whose range (``{kw: (lo, hi)}``) holds a border ``position``."""
+    return [kw for kw, (lo, hi) in ranges.items() if lo <= position < hi]
 
 
 class _Writer:
@@ -189,13 +189,13 @@ class _Writer:
             with T.serial(lo, hi) as col:
                 products(col, range(g.kw))
         for col in border:
-            products(col, [kw for kw in range(g.kw) if ranges[kw][0] <= col < ranges[kw][1]])
+            products(col, _live(col, dict(enumerate(ranges))))
 
     def input_grad_rows(self, image, first, end):
         """dX rows ``[first, end)`` (``first`` a multiple of the stride), each from the dy rows its
         taps reach, by stride phases (each phase's taps fixed: no test inside a row)."""
         g, L = self.layer, self.layer.lanes
-        (sh, sw), (dh, _), (pt, _, _, _) = g.strides, g.dilation, g.pads
+        (sh, _), (dh, _), (pt, _, _, _) = g.strides, g.dilation, g.pads
         for rh in range(sh):
             taps_h = [kh for kh in range(g.kh) if (rh + pt - kh * dh) % sh == 0]
             with T.serial(0, T.max(0, (end - first - rh + sh - 1) // sh)) as i:
@@ -243,12 +243,13 @@ class _Writer:
                 for rw in range(sw):
                     column(rw, j, list(phases[rw][1]))
         for rw, ((count, offsets, columns), ((phase_lo, phase_hi), border)) in enumerate(zip(phases, splits)):
-            for start, stop in ((phase_lo, min(lo, phase_hi)), (max(hi, phase_lo), phase_hi)) if hi > lo else ((phase_lo, phase_hi),):
+            rest = ((phase_lo, min(lo, phase_hi)), (max(hi, phase_lo), phase_hi)) if hi > lo else ((phase_lo, phase_hi),)
+            for start, stop in rest:  # (the phase's columns with all its taps, outside the shared loop)
                 if stop > start:
                     with T.serial(start, stop) as j:
                         column(rw, j, list(offsets))
             for j in border:
-                column(rw, j, [kw for kw in offsets if columns[kw][0] <= j < columns[kw][1]])
+                column(rw, j, _live(j, columns))
 
 
 def depthwise_backward_func(layer: DepthwiseBackward, name: str = "depthwise_backward") -> tirx.PrimFunc:
@@ -259,13 +260,10 @@ def depthwise_backward_func(layer: DepthwiseBackward, name: str = "depthwise_bac
     tasks = g.n * bands
     w_shape = (g.c, g.kh, g.kw, 1) if g.weights_last else (g.c, 1, g.kh, g.kw)
 
-    def tap_index(buf, c, tap):
+    def tap_at(c, tap) -> list:
+        """The index of channel ``c``'s tap in the weight's layout."""
         kh, kw = tap // g.kw, tap % g.kw
-        return buf[c, kh, kw, 0] if g.weights_last else buf[c, 0, kh, kw]
-
-    def tap_store(buf, value, c, tap):
-        kh, kw = tap // g.kw, tap % g.kw
-        T.buffer_store(buf, value, [c, kh, kw, 0] if g.weights_last else [c, 0, kh, kw])
+        return [c, kh, kw, 0] if g.weights_last else [c, 0, kh, kw]
 
     with IRBuilder() as builder:
         with T.prim_func():
@@ -279,7 +277,7 @@ def depthwise_backward_func(layer: DepthwiseBackward, name: str = "depthwise_bac
             weights = T.alloc_buffer((taps, g.c), "float32")  # (each tap's channels contiguous: a vector's load)
             sums = T.alloc_buffer((g.cores, g.c // L, taps, L), "float32")
             with T.serial(0, taps) as tap, T.serial(0, g.c) as c:
-                T.buffer_store(weights, tap_index(w, c, tap), [tap, c])
+                T.buffer_store(weights, w[tuple(tap_at(c, tap))], [tap, c])
             writer = _Writer(layer, x, dy, dx, weights, sums)
             with T.parallel(0, g.cores) as part:
                 with T.serial(0, g.c // L) as c1, T.serial(0, taps) as tap, T.vectorized(0, L) as lane:
@@ -294,6 +292,6 @@ def depthwise_backward_func(layer: DepthwiseBackward, name: str = "depthwise_bac
                 total = sums[0, c // L, tap, c % L]
                 for part in range(1, g.cores):
                     total = total + sums[part, c // L, tap, c % L]
-                tap_store(dw, total, c, tap)
+                T.buffer_store(dw, total, tap_at(c, tap))
     return builder.get()
 
