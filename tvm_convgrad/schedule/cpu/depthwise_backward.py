@@ -36,6 +36,8 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script import builder as T
 
+from ...params import out_size
+
 __all__ = ["BAND_ROWS", "MAX_BORDER_COLUMNS", "DepthwiseBackward", "band_rows", "depthwise_backward_func", "tap_columns"]
 
 BAND_ROWS = 4
@@ -90,12 +92,12 @@ class DepthwiseBackward:
     @property
     def ho(self) -> int:
         (sh, _), (dh, _), (pt, pb, _, _) = self.strides, self.dilation, self.pads
-        return (self.h + pt + pb - (self.kh - 1) * dh - 1) // sh + 1
+        return out_size(self.h, self.kh, sh, pt, pb, dh)
 
     @property
     def wo(self) -> int:
         (_, sw), (_, dw), (_, _, pl, pr) = self.strides, self.dilation, self.pads
-        return (self.w + pl + pr - (self.kw - 1) * dw - 1) // sw + 1
+        return out_size(self.w, self.kw, sw, pl, pr, dw)
 
     def weight_columns(self) -> list[tuple[int, int]]:
         """Per kernel column, the dy columns whose x column it reads (dW)."""
