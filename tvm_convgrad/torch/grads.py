@@ -46,8 +46,7 @@ def weight_grad_of(plan: CallPlan, grad_output: torch.Tensor, input: torch.Tenso
 
 def both_grads(plan: CallPlan, grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
                ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """``(dX, dW)`` of a depthwise call whose :attr:`.kernels.CallPlan.both` is a kernel, in one
-    pass over dy."""
+    """``(dX, dW)`` of a depthwise call whose plan :attr:`~.kernels.CallPlan.fuses`, in one pass over dy."""
     call, x, dy, w = plan.call, narrow(input), narrow(grad_output), narrow(weight)
     grad_input = outputs.empty(call.x_shape, x.dtype, True)
     grad_weight = empty_weights(call.w_shape, x.dtype, call)

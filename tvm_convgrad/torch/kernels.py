@@ -38,10 +38,10 @@ from ..isa import isa_plan
 from ..schedule.common import target_cores
 from ..schedule.cpu.depthwise_backward import DepthwiseBackward, depthwise_backward_func
 
-__all__ = ["ALGORITHM", "ALIGNMENT", "CACHED_CALLS", "DTYPES", "PLANNED", "CallPlan", "aligned", "as_layout", "as_weights", "call_plan",
-           "check_groups", "check_output", "conv_call", "depthwise_backward_kernel", "depthwise_layer", "dtype_name", "empty_weights",
-           "forward_kernel", "gradient_plan", "input_grad_kernel", "is_channels_last", "memory_format", "plan_for", "tensors_plan",
-           "weight_grad_kernel"]  # fmt: skip
+__all__ = ["ALGORITHM", "ALIGNMENT", "CACHED_CALLS", "DTYPES", "PLANNED", "CallPlan", "aligned", "as_layout",
+           "as_weights", "call_plan", "check_groups", "check_output", "conv_call", "depthwise_backward_kernel",
+           "depthwise_layer", "dtype_name", "empty_weights", "forward_kernel", "gradient_plan", "input_grad_kernel",
+           "is_channels_last", "memory_format", "plan_for", "tensors_plan", "weight_grad_kernel"]  # fmt: skip
 
 ALIGNMENT = 64
 """Bytes the kernels take every tensor's data to start on (TVM's ``kAllocAlignment``: their loads
@@ -185,20 +185,29 @@ class CallPlan:
     are live, None when all are); its kernels are built on first use and kept. ``native``: its
     registration with the C++ node (:mod:`.native`), None until a call takes it."""
 
-    __slots__ = ("call", "live", "taps", "native", "_input_grad", "_weight_grad", "_weight_grad_f32", "_both")
+    __slots__ = ("call", "live", "taps", "native", "_input_grad", "_weight_grad", "_weight_grad_f32", "_fuses", "_both")
 
     def __init__(self, call: Conv2dGradients):
         crop = call.cropped()
         self.call = call
         self.live, self.taps = (call, None) if crop is None else (crop[0], crop[1:])
         self.native = self._input_grad = self._weight_grad = self._weight_grad_f32 = None
-        self._both = False  # (not looked up yet)
+        self._fuses = self._both = None
+
+    @property
+    def fuses(self) -> bool:
+        """Whether a backward needing both gradients runs them in one kernel (:attr:`both`; worked
+        out once, without building it)."""
+        if self._fuses is None:
+            self._fuses = self.taps is None and depthwise_layer(self.call) is not None
+        return self._fuses
 
     @property
     def both(self):
-        """dX and dW of a depthwise call in one pass (:func:`depthwise_backward_kernel`), or None."""
-        if self._both is False:
-            self._both = depthwise_backward_kernel(self.call) if self.taps is None else None
+        """dX and dW of a depthwise call in one pass (:func:`depthwise_backward_kernel`), built on
+        first use; only where :attr:`fuses`."""
+        if self._both is None:
+            self._both = depthwise_backward_kernel(self.call)
         return self._both
 
     @property

@@ -174,7 +174,7 @@ def _backward(ctx, grad_output):
              _profiled(both_grads, "tvm_convgrad::conv2d_depthwise_backward"))  # fmt: skip
         dy = grad_output if grad_output.dtype == input.dtype else grad_output.to(input.dtype)
         needs = ctx.needs_input_grad[:2]
-        ours_both = functools.partial(both, plan, dy, input, narrow) if all(needs) and not wide and plan.both else None
+        ours_both = functools.partial(both, plan, dy, input, narrow) if all(needs) and not wide and plan.fuses else None
         if ours_throughout(plan.call, needs):  # the package's kernels, settled: no PyTorch way to make
             if ours_both is not None:  # (a depthwise layer's two in one pass over dy)
                 grad_input, grad_weight = ours_both()
