@@ -214,7 +214,7 @@ def test_the_drop_in_runs_one_kernel_for_a_depthwise_layer(node):
             native.set_native(mode)
             for _ in range(2):  # (the second call: the C++ node's signature settled)
                 names, results[mode] = _kernels_run(ours, x, grad)
-            assert names == {"tvm_convgrad::conv2d_depthwise_backward"}, names
+            assert names == {"tvm_convgrad::conv2d_both_grads"}, names
         if node == "cpp" and native.available():
             for a, b in zip(results["off"], results["on"]):
                 assert torch.equal(a, b)
@@ -273,6 +273,6 @@ def test_unaligned_views_are_copied_for_the_one_kernel():
             results.append(got)
     finally:
         set_backward(previous)
-    assert names == {"tvm_convgrad::conv2d_depthwise_backward"}
+    assert names == {"tvm_convgrad::conv2d_both_grads"}
     for got, want in zip(results[1], results[0]):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)

@@ -170,7 +170,7 @@ def _run(given_up: frozenset, needs: tuple[bool, bool], ours_dx: Callable[[], to
          ) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:  # fmt: skip
     """The needed gradients: PyTorch's for the GEMMs in ``given_up`` (one call), the package's for the rest;
     dX the last made, so that the backward's next node reads it from cache. ``ours_both() -> (dX, dW)``:
-    the package's two in one kernel (a depthwise layer's), where both are needed and none given up."""
+    the package's two in one kernel (a depthwise or 1x1 layer's), where both are needed and none given up."""
     if ours_both is not None and not given_up and all(needs):
         return ours_both()
     grad_weight = ours_dw() if needs[1] and "dw" not in given_up else None

@@ -1,4 +1,4 @@
-"""The package's gradient kernels run on a call's tensors: dX, dW, and a depthwise layer's two in
+"""The package's gradient kernels run on a call's tensors: dX, dW, and a depthwise or 1x1 layer's two in
 one pass (:func:`both_grads`). Tensors are passed as their memory lies (:func:`.kernels.as_layout`);
 float64 ones are computed in float32 and widened back, as :mod:`.ops` says."""
 
@@ -46,7 +46,7 @@ def weight_grad_of(plan: CallPlan, grad_output: torch.Tensor, input: torch.Tenso
 
 def both_grads(plan: CallPlan, grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
                ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """``(dX, dW)`` of a depthwise call whose plan :attr:`~.kernels.CallPlan.fuses`, in one pass over dy."""
+    """``(dX, dW)`` of a call whose plan :attr:`~.kernels.CallPlan.fuses`, in one pass over dy."""
     call, x, dy, w = plan.call, narrow(input), narrow(grad_output), narrow(weight)
     grad_input = outputs.empty(call.x_shape, x.dtype, True)
     grad_weight = empty_weights(call.w_shape, x.dtype, call)

@@ -37,11 +37,12 @@ from ..frontends.conv2d import Conv2dGradients
 from ..isa import isa_plan
 from ..schedule.common import target_cores
 from ..schedule.cpu.depthwise_backward import DepthwiseBackward, depthwise_backward_func
+from ..schedule.cpu.pointwise_backward import PointwiseBackward, pointwise_backward_func
 
 __all__ = ["ALGORITHM", "ALIGNMENT", "CACHED_CALLS", "DTYPES", "PLANNED", "CallPlan", "aligned", "as_layout",
-           "as_weights", "call_plan", "check_groups", "check_output", "conv_call", "depthwise_backward_kernel",
-           "depthwise_layer", "dtype_name", "empty_weights", "forward_kernel", "gradient_plan", "input_grad_kernel",
-           "is_channels_last", "memory_format", "plan_for", "tensors_plan", "weight_grad_kernel"]  # fmt: skip
+           "as_weights", "both_grads_kernel", "call_plan", "check_groups", "check_output", "conv_call", "depthwise_layer",
+           "dtype_name", "empty_weights", "forward_kernel", "gradient_plan", "input_grad_kernel", "is_channels_last",
+           "memory_format", "plan_for", "pointwise_layer", "tensors_plan", "weight_grad_kernel"]  # fmt: skip
 
 ALIGNMENT = 64
 """Bytes the kernels take every tensor's data to start on (TVM's ``kAllocAlignment``: their loads
@@ -164,12 +165,30 @@ def depthwise_layer(call: Conv2dGradients) -> DepthwiseBackward | None:
     return layer if layer.fits() else None
 
 
+def pointwise_layer(call: Conv2dGradients) -> PointwiseBackward | None:
+    """``call`` as :mod:`tvm_convgrad.schedule.cpu.pointwise_backward` takes it (a 1x1 kernel at
+    stride 1 without padding, one group, channels-last, float32, for this CPU's vectors and cores),
+    or None where that kernel does not."""
+    (n, c, h, w), (o, _, kh, kw) = call.x_shape, call.w_shape
+    if not (call.dtype == "float32" and call.data_format == "NXC" and call.groups == 1 and (kh, kw) == (1, 1)
+            and tuple(call.strides) == (1, 1) and not any(call.pads)):  # fmt: skip
+        return None
+    target = resolve_target("llvm")
+    plan = isa_plan(target)
+    layer = PointwiseBackward(n, h, w, c, o, call.weights_format == "OXI", plan.lanes, plan.registers, target_cores(target))
+    return layer if layer.fits() else None
+
+
 @functools.lru_cache(maxsize=CACHED_CALLS)
-def depthwise_backward_kernel(call: Conv2dGradients):
-    """dX and dW of a depthwise ``call`` in one pass over dy (:func:`depthwise_layer`): ``(input,
-    grad_output, weight, grad_input, grad_weight)``, in the call's layouts; None where it does not apply."""
-    layer = depthwise_layer(call)
-    return None if layer is None else build_func(depthwise_backward_func(layer, "torch_conv2d_depthwise_backward"))
+def both_grads_kernel(call: Conv2dGradients):
+    """dX and dW of ``call`` in one pass over dy, a depthwise layer's (:func:`depthwise_layer`) or a
+    1x1 one's (:func:`pointwise_layer`): ``(input, grad_output, weight, grad_input, grad_weight)``, in
+    the call's layouts; None where neither kernel applies."""
+    depthwise = depthwise_layer(call)
+    if depthwise is not None:
+        return build_func(depthwise_backward_func(depthwise, "torch_conv2d_depthwise_backward"))
+    pointwise = pointwise_layer(call)
+    return None if pointwise is None else build_func(pointwise_backward_func(pointwise, "torch_conv2d_pointwise_backward"))
 
 
 @functools.lru_cache(maxsize=CACHED_CALLS)
@@ -199,15 +218,15 @@ class CallPlan:
         """Whether a backward needing both gradients runs them in one kernel (:attr:`both`; worked
         out once, without building it)."""
         if self._fuses is None:
-            self._fuses = self.taps is None and depthwise_layer(self.call) is not None
+            self._fuses = self.taps is None and (depthwise_layer(self.call) or pointwise_layer(self.call)) is not None
         return self._fuses
 
     @property
     def both(self):
-        """dX and dW of a depthwise call in one pass (:func:`depthwise_backward_kernel`), built on
-        first use; only where :attr:`fuses`."""
+        """dX and dW of the call in one pass (:func:`both_grads_kernel`), built on first use; only
+        where :attr:`fuses`."""
         if self._both is None:
-            self._both = depthwise_backward_kernel(self.call)
+            self._both = both_grads_kernel(self.call)
         return self._both
 
     @property

@@ -1,7 +1,7 @@
 // The drop-in's autograd node in C++ (tvm_convgrad/torch/native.py builds and loads it).
 //
 // A convolution whose gradients are the package's kernels, settled for its signature, runs its
-// backward here: the dW kernel, then the dX kernel (a depthwise layer's: one kernel of both),
+// backward here: the dW kernel, then the dX kernel (a depthwise or 1x1 layer's: one kernel of both),
 // called through tvm-ffi's C ABI on the saved tensors' memory, and grad_output's sum for the
 // bias; the autograd engine never enters Python.
 // A backward that must record a graph (create_graph=True), or whose grad_output is batched or
@@ -44,7 +44,7 @@ struct Plan {
   int64_t input_grad;       // (grad_output, weight) -> grad_input
   int64_t weight_grad;      // (input, grad_output) -> grad_weight
   int64_t weight_grad_f32;  // the same, its sums float32 unrounded (autocast's float32 weight)
-  int64_t both;             // (input, grad_output, weight) -> (grad_input, grad_weight): a depthwise layer's in one pass
+  int64_t both;             // (input, grad_output, weight) -> (grad_input, grad_weight): a depthwise or 1x1 layer's in one pass
   bool channels_last;       // activations NHWC in memory (NXC), else NCHW (NCX)
   bool weights_last;        // weights OHWI in memory (OXI), else OIHW (OIX)
   bool kept_input_grad;     // grad_input from the Python allocator (a kept mapping: outputs.py), else at::empty
@@ -104,7 +104,7 @@ struct View {
 // A kernel's call on the views' memory (its arguments in order: inputs, then results).
 void call(int64_t function, std::initializer_list<const View*> views, const char* name) {
   RECORD_FUNCTION(name, std::vector<c10::IValue>());
-  constexpr size_t kMostArguments = 5;  // (the depthwise kernel's: x, dy, w, dx, dw)
+  constexpr size_t kMostArguments = 5;  // (the one-pass kernels': x, dy, w, dx, dw)
   if (views.size() > kMostArguments) throw std::invalid_argument("tvm_convgrad native: a kernel call of more than 5 tensors");
   TVMFFIAny args[kMostArguments], result;
   int count = 0;
@@ -166,7 +166,7 @@ struct Conv2dNative : public torch::autograd::Function<Conv2dNative> {
     const bool need_b = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2);  // (no edge without a bias)
     at::Tensor grad_input, grad_weight, grad_bias;
     const Plan plan = plan_of(id);
-    const bool both = need_x && need_w && !wide && plan.both != 0;  // (a depthwise layer's two in one pass over dy)
+    const bool both = need_x && need_w && !wide && plan.both != 0;  // (a depthwise or 1x1 layer's two in one pass over dy)
     const int64_t weight_grad = wide ? plan.weight_grad_f32 : plan.weight_grad;
     const bool kernels = both || ((!need_x || plan.input_grad != 0) && (!need_w || weight_grad != 0));
     if (at::GradMode::is_enabled() || !plain(grads[0]) || !kernels) {  // create_graph=True, a batched or wrapped grad_output
@@ -199,7 +199,7 @@ struct Conv2dNative : public torch::autograd::Function<Conv2dNative> {
     if (both) {
       const View x_view(x, plan.channels_last), w_view(w, plan.weights_last);
       const View dx_view(grad_input, plan.channels_last), dw_view(grad_weight, plan.weights_last);
-      call(plan.both, {&x_view, &dy_view, &w_view, &dx_view, &dw_view}, "tvm_convgrad::conv2d_depthwise_backward");
+      call(plan.both, {&x_view, &dy_view, &w_view, &dx_view, &dw_view}, "tvm_convgrad::conv2d_both_grads");
     } else {
       if (need_w) {  // dW first: dX, read next, is left in cache
         const View x_view(x, plan.channels_last), dw_view(grad_weight, plan.weights_last);

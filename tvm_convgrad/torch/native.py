@@ -212,7 +212,7 @@ class _Native:
 
 def _has_kernels(plan: CallPlan, needs: tuple[bool, bool], wide: bool) -> bool:
     """Whether the C++ node has the kernels a call of ``plan`` and ``needs`` runs (``wide``:
-    autocast's float32 weight): a depthwise layer's two in one where both are needed (as the
+    autocast's float32 weight): a depthwise or 1x1 layer's two in one where both are needed (as the
     Python node runs them), else each needed."""
     native = plan.native
     if all(needs) and not wide and plan.fuses:
@@ -240,7 +240,7 @@ def _register(plan: CallPlan, needs: tuple[bool, bool], backward: Callable, wide
             plan.native = _Native(built.add_plan(plan.call.data_format == "NXC", plan.call.weights_format == "OXI"))
             _PLANS.append(plan)
         native = plan.native
-        if all(needs) and not wide and plan.fuses:  # (a depthwise layer's two in one: the only kernel those calls run)
+        if all(needs) and not wide and plan.fuses:  # (a depthwise or 1x1 layer's two in one: the only kernel those calls run)
             if not native.both:
                 built.set_kernel(native.id, 3, plan.both.__chandle__())
                 native.both = True

@@ -171,12 +171,12 @@ def _backward(ctx, grad_output):
         dx, dw, both = (input_grad_of, weight_grad_of, both_grads) if not torch.autograd._profiler_enabled() else \
             (_profiled(input_grad_of, "tvm_convgrad::conv2d_input_grad"),
              _profiled(weight_grad_of, "tvm_convgrad::conv2d_weight_grad"),
-             _profiled(both_grads, "tvm_convgrad::conv2d_depthwise_backward"))  # fmt: skip
+             _profiled(both_grads, "tvm_convgrad::conv2d_both_grads"))  # fmt: skip
         dy = grad_output if grad_output.dtype == input.dtype else grad_output.to(input.dtype)
         needs = ctx.needs_input_grad[:2]
         ours_both = functools.partial(both, plan, dy, input, narrow) if all(needs) and not wide and plan.fuses else None
         if ours_throughout(plan.call, needs):  # the package's kernels, settled: no PyTorch way to make
-            if ours_both is not None:  # (a depthwise layer's two in one pass over dy)
+            if ours_both is not None:  # (a depthwise or 1x1 layer's two in one pass over dy)
                 grad_input, grad_weight = ours_both()
             else:
                 grad_weight = dw(plan, dy, input, wide) if needs[1] else None  # dW first: dX, read next, is left in cache

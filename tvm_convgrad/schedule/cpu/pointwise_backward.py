@@ -1,0 +1,219 @@
+"""Both gradients of a channels-last fp32 1x1 layer in one pass over dy, written as TIR.
+
+A 1x1 layer at stride 1 without padding is two GEMMs over its ``M = N * H * W`` pixels: dX ``(M, C)
+= dy (M, O) . w (O, C)`` and dW ``(O, C) = dy^T . x (M, C)``. The package's dX and dW kernels each
+read dy; in a training step it comes from memory both times (MobileNetV2's 16 -> 96 expand layer at
+32 x 56x56: dy 38.5 MB, x and dX 6.4 MB each). This kernel runs the two on the same pixels in turn:
+a task is a chunk of :func:`chunk_pixels` pixels; its dW is added into the core's sums, then its dX
+written, reading the chunk's dy rows from cache.
+
+Loops are written out here (``tvm.script.ir_builder``), as in :mod:`.depthwise_backward`. Input
+channels are on the vector lanes (:attr:`PointwiseBackward.vector_lanes`: the ISA's, or fewer
+where ``C`` is not a multiple of them), each a contiguous run of NHWC memory; no pack, no pad.
+
+* dW: a register tile of ``rows`` output channels x ``vectors`` vectors of input channels, summed
+  over the chunk's pixels (``dy`` broadcast, ``x`` loaded), then added into the core's sums.
+* dX: a register tile of ``pixels`` x ``vectors`` vectors, summed over the output channels (``dy``
+  broadcast, ``w`` loaded); a chunk's vector groups outermost, so that a group's rows of ``w``
+  stay in cache while the chunk's pixels run (a 1280 x 320 weight is 1.6 MB).
+* The two run as the two branches of one loop (step ``2k``: chunk ``k``'s dW, ``2k + 1``: its dX).
+  Written one after the other in the loop's body, LLVM allocated the two parts' registers together
+  and spilled one part's tile on every FMA (Zen 4, N=8, 256 -> 64 on 56x56: 18.5 ms; as branches
+  8.2; the package's two kernels 9.9).
+
+Zen 4, 2 cores, ms, hot / cold (a 96 MB buffer written before each call), against the package's dX
+and dW kernels: N=32, 32 -> 16 on 56x56 1.20 / 1.42 (1.71 / 2.00); 16 -> 96 on 56x56 4.22 / 4.35
+(4.67 / 4.79); 24 -> 144 on 28x28 2.11 / 2.48 (2.74 / 3.99); 576 -> 96 on 7x7 1.69 / 1.95 (1.92 /
+2.49). Inside MobileNetV2's channels-last f32 step at 32 x 112x112 its 19 1x1 layers' backward
+took 50.2 ms a step against the two kernels' 55.8 (profiled, before the branches).
+
+Arguments (NHWC activations, the weight ``(O, C, 1, 1)`` or ``(O, 1, 1, C)``: the same memory):
+``(x, dy, w, dx, dw)``; ``dw`` in the weight's layout. dW's sums: each core its own chunks', the
+cores' sums added in order after (the same bits from run to run on a machine).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.tirx.script import builder as T
+
+__all__ = ["CHUNK_PIXELS", "MAX_WEIGHTS", "PointwiseBackward", "Tiles", "chunk_pixels", "pointwise_backward_func", "tiles"]
+
+CHUNK_PIXELS = 64
+"""Pixels a task, about (a multiple of dX's tile rows): their dy rows stay in cache from dW to dX."""
+
+MAX_WEIGHTS = 1 << 19
+"""The most weights (``O * C``) a layer may have: every chunk adds its dW into the core's sums, and
+larger sums leave the caches. Zen 4, N=8, cold: 2048 -> 512 on 7x7 (4 MB of sums) 9.9 ms against
+the two kernels' 9.0; 320 -> 1280 on 4x4 at N=32 (1.6 MB) 4.40 against 4.55."""
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class PointwiseBackward:
+    """One layer: ``x`` is ``(n, h, w, c)`` NHWC, ``dy`` ``(n, h, w, o)``; ``lanes`` fp32 lanes a
+    vector of the ISA, ``registers`` its vector registers, ``cores`` the parts dW is summed in."""
+
+    n: int
+    h: int
+    w: int
+    c: int
+    o: int
+    weights_last: bool
+    lanes: int
+    registers: int
+    cores: int
+
+    @property
+    def m(self) -> int:
+        """Pixels: the GEMMs' long dimension."""
+        return self.n * self.h * self.w
+
+    @property
+    def vector_lanes(self) -> int:
+        """Lanes of the vectors along the input channels: the most of ``lanes``, its halves, down to
+        4, that divides ``c``; 0 where none does."""
+        lanes = self.lanes
+        while lanes >= 4 and self.c % lanes:
+            lanes //= 2
+        return lanes if lanes >= 4 else 0
+
+    def fits(self) -> bool:
+        """Whether this kernel takes the layer: input channels a multiple of 4, at most
+        :data:`MAX_WEIGHTS` weights, two chunks a core or more, int32 indices."""
+        return (self.vector_lanes > 0 and self.o * self.c <= MAX_WEIGHTS and self.m >= 2 * self.cores * CHUNK_PIXELS
+                and self.m * max(self.c, self.o) < 2**31)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Register tiles: dX's ``pixels x input_vectors``, dW's ``rows x weight_vectors`` (rows of output channels)."""
+
+    pixels: int
+    input_vectors: int
+    rows: int
+    weight_vectors: int
+
+
+def tiles(layer: PointwiseBackward) -> Tiles:
+    """The largest tiles whose accumulators, loads and broadcasts take 3/4 of the registers (the
+    rest for addresses' spills and the scheduler): ``a * b + a + b <= budget`` for an ``a x b`` tile,
+    ``b`` a divisor of the vector count up to 4, dW's ``a`` a divisor of ``o``, dX's up to 12."""
+    budget = layer.registers * 3 // 4
+    vectors = [v for v in range(1, 5) if (layer.c // layer.vector_lanes) % v == 0]
+
+    def best(sizes) -> tuple[int, int]:
+        fitting = [(a, b) for b in vectors for a in sizes if a * b + a + b <= budget]
+        return max(fitting, key=lambda ab: (ab[0] * ab[1], ab[0]))
+
+    pixels, input_vectors = best(range(1, 13))
+    rows, weight_vectors = best([d for d in range(1, layer.o + 1) if layer.o % d == 0])
+    return Tiles(pixels, input_vectors, rows, weight_vectors)
+
+
+def chunk_pixels(layer: PointwiseBackward) -> int:
+    """Pixels a task: :data:`CHUNK_PIXELS` rounded up to a multiple of dX's tile rows."""
+    rows = tiles(layer).pixels
+    return rows * _ceil_div(CHUNK_PIXELS, rows)
+
+
+class _Writer:
+    """The function's statements, written into the open ``IRBuilder`` frame; ``x``, ``dy``, ``w``,
+    ``dx``, ``sums`` are 2-D views: ``(M, C)``, ``(M, O)``, ``(O, C)``, ``(M, C)``, ``(cores, O, C)``."""
+
+    def __init__(self, layer: PointwiseBackward, x, dy, w, dx, sums):
+        self.layer, self.tiles, self.L = layer, tiles(layer), layer.vector_lanes
+        self.x, self.dy, self.w, self.dx, self.sums = x, dy, w, dx, sums
+        self.zero = tirx.const(0, "float32")
+
+    def _zeroed(self, count: int):
+        acc = T.alloc_buffer((count, self.L), "float32", scope="local")
+        with T.unroll(0, count) as i, T.vectorized(0, self.L) as lane:
+            T.buffer_store(acc, self.zero, [i, lane])
+        return acc
+
+    def weight_grad(self, part, m0, count):
+        """The products of pixels ``[m0, m0 + count)`` added into the core's sums ``sums[part]``."""
+        g, L, t = self.layer, self.L, self.tiles
+        rows, vectors = t.rows, t.weight_vectors
+        with T.serial(0, g.o // rows) as o1, T.serial(0, g.c // L // vectors) as c1:
+            acc = self._zeroed(rows * vectors)
+            with T.serial(0, count) as i:
+                for v in range(vectors):
+                    for r in range(rows):
+                        with T.vectorized(0, L) as lane:
+                            product = self.dy[m0 + i, o1 * rows + r] * self.x[m0 + i, (c1 * vectors + v) * L + lane]
+                            T.buffer_store(acc, acc[r * vectors + v, lane] + product, [r * vectors + v, lane])
+            for v in range(vectors):
+                for r in range(rows):
+                    with T.vectorized(0, L) as lane:
+                        at = [part, o1 * rows + r, (c1 * vectors + v) * L + lane]
+                        T.buffer_store(self.sums, self.sums[tuple(at)] + acc[r * vectors + v, lane], at)
+
+    def input_grad(self, m0, count):
+        """dX of pixels ``[m0, m0 + count)``: tiles of ``pixels`` pixels, then the rest one by one."""
+        pixels, vectors = self.tiles.pixels, self.tiles.input_vectors
+        with T.serial(0, self.layer.c // self.L // vectors) as c1:
+            with T.serial(0, count // pixels) as block:
+                self._input_grad_tile(m0 + block * pixels, pixels, c1)
+            with T.serial(0, count % pixels) as i:
+                self._input_grad_tile(m0 + count // pixels * pixels + i, 1, c1)
+
+    def _input_grad_tile(self, first, pixels, c1):
+        g, L, vectors = self.layer, self.L, self.tiles.input_vectors
+        acc = self._zeroed(pixels * vectors)
+        with T.serial(0, g.o) as o:
+            for v in range(vectors):
+                for p in range(pixels):
+                    with T.vectorized(0, L) as lane:
+                        product = self.dy[first + p, o] * self.w[o, (c1 * vectors + v) * L + lane]
+                        T.buffer_store(acc, acc[p * vectors + v, lane] + product, [p * vectors + v, lane])
+        for v in range(vectors):
+            for p in range(pixels):
+                with T.vectorized(0, L) as lane:
+                    T.buffer_store(self.dx, acc[p * vectors + v, lane], [first + p, (c1 * vectors + v) * L + lane])
+
+
+def pointwise_backward_func(layer: PointwiseBackward, name: str = "pointwise_backward") -> tirx.PrimFunc:
+    """The kernel of ``layer`` (:meth:`PointwiseBackward.fits`): ``(x, dy, w, dx, dw)``, see the module docstring."""
+    g, L = layer, layer.vector_lanes
+    size = chunk_pixels(layer)
+    chunks = _ceil_div(g.m, size)
+    w_shape = (g.o, 1, 1, g.c) if g.weights_last else (g.o, g.c, 1, 1)
+    with IRBuilder() as builder:
+        with T.prim_func():
+            T.func_name(name)
+            T.func_attr({"global_symbol": name, "tirx.noalias": True})
+            x = T.arg("x", T.buffer((g.n, g.h, g.w, g.c), "float32"))
+            dy = T.arg("dy", T.buffer((g.n, g.h, g.w, g.o), "float32"))
+            w = T.arg("w", T.buffer(w_shape, "float32"))
+            dx = T.arg("dx", T.buffer((g.n, g.h, g.w, g.c), "float32"))
+            dw = T.arg("dw", T.buffer(w_shape, "float32"))
+            views = [T.decl_buffer(shape, "float32", data=t.data) for t, shape in
+                     ((x, (g.m, g.c)), (dy, (g.m, g.o)), (w, (g.o, g.c)), (dx, (g.m, g.c)), (dw, (g.o, g.c)))]  # fmt: skip
+            sums = T.alloc_buffer((g.cores, g.o, g.c), "float32")
+            writer = _Writer(layer, *views[:4], sums)
+            with T.parallel(0, g.cores) as part:
+                with T.serial(0, g.o) as o, T.serial(0, g.c // L) as c1, T.vectorized(0, L) as lane:
+                    T.buffer_store(sums, tirx.const(0, "float32"), [part, o, c1 * L + lane])
+                first, end = part * chunks // g.cores, (part + 1) * chunks // g.cores
+                with T.serial(2 * first, 2 * end) as step:  # (even: a chunk's dW; odd: its dX)
+                    m0 = step // 2 * size
+                    count = T.min(size, g.m - m0)
+                    with T.If(step % 2 == 0):
+                        with T.Then():
+                            writer.weight_grad(part, m0, count)
+                        with T.Else():
+                            writer.input_grad(m0, count)
+            with T.serial(0, g.o) as o, T.serial(0, g.c) as c:
+                total = sums[0, o, c]
+                for part in range(1, g.cores):
+                    total = total + sums[part, o, c]
+                T.buffer_store(views[4], total, [o, c])
+    return builder.get()
