@@ -40,7 +40,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script import builder as T
 
-__all__ = ["CHUNK_PIXELS", "MAX_WEIGHTS", "PointwiseBackward", "Tiles", "chunk_pixels", "pointwise_backward_func", "tiles"]
+__all__ = ["CHUNK_PIXELS", "MAX_WEIGHTS", "MIN_REGISTERS", "PointwiseBackward", "Tiles", "chunk_pixels", "pointwise_backward_func", "tiles"]
 
 CHUNK_PIXELS = 64
 """Pixels a task, about (a multiple of dX's tile rows): their dy rows stay in cache from dW to dX."""
@@ -49,6 +49,13 @@ MAX_WEIGHTS = 1 << 19
 """The most weights (``O * C``) a layer may have: every chunk adds its dW into the core's sums, and
 larger sums leave the caches. Zen 4, N=8, cold: 2048 -> 512 on 7x7 (4 MB of sums) 9.9 ms against
 the two kernels' 9.0; 320 -> 1280 on 4x4 at N=32 (1.6 MB) 4.40 against 4.55."""
+
+
+MIN_REGISTERS = 32
+"""The vector registers an ISA needs for this kernel: both tiles' accumulators, loads and
+broadcasts in registers. With AVX2's 16 its tiles shrink to 3 x 2 and it loses to the separate
+kernels (Zen 4 built for ``haswell``, N=32, cold: 16 -> 96 on 56x56 5.99 ms against 5.10, 576 ->
+96 on 7x7 2.23 against 2.36; larger tiles spilled: 7.35 and 3.95)."""
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -85,10 +92,11 @@ class PointwiseBackward:
         return lanes if lanes >= 4 else 0
 
     def fits(self) -> bool:
-        """Whether this kernel takes the layer: input channels a multiple of 4, at most
-        :data:`MAX_WEIGHTS` weights, two chunks a core or more, int32 indices."""
-        return (self.vector_lanes > 0 and self.o * self.c <= MAX_WEIGHTS and self.m >= 2 * self.cores * CHUNK_PIXELS
-                and self.m * max(self.c, self.o) < 2**31)  # fmt: skip
+        """Whether this kernel takes the layer: an ISA of :data:`MIN_REGISTERS` vector registers,
+        input channels a multiple of 4, at most :data:`MAX_WEIGHTS` weights, two chunks a core or
+        more, int32 indices."""
+        return (self.registers >= MIN_REGISTERS and self.vector_lanes > 0 and self.o * self.c <= MAX_WEIGHTS
+                and self.m >= 2 * self.cores * CHUNK_PIXELS and self.m * max(self.c, self.o) < 2**31)  # fmt: skip
 
 
 @dataclass(frozen=True)
