@@ -24,8 +24,10 @@ where ``C`` is not a multiple of them), each a contiguous run of NHWC memory; no
 Zen 4, 2 cores, ms, hot / cold (a 96 MB buffer written before each call), against the package's dX
 and dW kernels: N=32, 32 -> 16 on 56x56 1.20 / 1.42 (1.71 / 2.00); 16 -> 96 on 56x56 4.22 / 4.35
 (4.67 / 4.79); 24 -> 144 on 28x28 2.11 / 2.48 (2.74 / 3.99); 576 -> 96 on 7x7 1.69 / 1.95 (1.92 /
-2.49). Inside MobileNetV2's channels-last f32 step at 32 x 112x112 its 19 1x1 layers' backward
-took 50.2 ms a step against the two kernels' 55.8 (profiled, before the branches).
+2.49). Inside MobileNetV2's channels-last f32 step at 32 x 112x112 (profiled, ``"auto"``) the
+convolutions' backward kernels take 67-71 ms a step against 73-74 with the two kernels, and its
+layers' backward (``training.torch_backward``) went 1.24 -> 1.30x stock's, every call counted; the
+steps are within the host's noise. With chunks of 32, 128 or 256 pixels: the same times.
 
 Arguments (NHWC activations, the weight ``(O, C, 1, 1)`` or ``(O, 1, 1, C)``: the same memory):
 ``(x, dy, w, dx, dw)``; ``dw`` in the weight's layout. dW's sums: each core its own chunks', the
