@@ -42,7 +42,8 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script import builder as T
 
-__all__ = ["CHUNK_PIXELS", "MAX_WEIGHTS", "MIN_REGISTERS", "PointwiseBackward", "Tiles", "chunk_pixels", "pointwise_backward_func", "tiles"]
+__all__ = ["CHUNK_PIXELS", "MAX_WEIGHTS", "MIN_REGISTERS", "PointwiseBackward", "Tiles", "chunk_pixels",
+           "pointwise_backward_func", "tiles"]
 
 CHUNK_PIXELS = 64
 """Pixels a task, about (a multiple of dX's tile rows): their dy rows stay in cache from dW to dX."""
@@ -51,7 +52,6 @@ MAX_WEIGHTS = 1 << 19
 """The most weights (``O * C``) a layer may have: every chunk adds its dW into the core's sums, and
 larger sums leave the caches. Zen 4, N=8, cold: 2048 -> 512 on 7x7 (4 MB of sums) 9.9 ms against
 the two kernels' 9.0; 320 -> 1280 on 4x4 at N=32 (1.6 MB) 4.40 against 4.55."""
-
 
 MIN_REGISTERS = 32
 """The vector registers an ISA needs for this kernel: both tiles' accumulators, loads and
@@ -115,7 +115,7 @@ def tiles(layer: PointwiseBackward) -> Tiles:
     """The largest tiles whose accumulators, loads and broadcasts take 3/4 of the registers (the
     rest for addresses' spills and the scheduler): ``a * b + a + b <= budget`` for an ``a x b`` tile,
     ``b`` a divisor of the vector count up to 6, dW's ``a`` a divisor of ``o``, dX's up to 12; the
-    most accumulators, then the fewest loads. (With ``b`` up to 4, 160 channels took 7 x 2, not 3 x 5:
+    most accumulators, then the most rows. (With ``b`` up to 4, 160 channels took 7 x 2, not 3 x 5:
     160 -> 960 on 4x4 at N=32 1.68 ms cold against 1.59, the two kernels' 1.56.)"""
     budget = layer.registers * 3 // 4
     vectors = [v for v in range(1, 7) if (layer.c // layer.vector_lanes) % v == 0]
