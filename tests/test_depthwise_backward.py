@@ -11,17 +11,16 @@ drop-in's Python and C++ nodes run it and give the same bits.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tvm_convgrad import isa_target, reference
+from tvm_convgrad import isa_target
 from tvm_convgrad.compile import build_func, pass_context, resolve_target
 from tvm_convgrad.isa import isa_plan
 from tvm_convgrad.schedule.cpu.depthwise_backward import DepthwiseBackward, band_rows, depthwise_backward_func
+
+from one_pass import assert_runs_guarded, assert_within_summation_bound, kernels_run, unaligned
 
 from conftest import NEON, RUNNABLE_ISAS, native_first, needs_torch, tiered, torch
 
@@ -72,21 +71,10 @@ def _run(layer: DepthwiseBackward, target, seed: int = 0):
 
 
 def _assert_exact(layer: DepthwiseBackward, x, dy, w, dx, dw):
-    """dX and dW within fp32's summation bound of the float64 references: ``n u sum|terms|`` for
-    an element of ``n`` terms (any order of sums), ``u = 2^-24``."""
+    """dX and dW within fp32's summation bound of the float64 references (:mod:`one_pass`)."""
     g = layer
-    args = dict(strides=g.strides, pads=g.pads, dilations=g.dilation, groups=g.c)
-    expected_dx = reference.conv2d_backprop_input(w, dy, (g.h, g.w), **args)
-    expected_dw = reference.conv2d_backprop_filter(x, dy, (g.kh, g.kw), **args)
-    terms_dx = reference.conv2d_backprop_input(np.abs(w), np.abs(dy), (g.h, g.w), **args)
-    terms_dw = reference.conv2d_backprop_filter(np.abs(x), np.abs(dy), (g.kh, g.kw), **args)
-    u = 2.0**-24
-    for name, got, expected, terms, count in (("dx", dx, expected_dx, terms_dx, g.kh * g.kw + 1),
-                                              ("dw", dw, expected_dw, terms_dw, g.n * g.ho * g.wo + g.cores)):  # fmt: skip
-        assert got.shape == expected.shape and not np.isnan(got).any(), (name, got.shape, np.isnan(got).sum())
-        error = np.abs(got.astype(np.float64) - expected)
-        bound = count * u * terms + 1e-30
-        assert (error <= bound).all(), f"{name}: worst {float((error / bound).max()):.3g} x the bound"
+    conv = dict(strides=g.strides, pads=g.pads, dilations=g.dilation, groups=g.c)
+    assert_within_summation_bound(x, dy, w, dx, dw, (g.h, g.w), (g.kh, g.kw), conv, (g.kh * g.kw + 1, g.n * g.ho * g.wo + g.cores))
 
 
 @pytest.mark.parametrize("isa", native_first(RUNNABLE_ISAS))
@@ -166,10 +154,7 @@ print("done", flush=True)
 def test_the_kernel_reads_and_writes_inside_its_tensors(side):
     """x, dy, the weight, dX and dW each flush against a page mapped ``PROT_NONE`` (after the array,
     then before it): a border column or a clamped row read past an edge faults the child process."""
-    command = [sys.executable, "-c", GUARDED, str(Path(__file__).parent), side, repr(CASES)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    finished = done.returncode == 0 and done.stdout.rstrip().endswith("done")
-    assert finished, (done.returncode, done.stdout[-800:], done.stderr[-1500:])
+    assert_runs_guarded(GUARDED, side, CASES)
 
 
 def _depthwise(channels_last: bool = True, channels: int = 32, stride: int = 1, bias: bool = True):
@@ -181,18 +166,6 @@ def _depthwise(channels_last: bool = True, channels: int = 32, stride: int = 1, 
     memory = torch.channels_last if channels_last else torch.contiguous_format
     stock = torch.nn.Conv2d(channels, channels, 3, stride, 1, groups=channels, bias=bias).to(memory_format=memory)
     return stock, convert_conv2d(copy.deepcopy(stock))
-
-
-def _kernels_run(layer, x, grad) -> tuple[set, tuple]:
-    """The package's kernels a training step of ``layer`` runs (their profiler ranges) and its gradients."""
-    from torch.profiler import profile
-
-    x = x.detach().requires_grad_()
-    layer.zero_grad(set_to_none=True)
-    with profile() as prof:
-        layer(x).backward(grad)
-    names = {e.name for e in prof.events() if e.name.startswith("tvm_convgrad::")}
-    return names, (x.grad, layer.weight.grad, layer.bias.grad)
 
 
 @needs_torch
@@ -213,12 +186,12 @@ def test_the_drop_in_runs_one_kernel_for_a_depthwise_layer(node):
         for mode in ("off", "on") if node == "cpp" else ("off",):
             native.set_native(mode)
             for _ in range(2):  # (the second call: the C++ node's signature settled)
-                names, results[mode] = _kernels_run(ours, x, grad)
+                names, results[mode] = kernels_run(ours, x, grad)
             assert names == {"tvm_convgrad::conv2d_both_grads"}, names
         if node == "cpp" and native.available():
             for a, b in zip(results["off"], results["on"]):
                 assert torch.equal(a, b)
-        _, expected = _kernels_run(stock, x, grad)
+        _, expected = kernels_run(stock, x, grad)
         for got, want in zip(results["off"], expected):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
     finally:
@@ -240,7 +213,7 @@ def test_other_depthwise_layers_keep_the_two_kernels(kind):
     previous = get_backward()
     set_backward("ours")
     try:
-        names, _ = _kernels_run(ours, x, torch.randn(2, ours.in_channels, 8, 8, dtype=dtype).contiguous(memory_format=memory))
+        names, _ = kernels_run(ours, x, torch.randn(2, ours.in_channels, 8, 8, dtype=dtype).contiguous(memory_format=memory))
     finally:
         set_backward(previous)
     assert names == {"tvm_convgrad::conv2d_input_grad", "tvm_convgrad::conv2d_weight_grad"}, names
@@ -251,11 +224,6 @@ def test_unaligned_views_are_copied_for_the_one_kernel():
     """x, dy and the weight one element past an aligned start (the kernel's loads take 64-byte
     aligned data): the C++ node copies them, and the gradients are stock's."""
     from tvm_convgrad.torch import get_backward, set_backward
-
-    def unaligned(shape, channels_last):
-        memory = (shape[0], *shape[2:], shape[1]) if channels_last else shape
-        t = torch.rand(1 + int(np.prod(memory)))[1:].view(memory)
-        return t.permute(0, 3, 1, 2) if channels_last else t
 
     torch.manual_seed(1)
     stock, ours = _depthwise(stride=2)
@@ -269,7 +237,7 @@ def test_unaligned_views_are_copied_for_the_one_kernel():
             with torch.no_grad():
                 layer.weight.set_(weight.clone() if layer is stock else weight)
             for _ in range(2):
-                names, got = _kernels_run(layer, x, grad)
+                names, got = kernels_run(layer, x, grad)
             results.append(got)
     finally:
         set_backward(previous)

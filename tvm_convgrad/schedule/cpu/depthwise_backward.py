@@ -37,6 +37,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script import builder as T
 
 from ...params import out_size
+from .one_pass import kernel_arguments, parts_total
 
 __all__ = ["BAND_ROWS", "MAX_BORDER_COLUMNS", "DepthwiseBackward", "band_rows", "depthwise_backward_func", "tap_columns"]
 
@@ -269,13 +270,7 @@ def depthwise_backward_func(layer: DepthwiseBackward, name: str = "depthwise_bac
 
     with IRBuilder() as builder:
         with T.prim_func():
-            T.func_name(name)
-            T.func_attr({"global_symbol": name, "tirx.noalias": True})
-            x = T.arg("x", T.buffer((g.n, g.h, g.w, g.c), "float32"))
-            dy = T.arg("dy", T.buffer((g.n, g.ho, g.wo, g.c), "float32"))
-            w = T.arg("w", T.buffer(w_shape, "float32"))
-            dx = T.arg("dx", T.buffer((g.n, g.h, g.w, g.c), "float32"))
-            dw = T.arg("dw", T.buffer(w_shape, "float32"))
+            x, dy, w, dx, dw = kernel_arguments(name, (g.n, g.h, g.w, g.c), (g.n, g.ho, g.wo, g.c), w_shape)
             weights = T.alloc_buffer((taps, g.c), "float32")  # (each tap's channels contiguous: a vector's load)
             sums = T.alloc_buffer((g.cores, g.c // L, taps, L), "float32")
             with T.serial(0, taps) as tap, T.serial(0, g.c) as c:
@@ -291,9 +286,6 @@ def depthwise_backward_func(layer: DepthwiseBackward, name: str = "depthwise_bac
                     end = T.if_then_else(first + rows >= g.ho, g.h, T.min((first + rows) * g.strides[0], g.h))
                     writer.input_grad_rows(image, T.min(first * g.strides[0], g.h), end)
             with T.serial(0, g.c) as c, T.serial(0, taps) as tap:
-                total = sums[0, c // L, tap, c % L]
-                for part in range(1, g.cores):
-                    total = total + sums[part, c // L, tap, c % L]
-                T.buffer_store(dw, total, tap_at(c, tap))
+                T.buffer_store(dw, parts_total(sums, g.cores, (c // L, tap, c % L)), tap_at(c, tap))
     return builder.get()
 

@@ -42,6 +42,9 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script import builder as T
 
+from ...layout import ceil_div
+from .one_pass import kernel_arguments, parts_total
+
 __all__ = ["CHUNK_PIXELS", "MAX_WEIGHTS", "MIN_REGISTERS", "PointwiseBackward", "Tiles", "chunk_pixels",
            "pointwise_backward_func", "tiles"]
 
@@ -58,10 +61,6 @@ MIN_REGISTERS = 32
 broadcasts in registers. With AVX2's 16 its tiles shrink to 3 x 2 and it loses to the separate
 kernels (Zen 4 built for ``haswell``, N=32, cold: 16 -> 96 on 56x56 5.99 ms against 5.10, 576 ->
 96 on 7x7 2.23 against 2.36; larger tiles spilled: 7.35 and 3.95)."""
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)
@@ -132,7 +131,7 @@ def tiles(layer: PointwiseBackward) -> Tiles:
 def chunk_pixels(layer: PointwiseBackward) -> int:
     """Pixels a task: :data:`CHUNK_PIXELS` rounded up to a multiple of dX's tile rows."""
     rows = tiles(layer).pixels
-    return rows * _ceil_div(CHUNK_PIXELS, rows)
+    return rows * ceil_div(CHUNK_PIXELS, rows)
 
 
 class _Writer:
@@ -196,19 +195,13 @@ def pointwise_backward_func(layer: PointwiseBackward, name: str = "pointwise_bac
     """The kernel of ``layer`` (:meth:`PointwiseBackward.fits`): ``(x, dy, w, dx, dw)``, see the module docstring."""
     g, L = layer, layer.vector_lanes
     size = chunk_pixels(layer)
-    chunks = _ceil_div(g.m, size)
+    chunks = ceil_div(g.m, size)
     w_shape = (g.o, 1, 1, g.c) if g.weights_last else (g.o, g.c, 1, 1)
     with IRBuilder() as builder:
         with T.prim_func():
-            T.func_name(name)
-            T.func_attr({"global_symbol": name, "tirx.noalias": True})
-            x = T.arg("x", T.buffer((g.n, g.h, g.w, g.c), "float32"))
-            dy = T.arg("dy", T.buffer((g.n, g.h, g.w, g.o), "float32"))
-            w = T.arg("w", T.buffer(w_shape, "float32"))
-            dx = T.arg("dx", T.buffer((g.n, g.h, g.w, g.c), "float32"))
-            dw = T.arg("dw", T.buffer(w_shape, "float32"))
+            arguments = kernel_arguments(name, (g.n, g.h, g.w, g.c), (g.n, g.h, g.w, g.o), w_shape)
             views = [T.decl_buffer(shape, "float32", data=t.data) for t, shape in
-                     ((x, (g.m, g.c)), (dy, (g.m, g.o)), (w, (g.o, g.c)), (dx, (g.m, g.c)), (dw, (g.o, g.c)))]  # fmt: skip
+                     zip(arguments, ((g.m, g.c), (g.m, g.o), (g.o, g.c), (g.m, g.c), (g.o, g.c)))]  # fmt: skip
             sums = T.alloc_buffer((g.cores, g.o, g.c), "float32")
             writer = _Writer(layer, *views[:4], sums)
             with T.parallel(0, g.cores) as part:
@@ -224,8 +217,5 @@ def pointwise_backward_func(layer: PointwiseBackward, name: str = "pointwise_bac
                         with T.Else():
                             writer.input_grad(m0, count)
             with T.serial(0, g.o) as o, T.serial(0, g.c) as c:
-                total = sums[0, o, c]
-                for part in range(1, g.cores):
-                    total = total + sums[part, o, c]
-                T.buffer_store(views[4], total, [o, c])
+                T.buffer_store(views[4], parts_total(sums, g.cores, (o, c)), [o, c])
     return builder.get()
