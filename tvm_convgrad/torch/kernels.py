@@ -42,7 +42,7 @@ from ..schedule.cpu.pointwise_backward import PointwiseBackward, pointwise_backw
 __all__ = ["ALGORITHM", "ALIGNMENT", "CACHED_CALLS", "DTYPES", "PLANNED", "CallPlan", "aligned", "as_layout",
            "as_weights", "both_grads_kernel", "call_plan", "check_groups", "check_output", "conv_call", "depthwise_layer",
            "dtype_name", "empty_weights", "forward_kernel", "gradient_plan", "input_grad_kernel", "is_channels_last",
-           "memory_format", "plan_for", "pointwise_layer", "tensors_plan", "weight_grad_kernel"]  # fmt: skip
+           "memory_format", "one_pass_layer", "plan_for", "pointwise_layer", "tensors_plan", "weight_grad_kernel"]  # fmt: skip
 
 ALIGNMENT = 64
 """Bytes the kernels take every tensor's data to start on (TVM's ``kAllocAlignment``: their loads
@@ -179,16 +179,22 @@ def pointwise_layer(call: Conv2dGradients) -> PointwiseBackward | None:
     return layer if layer.fits() else None
 
 
+def one_pass_layer(call: Conv2dGradients) -> DepthwiseBackward | PointwiseBackward | None:
+    """``call`` as a kernel of its dX and dW in one pass over dy takes it: a depthwise layer's
+    (:func:`depthwise_layer`), else a 1x1 one's (:func:`pointwise_layer`), else None."""
+    return depthwise_layer(call) or pointwise_layer(call)
+
+
 @functools.lru_cache(maxsize=CACHED_CALLS)
 def both_grads_kernel(call: Conv2dGradients):
-    """dX and dW of ``call`` in one pass over dy, a depthwise layer's (:func:`depthwise_layer`) or a
-    1x1 one's (:func:`pointwise_layer`): ``(input, grad_output, weight, grad_input, grad_weight)``, in
-    the call's layouts; None where neither kernel applies."""
-    depthwise = depthwise_layer(call)
-    if depthwise is not None:
-        return build_func(depthwise_backward_func(depthwise, "torch_conv2d_depthwise_backward"))
-    pointwise = pointwise_layer(call)
-    return None if pointwise is None else build_func(pointwise_backward_func(pointwise, "torch_conv2d_pointwise_backward"))
+    """dX and dW of ``call`` in one pass over dy (:func:`one_pass_layer`): ``(input, grad_output,
+    weight, grad_input, grad_weight)``, in the call's layouts; None where no such kernel applies."""
+    layer = one_pass_layer(call)
+    if layer is None:
+        return None
+    if isinstance(layer, DepthwiseBackward):
+        return build_func(depthwise_backward_func(layer, "torch_conv2d_depthwise_backward"))
+    return build_func(pointwise_backward_func(layer, "torch_conv2d_pointwise_backward"))
 
 
 @functools.lru_cache(maxsize=CACHED_CALLS)
@@ -218,7 +224,7 @@ class CallPlan:
         """Whether a backward needing both gradients runs them in one kernel (:attr:`both`; worked
         out once, without building it)."""
         if self._fuses is None:
-            self._fuses = self.taps is None and (depthwise_layer(self.call) or pointwise_layer(self.call)) is not None
+            self._fuses = self.taps is None and one_pass_layer(self.call) is not None
         return self._fuses
 
     @property
