@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 from . import blas, outputs, remembered, settled
-from .kernels import DTYPES, CallPlan, aligned, as_layout, as_weights, forward_kernel, is_channels_last, tensors_plan
+from .kernels import (DTYPES, CallPlan, aligned, as_layout, as_weights, forward_kernel, is_channels_last, pointwise_forward_kernel,
+                      tensors_plan)
 
 __all__ = ["MARGIN", "MODES", "PENDING", "ROUNDS", "elapsed_ms", "forward", "forward_choices", "get_forward", "ours", "pytorch",
            "pytorchs", "set_forward", "settled_way", "wins"]
@@ -122,10 +123,12 @@ def pytorch(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
 
 
 def ours(call: Conv2dGradients, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """The package's forward kernel of ``call`` on the tensors' memory (the output in the input's layout)."""
+    """The package's forward kernel of ``call`` on the tensors' memory (the output in the input's
+    layout): a channels-last fp32 1x1's written out (:func:`.kernels.pointwise_forward_kernel`), else the cube's."""
     out = outputs.empty(call.y_shape, input.dtype, call.data_format == "NXC")
     args = (as_layout(input, call), as_weights(weight, call)) + (() if bias is None else (aligned(bias),))
-    forward_kernel(call, bias is not None).function(*args, as_layout(out, call))
+    kernel = pointwise_forward_kernel(call, bias is not None) or forward_kernel(call, bias is not None).function
+    kernel(*args, as_layout(out, call))
     return out
 
 

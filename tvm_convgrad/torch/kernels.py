@@ -38,11 +38,13 @@ from ..isa import isa_plan
 from ..schedule.common import target_cores
 from ..schedule.cpu.depthwise_backward import DepthwiseBackward, depthwise_backward_func
 from ..schedule.cpu.pointwise_backward import PointwiseBackward, pointwise_backward_func
+from ..schedule.cpu.pointwise_forward import forward_fits, pointwise_forward_func
 
 __all__ = ["ALGORITHM", "ALIGNMENT", "CACHED_CALLS", "DTYPES", "PLANNED", "CallPlan", "aligned", "as_layout",
            "as_weights", "both_grads_kernel", "call_plan", "check_groups", "check_output", "conv_call", "depthwise_layer",
            "dtype_name", "empty_weights", "forward_kernel", "gradient_plan", "input_grad_kernel", "is_channels_last",
-           "memory_format", "one_pass_layer", "plan_for", "pointwise_layer", "tensors_plan", "weight_grad_kernel"]  # fmt: skip
+           "memory_format", "one_pass_layer", "plan_for", "pointwise_forward_kernel", "pointwise_layer", "tensors_plan",
+           "weight_grad_kernel"]  # fmt: skip
 
 ALIGNMENT = 64
 """Bytes the kernels take every tensor's data to start on (TVM's ``kAllocAlignment``: their loads
@@ -165,18 +167,34 @@ def depthwise_layer(call: Conv2dGradients) -> DepthwiseBackward | None:
     return layer if layer.fits() else None
 
 
-def pointwise_layer(call: Conv2dGradients) -> PointwiseBackward | None:
-    """``call`` as :mod:`tvm_convgrad.schedule.cpu.pointwise_backward` takes it (a 1x1 kernel at
-    stride 1 without padding, one group, channels-last, float32, for this CPU's vectors and cores),
-    or None where that kernel does not."""
+def _pointwise(call: Conv2dGradients) -> PointwiseBackward | None:
+    """``call`` as a :class:`PointwiseBackward` layer where it is one (a 1x1 kernel at stride 1
+    without padding, one group, channels-last, float32; this CPU's vectors and cores), else None."""
     (n, c, h, w), (o, _, kh, kw) = call.x_shape, call.w_shape
     if not (call.dtype == "float32" and call.data_format == "NXC" and call.groups == 1 and (kh, kw) == (1, 1)
             and tuple(call.strides) == (1, 1) and not any(call.pads)):  # fmt: skip
         return None
     target = resolve_target("llvm")
     plan = isa_plan(target)
-    layer = PointwiseBackward(n, h, w, c, o, call.weights_format == "OXI", plan.lanes, plan.registers, target_cores(target))
-    return layer if layer.fits() else None
+    return PointwiseBackward(n, h, w, c, o, call.weights_format == "OXI", plan.lanes, plan.registers, target_cores(target))
+
+
+def pointwise_layer(call: Conv2dGradients) -> PointwiseBackward | None:
+    """``call`` as :mod:`tvm_convgrad.schedule.cpu.pointwise_backward` takes it (:func:`_pointwise`
+    and :meth:`PointwiseBackward.fits`), or None where that kernel does not."""
+    layer = _pointwise(call)
+    return layer if layer is not None and layer.fits() else None
+
+
+@functools.lru_cache(maxsize=CACHED_CALLS)
+def pointwise_forward_kernel(call: Conv2dGradients, bias: bool):
+    """The forward of a 1x1 ``call`` written out (:mod:`tvm_convgrad.schedule.cpu.pointwise_forward`):
+    ``(input, weight[, bias], output)`` in the call's layouts; None where that kernel does not take
+    the call (the package's forward is then :func:`forward_kernel`'s)."""
+    layer = _pointwise(call)
+    if layer is None or not forward_fits(layer):
+        return None
+    return build_func(pointwise_forward_func(layer, bias, "torch_conv2d_pointwise_forward" + ("_bias" if bias else "")))
 
 
 def one_pass_layer(call: Conv2dGradients) -> DepthwiseBackward | PointwiseBackward | None:

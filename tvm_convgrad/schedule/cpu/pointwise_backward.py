@@ -45,7 +45,7 @@ from tvm.tirx.script import builder as T
 from ...layout import ceil_div
 from .one_pass import kernel_arguments, parts_total
 
-__all__ = ["CHUNK_PIXELS", "MAX_WEIGHTS", "MIN_REGISTERS", "PointwiseBackward", "Tiles", "chunk_pixels",
+__all__ = ["CHUNK_PIXELS", "MAX_WEIGHTS", "MIN_REGISTERS", "PointwiseBackward", "PointwiseWriter", "Tiles", "chunk_pixels",
            "pointwise_backward_func", "tiles"]
 
 CHUNK_PIXELS = 64
@@ -134,13 +134,15 @@ def chunk_pixels(layer: PointwiseBackward) -> int:
     return rows * ceil_div(CHUNK_PIXELS, rows)
 
 
-class _Writer:
+class PointwiseWriter:
     """The function's statements, written into the open ``IRBuilder`` frame; ``x``, ``dy``, ``w``,
-    ``dx``, ``sums`` are 2-D views: ``(M, C)``, ``(M, O)``, ``(O, C)``, ``(M, C)``, ``(cores, O, C)``."""
+    ``dx``, ``sums`` are 2-D views: ``(M, C)``, ``(M, O)``, ``(O, C)``, ``(M, C)``, ``(cores, O, C)``;
+    ``bias``: ``(C,)`` added to each dX row as it is stored, or None. (:mod:`.pointwise_forward`
+    writes the forward as this dX GEMM, its roles swapped: no ``x``, no ``sums``.)"""
 
-    def __init__(self, layer: PointwiseBackward, x, dy, w, dx, sums):
+    def __init__(self, layer: PointwiseBackward, x, dy, w, dx, sums, bias=None):
         self.layer, self.tiles, self.L = layer, tiles(layer), layer.vector_lanes
-        self.x, self.dy, self.w, self.dx, self.sums = x, dy, w, dx, sums
+        self.x, self.dy, self.w, self.dx, self.sums, self.bias = x, dy, w, dx, sums, bias
         self.zero = tirx.const(0, "float32")
 
     def _zeroed(self, count: int):
@@ -188,7 +190,9 @@ class _Writer:
         for v in range(vectors):
             for p in range(pixels):
                 with T.vectorized(0, L) as lane:
-                    T.buffer_store(self.dx, acc[p * vectors + v, lane], [first + p, (c1 * vectors + v) * L + lane])
+                    c = (c1 * vectors + v) * L + lane
+                    value = acc[p * vectors + v, lane] if self.bias is None else acc[p * vectors + v, lane] + self.bias[c]
+                    T.buffer_store(self.dx, value, [first + p, c])
 
 
 def pointwise_backward_func(layer: PointwiseBackward, name: str = "pointwise_backward") -> tirx.PrimFunc:
@@ -203,7 +207,7 @@ def pointwise_backward_func(layer: PointwiseBackward, name: str = "pointwise_bac
             views = [T.decl_buffer(shape, "float32", data=t.data) for t, shape in
                      zip(arguments, ((g.m, g.c), (g.m, g.o), (g.o, g.c), (g.m, g.c), (g.o, g.c)))]  # fmt: skip
             sums = T.alloc_buffer((g.cores, g.o, g.c), "float32")
-            writer = _Writer(layer, *views[:4], sums)
+            writer = PointwiseWriter(layer, *views[:4], sums)
             with T.parallel(0, g.cores) as part:
                 with T.serial(0, g.o) as o, T.serial(0, g.c // L) as c1, T.vectorized(0, L) as lane:
                     T.buffer_store(sums, tirx.const(0, "float32"), [part, o, c1 * L + lane])
