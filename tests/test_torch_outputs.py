@@ -18,11 +18,18 @@ from conftest import torch
 pytestmark = pytest.mark.skipif(torch is None, reason="PyTorch is not installed (pip install torch==2.13.0)")
 
 
-@pytest.fixture
-def kept():
-    """The ``"kept"`` policy with nothing idle at the start, and nothing left idle after."""
-    from tvm_convgrad.torch import outputs
+@pytest.fixture(params=["python", "native"])
+def kept(request):
+    """The ``"kept"`` policy with nothing idle at the start, and nothing left idle after; the
+    mappings this module's (``python``: the Python node throughout) or the C++ extension's
+    (``native``, :func:`outputs.use_native`: its node's dX too)."""
+    from tvm_convgrad.torch import native, outputs
 
+    holder, mode = outputs._NATIVE[0] if outputs._NATIVE else None, native.get_native()
+    if request.param == "native" and native.module() is None:
+        pytest.skip(f"the C++ extension cannot be built here: {native.build_error()}")
+    outputs.use_native(native.module() if request.param == "native" else None)
+    native.set_native("on" if request.param == "native" else "off")
     policy = outputs.get_outputs()
     outputs.set_outputs("kept")
     outputs.release_outputs()
@@ -30,6 +37,8 @@ def kept():
     gc.collect()
     outputs.set_outputs(policy)
     outputs.release_outputs()
+    outputs.use_native(holder)
+    native.set_native(mode)
 
 
 def _lent(t: "torch.Tensor") -> bool:
@@ -101,6 +110,7 @@ def test_a_mapping_is_re_used_once_freed_and_never_while_a_tensor_or_view_holds_
 def test_idle_mappings_stop_at_the_budget(kept, monkeypatch):
     """A mapping returned beyond :data:`KEPT_BYTES` idle is unmapped, not kept."""
     monkeypatch.setattr(kept, "KEPT_BYTES", 5 << 20)
+    kept.set_outputs("kept")  # (the budget the extension keeps: read when the policy is set)
     results = [kept.empty((1 << 20,), torch.float32, False) for _ in range(3)]  # 4 MiB each
     del results
     assert kept.kept_outputs()["held"] == 1 and kept.kept_outputs()["bytes"] == 4 << 20

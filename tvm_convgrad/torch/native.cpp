@@ -12,6 +12,11 @@
 // sizes, strides and types, the same arguments, and the same global state is then taken here from
 // tvm_convgrad.torch.conv2d without the Python checks: cold (a step's large tensors evict the
 // interpreter's data), those cost ~100 us a call more than nn.Conv2d's whole call.
+//
+// kept_empty(): outputs.py's kept mappings, served here once this module is loaded (for the node's
+// grad_input and for outputs.empty): a tensor over an idle mapping of its length, or a new one,
+// that returns to the idle ones when PyTorch frees its storage. Cold, the Python pool took ~60-75 us
+// a tensor (its lease, numpy's array, from_numpy, set_), this ~20 as at::empty.
 
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/autocast_mode.h>
@@ -19,6 +24,9 @@
 #include <torch/csrc/jit/frontend/tracer.h>
 #include <torch/extension.h>
 #include <tvm/ffi/c_api.h>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <array>
 #include <initializer_list>
@@ -47,15 +55,108 @@ struct Plan {
   int64_t both;             // (input, grad_output, weight) -> (grad_input, grad_weight): a depthwise or 1x1 layer's in one pass
   bool channels_last;       // activations NHWC in memory (NXC), else NCHW (NCX)
   bool weights_last;        // weights OHWI in memory (OXI), else OIHW (OIX)
-  bool kept_input_grad;     // grad_input from the Python allocator (a kept mapping: outputs.py), else at::empty
+  bool kept_input_grad;     // grad_input over a kept mapping (kept_empty), else at::empty
 };
 
 std::mutex plans_lock;
 std::vector<Plan> plans;  // registered from Python, never removed: a plan's id is its index
 // (plan id, grad_output, input, weight, needs, narrow weight or None) -> (dX, dW, db); never destroyed (no GIL at exit)
 py::object* fallback = nullptr;
-// (plan id, input) -> an empty grad_input over a kept mapping; never destroyed
-py::object* allocator = nullptr;
+
+// outputs.py's kept mappings (see the top): the idle ones (oldest first), those lent to a tensor now.
+struct Kept {
+  std::mutex lock;
+  std::vector<std::pair<size_t, void*>> idle;
+  std::unordered_map<void*, size_t> lent;
+  size_t idle_bytes = 0;
+  size_t max_idle_bytes = 0;  // outputs.KEPT_BYTES; 0: keep none (the "malloc" policy)
+  int64_t maps = 0;
+};
+Kept* kept = new Kept();  // never destroyed (a tensor may outlive the module's statics at exit)
+
+void give_back(void* data, size_t length) {
+  {
+    std::lock_guard<std::mutex> guard(kept->lock);
+    kept->lent.erase(data);
+    if (kept->idle_bytes + length <= kept->max_idle_bytes) {
+      kept->idle.emplace_back(length, data);
+      kept->idle_bytes += length;
+      return;
+    }
+  }
+  munmap(data, length);
+}
+
+// An uninitialized tensor over a kept mapping, laid out as at::empty lays it (channels-last where asked and 4-D).
+at::Tensor kept_empty(std::vector<int64_t> sizes, at::ScalarType type, bool channels_last) {
+  int64_t count = 1;
+  for (int64_t size : sizes) count *= size;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t length = std::max<size_t>(1, (count * at::elementSize(type) + page - 1) / page) * page;
+  void* data = nullptr;
+  {
+    std::lock_guard<std::mutex> guard(kept->lock);
+    for (auto it = kept->idle.rbegin(); it != kept->idle.rend(); ++it) {
+      if (it->first == length) {
+        data = it->second;
+        kept->idle.erase(std::next(it).base());
+        kept->idle_bytes -= length;
+        break;
+      }
+    }
+    if (data == nullptr) ++kept->maps;
+  }
+  if (data == nullptr) {
+    data = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (data == MAP_FAILED) throw std::bad_alloc();
+  }
+  {
+    std::lock_guard<std::mutex> guard(kept->lock);
+    kept->lent[data] = length;
+  }
+  const bool last = channels_last && sizes.size() == 4;
+  std::vector<int64_t> strides(sizes.size(), 1);
+  if (last) {
+    strides = c10::get_channels_last_strides_2d(sizes);
+  } else {
+    for (int64_t d = static_cast<int64_t>(sizes.size()) - 2; d >= 0; --d) {
+      strides[d] = strides[d + 1] * std::max<int64_t>(1, sizes[d + 1]);
+    }
+  }
+  return at::from_blob(data, sizes, strides, [length](void* p) { give_back(p, length); }, at::TensorOptions().dtype(type));
+}
+
+// Keep at most max_idle_bytes of idle mappings from now on (0: none); unmaps the idle ones beyond it.
+size_t kept_limit(size_t max_idle_bytes) {
+  std::vector<std::pair<size_t, void*>> dropped;
+  {
+    std::lock_guard<std::mutex> guard(kept->lock);
+    kept->max_idle_bytes = max_idle_bytes;
+    while (kept->idle_bytes > max_idle_bytes) {
+      dropped.push_back(kept->idle.front());
+      kept->idle_bytes -= kept->idle.front().first;
+      kept->idle.erase(kept->idle.begin());
+    }
+  }
+  size_t bytes = 0;
+  for (const auto& [length, data] : dropped) {
+    munmap(data, length);
+    bytes += length;
+  }
+  return bytes;
+}
+
+// (mappings made, idle now, their bytes, lent now)
+std::array<int64_t, 4> kept_counts() {
+  std::lock_guard<std::mutex> guard(kept->lock);
+  return {kept->maps, static_cast<int64_t>(kept->idle.size()), static_cast<int64_t>(kept->idle_bytes),
+          static_cast<int64_t>(kept->lent.size())};
+}
+
+bool is_kept(int64_t address) {
+  std::lock_guard<std::mutex> guard(kept->lock);
+  return kept->lent.count(reinterpret_cast<void*>(address)) > 0;
+}
 
 Plan plan_of(int64_t id) {
   std::lock_guard<std::mutex> guard(plans_lock);
@@ -187,8 +288,7 @@ struct Conv2dNative : public torch::autograd::Function<Conv2dNative> {
     }
     if (need_x) {
       if (plan.kept_input_grad) {
-        py::gil_scoped_acquire gil;
-        grad_input = (*allocator)(id, input).cast<at::Tensor>();
+        grad_input = kept_empty(input.sizes().vec(), input.scalar_type(), plan.channels_last);
       } else {
         grad_input = at::empty(input.sizes(), input.options().memory_format(layout(plan.channels_last)));
       }
@@ -401,11 +501,9 @@ void set_kept(int64_t id, bool kept) {
   plans.at(static_cast<size_t>(id)).kept_input_grad = kept;
 }
 
-void set_fallback(py::object function, py::object allocate) {
+void set_fallback(py::object function) {
   if (fallback == nullptr) fallback = new py::object();
-  if (allocator == nullptr) allocator = new py::object();
   *fallback = std::move(function);
-  *allocator = std::move(allocate);
 }
 
 }  // namespace
@@ -416,7 +514,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_kernel", &set_kernel,
         "a registered signature's kernel: (id, 0 dX | 1 dW | 2 dW in float32 | 3 dX and dW in one, handle)");
   m.def("set_kept", &set_kept, "whether a registered signature's grad_input is a kept mapping: (id, kept)");
-  m.def("set_fallback", &set_fallback, "the Python backward of a node that records a graph, and the kept grad_input's allocator");
+  m.def("set_fallback", &set_fallback, "the Python backward of a node that records a graph");
+  m.def("kept_empty", &kept_empty, "an uninitialized tensor over a kept mapping: (sizes, dtype, channels_last)");
+  m.def("kept_limit", &kept_limit, "the most bytes of idle mappings kept (0: none); returns the bytes unmapped now");
+  m.def("kept_counts", &kept_counts, "(mappings made, idle now, their bytes, lent now)");
+  m.def("is_kept", &is_kept, "whether a data address is a kept mapping lent now");
   m.def("fast", &fast, "a settled signature's call, else None: (input, weight, bias, stride, padding, dilation, groups)");
   m.def("settle", &settle, "register a signature as settled (tensors, arguments, needs, plan id, forward or None, autocast)");
   m.def("unsettle", &unsettle, "forget every settled signature (a mode changed)");

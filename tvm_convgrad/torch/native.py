@@ -15,8 +15,9 @@ dW kernel, then the dX kernel, through tvm-ffi's C ABI on the saved tensors' mem
 :func:`.kernels.as_layout` and :func:`.kernels.as_weights` lay them, and sums the bias's gradient;
 the profiler sees the forward and the kernels under the Python path's labels (``Conv2dFunction``,
 ``tvm_convgrad::conv2d_weight_grad`` and ``conv2d_input_grad``: what the step benchmark counts). A
-dX of :data:`.outputs.OUTPUTS_FROM` bytes or more under ``"kept"`` outputs is allocated by Python
-over a kept mapping, as the Python node's (:func:`_kept_input_grad`). Under autocast, a float32
+dX of :data:`.outputs.OUTPUTS_FROM` bytes or more under ``"kept"`` outputs is a kept mapping, as
+the Python node's: the extension holds :mod:`.outputs`' mappings once loaded (its ``kept_empty``,
+no call into Python). Under autocast, a float32
 weight beside a bf16 / f16 input is cast in the node's forward, and its gradient is the dW kernel's
 float32 sums, as the Python node's. A backward that records a graph (``create_graph=True``), or
 whose grad_output is batched or wrapped (legacy ``vmap``, functorch, a subclass), calls back into
@@ -101,7 +102,8 @@ def module():
                 defines = ["-O2", f"-DTVM_CONVGRAD_ALIGNMENT={ALIGNMENT}"]  # (kernels.ALIGNMENT: the one constant)
                 flags = {"extra_cflags": defines, "extra_include_paths": [include], "extra_ldflags": links}
                 built = cpp_extension.load("tvm_convgrad_native", [str(SOURCE)], verbose=False, **flags)
-                built.set_fallback(_fallback, _kept_input_grad)
+                built.set_fallback(_fallback)
+                outputs.use_native(built)
                 settled.on_reset(built.unsettle)
                 _STATE["module"] = built
             except Exception as error:  # noqa: BLE001 -- no compiler, no ninja, a failed build: the Python node
@@ -261,13 +263,6 @@ class _Context:
     """What the Python node's backward reads of its context, for a C++ node's (see :func:`_fallback`)."""
 
     __slots__ = ("saved_tensors", "attrs", "has_bias", "plan", "needs_input_grad")
-
-
-def _kept_input_grad(plan_id: int, input: torch.Tensor) -> torch.Tensor:
-    """A C++ node's grad_input of :data:`.outputs.OUTPUTS_FROM` bytes or more under ``"kept"``: an
-    empty tensor over a kept mapping (no fresh pages to fault in), as the Python node's."""
-    call = _PLANS[plan_id].call
-    return outputs.empty(call.x_shape, input.dtype, call.data_format == "NXC")
 
 
 def _fallback(plan_id: int, grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, needs: tuple,

@@ -17,7 +17,11 @@ tensor's storage, and the next result of the same length takes it: its pages are
 as PyTorch's CUDA caching allocator keeps device memory. At most :data:`KEPT_BYTES` lie idle; a
 mapping returned beyond that is unmapped. :func:`release_outputs` unmaps the idle ones now
 (``torch.cuda.empty_cache``'s counterpart). Under ``"malloc"`` results are ``torch.empty``'s.
-Set with :func:`set_outputs`, or ``TVM_CONVGRAD_OUTPUTS`` at import.
+Set with :func:`set_outputs`, or ``TVM_CONVGRAD_OUTPUTS`` at import. Once the drop-in's C++
+extension is loaded (:mod:`.native`), it holds the mappings (:func:`use_native`): cold, in a step
+whose large tensors evict the interpreter's data, a tensor over one took ~60-75 us here (the lease,
+numpy's array, ``from_numpy``, ``set_``) and ~20 there, as ``torch.empty``; its C++ node's dX takes
+one without a call into Python.
 
 The tensors are ordinary CPU tensors with their own storage (not views), laid out as
 ``torch.empty`` would lay them (contiguous, or channels-last where asked); their storage is not
@@ -41,7 +45,8 @@ from ..errors import ConvGradError
 from . import settled
 from .kernels import memory_format
 
-__all__ = ["KEPT_BYTES", "OUTPUTS_FROM", "POLICIES", "empty", "get_outputs", "is_kept", "kept_outputs", "release_outputs", "set_outputs"]
+__all__ = ["KEPT_BYTES", "OUTPUTS_FROM", "POLICIES", "empty", "get_outputs", "is_kept", "kept_outputs", "release_outputs",
+           "set_outputs", "use_native"]
 
 POLICIES = ("kept", "malloc")
 """``TVM_CONVGRAD_OUTPUTS``' values (see the module docstring)."""
@@ -58,6 +63,7 @@ _LOCK = threading.RLock()  # re-entrant: a collection inside a locked section ma
 _IDLE: collections.deque = collections.deque()  # (length, mapping), oldest first
 _LENT: dict[int, int] = {}  # address: length of the mappings lent to tensors now
 _STATE = {"policy": "kept", "bytes": 0, "maps": 0}
+_NATIVE: list = []  # the extension once :func:`use_native` is called: its mappings from then on
 
 
 def _check(policy: str, name: str = "policy") -> None:
@@ -87,7 +93,7 @@ class _Lease:
 def _give_back(lease: _Lease) -> None:
     with _LOCK:
         _LENT.pop(lease.address, None)
-        if _STATE["policy"] == "kept" and _STATE["bytes"] + lease.length <= KEPT_BYTES:
+        if _STATE["policy"] == "kept" and not _NATIVE and _STATE["bytes"] + lease.length <= KEPT_BYTES:
             _IDLE.append((lease.length, lease.mapping))
             _STATE["bytes"] += lease.length
 
@@ -119,14 +125,31 @@ def empty(shape, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
     layout = memory_format(channels_last and len(shape) == 4)
     if _STATE["policy"] != "kept" or nbytes < OUTPUTS_FROM:
         return torch.empty(shape, dtype=dtype, memory_format=layout)
+    if _NATIVE:
+        return _NATIVE[0].kept_empty(list(shape), dtype, channels_last)
     length = -(-nbytes // PAGE) * PAGE
     storage = torch.from_numpy(np.asarray(_Lease(_take(length), length))).untyped_storage()
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape, _strides(shape, layout))
 
 
+def use_native(module) -> None:
+    """From now on ``module`` (the loaded extension, ``native.cpp``'s ``kept_empty``) holds the kept
+    mappings, or this module where None; the idle ones of the other are unmapped now, those lent
+    now when PyTorch frees them."""
+    with _LOCK:
+        if _NATIVE:
+            _NATIVE[0].kept_limit(0)
+        _NATIVE[:] = [] if module is None else [module]
+        if module is not None:
+            module.kept_limit(KEPT_BYTES if _STATE["policy"] == "kept" else 0)
+            _IDLE.clear()
+            _STATE["bytes"] = 0
+
+
 def is_kept(tensor: torch.Tensor) -> bool:
     """Whether ``tensor``'s storage is a kept mapping (lent to it and its views)."""
-    return tensor.untyped_storage().data_ptr() in _LENT
+    address = tensor.untyped_storage().data_ptr()
+    return address in _LENT or bool(_NATIVE and _NATIVE[0].is_kept(address))
 
 
 def release_outputs() -> int:
@@ -135,6 +158,9 @@ def release_outputs() -> int:
         released = _STATE["bytes"]
         _IDLE.clear()
         _STATE["bytes"] = 0
+        if _NATIVE:
+            released += _NATIVE[0].kept_limit(0)
+            _NATIVE[0].kept_limit(KEPT_BYTES if _STATE["policy"] == "kept" else 0)
     return released
 
 
@@ -146,6 +172,8 @@ def set_outputs(policy: str) -> None:
     settled.reset()
     if policy != "kept":
         release_outputs()
+    if _NATIVE:
+        _NATIVE[0].kept_limit(KEPT_BYTES if policy == "kept" else 0)
 
 
 def get_outputs() -> str:
@@ -156,7 +184,8 @@ def get_outputs() -> str:
 def kept_outputs() -> dict[str, int]:
     """``{"maps": mappings made, "held": idle mappings now, "bytes": their bytes}`` in this process."""
     with _LOCK:
-        return {"maps": _STATE["maps"], "held": len(_IDLE), "bytes": _STATE["bytes"]}
+        maps, held, held_bytes, _ = _NATIVE[0].kept_counts() if _NATIVE else (0, 0, 0, 0)
+        return {"maps": _STATE["maps"] + maps, "held": len(_IDLE) + held, "bytes": _STATE["bytes"] + held_bytes}
 
 
 _policy = os.environ.get("TVM_CONVGRAD_OUTPUTS", "kept")
