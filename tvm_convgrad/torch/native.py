@@ -17,12 +17,12 @@ the profiler sees the forward and the kernels under the Python path's labels (``
 ``tvm_convgrad::conv2d_weight_grad`` and ``conv2d_input_grad``: what the step benchmark counts). A
 dX of :data:`.outputs.OUTPUTS_FROM` bytes or more under ``"kept"`` outputs is a kept mapping, as
 the Python node's: the extension holds :mod:`.outputs`' mappings once loaded (its ``kept_empty``,
-no call into Python). Under autocast, a float32
-weight beside a bf16 / f16 input is cast in the node's forward, and its gradient is the dW kernel's
-float32 sums, as the Python node's. A backward that records a graph (``create_graph=True``), or
-whose grad_output is batched or wrapped (legacy ``vmap``, functorch, a subclass), calls back into
-Python (the Python node's backward). The rest takes the Python node: the first calls of a signature
-(its choices made there), forward-mode AD (its ``jvp``), float64 and cropped taps.
+no call into Python). Under autocast, a float32 weight beside a bf16 / f16 input is cast in the
+node's forward, and its gradient is the dW kernel's float32 sums, as the Python node's. A backward
+that records a graph (``create_graph=True``), or whose grad_output is batched or wrapped (legacy
+``vmap``, functorch, a subclass), calls back into Python (the Python node's backward). The rest
+takes the Python node: the first calls of a signature (its choices made there), forward-mode AD
+(its ``jvp``), float64 and cropped taps.
 
 Once a call taking the C++ node has its forward chosen too, its signature is *settled*
 (:func:`_settle`): later calls of it go from :func:`tvm_convgrad.torch.conv2d` straight to the node

@@ -53,7 +53,8 @@ POLICIES = ("kept", "malloc")
 OUTPUTS_FROM = 1 << 20
 """Fewest bytes of a result taken from the kept mappings (smaller ones from ``torch.empty``)."""
 KEPT_BYTES = 1 << 30
-"""Most bytes of idle mappings held (one returned beyond it is unmapped)."""
+"""Most bytes of idle mappings held (one returned beyond it is unmapped); the extension's pool reads
+it when it is loaded and when :func:`set_outputs` sets a policy."""
 PAGE = mmap.PAGESIZE
 PRIVATE = {"flags": mmap.MAP_PRIVATE} if hasattr(mmap, "MAP_PRIVATE") else {}
 """Anonymous mappings private to the process (Python's default is shared: a forked child, a
