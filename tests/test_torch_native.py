@@ -268,14 +268,15 @@ def _settled(layer, x, g, calls: int = 3):
 def test_a_settled_call_skips_the_python_path(native, python_path, monkeypatch, channels_last, way, bias):
     """Once a signature's route is settled, its calls go from ``tvm_convgrad.torch.conv2d``
     straight to the C++ node (``native.fast``) with the forward chosen (``F.conv2d``, the package's
-    kernel, PyTorch's BLAS way): the Python path is not entered, and the output and gradients equal
-    the Python path's bit for bit."""
+    kernel called by the node itself, PyTorch's BLAS way): the Python path is not entered, and the
+    output and gradients equal the Python path's bit for bit."""
     from tvm_convgrad.torch import blas, forward
 
-    blas_calls = []
+    blas_calls, ours_calls = [], []
     if way == "blas":  # "auto" choosing the BLAS way over F.conv2d, and it over the package's forward
         monkeypatch.setattr(forward, "wins", lambda candidate, incumbent: getattr(candidate, "func", None) is blas.forward)
         monkeypatch.setattr(blas, "forward", lambda *args, original=blas.forward: blas_calls.append(1) or original(*args))
+    monkeypatch.setattr(forward, "ours", lambda *args, original=forward.ours: ours_calls.append(1) or original(*args))
     mode = forward.get_forward()
     forward.set_forward("auto" if way == "blas" else way)
     try:
@@ -289,9 +290,10 @@ def test_a_settled_call_skips_the_python_path(native, python_path, monkeypatch, 
         _settled(layer, x, g)
         python_path.clear()
         blas_calls.clear()
+        ours_calls.clear()
         y = layer(x)
         assert python_path == [] and type(y.grad_fn).__name__ == "CppFunction"
-        assert blas_calls == ([1] if way == "blas" else [])
+        assert blas_calls == ([1] if way == "blas" else []) and ours_calls == []
         y.backward(g)
         fast = (y.detach(), x.grad, layer.weight.grad, None if layer.bias is None else layer.bias.grad)
         for a, b in zip(python, fast):
@@ -299,6 +301,33 @@ def test_a_settled_call_skips_the_python_path(native, python_path, monkeypatch, 
             if a is not None:
                 assert torch.equal(a, b) and a.stride() == b.stride()
         assert python_path == []
+    finally:
+        forward.set_forward(mode)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_settled_package_forward_keeps_a_large_output(native, python_path, monkeypatch, channels_last):
+    """The node's own call of the package's forward takes its output from the kept mappings where
+    ``outputs.empty`` would (``OUTPUTS_FROM`` lowered under it), in the input's layout, and gives the
+    Python path's output bit for bit."""
+    from tvm_convgrad.torch import forward, outputs
+
+    monkeypatch.setattr(outputs, "OUTPUTS_FROM", 1024)
+    mode = forward.get_forward()
+    forward.set_forward("ours")
+    try:
+        layer = _layer(channels_last=channels_last)
+        memory = torch.channels_last if channels_last else torch.contiguous_format
+        x = torch.randn(2, 16, 9, 9).to(memory_format=memory).requires_grad_()
+        g = torch.randn_like(layer(x))
+        expected = _gradients(layer, x, g, "off")[0]
+        native.set_native("on")
+        _settled(layer, x, g)
+        python_path.clear()
+        y = layer(x)
+        assert python_path == [] and type(y.grad_fn).__name__ == "CppFunction"
+        assert outputs.is_kept(y) == (outputs.get_outputs() == "kept") and y.is_contiguous(memory_format=memory)
+        assert torch.equal(y, expected)
     finally:
         forward.set_forward(mode)
 

@@ -37,8 +37,8 @@ from . import blas, outputs, remembered, settled
 from .kernels import (DTYPES, CallPlan, aligned, as_layout, as_weights, forward_kernel, is_channels_last, pointwise_forward_kernel,
                       tensors_plan)
 
-__all__ = ["MARGIN", "MODES", "PENDING", "ROUNDS", "elapsed_ms", "forward", "forward_choices", "get_forward", "ours", "pytorch",
-           "pytorchs", "set_forward", "settled_way", "wins"]
+__all__ = ["MARGIN", "MODES", "PENDING", "ROUNDS", "elapsed_ms", "forward", "forward_choices", "get_forward", "ours",
+           "ours_kernel", "pytorch", "pytorchs", "set_forward", "settled_way", "wins"]
 
 MODES = ("auto", "ours", "pytorch")
 MARGIN = 1.05
@@ -127,9 +127,14 @@ def ours(call: Conv2dGradients, input: torch.Tensor, weight: torch.Tensor, bias:
     layout): a channels-last fp32 1x1's written out (:func:`.kernels.pointwise_forward_kernel`), else the cube's."""
     out = outputs.empty(call.y_shape, input.dtype, call.data_format == "NXC")
     args = (as_layout(input, call), as_weights(weight, call)) + (() if bias is None else (aligned(bias),))
-    kernel = pointwise_forward_kernel(call, bias is not None) or forward_kernel(call, bias is not None).function
-    kernel(*args, as_layout(out, call))
+    ours_kernel(call, bias is not None)(*args, as_layout(out, call))
     return out
+
+
+def ours_kernel(call: Conv2dGradients, bias: bool):
+    """The compiled function :func:`ours` runs: ``(input, weight[, bias], output)`` in the call's
+    layouts (the C++ node calls it itself for a settled signature, :mod:`.native`)."""
+    return pointwise_forward_kernel(call, bias) or forward_kernel(call, bias).function
 
 
 def elapsed_ms(fn) -> float:

@@ -31,6 +31,7 @@
 #include <array>
 #include <initializer_list>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -200,11 +201,21 @@ struct View {
     for (int i = 0; i < 4; ++i) shape[i] = t.size(last ? order_last[i] : order_first[i]);
     tensor = DLTensor{t.data_ptr(), DLDevice{kDLCPU, 0}, 4, dl_type(t), shape, nullptr, 0};
   }
+  explicit View(const at::Tensor& vector) {  // (a bias: 1-D)
+    shape[0] = vector.size(0);
+    tensor = DLTensor{vector.data_ptr(), DLDevice{kDLCPU, 0}, 1, dl_type(vector), shape, nullptr, 0};
+  }
 };
 
-// A kernel's call on the views' memory (its arguments in order: inputs, then results).
-void call(int64_t function, std::initializer_list<const View*> views, const char* name) {
-  RECORD_FUNCTION(name, std::vector<c10::IValue>());
+// A kernel's call on the views' memory (its arguments in order: inputs, then results), under the
+// profiler's range ``name``, or none where ``ranged`` is false (the forward: inside Conv2dFunction,
+// as the Python path runs it).
+void call(int64_t function, std::initializer_list<const View*> views, const char* name, bool ranged = true) {
+  std::optional<at::RecordFunction> range;
+  if (ranged && at::hasCallbacks()) {
+    range.emplace(at::RecordScope::FUNCTION);
+    if (range->isActive()) range->before(name, -1);
+  }
   constexpr size_t kMostArguments = 5;  // (the one-pass kernels': x, dy, w, dx, dw)
   if (views.size() > kMostArguments) throw std::invalid_argument("tvm_convgrad native: a kernel call of more than 5 tensors");
   TVMFFIAny args[kMostArguments], result;
@@ -226,12 +237,37 @@ void call(int64_t function, std::initializer_list<const View*> views, const char
 }
 
 // A settled signature's forward arguments (pads symmetric) and, for the package's forward or
-// PyTorch's BLAS way, the Python function (input, weight, bias) -> output (None: at::conv2d).
+// PyTorch's BLAS way, the Python function (input, weight, bias) -> output (None: at::conv2d). The
+// package's forward is called here instead where ``kernel`` is its handle: (x, w[, bias], y) in the
+// plan's layouts, y of ``output_sizes`` over a kept mapping where ``kept_output``. (Cold, the Python
+// function cost ~120 us a call above its kernel: its allocation, views and lookup.)
 struct Forward {
   Pair stride, padding, dilation;
   int64_t groups;
   py::object function;
+  int64_t kernel = 0;
+  std::vector<int64_t> output_sizes;
+  bool kept_output = false;
 };
+
+// The package's forward of a settled signature (Forward::kernel), on the tensors' memory as
+// forward.ours lays it (each aligned, a copy where it is not), without the GIL.
+at::Tensor package_forward(const Forward& f, const Plan& plan, const at::Tensor& input, const at::Tensor& weight,
+                           const c10::optional<at::Tensor>& bias) {
+  py::gil_scoped_release no_gil;
+  const at::Tensor x = aligned(input, plan.channels_last), w = aligned(weight, plan.weights_last);
+  const at::Tensor y = f.kept_output ? kept_empty(f.output_sizes, input.scalar_type(), plan.channels_last)
+                                     : at::empty(f.output_sizes, input.options().memory_format(layout(plan.channels_last)));
+  const View x_view(x, plan.channels_last), w_view(w, plan.weights_last), y_view(y, plan.channels_last);
+  if (bias.has_value() && bias->defined()) {
+    const at::Tensor b = aligned(*bias, false);
+    const View b_view(b);
+    call(f.kernel, {&x_view, &w_view, &b_view, &y_view}, "the package's forward", false);
+  } else {
+    call(f.kernel, {&x_view, &w_view, &y_view}, "the package's forward", false);
+  }
+  return y;
+}
 
 }  // namespace
 
@@ -252,6 +288,7 @@ struct Conv2dNative : public torch::autograd::Function<Conv2dNative> {
     ctx->saved_data["plan"] = plan;
     ctx->saved_data["bias"] = bias.has_value() && bias->defined();
     if (settled == nullptr) return output(narrow).cast<at::Tensor>();
+    if (settled->kernel != 0) return package_forward(*settled, plan_of(plan), input, narrow, bias);
     if (!settled->function.is_none()) return settled->function(input, narrow, bias).cast<at::Tensor>();
     py::gil_scoped_release no_gil;  // (as F.conv2d's binding releases it)
     return at::conv2d(input, narrow, bias, settled->stride, settled->padding, settled->dilation, settled->groups);
@@ -464,7 +501,8 @@ py::object fast(py::handle input_obj, py::handle weight_obj, py::handle bias_obj
 // Register a call's signature as settled: its later calls take fast() (``function``: see Forward;
 // the tensors as the node got them, autocast's casts made: ``autocast`` whether it was on).
 void settle(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias, Pair stride, Pair padding,
-            Pair dilation, int64_t groups, bool need_x, bool need_w, int64_t plan, py::object function, bool autocast) {
+            Pair dilation, int64_t groups, bool need_x, bool need_w, int64_t plan, py::object function, bool autocast,
+            int64_t kernel, std::vector<int64_t> output_sizes, bool kept_output) {
   if (settled_calls == nullptr) {
     settled_calls = new std::unordered_map<Key, Settled, KeyHash>();
     forward_ad = new py::object(py::module_::import("torch.autograd.forward_ad"));
@@ -474,7 +512,8 @@ void settle(const at::Tensor& input, const at::Tensor& weight, const c10::option
   const int64_t bias_type = has_bias ? static_cast<int64_t>(bias->scalar_type()) : -1;
   const Types types{input.scalar_type(), bias_type, weight.scalar_type(), autocast};
   (*settled_calls)[key_of(types, input, weight, stride, padding, dilation, groups, need_x, need_w)] =
-      Settled{plan, Forward{stride, padding, dilation, groups, std::move(function)}};
+      Settled{plan, Forward{stride, padding, dilation, groups, std::move(function), kernel, std::move(output_sizes),
+                            kept_output}};
 }
 
 void unsettle() {
@@ -520,7 +559,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("kept_counts", &kept_counts, "(mappings made, idle now, their bytes, lent now)");
   m.def("is_kept", &is_kept, "whether a data address is a kept mapping lent now");
   m.def("fast", &fast, "a settled signature's call, else None: (input, weight, bias, stride, padding, dilation, groups)");
-  m.def("settle", &settle, "register a signature as settled (tensors, arguments, needs, plan id, forward or None, autocast)");
+  m.def("settle", &settle,
+        "register a signature as settled (tensors, arguments, needs, plan id, forward or None, autocast, the package's "
+        "forward kernel or 0, its output's sizes, whether kept)");
   m.def("unsettle", &unsettle, "forget every settled signature (a mode changed)");
   m.def("settled_count", &settled_count, "how many signatures are settled");
 }

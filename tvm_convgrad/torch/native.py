@@ -29,7 +29,11 @@ Once a call taking the C++ node has its forward chosen too, its signature is *se
 (:func:`fast`), the checks and choices of the Python path skipped where the call's tensors, arguments
 and the global state are those it settled with. Cold, in a step whose large tensors evict the
 interpreter's data, the Python path cost ~100 us a call more than ``nn.Conv2d``'s whole call; with
-:func:`fast`, ~25 us (a 1x1 layer on 16 x 4x4, the caches flushed before each call, Zen 4).
+:func:`fast`, ~25 us (a 1x1 layer on 16 x 4x4, the caches flushed before each call, Zen 4). Where the
+settled forward is the package's (:func:`.forward.ours`), the node calls its kernel itself
+(:func:`.forward.ours_kernel`'s handle, its output from ``kept_empty`` where :func:`.outputs.empty`
+would map it): cold, ``forward.ours`` cost ~120 us a call above its kernel (its allocation, the
+views, the kernel's lookup).
 
 The extension is compiled on first use with PyTorch's ``torch.utils.cpp_extension`` (a C++
 compiler and ninja; ~30 s, kept in PyTorch's extensions folder for later processes) against
@@ -41,6 +45,7 @@ loaded for the life of the process (the node holds their handles).
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from pathlib import Path
@@ -193,23 +198,32 @@ def settle_pytorchs(plan: CallPlan, input: torch.Tensor, weight: torch.Tensor, b
 
 def _settled_route(plan: CallPlan, input, weight, bias, needs: tuple[bool, bool], autocast: bool, plan_id: int, way):
     """The extension's ``settle`` of a call (``plan_id``: its node's, -1 for PyTorch's own; ``way``:
-    the forward's function, None for ``at::conv2d``), where its pads are PyTorch's (symmetric)."""
+    the forward's function, None for ``at::conv2d``), where its pads are PyTorch's (symmetric). The
+    package's forward (:func:`.forward.ours`) is given as its kernel's handle, which the node calls
+    itself, its output over a kept mapping where :func:`.outputs.empty` would take one."""
     call = plan.call
     pt, pb, pl, pr = call.pads
     if pt == pb and pl == pr:
-        arguments = (call.strides, (pt, pl), call.dilation, call.groups)
-        _STATE["module"].settle(input, weight, bias, *arguments, needs[0], needs[1], plan_id, way, autocast)
+        handle, output_sizes, kept = 0, [], False
+        if getattr(way, "func", None) is forward_module.ours:
+            kernel = forward_module.ours_kernel(call, bias is not None)
+            plan.native.forwards[bias is not None] = kernel  # (kept: the node holds its handle)
+            handle, output_sizes = kernel.__chandle__(), list(call.y_shape)
+            kept = outputs.get_outputs() == "kept" and math.prod(output_sizes) * input.element_size() >= outputs.OUTPUTS_FROM
+        arguments = (call.strides, (pt, pl), call.dilation, call.groups, needs[0], needs[1], plan_id, way, autocast)
+        _STATE["module"].settle(input, weight, bias, *arguments, handle, output_sizes, kept)
 
 
 class _Native:
     """A plan's registration with the C++ node: its ``id`` there, and which of its kernels it has
     (each built and given to it when a call first needs it)."""
 
-    __slots__ = ("id", "input_grad", "weight_grad", "weight_grad_f32", "both", "kept_input_grad")
+    __slots__ = ("id", "input_grad", "weight_grad", "weight_grad_f32", "both", "kept_input_grad", "forwards")
 
     def __init__(self, id: int):
         self.id, self.input_grad, self.weight_grad, self.weight_grad_f32, self.kept_input_grad = id, False, False, False, False
         self.both = False
+        self.forwards: dict = {}  # (with a bias: the package's forward kernel whose handle a settled call holds)
 
 
 def _has_kernels(plan: CallPlan, needs: tuple[bool, bool], wide: bool) -> bool:
