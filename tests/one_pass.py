@@ -31,11 +31,26 @@ def assert_within_summation_bound(x, dy, w, dx, dw, size, kernel, conv: dict, co
         assert (error <= bound).all(), f"{name}: worst {float((error / bound).max()):.3g} x the bound"
 
 
+GUARDED_PREAMBLE = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np, tvm
+from guard_pages import GuardedMemory
+from tvm_convgrad import isa_target
+from tvm_convgrad.compile import build_func
+from tvm_convgrad.isa import isa_plan
+memory, side, target = GuardedMemory(), sys.argv[2], isa_target("native")
+plan = isa_plan(target)
+"""
+"""What every guarded child script starts with: ``memory`` (:class:`guard_pages.GuardedMemory`), the
+``side`` of its arrays the guard page lies on, this host's ``target`` and its ISA ``plan``."""
+
+
 def assert_runs_guarded(script: str, side: str, cases: list):
-    """``script`` in a child process (``python -c script TESTS_DIR SIDE CASES``) that runs a kernel on
-    arrays flush against a ``PROT_NONE`` page (:mod:`guard_pages`) and prints ``done``: a read or
-    write past an edge faults the child, and this fails."""
-    command = [sys.executable, "-c", script, str(Path(__file__).parent), side, repr(cases)]
+    """``script`` (after :data:`GUARDED_PREAMBLE`) in a child process (``python -c script TESTS_DIR
+    SIDE CASES``) that runs a kernel on arrays flush against a ``PROT_NONE`` page (:mod:`guard_pages`)
+    and prints ``done``: a read or write past an edge faults the child, and this fails."""
+    command = [sys.executable, "-c", GUARDED_PREAMBLE + script, str(Path(__file__).parent), side, repr(cases)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     finished = done.returncode == 0 and done.stdout.rstrip().endswith("done")
     assert finished, (done.returncode, done.stdout[-800:], done.stderr[-1500:])

@@ -120,16 +120,10 @@ def test_band_rows_leave_every_core_tasks():
 
 
 GUARDED = r"""
-import sys
-sys.path.insert(0, sys.argv[1])
-import numpy as np, tvm
-from guard_pages import GuardedMemory
-from tvm_convgrad import isa_target, reference
-from tvm_convgrad.compile import build_func, pass_context, resolve_target
-from tvm_convgrad.isa import isa_plan
+from tvm_convgrad import reference
+from tvm_convgrad.compile import pass_context, resolve_target
 from tvm_convgrad.schedule.cpu.depthwise_backward import DepthwiseBackward, depthwise_backward_func
-memory, side, target = GuardedMemory(), sys.argv[2], isa_target("native")
-lanes = isa_plan(target).lanes
+lanes = plan.lanes
 for n, c, h, w, k, s, p, d, last in eval(sys.argv[3]):
     layer = DepthwiseBackward(n, c, h, w, *k, s, p, d, last, lanes, 2)
     rng = np.random.default_rng(1)

@@ -110,17 +110,8 @@ def test_layers_it_does_not_take():
 
 
 GUARDED = r"""
-import sys
-sys.path.insert(0, sys.argv[1])
-import numpy as np, tvm
-from guard_pages import GuardedMemory
-from tvm_convgrad import isa_target
-from tvm_convgrad.compile import build_func
-from tvm_convgrad.isa import isa_plan
 from tvm_convgrad.schedule.cpu.pointwise_backward import PointwiseBackward
 from tvm_convgrad.schedule.cpu.pointwise_forward import pointwise_forward_func
-memory, side, target = GuardedMemory(), sys.argv[2], isa_target("native")
-plan = isa_plan(target)
 for n, h, w, c, o, last in eval(sys.argv[3]):
     layer = PointwiseBackward(n, h, w, c, o, last, plan.lanes, plan.registers, 2)
     rng = np.random.default_rng(1)

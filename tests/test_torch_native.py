@@ -33,9 +33,17 @@ def _layer(cin=16, cout=32, k=3, stride=1, padding=1, dilation=1, groups=1, bias
     import tvm_convgrad.torch as tct
 
     torch.manual_seed(0)
-    memory = torch.channels_last if channels_last else torch.contiguous_format
     layer = tct.Conv2d(cin, cout, k, stride=stride, padding=padding, dilation=dilation, groups=groups, bias=bias)
-    return layer.to(getattr(torch, dtype), memory_format=memory)
+    return layer.to(getattr(torch, dtype), memory_format=_layout(channels_last))
+
+
+def _layout(channels_last: bool):
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+def _input(channels_last: bool = False) -> "torch.Tensor":
+    """A (2, 16, 9, 9) input that needs its gradient, channels-last in memory where asked."""
+    return torch.randn(2, 16, 9, 9).to(memory_format=_layout(channels_last)).requires_grad_()
 
 
 def _gradients(layer, x, g, mode: str):
@@ -70,8 +78,7 @@ def test_the_cpp_node_gives_the_python_nodes_gradients(native, channels_last, dt
     """The second call of a signature runs the C++ node; its output and gradients equal the
     Python node's bit for bit, and the float64 reference's within the type's bound."""
     layer = _layer(channels_last=channels_last, dtype=dtype, **shape)
-    memory = torch.channels_last if channels_last else torch.contiguous_format
-    x = torch.randn(2, layer.in_channels, 9, 9).to(layer.weight.dtype, memory_format=memory).requires_grad_()
+    x = torch.randn(2, layer.in_channels, 9, 9).to(layer.weight.dtype, memory_format=_layout(channels_last)).requires_grad_()
     g = torch.randn_like(layer(x))
     python = _gradients(layer, x, g, "off")
     cpp = _gradients(layer, x, g, "on")
@@ -282,8 +289,7 @@ def test_a_settled_call_skips_the_python_path(native, python_path, monkeypatch, 
     try:
         k, padding = (1, 0) if way == "blas" else (3, 1)
         layer = _layer(cin=16, cout=32, k=k, padding=padding, bias=bias, channels_last=channels_last)
-        memory = torch.channels_last if channels_last else torch.contiguous_format
-        x = torch.randn(2, 16, 9, 9).to(memory_format=memory).requires_grad_()
+        x = _input(channels_last)
         g = torch.randn_like(layer(x))
         python = [None if t is None else t.clone() for t in _gradients(layer, x, g, "off") if not isinstance(t, str)]
         native.set_native("on")
@@ -317,8 +323,7 @@ def test_a_settled_package_forward_keeps_a_large_output(native, python_path, mon
     forward.set_forward("ours")
     try:
         layer = _layer(channels_last=channels_last)
-        memory = torch.channels_last if channels_last else torch.contiguous_format
-        x = torch.randn(2, 16, 9, 9).to(memory_format=memory).requires_grad_()
+        x = _input(channels_last)
         g = torch.randn_like(layer(x))
         expected = _gradients(layer, x, g, "off")[0]
         native.set_native("on")
@@ -326,7 +331,7 @@ def test_a_settled_package_forward_keeps_a_large_output(native, python_path, mon
         python_path.clear()
         y = layer(x)
         assert python_path == [] and type(y.grad_fn).__name__ == "CppFunction"
-        assert outputs.is_kept(y) == (outputs.get_outputs() == "kept") and y.is_contiguous(memory_format=memory)
+        assert outputs.is_kept(y) == (outputs.get_outputs() == "kept") and y.is_contiguous(memory_format=_layout(channels_last))
         assert torch.equal(y, expected)
     finally:
         forward.set_forward(mode)
@@ -408,8 +413,7 @@ def test_autocast_takes_the_cpp_node(native, python_path, channels_last, dtype, 
     fast path (autocast's casts made in C++): the output, dX and the float32 weight's float32
     gradient (the dW kernel's float32 sums) equal the Python node's bit for bit."""
     layer = _layer(bias=bias, channels_last=channels_last)
-    memory = torch.channels_last if channels_last else torch.contiguous_format
-    x = torch.randn(2, 16, 9, 9).to(memory_format=memory).requires_grad_()
+    x = _input(channels_last)
     low = getattr(torch, dtype)
     with torch.autocast("cpu", dtype=low):
         g = torch.randn_like(layer(x))
@@ -447,8 +451,7 @@ def test_a_settled_pytorch_throughout_call_is_f_conv2d_from_cpp(native, python_p
     backward.set_backward("pytorch")
     try:
         layer = _layer(channels_last=channels_last)
-        memory = torch.channels_last if channels_last else torch.contiguous_format
-        x = torch.randn(2, 16, 9, 9).to(memory_format=memory).requires_grad_()
+        x = _input(channels_last)
         g = torch.randn_like(layer(x))
         _settled(layer, x, g)
         python_path.clear()

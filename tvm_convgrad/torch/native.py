@@ -150,7 +150,7 @@ def node(plan: CallPlan, input: torch.Tensor, weight: torch.Tensor, bias: Option
         native = _register(plan, needs, backward, wide)
         if native is None:
             return None
-    kept = input.nbytes >= outputs.OUTPUTS_FROM and outputs.get_outputs() == "kept"  # (a dX :mod:`.outputs` maps)
+    kept = outputs.kept_for(input.nbytes)  # (a dX :mod:`.outputs` maps)
     if kept != native.kept_input_grad:
         _STATE["module"].set_kept(native.id, kept)
         native.kept_input_grad = kept
@@ -209,7 +209,7 @@ def _settled_route(plan: CallPlan, input, weight, bias, needs: tuple[bool, bool]
             kernel = forward_module.ours_kernel(call, bias is not None)
             plan.native.forwards[bias is not None] = kernel  # (kept: the node holds its handle)
             handle, output_sizes = kernel.__chandle__(), list(call.y_shape)
-            kept = outputs.get_outputs() == "kept" and math.prod(output_sizes) * input.element_size() >= outputs.OUTPUTS_FROM
+            kept = outputs.kept_for(math.prod(output_sizes) * input.element_size())
         arguments = (call.strides, (pt, pl), call.dilation, call.groups, needs[0], needs[1], plan_id, way, autocast)
         _STATE["module"].settle(input, weight, bias, *arguments, handle, output_sizes, kept)
 

@@ -45,8 +45,8 @@ from ..errors import ConvGradError
 from . import settled
 from .kernels import memory_format
 
-__all__ = ["KEPT_BYTES", "OUTPUTS_FROM", "POLICIES", "empty", "get_outputs", "is_kept", "kept_outputs", "release_outputs",
-           "set_outputs", "use_native"]
+__all__ = ["KEPT_BYTES", "OUTPUTS_FROM", "POLICIES", "empty", "get_outputs", "is_kept", "kept_for", "kept_outputs",
+           "release_outputs", "set_outputs", "use_native"]
 
 POLICIES = ("kept", "malloc")
 """``TVM_CONVGRAD_OUTPUTS``' values (see the module docstring)."""
@@ -124,13 +124,23 @@ def empty(shape, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
     shape = tuple(int(extent) for extent in shape)
     nbytes = math.prod(shape) * dtype.itemsize
     layout = memory_format(channels_last and len(shape) == 4)
-    if _STATE["policy"] != "kept" or nbytes < OUTPUTS_FROM:
+    if not kept_for(nbytes):
         return torch.empty(shape, dtype=dtype, memory_format=layout)
     if _NATIVE:
         return _NATIVE[0].kept_empty(list(shape), dtype, channels_last)
     length = -(-nbytes // PAGE) * PAGE
     storage = torch.from_numpy(np.asarray(_Lease(_take(length), length))).untyped_storage()
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape, _strides(shape, layout))
+
+
+def kept_for(nbytes: int) -> bool:
+    """Whether a result of ``nbytes`` bytes is a kept mapping now (``"kept"``, :data:`OUTPUTS_FROM` or more)."""
+    return _STATE["policy"] == "kept" and nbytes >= OUTPUTS_FROM
+
+
+def _idle_budget() -> int:
+    """The idle bytes the extension's pool may hold under the current policy (none under ``"malloc"``)."""
+    return KEPT_BYTES if _STATE["policy"] == "kept" else 0
 
 
 def use_native(module) -> None:
@@ -142,7 +152,7 @@ def use_native(module) -> None:
             _NATIVE[0].kept_limit(0)
         _NATIVE[:] = [] if module is None else [module]
         if module is not None:
-            module.kept_limit(KEPT_BYTES if _STATE["policy"] == "kept" else 0)
+            module.kept_limit(_idle_budget())
             _IDLE.clear()
             _STATE["bytes"] = 0
 
@@ -161,7 +171,7 @@ def release_outputs() -> int:
         _STATE["bytes"] = 0
         if _NATIVE:
             released += _NATIVE[0].kept_limit(0)
-            _NATIVE[0].kept_limit(KEPT_BYTES if _STATE["policy"] == "kept" else 0)
+            _NATIVE[0].kept_limit(_idle_budget())
     return released
 
 
@@ -174,7 +184,7 @@ def set_outputs(policy: str) -> None:
     if policy != "kept":
         release_outputs()
     if _NATIVE:
-        _NATIVE[0].kept_limit(KEPT_BYTES if policy == "kept" else 0)
+        _NATIVE[0].kept_limit(_idle_budget())
 
 
 def get_outputs() -> str:
