@@ -89,6 +89,12 @@ FIXED = {
     "dx-depthwise-bands-nxc": Case("data", 4, 48, 48, 48, (64, 60), (64, 60), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
     "fwd-depthwise-bands-nxc": Case("fwd", 4, 40, 40, 40, (64, 60), (64, 60), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
     "dw-depthwise-bands-nxc": Case("conv_v2", 4, 40, 40, 40, (64, 60), (64, 60), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
+    # bf16 dW on AMX tiles (emulated where the host lacks them) with its pairs along the images: 4x4 maps, 40 -> 24
+    # channels (partial blocks), NCX; a strided NXC one (12 images: 6-pair tiles)
+    "amx-dw-images-ncx": Case("conv_v2", 8, 40, 24, 1, (4, 4), (4, 4), (3, 3), (1, 1), dtype="bfloat16", data_format="NCX",
+                              weights_format="OIX", **_PADS1),  # fmt: skip
+    "amx-dw-images-nxc-s2": Case("conv_v2", 12, 32, 48, 1, (7, 7), (4, 4), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1),
+                                 dtype="bfloat16", effective_pads=(1, 1)),  # fmt: skip
     # a 1x1 dW in OIX: its unit tap loops join the input-channel loop, written 16 lanes at a time
     "dw-1x1-oix": Case("conv_v2", 2, 40, 24, 1, (7, 7), (7, 7), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
                        weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
@@ -312,7 +318,8 @@ def _kernel(label: str):
     if variant == "fixed":
         case = FIXED[op]
         result = valid_result(case.op, case)
-        return case.op, case, emulate_bf16_dot(result) if op.startswith("pairs-") else build(result)
+        paired = op.startswith(("pairs-", "amx-"))
+        return case.op, case, emulate_bf16_dot(result, amx=op.startswith("amx-")) if paired else build(result)
     i = int(index[0])
     case = valid_case(op, np.random.default_rng([SEED, VARIANTS.index(variant), OPERATORS.index(op), i]))
     if variant in ("pairs", "amx"):

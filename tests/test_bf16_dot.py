@@ -15,6 +15,7 @@ from tvm import te
 from tvm.target import Target
 
 from tvm_convgrad import ConvGradError, build, emulate_bf16_dot, resolve_target
+from tvm_convgrad.dsl.compute.dw_pairs import amx_images
 from tvm_convgrad.frontends import onednn
 from tvm_convgrad.isa import X86_TRIPLE, has_amx_bf16, has_bf16_dot, host_features, isa_plan
 from tvm_convgrad.schedule.cpu.amx import request_amx
@@ -282,6 +283,15 @@ AMX_SHAPES = [
 rows of 20 pairs (two 10-pair tiles), groups, Cout not a multiple of 16."""
 AMX_DW_SHAPES = [dict(batch=2, size=15, cin=3, cout=64, kernel=7, stride=2, pads=(3, 3))]
 """dW only: a 3-channel 7x7 stem (its channels padded to a tile's 16; its dX puts pixels on the lanes)."""
+AMX_IMAGE_SHAPES = [
+    dict(batch=8, size=4, cin=32, cout=32), dict(batch=6, size=5, cin=16, cout=48),
+    dict(batch=8, size=7, cin=48, cout=32, stride=2, pads=(1, 0)), dict(batch=12, size=3, cin=32, cout=32, kernel=1, pads=(0, 0)),
+    dict(batch=16, size=6, cin=32, cout=32, dilation=2, pads=(2, 2)), dict(batch=10, size=5, cin=40, cout=24, groups=2),
+    dict(batch=36, size=2, cin=16, cout=16, pads=(1, 1)),
+]  # fmt: skip
+"""dW with its pairs along the images (small maps, an even batch): 4x4 at N=8, an odd number of image
+pairs, a strided 3x3 with uneven pads, a 1x1, dilation, groups with Cout not a multiple of 16, and 18
+image pairs (a 9-pair tile twice)."""
 AMX_DX_SHAPES = [
     dict(batch=2, size=14, cin=32, cout=32, dilation=2, pads=(2, 2)), dict(batch=1, size=17, cin=16, cout=48, kernel=5, stride=3, pads=(2, 0)),
     dict(batch=2, size=9, cin=48, cout=16, kernel=1, stride=2, pads=(0, 0)), dict(batch=1, size=4, cin=32, cout=32, pads=(0, 2)),
@@ -319,6 +329,28 @@ def test_amx_tiles_match_the_reference(op, shape):
     assert check.ok, f"{shape}: {check}"
 
 
+@pytest.mark.parametrize("op, shape", [(op, shape) for op in ("filters", "transpose") for shape in AMX_IMAGE_SHAPES])
+def test_amx_dw_of_small_maps_pairs_the_images(op, shape):
+    """A small map's dW takes its tile rows along image pairs (dy packed ``(Ho, C1, Wo, 16, N/2)``:
+    one ``tdpbf16ps`` per output pixel of up to 16 pairs, where a row of a 4x4 map gives 2), within
+    the fp32 bound, as column pairs are."""
+    batch, size = shape["batch"], shape["size"]
+    reach = shape.get("dilation", 1) * (shape.get("kernel", 3) - 1)
+    out = (size + sum(shape.get("pads", (1, 1))) - reach - 1) // shape.get("stride", 1) + 1
+    assert amx_images(batch, out, out)
+    kernel = emulate_bf16_dot(_call(op, **shape), amx=True)
+    (pack,) = [line for line in kernel.mod.script().splitlines() if "grads_2_matrix = T.sblock_alloc_buffer" in line]
+    assert pack.split("(", 2)[2].startswith(f"T.int64({out}),") and pack.endswith(f"T.int64({batch // 2})), \"uint32\")")
+    check = check_kernel(kernel, seed=7)
+    assert check.ok, f"{shape}: {check}"
+
+
+def test_amx_dw_pairs_images_where_they_take_fewer_tile_multiplies():
+    """Image pairs where they take fewer ``tdpbf16ps`` than column pairs: never for an odd batch."""
+    assert amx_images(32, 4, 4) and amx_images(32, 7, 7) and amx_images(32, 28, 28) and amx_images(8, 2, 2)
+    assert not amx_images(8, 16, 16) and not amx_images(8, 8, 8) and not amx_images(31, 4, 4) and not amx_images(2, 9, 9)
+
+
 @pytest.mark.parametrize("op", ["filters", "transpose"])
 def test_amx_dw_in_chunks_adds_each_chunk_to_the_sums(op, monkeypatch):
     """A dW whose images do not fit one chunk: the first chunk writes the sums (the init before it),
@@ -337,8 +369,8 @@ def test_amx_dw_in_chunks_adds_each_chunk_to_the_sums(op, monkeypatch):
                     reason="this CPU has no AMX-BF16 (Sapphire Rapids and later), or TVM_CONVGRAD_MCPU names a model without it")  # fmt: skip
 def test_amx_tiles_on_this_cpu_match_the_reference():
     assert request_amx(), "Linux refused the AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM)"
-    for op in ("filters", "transpose", "data"):
-        kernel = build(_call(op, batch=2, size=30, cin=32, cout=48))
+    for op, shape in [("filters", {}), ("transpose", {}), ("data", {}), ("filters", dict(batch=32, size=4, cin=64))]:
+        kernel = build(_call(op, **{**dict(batch=2, size=30, cin=32, cout=48), **shape}))
         assert kernel.formulation == "cube-amx" and kernel.schedule == "default"
         check = check_kernel(kernel, seed=6)
         assert check.ok, check

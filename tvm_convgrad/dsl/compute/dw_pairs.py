@@ -14,6 +14,11 @@ columns            ``(N, C1y, Ho, ceil(Wo/2), 16)``: dy at ``(2p, 2p+1)``   othe
                    reads (the even ones only where every offset is even)
 columns, AMX       dy ``(N, C1y, Ho, 16, ceil(Wo/2))``: a Cout lane's       an AMX-BF16 target's 2-D dW
                    pairs in a row (the ``A`` tile); x as above (``B``)
+images, AMX        dy ``(Ho, C1y, Wo, 16, N/2)``: a Cout lane's image      an AMX-BF16 target's 2-D dW of
+                   pairs in a row (``A``); x ``(Hq, C1x, PH, PW, Wq,        an even batch where a tile's
+                   N/2, 16)``: an image pair's 16 Cin a row (``B``)         rows of image pairs take fewer
+                                                                          ``tdpbf16ps`` than of columns
+                                                                          (small maps: :func:`amx_images`)
 =================  =====================================================  ===============================
 """
 
@@ -29,14 +34,18 @@ from .common import guarded
 from .pairs import pair
 from .stages import FMAP_L1, GRADS_2_MATRIX
 
-__all__ = ["PAIR_IMAGES", "PairPacks", "column_pairs", "pair_packs"]
+__all__ = ["AMX_TILE_PAIRS", "PAIR_IMAGES", "PairPacks", "amx_images", "column_pairs", "pair_packs"]
+
+AMX_TILE_PAIRS = 16
+"""bf16 pairs in an AMX tile row (64 bytes): a ``tdpbf16ps`` reduces at most 16 pairs of each row."""
 
 
 @dataclass(frozen=True)
 class PairPacks:
-    """The packs, the reduction axes, and where a step reads them: ``dy_at(n, c1, ho, wo, co0)``
-    and x's packed column ``x_column(wo, qw)`` at column offset ``qw`` (``x_step``: the column
-    step between consecutive ``wo``)."""
+    """The packs, the reduction axes, and where a step reads them: ``dy_at(n, c1, ho, wo, co0)``,
+    ``x_at(plane, c1, rh, rw, hq, column, c0)`` at x's packed column ``x_column(wo, qw)`` (column
+    offset ``qw``; ``x_step``: the column step between consecutive ``wo``), the mad's reduction
+    ``axes(ho)`` in the order a step's tile reads them (the pairs innermost on AMX)."""
 
     grads: te.Tensor
     fmap_l1: te.Tensor
@@ -45,9 +54,20 @@ class PairPacks:
     x_column: Callable
     x_step: int
     amx: bool
+    amx_images: bool = False
 
     def dy_at(self, n, c1, ho, wo, co0):
+        if self.amx_images:
+            return self.grads[ho, c1, wo, co0, n]
         return self.grads[n, c1, ho, co0, wo] if self.amx else self.grads[n, c1, ho, wo, co0]
+
+    def x_at(self, plane, c1, rh, rw, hq, column, c0):
+        if self.amx_images:
+            return self.fmap_l1[hq, c1, rh, rw, column, plane, c0]
+        return self.fmap_l1[plane, c1, rh, rw, hq, column, c0]
+
+    def axes(self, ho: tirx.IterVar) -> list:
+        return [ho, self.wo, self.n] if self.amx_images else [self.n, ho, self.wo]
 
 
 def column_pairs(value: Callable, wo: int) -> Callable:
@@ -65,6 +85,22 @@ PAIR_IMAGES = True
 """bf16 dW: an even batch pairs images where column pairs would cost (else columns)."""
 
 
+def _tile_depth(pairs: int) -> int:
+    """The pairs one ``tdpbf16ps`` of a row of ``pairs`` reduces: their largest divisor up to 16."""
+    return max(d for d in range(1, min(pairs, AMX_TILE_PAIRS) + 1) if pairs % d == 0)
+
+
+def amx_images(batch: int, ho: int, wo: int) -> bool:
+    """Whether an AMX dW of an even ``batch`` takes its pairs along the images: a tile multiply per
+    output pixel and ``batch/2`` pairs of them, fewer multiplies than along the columns (one per
+    image and row for ``ceil(wo/2)`` pairs). On a 4x4 map at N=32 a column tile reduces 2 pairs,
+    an image tile 16 (the 512 -> 512 3x3 of ResNet-18 at 112x112)."""
+    if batch % 2:
+        return False
+    half, pairs = batch // 2, -(-wo // 2)
+    return ho * wo * (half // _tile_depth(half)) < batch * ho * (pairs // _tile_depth(pairs))
+
+
 def pair_packs(grads_value, fmap_value, fold, c1_grads: int, c1_fmap: int, rows, cols, g, amx: bool = False) -> PairPacks:
     """The bf16-pair packs of the cube (:mod:`.pairs`), the reduction axes ``n`` and ``wo``, and
     where a step at column offset ``qw`` reads x's pack, with the pairs along one of two axes.
@@ -78,9 +114,26 @@ def pair_packs(grads_value, fmap_value, fold, c1_grads: int, c1_fmap: int, rows,
       packs the fp32 cube's shapes with half the images (on a 2-core Zen 4, 3x3 layers at N=8
       1.02-1.23x, 7x7 ones 1.1-1.5x faster than column pairs).
 
-    ``amx``: columns, dy's pairs in rows (the AMX tile plan's layout)."""
+    ``amx``: dy's pairs in rows (the AMX tile plan's layout), along the images where
+    :func:`amx_images` says so (every step's ``B`` tile 16 image pairs of one x pixel), else the columns."""
     offsets = [cols.of_tap(k)[1] for k in range(g.kw)]
     even = all(q % 2 == 0 for q in offsets)
+    if amx and g.depth is None and amx_images(fold.dy_extent, g.ho, g.wo):
+        half = fold.dy_extent // 2
+        grads = te.compute(
+            (g.ho, c1_grads, g.wo, C0, half),
+            lambda ho, c1, wo, c0, m: pair(grads_value(2 * m, c1, ho, wo, c0), grads_value(2 * m + 1, c1, ho, wo, c0)),
+            name=GRADS_2_MATRIX,
+            tag=GRADS_2_MATRIX,
+        )
+        fmap_l1 = te.compute(
+            (rows.per_phase, c1_fmap, rows.phases, cols.phases, cols.per_phase, half, C0),
+            lambda hq, c1, rh, rw, wq, m, c0: pair(*(fmap_value(n, c1, rh, rw, hq, wq, c0) for n in (2 * m, 2 * m + 1))),
+            name=FMAP_L1,
+            tag=FMAP_L1,
+        )
+        n, wo = te.reduce_axis((0, half), name="n"), te.reduce_axis((0, g.wo), name="wo")
+        return PairPacks(grads, fmap_l1, n, wo, lambda wo, qw: wo + qw, 1, True, amx_images=True)
     if PAIR_IMAGES and not amx and g.depth is None and fold.dy_extent % 2 == 0 and (g.wo % 2 or not even):
         half = fold.dy_extent // 2
         grads = te.compute(
