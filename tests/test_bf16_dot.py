@@ -337,7 +337,7 @@ def test_amx_dw_of_small_maps_pairs_the_images(op, shape):
     batch, size = shape["batch"], shape["size"]
     reach = shape.get("dilation", 1) * (shape.get("kernel", 3) - 1)
     out = (size + sum(shape.get("pads", (1, 1))) - reach - 1) // shape.get("stride", 1) + 1
-    assert amx_images(batch, out, out)
+    assert amx_images(batch, out, out, shape.get("kernel", 3) == 1)
     kernel = emulate_bf16_dot(_call(op, **shape), amx=True)
     (pack,) = [line for line in kernel.mod.script().splitlines() if "grads_2_matrix = T.sblock_alloc_buffer" in line]
     assert pack.split("(", 2)[2].startswith(f"T.int64({out}),") and pack.endswith(f"T.int64({batch // 2})), \"uint32\")")
@@ -346,9 +346,12 @@ def test_amx_dw_of_small_maps_pairs_the_images(op, shape):
 
 
 def test_amx_dw_pairs_images_where_they_take_fewer_tile_multiplies():
-    """Image pairs where they take fewer ``tdpbf16ps`` than column pairs: never for an odd batch."""
+    """Image pairs where they take fewer ``tdpbf16ps`` than column pairs (half as many where column
+    pairs store x once: every tap offset even); never for an odd batch."""
     assert amx_images(32, 4, 4) and amx_images(32, 7, 7) and amx_images(32, 28, 28) and amx_images(8, 2, 2)
     assert not amx_images(8, 16, 16) and not amx_images(8, 8, 8) and not amx_images(31, 4, 4) and not amx_images(2, 9, 9)
+    assert amx_images(32, 7, 7, even=True) and amx_images(32, 14, 14, even=True)
+    assert not amx_images(32, 28, 28, even=True) and not amx_images(32, 56, 56, even=True)
 
 
 @pytest.mark.parametrize("op", ["filters", "transpose"])
