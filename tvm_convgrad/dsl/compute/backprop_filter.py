@@ -301,8 +301,7 @@ def _cube_mads(fmap: te.Tensor, dy: te.Tensor, params: ConvGradParams, shape, pa
             n, wo = packs.n, packs.wo  # n or wo is the pair (see .dw_pairs)
             dy_at = packs.dy_at(n, grp * ext.cout1_g + co // C0, ho, wo, co % C0)
             x_at = packs.x_at(fold.fmap_plane(n, kd), grp * ext.cin1_g + c1, rh, rw, ho + qh, packs.x_column(wo, qw), c0)
-            product = pair_dot(dy_at, x_at) if turned else pair_dot(x_at, dy_at)  # (the lanes' operand first)
-            return te.sum(product, axis=packs.axes(ho))
+            return te.sum(pair_dot(*((dy_at, x_at) if turned else (x_at, dy_at))), axis=packs.axes(ho))  # lanes' operand first
 
         attrs = {FORMULATION: formulation.value, KERNEL_H: g.kh, KERNEL_W: g.kw, X_STEP: packs.x_step}
         return [te.compute(shape, paired, name=DW_CC, tag=MAD_TAG, attrs=attrs)]
