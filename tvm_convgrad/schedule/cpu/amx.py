@@ -3,8 +3,9 @@
 On a target whose plan has ``amx_bf16`` (:func:`tvm_convgrad.isa.isa_plan`: ``+amx-tile,+amx-bf16``,
 Sapphire Rapids and later) a 2-D bf16 dW on the cube is built in the AMX layout of its bf16 pairs
 (``Formulation.CUBE_DW_AMX``, :mod:`tvm_convgrad.dsl.compute.dw_pairs`: dy's pairs in rows along
-``wo``, the ``A`` tile; x's pairs a row of 16 Cin words per step, the ``B`` tile). Every block
-``(g, co1, c1, kh, kw)`` is a task of its own; its whole reduction ``(n, ho, wo)`` is tensorized
+``wo``, or along the images on small maps, the ``A`` tile; x's pairs a row of 16 Cin words per
+step, the ``B`` tile). Every block ``(g, co1, c1, kh, kw)`` is a task of its own; its whole
+reduction ``(n, ho, wo)`` (``(ho, wo, n)`` with image pairs: the pairs innermost) is tensorized
 into one call of the helper of :mod:`.amx_llvm`, which keeps the fp32 accumulator in a tile
 register and runs ``tdpbf16ps`` on ``16 x k`` pair tiles (``k`` the largest divisor of the row's
 pairs up to 16: a tile row holds 16 pairs, 32 bf16 values). The tensor intrinsic is made for
@@ -133,7 +134,8 @@ class AmxFilterGrad(CpuMad):
     def schedule(self, block):
         """Every ``(g, ma Cout blocks, c1)`` a parallel task (two Cout blocks where a group has an
         even number: two accumulators sharing each x tile) that walks its reduction in chunks of
-        images whose dy and x stay in cache (:meth:`_images_per_chunk`), every tap of a chunk in
+        its first axis (images, or output rows with image pairs) whose dy and x stay in cache
+        (:meth:`_images_per_chunk`), every tap of a chunk in
         turn, each one call of the AMX helper (the first chunk's writing the sums, the others'
         adding to them); with fewer such tasks than twice the cores, every tap a task of its own."""
         sch = self.sch
@@ -163,8 +165,8 @@ class AmxFilterGrad(CpuMad):
         sch.tensorize(tiled, intrin)
 
     def _images_per_chunk(self, block, images: int, ma: int) -> int:
-        """The most images (a divisor of the batch) whose dy of ``ma`` Cout blocks and x of one Cin
-        block a task reads take at most :data:`CHUNK_BYTES` (at least one image)."""
+        """The most images (output rows with image pairs; a divisor of their number) whose dy of
+        ``ma`` Cout blocks and x of one Cin block a task reads take at most :data:`CHUNK_BYTES` (at least one)."""
         stmt = self.sch.get(block)
         (dy,) = [r.source for r in stmt.reads if r.source.name == GRADS_2_MATRIX]
         (x,) = [r.source for r in stmt.reads if r.source.name == FMAP_L1]
