@@ -31,13 +31,10 @@ from tvm import te, tirx
 
 from ...layout import C0
 from .common import guarded
-from .pairs import pair
+from .pairs import amx_tile_depth, pair
 from .stages import FMAP_L1, GRADS_2_MATRIX
 
-__all__ = ["AMX_TILE_PAIRS", "PAIR_IMAGES", "PairPacks", "amx_images", "column_pairs", "pair_packs"]
-
-AMX_TILE_PAIRS = 16
-"""bf16 pairs in an AMX tile row (64 bytes): a ``tdpbf16ps`` reduces at most 16 pairs of each row."""
+__all__ = ["PAIR_IMAGES", "PairPacks", "amx_images", "column_pairs", "pair_packs"]
 
 
 @dataclass(frozen=True)
@@ -85,11 +82,6 @@ PAIR_IMAGES = True
 """bf16 dW: an even batch pairs images where column pairs would cost (else columns)."""
 
 
-def _tile_depth(pairs: int) -> int:
-    """The pairs one ``tdpbf16ps`` of a row of ``pairs`` reduces: their largest divisor up to 16."""
-    return max(d for d in range(1, min(pairs, AMX_TILE_PAIRS) + 1) if pairs % d == 0)
-
-
 def amx_images(batch: int, ho: int, wo: int, even: bool = False) -> bool:
     """Whether an AMX dW of an even ``batch`` takes its pairs along the images: a tile multiply per
     output pixel of ``batch/2`` pairs, against one per image and row of ``ceil(wo/2)`` column pairs.
@@ -101,7 +93,7 @@ def amx_images(batch: int, ho: int, wo: int, even: bool = False) -> bool:
     if batch % 2:
         return False
     half, pairs = batch // 2, -(-wo // 2)
-    images, columns = ho * wo * (half // _tile_depth(half)), batch * ho * (pairs // _tile_depth(pairs))
+    images, columns = ho * wo * (half // amx_tile_depth(half)), batch * ho * (pairs // amx_tile_depth(pairs))
     return 2 * images <= columns if even else images < columns
 
 

@@ -26,10 +26,18 @@ from __future__ import annotations
 
 from tvm import tirx
 
-__all__ = ["PAIR_DTYPE", "pair", "pair_dot", "rounded_pair"]
+__all__ = ["AMX_PAIRS_PER_ROW", "PAIR_DTYPE", "amx_tile_depth", "pair", "pair_dot", "rounded_pair"]
 
 PAIR_DTYPE = "uint32"
 """One bf16 pair: the even reduction step's bits in the low half, the odd one's in the high half."""
+AMX_PAIRS_PER_ROW = 16
+"""bf16 pairs in an AMX tile row (64 bytes): a ``tdpbf16ps`` reduces at most 16 pairs of each row."""
+
+
+def amx_tile_depth(pairs: int) -> int:
+    """The pairs one ``tdpbf16ps`` reduces of a run of ``pairs``: their largest divisor up to
+    :data:`AMX_PAIRS_PER_ROW` (whole tiles, none partial)."""
+    return max(d for d in range(1, min(pairs, AMX_PAIRS_PER_ROW) + 1) if pairs % d == 0)
 
 _HALF = 16
 _HIGH = 0xFFFF0000

@@ -27,7 +27,7 @@ import tvm
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
-from ...dsl.compute.pairs import PAIR_DTYPE
+from ...dsl.compute.pairs import PAIR_DTYPE, amx_tile_depth
 from ...dsl.compute.stages import FMAP_L1, GRADS_2_MATRIX, X_STEP
 from ...layout import C0
 from ...tvmscript import fast_tvmscript
@@ -35,11 +35,9 @@ from ..common import elements, loop_extent
 from .amx_llvm import amx_helper, amx_llvm
 from .loops import CpuMad
 from .marks import OVERWRITES
-from .tiles import largest_divisor
 
-__all__ = ["AMX_PAIRS_PER_ROW", "CHUNK_BYTES", "AmxFilterGrad", "amx_intrin", "pair_dot_source", "request_amx"]
+__all__ = ["CHUNK_BYTES", "AmxFilterGrad", "amx_intrin", "pair_dot_source", "request_amx"]
 
-AMX_PAIRS_PER_ROW = 16  # a tile row is 64 bytes: 16 bf16 pairs
 CHUNK_BYTES = 768 * 1024
 """The dy and x a dW task reads per chunk of its reduction: every tap of the chunk reads them again."""
 
@@ -52,7 +50,7 @@ def amx_intrin(images: int, rows: int, pairs: int, x_step: int, ma: int = 1, acc
     if name in _REGISTERED:
         return name
     span = (pairs - 1) * x_step + 1
-    k = largest_divisor(pairs, AMX_PAIRS_PER_ROW)
+    k = amx_tile_depth(pairs)
     a_shape, b_shape = (images, ma, rows, C0, pairs), (images, 1, 1, 1, rows, span, C0)  # as the mad's regions (a match drops leading dims only)
     desc = tvm.script.from_source(_desc_source(images, rows, pairs, x_step, span, ma))
 

@@ -22,16 +22,15 @@ from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
 from ...dsl.compute.dx_amx import AMX_TILE_ROWS
-from ...dsl.compute.pairs import PAIR_DTYPE
+from ...dsl.compute.pairs import PAIR_DTYPE, amx_tile_depth
 from ...dsl.compute.stages import AMX_STEPS
 from ...layout import C0
 from ...tvmscript import fast_tvmscript
 from ..common import loop_extent
-from .amx import AMX_PAIRS_PER_ROW, pair_dot_source
+from .amx import pair_dot_source
 from .amx_llvm import amx_helper, amx_llvm
 from .loops import CpuMad
 from .marks import OVERWRITES
-from .tiles import largest_divisor
 
 __all__ = ["AmxDxBlock", "AmxInputGrad", "amx_dx_blocks", "amx_dx_intrin"]
 
@@ -75,7 +74,7 @@ def amx_dx_intrin(block: AmxDxBlock) -> str:
     name = f"tvm_convgrad.amx_dx_{b.steps}x{b.ma}x{b.nb}_{b.taps_h}x{b.taps_w}x{b.pairs}_{b.dy_h}x{b.dy_w}_{b.tap_h}x{b.tap_w}"
     if name in _REGISTERED:
         return name
-    k = largest_divisor(b.pairs, AMX_PAIRS_PER_ROW)
+    k = amx_tile_depth(b.pairs)
     w_h, w_w = b.weight_taps
     desc = tvm.script.from_source(_desc_source(b))
     span, pairs, pixels, nb = b.span, b.pairs, b.pixels, b.nb
