@@ -95,6 +95,9 @@ FIXED = {
                               weights_format="OIX", **_PADS1),  # fmt: skip
     "amx-dw-images-nxc-s2": Case("conv_v2", 12, 32, 48, 1, (7, 7), (4, 4), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1),
                                  dtype="bfloat16", effective_pads=(1, 1)),  # fmt: skip
+    # bf16 dX on AMX tiles with the images inside the channel blocks (2x2 maps; 72 channels: a partial last block)
+    "amx-dx-images-inside-ncx": Case("data", 4, 72, 64, 1, (2, 2), (2, 2), (3, 3), (1, 1), dtype="bfloat16", data_format="NCX",
+                                     weights_format="OIX", **_PADS1),  # fmt: skip
     # a 1x1 dW in OIX: its unit tap loops join the input-channel loop, written 16 lanes at a time
     "dw-1x1-oix": Case("conv_v2", 2, 40, 24, 1, (7, 7), (7, 7), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
                        weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip

@@ -19,6 +19,7 @@ from tvm_convgrad.dsl.compute.dw_pairs import amx_images
 from tvm_convgrad.frontends import onednn
 from tvm_convgrad.isa import X86_TRIPLE, has_amx_bf16, has_bf16_dot, host_features, isa_plan
 from tvm_convgrad.schedule.cpu.amx import request_amx
+from tvm_convgrad.schedule.cpu.amx_dx import images_inside
 from tvm_convgrad.tools.asm import fma_instructions, hot_loops
 from tvm_convgrad.tools.verify import check_kernel, framework_expected
 
@@ -299,6 +300,9 @@ AMX_DX_SHAPES = [
 ]  # fmt: skip
 """dX's phases on flat pixel rows: dilation (taps a dy row apart), a 5x5 at stride 3 (phases of 1 and
 2 taps), a strided 1x1 (phases no tap reaches), a map smaller than a tile, groups with dilation."""
+AMX_DX_IMAGES_INSIDE = [dict(batch=4, size=2, cin=64, cout=64), dict(batch=6, size=4, cin=64, cout=96, stride=2)]
+"""dX whose tasks walk the images inside the channel blocks (weights read per image 4x dy or more):
+a 2x2 map, a strided one (four phases)."""
 
 
 @pytest.mark.parametrize("op", ["filters", "transpose", "data"])
@@ -315,7 +319,33 @@ def test_amx_gradients_run_on_tiles(op, rank):
     assert source.count("ldtilecfg") >= 1 and source.count("tilestored") >= 1 and source.count("tilerelease") >= 1
     assert source.count("tdpbf16ps") >= 1 and source.count("tdpbf16ps") <= source.count("tileloadd") < 2 * source.count("tdpbf16ps")
     assert "vdpbf16ps" not in source and fma_instructions(source) == []
-    assert "T.init()" not in kernel.mod.script()  # the helper writes every tile (one chunk: nothing to add to)
+    script = kernel.mod.script().splitlines()
+    assert "T.init()" not in "\n".join(script)  # the helper writes every tile (one chunk: nothing to add to)
+    if op != "data":  # the result written in the mad's tasks, from cache: no parallel pass of its own after the mad
+        mad = next(k for k, line in enumerate(script) if 'T.sblock("dw_cc_o")' in line)
+        assert all("T.parallel" not in line for line in script[mad:])
+
+
+@pytest.mark.parametrize("shape", AMX_DX_IMAGES_INSIDE)
+def test_amx_dx_walks_the_images_inside_the_channel_blocks_where_weights_outweigh_dy(shape):
+    """Each core's run of dX tasks reads its channel blocks' weights once for all images where the
+    images' weight reads are 4x dy's or more (ResNet-18's layer4 at N=8), within the fp32 bound;
+    the images outside where the weights are read from cache again (a 30x30 map)."""
+    kernel = emulate_bf16_dot(_call("data", **shape), amx=True)
+    tasks = [line for line in kernel.mod.script().splitlines() if "pragma_import_llvm" in line]
+    assert tasks and all("for c1_0_n_fused in T.parallel" in line for line in tasks)
+    check = check_kernel(kernel, seed=9)
+    assert check.ok, f"{shape}: {check}"
+    other = build(_call("data", batch=2, size=30, cin=32, cout=32), _target("sapphirerapids")).mod.script()
+    assert "for n_c1_0_fused in T.parallel" in other
+
+
+def test_amx_dx_images_inside_rule():
+    """The rule on ResNet's bf16 layers (weight and dy bytes of the tile packs)."""
+    layer4_n8 = 512 * 512 * 9 * 2, 8 * 512 * 16 * 2  # 3x3 on 2x2 maps: 4.7 MB of weights, dy's 4x4 flat rows
+    assert images_inside(8, 16, *layer4_n8)
+    assert not images_inside(1, 16, *layer4_n8) and not images_inside(8, 1, *layer4_n8)
+    assert not images_inside(32, 8, 256 * 256 * 9 * 2, 32 * 256 * 96 * 2)  # 7x7 at N=32: 1.2 MB of weights, 3x dy
 
 
 @pytest.mark.parametrize("op, shape", [(op, shape) for op in ("filters", "transpose", "data") for shape in AMX_SHAPES]

@@ -129,13 +129,18 @@ def desc(a: T.Buffer(({images}, {ma}, {rows}, 16, {pairs}), "uint32", offset_fac
 class AmxFilterGrad(CpuMad):
     """dW on AMX tiles (``dw_cc``, ``Formulation.CUBE_DW_AMX``)."""
 
+    write_back_in_task = True
+
     def schedule(self, block):
         """Every ``(g, ma Cout blocks, c1)`` a parallel task (two Cout blocks where a group has an
         even number: two accumulators sharing each x tile) that walks its reduction in chunks of
         its first axis (images, or output rows with image pairs) whose dy and x stay in cache
         (:meth:`_images_per_chunk`), every tap of a chunk in
         turn, each one call of the AMX helper (the first chunk's writing the sums, the others'
-        adding to them); with fewer such tasks than twice the cores, every tap a task of its own."""
+        adding to them); with fewer such tasks than twice the cores, every tap a task of its own.
+        Each task writes its result (cast, relayout) from cache (:meth:`CpuMad.write_back_in`):
+        ResNet-18's 512 -> 512 3x3 on 2x2 maps at N=8, float32 dW of bf16 tensors, 1.21 -> 0.70 ms
+        (its 9.4 MB of sums no longer written to memory and read back; Sapphire Rapids-class core)."""
         sch = self.sch
         attrs = sch.get(block).annotations
         kh, kw, x_step = (int(attrs[key]) for key in ("kernel_h", "kernel_w", X_STEP))
@@ -154,6 +159,7 @@ class AmxFilterGrad(CpuMad):
             sch.reorder(g, co1, c1, tap_h, tap_w, chunks, blocks, co0, c0, n_in, ho, wo)
             task = sch.fuse(g, co1, c1, tap_h, tap_w)
         sch.parallel(task)
+        self.write_back_in(block, task)  # (first: the tensorized block is replaced)
         accumulate = chunk < images
         sch.annotate(task, "pragma_import_llvm", amx_llvm(self.config.plan.amx_bf16, ma, 1, accumulate))
         intrin = amx_intrin(chunk, loop_extent(sch, ho), loop_extent(sch, wo), x_step, ma, accumulate)
