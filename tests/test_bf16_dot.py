@@ -300,9 +300,11 @@ AMX_DX_SHAPES = [
 ]  # fmt: skip
 """dX's phases on flat pixel rows: dilation (taps a dy row apart), a 5x5 at stride 3 (phases of 1 and
 2 taps), a strided 1x1 (phases no tap reaches), a map smaller than a tile, groups with dilation."""
-AMX_DX_IMAGES_INSIDE = [dict(batch=4, size=2, cin=64, cout=64), dict(batch=6, size=4, cin=64, cout=96, stride=2)]
+AMX_DX_IMAGES_INSIDE = [dict(batch=4, size=2, cin=64, cout=64), dict(batch=6, size=4, cin=64, cout=96, stride=2),
+                        dict(batch=4, size=2, cin=512, cout=32)]  # fmt: skip
 """dX whose tasks walk the images inside the channel blocks (weights read per image 4x dy or more):
-a 2x2 map, a strided one (four phases)."""
+a 2x2 map, a strided one (four phases), one with 16 tasks of channel blocks (two a core on up to 8
+cores: each packs its own weights)."""
 
 
 @pytest.mark.parametrize("op", ["filters", "transpose", "data"])
@@ -332,8 +334,13 @@ def test_amx_dx_walks_the_images_inside_the_channel_blocks_where_weights_outweig
     images' weight reads are 4x dy's or more (ResNet-18's layer4 at N=8), within the fp32 bound;
     the images outside where the weights are read from cache again (a 30x30 map)."""
     kernel = emulate_bf16_dot(_call("data", **shape), amx=True)
-    tasks = [line for line in kernel.mod.script().splitlines() if "pragma_import_llvm" in line]
-    assert tasks and all("for c1_0_n_fused in T.parallel" in line for line in tasks)
+    script = kernel.mod.script().splitlines()
+    tasks = [k for k, line in enumerate(script) if "pragma_import_llvm" in line]
+    packed = next(k for k, line in enumerate(script) if 'T.sblock("w_amx")' in line)
+    if shape["cin"] == 512:  # a task a pair of channel blocks, every image inside it, its weights packed there
+        assert len(tasks) == 1 and "for c1_0 in T.parallel" in script[tasks[0]] and packed > tasks[0]
+    else:
+        assert tasks and all("for c1_0_n_fused in T.parallel" in script[k] for k in tasks) and packed < tasks[0]
     check = check_kernel(kernel, seed=9)
     assert check.ok, f"{shape}: {check}"
     other = build(_call("data", batch=2, size=30, cin=32, cout=32), _target("sapphirerapids")).mod.script()
