@@ -60,7 +60,7 @@ def test_auto_times_each_gemm_of_a_signature_once(backward_mode):
 def _timed_as(times: dict, seen: list):
     """A stand-in for ``backward._timings``: the given medians of the ways (PyTorch's GEMMs) asked for."""
 
-    def timings(runs):
+    def timings(runs, cold=False):
         seen.append(set(runs))
         return {way: times[way] for way in runs}
 
@@ -90,13 +90,47 @@ def test_auto_runs_the_fastest_way_unless_the_package_is_within_the_margin(times
             assert torch.equal(mine, theirs)
 
 
+@pytest.mark.parametrize("bound", [False, True])
+def test_auto_times_a_weight_bound_layer_with_its_caches_emptied(bound, backward_mode, monkeypatch):
+    """A layer whose weights outweigh its work (:func:`backward.weight_bound`) is timed with
+    ``EVICT_BYTES`` written before each timed call, every way; another layer hot."""
+    if bound:  # the test's small layer taken as a weight-bound one
+        monkeypatch.setattr(backward_module, "COLD_WEIGHT_BYTES", 1)
+        monkeypatch.setattr(backward_module, "COLD_PIXELS", 10**6)
+    monkeypatch.setattr(backward_module, "EVICT_BYTES", 4096)
+    colds, fills = [], []
+    real_timings, real_fill = backward_module._timings, torch.Tensor.fill_
+    monkeypatch.setattr(backward_module, "_timings", lambda runs, cold=False: colds.append(cold) or real_timings(runs, cold))
+    monkeypatch.setattr(torch.Tensor, "fill_", lambda t, v: fills.append(t.numel()) or real_fill(t, v))
+    layer, x, g = _layer_and_tensors(channels=32)
+    backward_mode("auto")
+    _grads(layer, x, g)
+    assert colds and all(cold == bound for cold in colds)
+    assert (fills.count(4096) >= 4 * backward_module.ROUNDS) == bound  # four ways, every round
+
+
+def test_weight_bound_layers():
+    """ResNet-18's 512 -> 512 3x3 on 2x2 maps at N=8 (9.4 MB of float32 weights, 32 output pixels) and
+    a late ResNet-50 layer at N=1 are weight-bound; at N=8 on 7x7, or in bf16 on 4x4 maps, not."""
+    from tvm_convgrad.frontends.conv2d import Conv2dGradients
+
+    def call(x_shape, w_shape, dtype="float32"):
+        return Conv2dGradients(x_shape, w_shape, (1, 1), (1, 1, 1, 1), (1, 1), 1, dtype)
+
+    assert backward_module.weight_bound(call((8, 512, 2, 2), (512, 512, 3, 3)))
+    assert backward_module.weight_bound(call((1, 512, 7, 7), (512, 512, 3, 3)))
+    assert not backward_module.weight_bound(call((8, 512, 7, 7), (512, 512, 3, 3)))
+    assert not backward_module.weight_bound(call((8, 256, 4, 4), (256, 256, 3, 3), "bfloat16"))
+
+
 def test_a_switch_the_second_timing_does_not_confirm_keeps_the_packages(backward_mode, monkeypatch):
     """PyTorch's dW the fastest way in the first timing, not in the second (the machine's speed
     swung): the package's GEMMs stay."""
     layer, x, g = _layer_and_tensors(channels=32)
     timings = iter([{NONE: 10, DX: 9, DW: 6, BOTH: 7}, {NONE: 10, DW: 9.8}])
     seen = []
-    monkeypatch.setattr(backward_module, "_timings", lambda runs: seen.append(set(runs)) or {way: t for way, t in next(timings).items() if way in runs})
+    monkeypatch.setattr(backward_module, "_timings",
+                        lambda runs, *_: seen.append(set(runs)) or {way: t for way, t in next(timings).items() if way in runs})
     backward_mode("auto")
     _grads(layer, x, g)
     assert seen == [{NONE, DX, DW, BOTH}, {NONE, DW}]
@@ -227,7 +261,8 @@ def test_auto_runs_f_conv2d_once_it_has_chosen_pytorchs_everywhere(both_modes, m
 
     both_modes("auto", "auto")
     monkeypatch.setattr(forward_module, "wins", lambda candidate, incumbent: False)  # PyTorch's forward
-    monkeypatch.setattr(backward_module, "_timings", lambda runs: {way: 10.0 - len(way) for way in runs})  # PyTorch's two the fastest
+    # PyTorch's two the fastest
+    monkeypatch.setattr(backward_module, "_timings", lambda runs, *_: {way: 10.0 - len(way) for way in runs})
     layer, x, g = _layer_and_tensors()
     first = layer(x)
     assert _node(first) == "Conv2dFunctionBackward"  # its signature's first call: the choices are made here
@@ -260,7 +295,7 @@ def test_auto_credits_pytorchs_both_gemms_where_the_call_would_be_f_conv2d(forwa
     monkeypatch.setattr(forward_module, "wins", lambda candidate, incumbent: forward == "ours")
     credit = backward_module.FUNCTION_MS
     times = {NONE: 10.0, DX: 5.0, DW: 9.0, BOTH: 5.0 + credit / 2}
-    monkeypatch.setattr(backward_module, "_timings", lambda runs: {way: times[way] for way in runs})
+    monkeypatch.setattr(backward_module, "_timings", lambda runs, *_: {way: times[way] for way in runs})
     layer, x, g = _layer_and_tensors()
     layer(x).backward(g)
     assert {gemm for (_, gemm), package in backward_choices().items() if not package} == given_up
@@ -279,7 +314,7 @@ def test_deterministic_algorithms_make_auto_untimed(both_modes, monkeypatch):
     layer, x, g = _layer_and_tensors()
     both_modes("auto", "auto")  # (no choice made yet)
     monkeypatch.setattr(forward_module, "wins", lambda candidate, incumbent: True)
-    monkeypatch.setattr(backward_module, "_timings", lambda runs: {way: 10.0 - len(way) for way in runs})
+    monkeypatch.setattr(backward_module, "_timings", lambda runs, *_: {way: 10.0 - len(way) for way in runs})
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:

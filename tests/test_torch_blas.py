@@ -101,7 +101,8 @@ def test_auto_runs_the_blas_way_where_it_wins(channels_last, auto_modes, monkeyp
 
     monkeypatch.setattr(forward_module, "wins", blas_wins)
     monkeypatch.setattr(backward_module, "wins", blas_wins)
-    monkeypatch.setattr(backward_module, "_timings", lambda runs: {way: 10.0 - len(way) for way in runs})  # PyTorch's two the fastest
+    # PyTorch's two the fastest
+    monkeypatch.setattr(backward_module, "_timings", lambda runs, *_: {way: 10.0 - len(way) for way in runs})
     torch.manual_seed(0)
     memory = _memory(channels_last)
     layer = Conv2d(32, 48, 1, bias=True).to(memory_format=memory)
@@ -144,7 +145,8 @@ def test_the_blas_way_is_made_only_where_it_is_timed_or_runs(auto_modes, monkeyp
     backward calls do not make the BLAS way (its views and detached tensors, ~5 us a call)."""
     monkeypatch.setattr(forward_module, "wins", lambda candidate, incumbent: False)
     monkeypatch.setattr(backward_module, "wins", lambda candidate, incumbent: False)
-    monkeypatch.setattr(backward_module, "_timings", lambda runs: {way: 10.0 - len(way) for way in runs})  # PyTorch's two the fastest
+    # PyTorch's two the fastest
+    monkeypatch.setattr(backward_module, "_timings", lambda runs, *_: {way: 10.0 - len(way) for way in runs})
     made = []
     monkeypatch.setattr(blas, "gradients", lambda *args: made.append(args) or (lambda dx, dw: (None, None)))
     layer = Conv2d(32, 48, 1, bias=False)

@@ -11,7 +11,9 @@ The mode (:func:`set_backward`, or the environment variable ``TVM_CONVGRAD_BACKW
   is credited with :data:`FUNCTION_MS`: the call then runs as ``F.conv2d`` itself. PyTorch's way
   of a float32 1x1 at stride 1 is its BLAS GEMMs (:mod:`.blas`) where they win against its ``convolution_backward`` first
   (:func:`backward_choices` lists it per GEMM). The ways are timed whole, as they run: PyTorch's
-  two GEMMs in one call cost less than each in a call of its own.
+  two GEMMs in one call cost less than each in a call of its own. A layer whose weights outweigh its
+  work (:func:`weight_bound`) is timed with its caches emptied before each call, as a training
+  step calls it.
 * ``"ours"``: the package's kernels for every call; ``"pytorch"``: PyTorch's wherever it can take
   the call.
 
@@ -58,6 +60,12 @@ PyTorch's, 87-92 against 15 us over stock's (Zen 4, 2026-12-03). ``"auto"`` cred
 way of every needed GEMM with it where the layer's forward is ``F.conv2d`` too (that call then
 runs as ``F.conv2d`` itself): a way of one GEMM each that wins by less would leave the layer
 slower than stock's."""
+COLD_PIXELS = 64
+COLD_WEIGHT_BYTES = 4 << 20
+"""A layer of at most :data:`COLD_PIXELS` output pixels and this many bytes of weights or more is timed
+with its caches emptied first (:func:`weight_bound`)."""
+EVICT_BYTES = 64 << 20
+"""What is written before each timed call of a :func:`weight_bound` layer."""
 ROUNDS = 7
 """Timed calls of each way (the package's GEMMs, PyTorch's, one of each), alternating, when
 ``"auto"`` meets a signature."""
@@ -179,23 +187,44 @@ def _run(given_up: frozenset, needs: tuple[bool, bool], ours_dx: Callable[[], to
     return grad_input, (theirs_dw if "dw" in given_up else grad_weight)
 
 
-def _timings(runs: dict[frozenset, Callable[[], object]]) -> dict[frozenset, float]:
-    """Each way of running the backward timed :data:`ROUNDS` times, the ways alternating: medians (ms)."""
+def weight_bound(call: Conv2dGradients) -> bool:
+    """Whether ``call``'s GEMMs read more bytes of weights than they do work: at least
+    :data:`COLD_WEIGHT_BYTES` of weights over at most :data:`COLD_PIXELS` output pixels (each weight
+    is used twice per pixel). In a training step such a layer's weights come from memory, not from
+    the cache a call timed again and again leaves them in: ResNet-18's 512 -> 512 3x3 on 2x2 maps
+    at N=8, float32 (9.4 MB of weights, 32 pixels), the package's dX against PyTorch's 1.31 / 1.16
+    ms hot, 2.24 / 1.66 with 64 MB written before each call, 2.84 in a step; timed hot, ``"auto"``
+    had kept the package's in some processes and PyTorch's in others, the steps 1.10-1.14 against
+    1.16-1.20 (Sapphire Rapids-class guest, 2026-12-05/06)."""
+    n, _, ho, wo = call.y_shape
+    o, i, kh, kw = call.w_shape
+    itemsize = 4 if call.dtype == "float32" else 2
+    return n * ho * wo <= COLD_PIXELS and o * i * kh * kw * itemsize >= COLD_WEIGHT_BYTES
+
+
+def _timings(runs: dict[frozenset, Callable[[], object]], cold: bool = False) -> dict[frozenset, float]:
+    """Each way of running the backward timed :data:`ROUNDS` times, the ways alternating: medians (ms);
+    ``cold``: :data:`EVICT_BYTES` written before each timed call, the caches emptied of its tensors."""
     for run in runs.values():  # built and warm
         run()
+    evict = torch.empty(EVICT_BYTES if cold else 0, dtype=torch.uint8)
     times: dict[frozenset, list[float]] = {given_up: [] for given_up in runs}
     for _ in range(ROUNDS):
         for given_up, run in runs.items():
+            if cold:
+                evict.fill_(1)
             times[given_up].append(elapsed_ms(run))
     return {given_up: statistics.median(t) for given_up, t in times.items()}
 
 
-def _choose(needs: tuple[bool, bool], ours_dx, ours_dw, theirs, credit_ms: float = 0.0, ours_both=None) -> frozenset:
+def _choose(needs: tuple[bool, bool], ours_dx, ours_dw, theirs, credit_ms: float = 0.0, ours_both=None,
+            cold: bool = False) -> frozenset:  # fmt: skip
     """The GEMMs that run PyTorch's: every way timed whole (:func:`_timings`), the package's for all
     kept unless another way is :data:`MARGIN` faster -- in that timing and again in a second one
     of the two alone (a shared machine's speed swings within a second; a wrong switch to PyTorch's
     cost a ResNet-50 layer twice its time). PyTorch's way of every needed GEMM is timed
-    ``credit_ms`` less (:data:`FUNCTION_MS`, where the call then runs as ``F.conv2d``)."""
+    ``credit_ms`` less (:data:`FUNCTION_MS`, where the call then runs as ``F.conv2d``); ``cold``: each
+    timed call after the caches are emptied (:func:`_timings`)."""
     needed = [gemm for gemm, need in zip(GEMMS, needs) if need]
     ways = [frozenset(c) for r in range(len(needed) + 1) for c in itertools.combinations(needed, r)]
     runs = {given_up: functools.partial(_run, given_up, needs, ours_dx, ours_dw, theirs, ours_both) for given_up in ways}
@@ -204,11 +233,11 @@ def _choose(needs: tuple[bool, bool], ours_dx, ours_dw, theirs, credit_ms: float
     def credited(medians: dict) -> dict:
         return {way: t - credit_ms if way == everything else t for way, t in medians.items()}
 
-    medians = credited(_timings(runs))
+    medians = credited(_timings(runs, cold))
     fastest = min(medians, key=medians.get)
     if medians[frozenset()] < MARGIN * medians[fastest]:
         return frozenset()
-    again = credited(_timings({frozenset(): runs[frozenset()], fastest: runs[fastest]}))
+    again = credited(_timings({frozenset(): runs[frozenset()], fastest: runs[fastest]}, cold))
     return fastest if again[frozenset()] >= MARGIN * again[fastest] else frozenset()
 
 
@@ -268,5 +297,5 @@ def _ways(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx, ours_dw, the
         return frozenset(gemm for gemm, need in zip(GEMMS, needs) if need)
     keys = [(call, gemm) for gemm, need in zip(GEMMS, needs) if need]
     if any(key not in _choices for key in keys):
-        _keep(call, needs, _choose(needs, ours_dx, ours_dw, theirs, credit_ms, ours_both))
+        _keep(call, needs, _choose(needs, ours_dx, ours_dw, theirs, credit_ms, ours_both, weight_bound(call)))
     return frozenset(gemm for (_, gemm) in keys if not _choices[(call, gemm)])
