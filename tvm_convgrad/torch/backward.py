@@ -46,8 +46,9 @@ from ..frontends.conv2d import Conv2dGradients
 from . import remembered, settled
 from .forward import elapsed_ms, wins
 
-__all__ = ["FUNCTION_MS", "GEMMS", "MARGIN", "MODES", "ROUNDS", "backward_choices", "get_backward", "gradients",
-           "ours_throughout", "pytorch_gradients", "pytorchs", "set_backward"]
+__all__ = ["COLD_PIXELS", "COLD_WEIGHT_BYTES", "EVICT_BYTES", "FUNCTION_MS", "GEMMS", "MARGIN", "MODES", "ROUNDS",
+           "backward_choices", "get_backward", "gradients", "ours_throughout", "pytorch_gradients", "pytorchs", "set_backward",
+           "weight_bound"]
 
 MODES = ("auto", "ours", "pytorch")
 GEMMS = ("dx", "dw")
@@ -61,9 +62,9 @@ way of every needed GEMM with it where the layer's forward is ``F.conv2d`` too (
 runs as ``F.conv2d`` itself): a way of one GEMM each that wins by less would leave the layer
 slower than stock's."""
 COLD_PIXELS = 64
+"""Most output pixels (images x rows x columns) of a :func:`weight_bound` layer."""
 COLD_WEIGHT_BYTES = 4 << 20
-"""A layer of at most :data:`COLD_PIXELS` output pixels and this many bytes of weights or more is timed
-with its caches emptied first (:func:`weight_bound`)."""
+"""Fewest bytes of weights of a :func:`weight_bound` layer (more than any x86 core's L2)."""
 EVICT_BYTES = 64 << 20
 """What is written before each timed call of a :func:`weight_bound` layer."""
 ROUNDS = 7

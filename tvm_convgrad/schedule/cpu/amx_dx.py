@@ -33,7 +33,7 @@ from .amx_llvm import amx_helper, amx_llvm
 from .loops import CpuMad
 from .marks import OVERWRITES
 
-__all__ = ["AmxDxBlock", "AmxInputGrad", "amx_dx_blocks", "amx_dx_intrin", "images_inside", "WEIGHTS_OVER_DY"]
+__all__ = ["WEIGHTS_OVER_DY", "AmxDxBlock", "AmxInputGrad", "amx_dx_blocks", "amx_dx_intrin", "images_inside"]
 
 
 @dataclass(frozen=True)
