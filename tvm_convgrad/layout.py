@@ -30,6 +30,7 @@ import numpy as np
 __all__ = [
     "C0",
     "ceil_div",
+    "largest_divisor",
     "align",
     "GroupExtension",
     "group_extension",
@@ -56,6 +57,11 @@ C0 = 16
 def ceil_div(a: int, b: int) -> int:
     """``ceil(a / b)`` for non-negative ints (TBE's ``ceil``)."""
     return (a + b - 1) // b
+
+
+def largest_divisor(n: int, limit: int) -> int:
+    """The largest divisor of ``n`` that is at most ``limit`` (1 at least)."""
+    return max(d for d in range(1, min(n, max(limit, 1)) + 1) if n % d == 0)
 
 
 def align(a: int, b: int) -> int:

@@ -40,6 +40,7 @@ import statistics
 from typing import Callable, Optional
 
 import torch
+import tvm
 
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
@@ -199,8 +200,7 @@ def weight_bound(call: Conv2dGradients) -> bool:
     1.16-1.20 (Sapphire Rapids-class guest, 2026-12-05/06)."""
     n, _, ho, wo = call.y_shape
     o, i, kh, kw = call.w_shape
-    itemsize = 4 if call.dtype == "float32" else 2
-    return n * ho * wo <= COLD_PIXELS and o * i * kh * kw * itemsize >= COLD_WEIGHT_BYTES
+    return n * ho * wo <= COLD_PIXELS and o * i * kh * kw * tvm.DataType(call.dtype).bits // 8 >= COLD_WEIGHT_BYTES
 
 
 def _timings(runs: dict[frozenset, Callable[[], object]], cold: bool = False) -> dict[frozenset, float]:

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from tvm import tirx
 
+from ...layout import largest_divisor
+
 __all__ = ["AMX_PAIRS_PER_ROW", "PAIR_DTYPE", "amx_tile_depth", "pair", "pair_dot", "rounded_pair"]
 
 PAIR_DTYPE = "uint32"
@@ -37,7 +39,8 @@ AMX_PAIRS_PER_ROW = 16
 def amx_tile_depth(pairs: int) -> int:
     """The pairs one ``tdpbf16ps`` reduces of a run of ``pairs``: their largest divisor up to
     :data:`AMX_PAIRS_PER_ROW` (whole tiles, none partial)."""
-    return max(d for d in range(1, min(pairs, AMX_PAIRS_PER_ROW) + 1) if pairs % d == 0)
+    return largest_divisor(pairs, AMX_PAIRS_PER_ROW)
+
 
 _HALF = 16
 _HIGH = 0xFFFF0000

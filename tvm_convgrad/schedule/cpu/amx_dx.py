@@ -30,7 +30,7 @@ from ...tvmscript import fast_tvmscript
 from ..common import buffer_bytes, loop_extent
 from .amx import pair_dot_source
 from .amx_llvm import amx_helper, amx_llvm
-from .loops import CpuMad
+from .loops import CpuMad, producers_named
 from .marks import OVERWRITES
 
 __all__ = ["WEIGHTS_OVER_DY", "AmxDxBlock", "AmxInputGrad", "amx_dx_blocks", "amx_dx_intrin", "images_inside"]
@@ -210,7 +210,7 @@ class AmxInputGrad(CpuMad):
         on 2x2 maps at N=8, caches flushed before each call: 1.38-1.62 -> 1.05-1.09 ms (hot 0.76 ->
         0.71); on 4x4 at N=32 3.05-3.28 -> 2.74-2.78 (hot 2.10 -> 2.19-2.25; Sapphire Rapids-class
         core). None where it does not apply."""
-        packs = [b for b in self.sch.get_producers(block) if self.sch.get(b).name_hint == W_AMX]
+        packs = producers_named(self.sch, block, (W_AMX,))
         if len(packs) != 1 or len(self.sch.get_consumers(packs[0])) != 1 or blocks < 2 * self.cores:
             return None
         return packs[0]

@@ -9,7 +9,7 @@ of a dependent FMA chain, loads) per ISA.
 from __future__ import annotations
 
 from ...isa import IsaPlan
-from ...layout import C0
+from ...layout import C0, largest_divisor
 
 __all__ = [
     "ALIASED_TILE_PIXELS", "CHUNK_STEPS", "FMA_LATENCY", "L1_SET_STRIDE", "L2_BYTES_PER_CYCLE", "MAX_TAP_TILE", "MAX_TILE_PIXELS", "MAX_WO_UNROLL", "block_tile", "chunk", "depthwise_dw_tile", "dw_blocks",
@@ -38,11 +38,6 @@ def most_blocks_a_task(blocks: int, images: int, min_tasks: int, most: int | Non
     """The most of an image's ``blocks`` channel blocks one task takes (a divisor of ``blocks``, at
     most ``most``) that still leaves ``min_tasks`` tasks over ``images`` images; 1 at least."""
     return max([1] + [g for g in divisors(blocks, most or blocks) if images * (blocks // g) >= min_tasks])
-
-
-def largest_divisor(n: int, limit: int) -> int:
-    """The largest divisor of ``n`` that is at most ``limit`` (1 at least)."""
-    return max(d for d in range(1, min(n, max(limit, 1)) + 1) if n % d == 0)
 
 
 FMA_LATENCY = 5  # cycles of a dependent FMA chain (4 on recent cores, 5 on Haswell / Zen 1)
