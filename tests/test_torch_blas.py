@@ -156,3 +156,81 @@ def test_the_blas_way_is_made_only_where_it_is_timed_or_runs(auto_modes, monkeyp
     for _ in range(3):
         layer(x).sum().backward()
     assert len(made) == 1 and x.grad is not None
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("batch, size, kernel, stride, pad, dilation", [
+    (8, 2, 3, 1, 1, 1),   # ResNet-18's layer4 shape, small: 2x2 maps, every output pixel at an edge
+    (3, 5, 3, 2, 1, 1),   # strided, an odd map
+    (2, 7, 3, 1, 2, 2),   # dilated
+    (2, 6, 2, 1, 0, 1),   # an even kernel, unpadded
+    (1, 4, 1, 2, 0, 1),   # a strided 1x1 (blas.applies does not take it)
+])  # fmt: skip
+def test_the_columns_way_matches_the_float64_gradients(channels_last, batch, size, kernel, stride, pad, dilation):
+    """dW over im2col columns against the float64 convolution's, in the weight's layout; its dX
+    PyTorch's convolution's (the function given), and each only where asked for."""
+    torch.manual_seed(size)
+    memory = _memory(channels_last)
+    x = torch.randn(batch, 24, size, size).to(memory_format=memory)
+    w = torch.randn(40, 24, kernel, kernel).to(memory_format=memory)
+    out = (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+    dy = torch.randn(batch, 40, out, out).to(memory_format=memory)
+    asked = []
+
+    def theirs(dx, dw):
+        asked.append((dx, dw))
+        return backward_module.pytorch_gradients(dy, x, w, (stride,) * 2, (pad,) * 4, (dilation,) * 2, 1)(dx, dw)
+
+    grads = blas.column_gradients(dy, x, w, (stride,) * 2, (pad,) * 4, (dilation,) * 2, theirs)
+    dx, dw = grads(True, True)
+    args = ([stride] * 2, [pad] * 2, [dilation] * 2, False, [0, 0], 1, [True, True, False])
+    ref_dx, ref_dw, _ = torch.ops.aten.convolution_backward(dy.double(), x.double(), w.double(), None, *args)
+    _, abs_dw, _ = torch.ops.aten.convolution_backward(dy.double().abs(), x.double().abs(), w.double().abs(), None, *args)
+    _assert_fp32_sums(dw, ref_dw, abs_dw, batch * out * out)
+    assert dw.shape == w.shape and dw.is_contiguous(memory_format=memory)
+    torch.testing.assert_close(dx.double(), ref_dx, rtol=1e-5, atol=1e-4)
+    assert asked == [(True, False)]
+    assert grads(False, True)[0] is None and grads(True, False)[1] is None and asked[-1] == (True, False) and len(asked) == 2
+
+
+@pytest.mark.parametrize("dtype, groups, applies", [
+    (torch.float32, 1, True), (torch.float32, 2, False), (torch.bfloat16, 1, False), (torch.float16, 1, False)])
+def test_the_columns_way_takes_ungrouped_float32_calls(dtype, groups, applies):
+    x, w = torch.zeros(1, 8, 2, 2, dtype=dtype), torch.zeros(8, 8 // groups, 3, 3, dtype=dtype)
+    assert blas.columns_apply(x, w, groups) == applies
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("weight_bound", [False, True])
+def test_auto_times_the_columns_way_of_a_weight_bound_layer(channels_last, weight_bound, auto_modes, monkeypatch):
+    """A layer that :func:`backward.weight_bound` (its limits lowered to this layer's 147 KB of
+    weights) whose columns' dW wins: both gradients run that way (``aten::im2col`` and a GEMM for
+    dW, PyTorch's convolution for dX) and match stock's; a layer that is not has no such way made."""
+    if weight_bound:
+        monkeypatch.setattr(backward_module, "COLD_WEIGHT_BYTES", 64 * 64 * 9 * 4)
+    columns_win = lambda candidate, incumbent: candidate.func.__qualname__.startswith("column_gradients.")  # noqa: E731
+    monkeypatch.setattr(forward_module, "wins", columns_win)
+    # PyTorch's two the fastest
+    monkeypatch.setattr(backward_module, "_timings", lambda runs, *_: {way: 10.0 - len(way) for way in runs})
+    made = []
+    real = blas.column_gradients
+    monkeypatch.setattr(blas, "column_gradients", lambda *args: made.append(args) or real(*args))
+    torch.manual_seed(0)
+    memory = _memory(channels_last)
+    layer = Conv2d(64, 64, 3, padding=1, bias=False).to(memory_format=memory)
+    stock = torch.nn.Conv2d(64, 64, 3, padding=1, bias=False).to(memory_format=memory)
+    stock.load_state_dict(layer.state_dict())
+    x = torch.randn(4, 64, 2, 2).to(memory_format=memory).requires_grad_()
+    g = torch.randn(4, 64, 2, 2).to(memory_format=memory)
+    layer(x).backward(g)  # the choices
+    assert bool(made) == weight_bound and set(backward_choices().values()) == {False}
+    xs = x.detach().clone().requires_grad_()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        x.grad = None
+        layer.weight.grad = None
+        layer(x).backward(g)
+    calls = {e.key for e in prof.key_averages()}
+    assert ("aten::im2col" in calls) == weight_bound, calls
+    stock(xs).backward(g)
+    torch.testing.assert_close(x.grad, xs.grad, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(layer.weight.grad, stock.weight.grad, rtol=1e-5, atol=1e-4)

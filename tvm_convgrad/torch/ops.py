@@ -39,7 +39,7 @@ from ..frontends.conv2d import Conv2dGradients
 from . import blas, native
 from .casts import autocast_inputs
 from .grads import both_grads, input_grad_of, weight_grad_of
-from .backward import FUNCTION_MS, gradients, ours_throughout, pytorch_gradients
+from .backward import FUNCTION_MS, gradients, ours_throughout, pytorch_gradients, weight_bound
 from .backward import pytorchs as pytorchs_backward
 from .forward import forward as choose_forward
 from .forward import pytorch as pytorch_forward
@@ -159,6 +159,19 @@ def _profiled(function, name: str):
     return labelled
 
 
+def _blas_way(call: Conv2dGradients, dy, input, narrow, theirs):
+    """``theirs_blas`` of :func:`.backward.gradients` for the call (made only where it is timed or
+    runs): a 1x1's BLAS GEMMs, or a weight-bound layer's dW over im2col columns (:mod:`.blas`); None else."""
+    if theirs is None:
+        return None
+    stride, pads, dilation, groups = call.strides, call.pads, call.dilation, call.groups
+    if blas.applies(input, narrow, stride, pads, groups):
+        return functools.partial(blas.gradients, dy, input, narrow, call.data_format == "NXC")
+    if weight_bound(call) and blas.columns_apply(input, narrow, groups):
+        return functools.partial(blas.column_gradients, dy, input, narrow, stride, pads, dilation, theirs)
+    return None
+
+
 def _backward(ctx, grad_output):
     input, weight, *weight_cast = ctx.saved_tensors
     stride, pads, dilation, groups, channels_last = ctx.attrs
@@ -183,8 +196,7 @@ def _backward(ctx, grad_output):
                 grad_input = dx(plan, dy, narrow) if needs[0] else None
         else:
             theirs = pytorch_gradients(dy, input, narrow, stride, pads, dilation, groups)  # where :mod:`.backward` chooses it
-            theirs_blas = functools.partial(blas.gradients, dy, input, narrow, channels_last) \
-                if theirs and blas.applies(input, narrow, stride, pads, groups) else None  # fmt: skip
+            theirs_blas = _blas_way(plan.call, dy, input, narrow, theirs)
             as_f_conv2d = input.dtype == torch.float32 and pytorchs_forward(plan.call, ctx.has_bias)  # PyTorch's forward chosen
             credit = FUNCTION_MS if as_f_conv2d else 0.0
             grad_input, grad_weight = gradients(plan.call, needs, lambda: dx(plan, dy, narrow), lambda: dw(plan, dy, input, wide),
