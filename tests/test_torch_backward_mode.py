@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 from conftest import DROP_IN_NODES  # noqa: E402
 from tvm_convgrad import ConvGradError  # noqa: E402
 from tvm_convgrad.torch import Conv2d, backward_choices, get_backward, input_grad_kernel, set_backward, weight_grad_kernel  # noqa: E402
+from tvm_convgrad.schedule.cpu import weight_stream  # noqa: E402
 from tvm_convgrad.torch import backward as backward_module  # noqa: E402
 
 
@@ -95,8 +96,8 @@ def test_auto_times_a_weight_bound_layer_with_its_caches_emptied(bound, backward
     """A layer whose weights outweigh its work (:func:`backward.weight_bound`) is timed with
     ``EVICT_BYTES`` written before each timed call, every way; another layer hot."""
     if bound:  # the test's small layer taken as a weight-bound one
-        monkeypatch.setattr(backward_module, "COLD_WEIGHT_BYTES", 1)
-        monkeypatch.setattr(backward_module, "COLD_PIXELS", 10**6)
+        monkeypatch.setattr(weight_stream, "COLD_WEIGHT_BYTES", 1)
+        monkeypatch.setattr(weight_stream, "COLD_PIXELS", 10**6)
     monkeypatch.setattr(backward_module, "EVICT_BYTES", 4096)
     colds, fills = [], []
     real_timings, real_fill = backward_module._timings, torch.Tensor.fill_

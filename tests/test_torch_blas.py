@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 from tvm_convgrad.torch import Conv2d, backward_choices, forward_choices, set_backward, set_forward  # noqa: E402
+from tvm_convgrad.schedule.cpu import weight_stream  # noqa: E402
 from tvm_convgrad.torch import backward as backward_module  # noqa: E402
 from tvm_convgrad.torch import blas  # noqa: E402
 from tvm_convgrad.torch import forward as forward_module  # noqa: E402
@@ -207,7 +208,7 @@ def test_auto_times_the_columns_way_of_a_weight_bound_layer(channels_last, weigh
     weights) whose columns' dW wins: both gradients run that way (``aten::im2col`` and a GEMM for
     dW, PyTorch's convolution for dX) and match stock's; a layer that is not has no such way made."""
     if weight_bound:
-        monkeypatch.setattr(backward_module, "COLD_WEIGHT_BYTES", 64 * 64 * 9 * 4)
+        monkeypatch.setattr(weight_stream, "COLD_WEIGHT_BYTES", 64 * 64 * 9 * 4)
     columns_win = lambda candidate, incumbent: candidate.func.__qualname__.startswith("column_gradients.")  # noqa: E731
     monkeypatch.setattr(forward_module, "wins", columns_win)
     # PyTorch's two the fastest

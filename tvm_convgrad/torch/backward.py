@@ -44,6 +44,8 @@ import tvm
 
 from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
+from ..schedule.cpu import weight_stream
+from ..schedule.cpu.weight_stream import COLD_PIXELS, COLD_WEIGHT_BYTES
 from . import remembered, settled
 from .forward import elapsed_ms, wins
 
@@ -62,10 +64,6 @@ PyTorch's, 87-92 against 15 us over stock's (Zen 4, 2026-12-03). ``"auto"`` cred
 way of every needed GEMM with it where the layer's forward is ``F.conv2d`` too (that call then
 runs as ``F.conv2d`` itself): a way of one GEMM each that wins by less would leave the layer
 slower than stock's."""
-COLD_PIXELS = 64
-"""Most output pixels (images x rows x columns) of a :func:`weight_bound` layer."""
-COLD_WEIGHT_BYTES = 4 << 20
-"""Fewest bytes of weights of a :func:`weight_bound` layer (more than any x86 core's L2)."""
 EVICT_BYTES = 64 << 20
 """What is written before each timed call of a :func:`weight_bound` layer."""
 ROUNDS = 7
@@ -197,10 +195,12 @@ def weight_bound(call: Conv2dGradients) -> bool:
     at N=8, float32 (9.4 MB of weights, 32 pixels), the package's dX against PyTorch's 1.31 / 1.16
     ms hot, 2.24 / 1.66 with 64 MB written before each call, 2.84 in a step; timed hot, ``"auto"``
     had kept the package's in some processes and PyTorch's in others, the steps 1.10-1.14 against
-    1.16-1.20 (Sapphire Rapids-class guest, 2026-12-05/06)."""
+    1.16-1.20 (Sapphire Rapids-class guest, 2026-12-05/06). (The rule is
+    :func:`tvm_convgrad.schedule.cpu.weight_stream.weight_bound`'s, whose kernel streams such a
+    float32 layer's weights for its dX.)"""
     n, _, ho, wo = call.y_shape
     o, i, kh, kw = call.w_shape
-    return n * ho * wo <= COLD_PIXELS and o * i * kh * kw * tvm.DataType(call.dtype).bits // 8 >= COLD_WEIGHT_BYTES
+    return weight_stream.weight_bound(n * ho * wo, o * i * kh * kw * tvm.DataType(call.dtype).bits // 8)
 
 
 def _timings(runs: dict[frozenset, Callable[[], object]], cold: bool = False) -> dict[frozenset, float]:

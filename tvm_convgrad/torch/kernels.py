@@ -39,12 +39,13 @@ from ..schedule.common import target_cores
 from ..schedule.cpu.depthwise_backward import DepthwiseBackward, depthwise_backward_func
 from ..schedule.cpu.pointwise_backward import PointwiseBackward, pointwise_backward_func
 from ..schedule.cpu.pointwise_forward import forward_fits, pointwise_forward_func
+from ..schedule.cpu.weight_stream import StreamedInputGrad, streamed_input_grad_func
 
 __all__ = ["ALGORITHM", "ALIGNMENT", "CACHED_CALLS", "DTYPES", "PLANNED", "CallPlan", "aligned", "as_layout",
            "as_weights", "both_grads_kernel", "call_plan", "check_groups", "check_output", "conv_call", "depthwise_layer",
            "dtype_name", "empty_weights", "forward_kernel", "gradient_plan", "input_grad_kernel", "is_channels_last",
-           "memory_format", "one_pass_layer", "plan_for", "pointwise_forward_kernel", "pointwise_layer", "tensors_plan",
-           "weight_grad_kernel"]  # fmt: skip
+           "memory_format", "one_pass_layer", "plan_for", "pointwise_forward_kernel", "pointwise_layer",
+           "streamed_input_grad_kernel", "streamed_layer", "tensors_plan", "weight_grad_kernel", "Written"]  # fmt: skip
 
 ALIGNMENT = 64
 """Bytes the kernels take every tensor's data to start on (TVM's ``kAllocAlignment``: their loads
@@ -146,6 +147,37 @@ def as_layout(tensor: torch.Tensor, call: Conv2dGradients) -> torch.Tensor:
 def input_grad_kernel(call: Conv2dGradients) -> Kernel:
     """dX of ``call``: ``(grad_output, weight) -> grad_input``, in the call's layouts."""
     return build(call.input_grad("torch_conv2d_input_grad", algorithm=ALGORITHM), store=True)
+
+
+class Written:
+    """A kernel whose loops are written out as TIR (:func:`~tvm_convgrad.compile.builder.build_func`),
+    as a :class:`CallPlan` holds it beside the rule-built :class:`Kernel`: its compiled ``function``."""
+
+    __slots__ = ("function",)
+
+    def __init__(self, function):
+        self.function = function
+
+
+def streamed_layer(call: Conv2dGradients) -> StreamedInputGrad | None:
+    """``call``'s dX as :mod:`tvm_convgrad.schedule.cpu.weight_stream` takes it (float32, one group,
+    a weight-bound layer of more than one tap; this CPU's vectors and cores), or None."""
+    if call.dtype != "float32" or call.groups != 1:
+        return None
+    (n, c, h, w), (o, _, kh, kw) = call.x_shape, call.w_shape
+    target = resolve_target("llvm")
+    plan = isa_plan(target)
+    layer = StreamedInputGrad(n, c, h, w, o, kh, kw, tuple(call.strides), tuple(call.pads), tuple(call.dilation),
+                              call.data_format == "NXC", call.weights_format == "OXI", plan.lanes, plan.registers, target_cores(target))
+    return layer if layer.fits() else None
+
+
+@functools.lru_cache(maxsize=CACHED_CALLS)
+def streamed_input_grad_kernel(call: Conv2dGradients) -> Written | None:
+    """dX of a weight-bound ``call`` (:func:`streamed_layer`) with its weights read where they lie:
+    ``(grad_output, weight, grad_input)`` in the call's layouts; None where that kernel does not take it."""
+    layer = streamed_layer(call)
+    return None if layer is None else Written(build_func(streamed_input_grad_func(layer, "torch_conv2d_streamed_input_grad")))
 
 
 @functools.lru_cache(maxsize=CACHED_CALLS)
@@ -254,10 +286,11 @@ class CallPlan:
         return self._both
 
     @property
-    def input_grad(self) -> Kernel:
-        """dX of ``live``: ``(grad_output, weight[taps]) -> grad_input``."""
+    def input_grad(self) -> Kernel | Written:
+        """dX of ``live``: ``(grad_output, weight[taps]) -> grad_input``; a weight-bound layer's
+        streams its weights (:func:`streamed_input_grad_kernel`), any other's is the rule's."""
         if self._input_grad is None:
-            self._input_grad = input_grad_kernel(self.live)
+            self._input_grad = streamed_input_grad_kernel(self.live) or input_grad_kernel(self.live)
         return self._input_grad
 
     @property

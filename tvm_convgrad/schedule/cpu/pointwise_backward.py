@@ -174,11 +174,12 @@ class PointwiseWriter:
         pixels, vectors = self.tiles.pixels, self.tiles.input_vectors
         with T.serial(0, self.layer.c // self.L // vectors) as c1:
             with T.serial(0, count // pixels) as block:
-                self._input_grad_tile(m0 + block * pixels, pixels, c1)
+                self.input_grad_tile(m0 + block * pixels, pixels, c1)
             with T.serial(0, count % pixels) as i:
-                self._input_grad_tile(m0 + count // pixels * pixels + i, 1, c1)
+                self.input_grad_tile(m0 + count // pixels * pixels + i, 1, c1)
 
-    def _input_grad_tile(self, first, pixels, c1):
+    def input_grad_tile(self, first, pixels, c1):
+        """dX of pixels ``[first, first + pixels)`` (``pixels`` a Python int), vector group ``c1``."""
         g, L, vectors = self.layer, self.L, self.tiles.input_vectors
         acc = self._zeroed(pixels * vectors)
         with T.serial(0, g.o) as o:

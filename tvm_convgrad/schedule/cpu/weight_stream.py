@@ -1,0 +1,164 @@
+"""dX of a weight-bound fp32 layer, its weights read once where they lie, written as TIR.
+
+A layer with megabytes of weights over a few dozen output pixels (ResNet-18's 512 -> 512 3x3 on
+2x2 maps at N=8: 9.4 MB of weights, 32 pixels) is a read of its weights: the cube packs them into
+16 x 16 blocks first (gathers at the taps' stride, then the pack read back per live-tap region).
+Here dX is two phases over the weights as they lie, ``w`` seen as ``(O, M)`` with ``M = C * kh *
+kw`` in its memory's order (OIHW: ``m = c * taps + tap``; OHWI: ``m = tap * C + c``):
+
+1. **Columns**: ``cols (P, M) = dy (P, O) . w (O, M)`` over the ``P = N * Ho * Wo`` output
+   pixels, the dX GEMM of :mod:`.pointwise_backward` (:meth:`.PointwiseWriter.input_grad_tile`:
+   register tiles of pixels x vectors of ``M``, dy broadcast, w's rows loaded where they lie); the
+   tasks split ``M``, so each weight is read once, by one core.
+2. **Col2im**: ``dx[n, c, h, w]`` is the sum of ``cols[(n, ho, wo), m(c, tap)]`` over the taps
+   that reach ``(h, w)`` (``h = ho * sh - pt + kh * dh``), each dX element written once.
+
+The columns count dead taps too (a 2x2 map's corner pixels read 4 of 9): ``2 * P * O * M`` FLOPs
+against the live taps' fewer, cheap beside the weights' read where :func:`weight_bound` holds.
+Arguments: ``(dy, w, dx)``, NCHW or NHWC activations, OIHW or OHWI weights, as the package's dX
+kernels take them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.tirx.script import builder as T
+
+from .pointwise_backward import PointwiseBackward, PointwiseWriter, tiles
+
+__all__ = ["COLD_PIXELS", "COLD_WEIGHT_BYTES", "StreamedInputGrad", "streamed_input_grad_func", "weight_bound"]
+
+COLD_PIXELS = 64
+"""Most output pixels (images x rows x columns) of a :func:`weight_bound` layer."""
+COLD_WEIGHT_BYTES = 4 << 20
+"""Fewest bytes of weights of a :func:`weight_bound` layer (more than any x86 core's L2)."""
+
+
+def weight_bound(pixels: int, weight_bytes: int) -> bool:
+    """Whether a layer of ``pixels`` output pixels (images x rows x columns) and ``weight_bytes``
+    bytes of weights reads more bytes of weights than it does work: at least :data:`COLD_WEIGHT_BYTES`
+    over at most :data:`COLD_PIXELS` pixels (each weight is used twice per pixel)."""
+    return pixels <= COLD_PIXELS and weight_bytes >= COLD_WEIGHT_BYTES
+
+
+@dataclass(frozen=True)
+class StreamedInputGrad:
+    """One layer's dX: x ``(n, c, h, w)`` logical, the weight ``(o, c, kh, kw)``; ``pads`` ``(top,
+    bottom, left, right)``; ``channels_last``: NHWC activations; ``weights_last``: OHWI weights;
+    ``lanes`` fp32 lanes a vector of the ISA, ``registers`` its vector registers, ``cores`` tasks."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    o: int
+    kh: int
+    kw: int
+    strides: tuple[int, int]
+    pads: tuple[int, int, int, int]
+    dilation: tuple[int, int]
+    channels_last: bool
+    weights_last: bool
+    lanes: int
+    registers: int
+    cores: int
+
+    @property
+    def ho(self) -> int:
+        return (self.h + self.pads[0] + self.pads[1] - self.dilation[0] * (self.kh - 1) - 1) // self.strides[0] + 1
+
+    @property
+    def wo(self) -> int:
+        return (self.w + self.pads[2] + self.pads[3] - self.dilation[1] * (self.kw - 1) - 1) // self.strides[1] + 1
+
+    @property
+    def pixels(self) -> int:
+        """``P``: the columns GEMM's rows."""
+        return self.n * self.ho * self.wo
+
+    @property
+    def columns(self) -> int:
+        """``M = C * kh * kw``: the columns GEMM's vector dimension."""
+        return self.c * self.kh * self.kw
+
+    def gemm(self) -> PointwiseBackward:
+        """The columns GEMM as :mod:`.pointwise_backward`'s dX takes it: ``P`` pixels, ``O`` sums, ``M`` on the lanes."""
+        return PointwiseBackward(1, 1, self.pixels, self.columns, self.o, False, self.lanes, self.registers, self.cores)
+
+    def fits(self) -> bool:
+        """Whether this kernel takes the layer: :func:`weight_bound` in float32, a kernel of more than
+        one tap (a 1x1's weights are no gather for the cube, which then ran ResNet-50's 512 -> 2048 and
+        1024 -> 2048 / 2 at N=1 in half this kernel's time), ``M`` a multiple of 4 (vectors of 4 lanes
+        or more) in two tasks a core or more, at least 16 vector registers, int32 indices."""
+        gemm = self.gemm()
+        return (weight_bound(self.pixels, self.o * self.columns * 4) and self.kh * self.kw > 1 and self.registers >= 16
+                and gemm.vector_lanes > 0 and self.columns // gemm.vector_lanes // tiles(gemm).input_vectors >= 2 * self.cores
+                and self.o * self.columns < 2**31)  # fmt: skip
+
+
+class _PixelRows:
+    """dy as ``(P, O)`` rows: NHWC memory as it lies, NCHW through its images' planes."""
+
+    def __init__(self, dy, layer: StreamedInputGrad):
+        g = layer
+        self.plane = g.ho * g.wo
+        shape = (g.pixels, g.o) if g.channels_last else (g.n, g.o, self.plane)
+        self.flat, self.channels_last = T.decl_buffer(shape, "float32", data=dy.data), g.channels_last
+
+    def __getitem__(self, at):
+        pixel, o = at
+        return self.flat[pixel, o] if self.channels_last else self.flat[pixel // self.plane, o, pixel % self.plane]
+
+
+def _column(layer: StreamedInputGrad, c, tap: int):
+    """``m`` of input channel ``c``, kernel tap ``tap`` (``kh * kw + kw``) in the weight's memory order."""
+    taps = layer.kh * layer.kw
+    return tap * layer.c + c if layer.weights_last else c * taps + tap
+
+
+def _col2im(layer: StreamedInputGrad, cols, dx) -> None:
+    """``dx`` from the columns: each element the sum of its taps' columns (see the module docstring)."""
+    g = layer
+    (sh, sw), (dh, dw), (pt, _, pl, _) = g.strides, g.dilation, g.pads
+    zero = tirx.const(0, "float32")
+    with T.parallel(0, g.c) as c, T.serial(0, g.n) as n, T.serial(0, g.h) as h, T.serial(0, g.w) as w:
+        total = zero
+        for kh in range(g.kh):
+            for kw in range(g.kw):
+                rows, columns = h + pt - kh * dh, w + pl - kw * dw  # (ho * sh, wo * sw) where the tap reaches (h, w)
+                ho, wo = tirx.floordiv(rows, sh), tirx.floordiv(columns, sw)
+                reaches = tirx.all(rows >= 0, columns >= 0, rows % sh == 0, columns % sw == 0, ho < g.ho, wo < g.wo)
+                pixel = (n * g.ho + T.min(T.max(ho, 0), g.ho - 1)) * g.wo + T.min(T.max(wo, 0), g.wo - 1)
+                total = total + tirx.if_then_else(reaches, cols[pixel, _column(g, c, kh * g.kw + kw)], zero)
+        T.buffer_store(dx, total, [n, h, w, c] if g.channels_last else [n, c, h, w])
+
+
+def streamed_input_grad_func(layer: StreamedInputGrad, name: str = "streamed_input_grad") -> tirx.PrimFunc:
+    """dX of ``layer`` (:meth:`StreamedInputGrad.fits`): ``(dy, w, dx)``, see the module docstring."""
+    g, gemm = layer, layer.gemm()
+    lanes, t = gemm.vector_lanes, tiles(gemm)
+    groups = g.columns // lanes // t.input_vectors
+    full, rest = divmod(g.pixels, t.pixels)
+    x_shape = (g.n, g.h, g.w, g.c) if g.channels_last else (g.n, g.c, g.h, g.w)
+    dy_shape = (g.n, g.ho, g.wo, g.o) if g.channels_last else (g.n, g.o, g.ho, g.wo)
+    w_shape = (g.o, g.kh, g.kw, g.c) if g.weights_last else (g.o, g.c, g.kh, g.kw)
+    with IRBuilder() as builder:
+        with T.prim_func():
+            T.func_name(name)
+            T.func_attr({"global_symbol": name, "tirx.noalias": True})
+            dy = T.arg("dy", T.buffer(dy_shape, "float32"))
+            w = T.arg("w", T.buffer(w_shape, "float32"))
+            dx = T.arg("dx", T.buffer(x_shape, "float32"))
+            w2 = T.decl_buffer((g.o, g.columns), "float32", data=w.data)
+            cols = T.alloc_buffer((g.pixels, g.columns), "float32")
+            writer = PointwiseWriter(gemm, None, _PixelRows(dy, g), w2, cols, None)
+            with T.parallel(0, groups) as group:
+                with T.serial(0, full) as block:
+                    writer.input_grad_tile(block * t.pixels, t.pixels, group)
+                if rest:
+                    writer.input_grad_tile(full * t.pixels, rest, group)
+            _col2im(g, cols, dx)
+    return builder.get()
