@@ -35,7 +35,7 @@ from ..errors import ConvGradError
 from ..frontends.conv2d import Conv2dGradients
 from . import blas, outputs, remembered, settled
 from .kernels import (DTYPES, CallPlan, aligned, as_layout, as_weights, forward_kernel, is_channels_last, pointwise_forward_kernel,
-                      tensors_plan)
+                      streamed_forward_kernel, tensors_plan)
 
 __all__ = ["MARGIN", "MODES", "PENDING", "ROUNDS", "elapsed_ms", "forward", "forward_choices", "get_forward", "ours",
            "ours_kernel", "pytorch", "pytorchs", "set_forward", "settled_way", "wins"]
@@ -124,7 +124,8 @@ def pytorch(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
 
 def ours(call: Conv2dGradients, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """The package's forward kernel of ``call`` on the tensors' memory (the output in the input's
-    layout): a channels-last fp32 1x1's written out (:func:`.kernels.pointwise_forward_kernel`), else the cube's."""
+    layout): a channels-last fp32 1x1's or a weight-bound fp32 layer's written out
+    (:func:`.kernels.pointwise_forward_kernel`, :func:`.kernels.streamed_forward_kernel`), else the cube's."""
     out = outputs.empty(call.y_shape, input.dtype, call.data_format == "NXC")
     args = (as_layout(input, call), as_weights(weight, call)) + (() if bias is None else (aligned(bias),))
     ours_kernel(call, bias is not None)(*args, as_layout(out, call))
@@ -133,8 +134,9 @@ def ours(call: Conv2dGradients, input: torch.Tensor, weight: torch.Tensor, bias:
 
 def ours_kernel(call: Conv2dGradients, bias: bool):
     """The compiled function :func:`ours` runs: ``(input, weight[, bias], output)`` in the call's
-    layouts (the C++ node calls it itself for a settled signature, :mod:`.native`)."""
-    return pointwise_forward_kernel(call, bias) or forward_kernel(call, bias).function
+    layouts (the C++ node calls it itself for a settled signature, :mod:`.native`): a channels-last
+    1x1's or a weight-bound layer's written out, else the rule's."""
+    return pointwise_forward_kernel(call, bias) or streamed_forward_kernel(call, bias) or forward_kernel(call, bias).function
 
 
 def elapsed_ms(fn) -> float:

@@ -39,13 +39,14 @@ from ..schedule.common import target_cores
 from ..schedule.cpu.depthwise_backward import DepthwiseBackward, depthwise_backward_func
 from ..schedule.cpu.pointwise_backward import PointwiseBackward, pointwise_backward_func
 from ..schedule.cpu.pointwise_forward import forward_fits, pointwise_forward_func
-from ..schedule.cpu.weight_stream import StreamedInputGrad, streamed_input_grad_func
+from ..schedule.cpu.weight_stream import StreamedLayer, streamed_forward_func, streamed_input_grad_func
 
 __all__ = ["ALGORITHM", "ALIGNMENT", "CACHED_CALLS", "DTYPES", "PLANNED", "CallPlan", "aligned", "as_layout",
            "as_weights", "both_grads_kernel", "call_plan", "check_groups", "check_output", "conv_call", "depthwise_layer",
            "dtype_name", "empty_weights", "forward_kernel", "gradient_plan", "input_grad_kernel", "is_channels_last",
            "memory_format", "one_pass_layer", "plan_for", "pointwise_forward_kernel", "pointwise_layer",
-           "streamed_input_grad_kernel", "streamed_layer", "tensors_plan", "weight_grad_kernel", "Written"]  # fmt: skip
+           "streamed_forward_kernel", "streamed_input_grad_kernel", "streamed_layer", "tensors_plan", "weight_grad_kernel",
+           "Written"]  # fmt: skip
 
 ALIGNMENT = 64
 """Bytes the kernels take every tensor's data to start on (TVM's ``kAllocAlignment``: their loads
@@ -159,16 +160,17 @@ class Written:
         self.function = function
 
 
-def streamed_layer(call: Conv2dGradients) -> StreamedInputGrad | None:
-    """``call``'s dX as :mod:`tvm_convgrad.schedule.cpu.weight_stream` takes it (float32, one group,
+def streamed_layer(call: Conv2dGradients) -> StreamedLayer | None:
+    """``call`` as :mod:`tvm_convgrad.schedule.cpu.weight_stream` takes it (float32, one group,
     a weight-bound layer of more than one tap; this CPU's vectors and cores), or None."""
     if call.dtype != "float32" or call.groups != 1:
         return None
     (n, c, h, w), (o, _, kh, kw) = call.x_shape, call.w_shape
     target = resolve_target("llvm")
     plan = isa_plan(target)
-    layer = StreamedInputGrad(n, c, h, w, o, kh, kw, tuple(call.strides), tuple(call.pads), tuple(call.dilation),
-                              call.data_format == "NXC", call.weights_format == "OXI", plan.lanes, plan.registers, target_cores(target))
+    layouts = (call.data_format == "NXC", call.weights_format == "OXI")
+    layer = StreamedLayer(n, c, h, w, o, kh, kw, tuple(call.strides), tuple(call.pads), tuple(call.dilation), *layouts,
+                          plan.lanes, plan.registers, target_cores(target))  # fmt: skip
     return layer if layer.fits() else None
 
 
@@ -178,6 +180,15 @@ def streamed_input_grad_kernel(call: Conv2dGradients) -> Written | None:
     ``(grad_output, weight, grad_input)`` in the call's layouts; None where that kernel does not take it."""
     layer = streamed_layer(call)
     return None if layer is None else Written(build_func(streamed_input_grad_func(layer, "torch_conv2d_streamed_input_grad")))
+
+
+@functools.lru_cache(maxsize=CACHED_CALLS)
+def streamed_forward_kernel(call: Conv2dGradients, bias: bool):
+    """The forward of a weight-bound ``call`` (:func:`streamed_layer`) with its weights read where they
+    lie: ``(input, weight[, bias], output)`` in the call's layouts; None where that kernel does not take it."""
+    layer = streamed_layer(call)
+    name = "torch_conv2d_streamed_forward" + ("_bias" if bias else "")
+    return None if layer is None else build_func(streamed_forward_func(layer, bias, name))
 
 
 @functools.lru_cache(maxsize=CACHED_CALLS)
