@@ -37,7 +37,9 @@ def kept(request):
     gc.collect()
     outputs.set_outputs(policy)
     outputs.release_outputs()
-    outputs.use_native(holder)
+    # (the package's state after the test: the extension, once loaded, holds the mappings -- a native
+    # test may be the one that loaded it, whose holder was None)
+    outputs.use_native(native.module() if request.param == "native" else holder)
     native.set_native(mode)
 
 
@@ -108,12 +110,23 @@ def test_a_mapping_is_re_used_once_freed_and_never_while_a_tensor_or_view_holds_
 
 
 def test_idle_mappings_stop_at_the_budget(kept, monkeypatch):
-    """A mapping returned beyond :data:`KEPT_BYTES` idle is unmapped, not kept."""
+    """At most :data:`KEPT_BYTES` lie idle: a mapping returned beyond it takes the place of those
+    returned longest ago (a second network's results are kept, not the first one's), and one larger
+    than the budget is unmapped."""
     monkeypatch.setattr(kept, "KEPT_BYTES", 5 << 20)
     kept.set_outputs("kept")  # (the budget the extension keeps: read when the policy is set)
     results = [kept.empty((1 << 20,), torch.float32, False) for _ in range(3)]  # 4 MiB each
     del results
     assert kept.kept_outputs()["held"] == 1 and kept.kept_outputs()["bytes"] == 4 << 20
+    maps = kept.kept_outputs()["maps"]
+    for _ in range(3):  # "the second network": a size of its own, step after step
+        result = kept.empty((3 << 18,), torch.float32, False)  # 3 MiB
+        assert _lent(result)
+        del result
+        assert kept.kept_outputs()["held"] == 1 and kept.kept_outputs()["bytes"] == 3 << 20
+    assert kept.kept_outputs()["maps"] == maps + 1  # mapped once, then kept
+    kept.empty((6 << 18,), torch.float32, False)  # 6 MiB: beyond the budget alone
+    assert kept.kept_outputs()["held"] == 1 and kept.kept_outputs()["bytes"] == 3 << 20
 
 
 def test_leaving_kept_unmaps_the_idle_and_lent_mappings_as_they_return(kept):

@@ -75,17 +75,27 @@ struct Kept {
 };
 Kept* kept = new Kept();  // never destroyed (a tensor may outlive the module's statics at exit)
 
+// A mapping back from its tensor: idle, the oldest idle ones unmapped to make room within
+// max_idle_bytes (a returned mapping is the likeliest to be asked for again: the next step's); unmapped
+// itself where it alone is more than that.
 void give_back(void* data, size_t length) {
+  std::vector<std::pair<size_t, void*>> dropped;
   {
     std::lock_guard<std::mutex> guard(kept->lock);
     kept->lent.erase(data);
-    if (kept->idle_bytes + length <= kept->max_idle_bytes) {
+    if (length > kept->max_idle_bytes) {
+      dropped.emplace_back(length, data);
+    } else {
+      while (kept->idle_bytes + length > kept->max_idle_bytes) {
+        dropped.push_back(kept->idle.front());
+        kept->idle_bytes -= kept->idle.front().first;
+        kept->idle.erase(kept->idle.begin());
+      }
       kept->idle.emplace_back(length, data);
       kept->idle_bytes += length;
-      return;
     }
   }
-  munmap(data, length);
+  for (auto& [bytes, address] : dropped) munmap(address, bytes);
 }
 
 // An uninitialized tensor over a kept mapping, laid out as at::empty lays it (channels-last where asked and 4-D).

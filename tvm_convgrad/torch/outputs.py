@@ -14,8 +14,10 @@ the drop-in with kept results and with ``torch.empty``'s, in one process (9 roun
 Under ``"kept"`` (the default) a result of :data:`OUTPUTS_FROM` bytes or more is a tensor over
 a mapping (``mmap``, outside glibc's heap) that returns to this module when PyTorch frees the
 tensor's storage, and the next result of the same length takes it: its pages are touched already,
-as PyTorch's CUDA caching allocator keeps device memory. At most :data:`KEPT_BYTES` lie idle; a
-mapping returned beyond that is unmapped. :func:`release_outputs` unmaps the idle ones now
+as PyTorch's CUDA caching allocator keeps device memory. At most :data:`KEPT_BYTES` lie idle: a
+mapping returned beyond that takes the place of the idle ones returned longest ago, which are
+unmapped (a process that trains one network and then another, as the step benchmark does, would
+otherwise keep the first one's sizes and map every result of the second afresh). :func:`release_outputs` unmaps the idle ones now
 (``torch.cuda.empty_cache``'s counterpart). Under ``"malloc"`` results are ``torch.empty``'s.
 Set with :func:`set_outputs`, or ``TVM_CONVGRAD_OUTPUTS`` at import. Once the drop-in's C++
 extension is loaded (:mod:`.native`), it holds the mappings (:func:`use_native`): cold, in a step
@@ -53,8 +55,8 @@ POLICIES = ("kept", "malloc")
 OUTPUTS_FROM = 1 << 20
 """Fewest bytes of a result taken from the kept mappings (smaller ones from ``torch.empty``)."""
 KEPT_BYTES = 1 << 30
-"""Most bytes of idle mappings held (one returned beyond it is unmapped); the extension's pool reads
-it when it is loaded and when :func:`set_outputs` sets a policy."""
+"""Most bytes of idle mappings held (the oldest unmapped to make room for one returned beyond it);
+the extension's pool reads it when it is loaded and when :func:`set_outputs` sets a policy."""
 PAGE = mmap.PAGESIZE
 PRIVATE = {"flags": mmap.MAP_PRIVATE} if hasattr(mmap, "MAP_PRIVATE") else {}
 """Anonymous mappings private to the process (Python's default is shared: a forked child, a
@@ -92,9 +94,13 @@ class _Lease:
 
 
 def _give_back(lease: _Lease) -> None:
+    """A mapping back from its tensor: idle, the oldest idle ones unmapped to make room within
+    :data:`KEPT_BYTES` (the extension's pool does the same, ``native.cpp``'s ``give_back``)."""
     with _LOCK:
         _LENT.pop(lease.address, None)
-        if _STATE["policy"] == "kept" and not _NATIVE and _STATE["bytes"] + lease.length <= KEPT_BYTES:
+        if _STATE["policy"] == "kept" and not _NATIVE and lease.length <= KEPT_BYTES:
+            while _STATE["bytes"] + lease.length > KEPT_BYTES:
+                _STATE["bytes"] -= _IDLE.popleft()[0]  # (unmapped when its array is collected)
             _IDLE.append((lease.length, lease.mapping))
             _STATE["bytes"] += lease.length
 
