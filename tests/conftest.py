@@ -247,3 +247,13 @@ def assert_within_bound(actual: np.ndarray, expected: np.ndarray, params: ConvGr
         f"{what}: max error {error.max():.3g} is {ratio.max():.3g}x the bound, "
         f"worst at {worst}: {actual[worst]} vs {expected[worst]}"
     )
+
+
+@pytest.fixture
+def fresh_plans():
+    """Plans and kernels made while a test lowers the weight-bound rule's limits are not left to later tests."""
+    from tvm_convgrad.torch import kernels
+
+    yield
+    for cached in (kernels.call_plan, kernels.streamed_input_grad_kernel, kernels.streamed_forward_kernel):
+        cached.cache_clear()

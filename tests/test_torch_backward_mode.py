@@ -92,7 +92,7 @@ def test_auto_runs_the_fastest_way_unless_the_package_is_within_the_margin(times
 
 
 @pytest.mark.parametrize("bound", [False, True])
-def test_auto_times_a_weight_bound_layer_with_its_caches_emptied(bound, backward_mode, monkeypatch):
+def test_auto_times_a_weight_bound_layer_with_its_caches_emptied(bound, backward_mode, monkeypatch, fresh_plans):
     """A layer whose weights outweigh its work (:func:`backward.weight_bound`) is timed with
     ``EVICT_BYTES`` written before each timed call, every way; another layer hot."""
     if bound:  # the test's small layer taken as a weight-bound one

@@ -203,7 +203,7 @@ def test_the_columns_way_takes_ungrouped_float32_calls(dtype, groups, applies):
 
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("weight_bound", [False, True])
-def test_auto_times_the_columns_way_of_a_weight_bound_layer(channels_last, weight_bound, auto_modes, monkeypatch):
+def test_auto_times_the_columns_way_of_a_weight_bound_layer(channels_last, weight_bound, auto_modes, monkeypatch, fresh_plans):
     """A layer that :func:`backward.weight_bound` (its limits lowered to this layer's 147 KB of
     weights) whose columns' dW wins: both gradients run that way (``aten::im2col`` and a GEMM for
     dW, PyTorch's convolution for dX) and match stock's; a layer that is not has no such way made."""
@@ -211,6 +211,7 @@ def test_auto_times_the_columns_way_of_a_weight_bound_layer(channels_last, weigh
         monkeypatch.setattr(weight_stream, "COLD_WEIGHT_BYTES", 64 * 64 * 9 * 4)
     columns_win = lambda candidate, incumbent: candidate.func.__qualname__.startswith("column_gradients.")  # noqa: E731
     monkeypatch.setattr(forward_module, "wins", columns_win)
+    monkeypatch.setattr(backward_module, "wins", columns_win)
     # PyTorch's two the fastest
     monkeypatch.setattr(backward_module, "_timings", lambda runs, *_: {way: 10.0 - len(way) for way in runs})
     made = []

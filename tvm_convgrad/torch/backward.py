@@ -9,7 +9,8 @@ The mode (:func:`set_backward`, or the environment variable ``TVM_CONVGRAD_BACKW
   another way is faster by :data:`MARGIN`, there and in a second timing of the two; later calls
   take the choice made, and so do later processes on this CPU (:mod:`.remembered`). Where the layer's forward is ``F.conv2d``, PyTorch's way of every GEMM
   is credited with :data:`FUNCTION_MS`: the call then runs as ``F.conv2d`` itself. PyTorch's way
-  of a float32 1x1 at stride 1 is its BLAS GEMMs (:mod:`.blas`) where they win against its ``convolution_backward`` first
+  of a float32 1x1 at stride 1 is its BLAS GEMMs, and a float32 :func:`weight_bound` layer's dW its GEMM over im2col
+  columns (:mod:`.blas`), where they win against its ``convolution_backward`` first
   (:func:`backward_choices` lists it per GEMM). The ways are timed whole, as they run: PyTorch's
   two GEMMs in one call cost less than each in a call of its own. A layer whose weights outweigh its
   work (:func:`weight_bound`) is timed with its caches emptied before each call, as a training
@@ -250,7 +251,7 @@ def gradients(call: Conv2dGradients, needs: tuple[bool, bool], ours_dx: Callable
     """dX and dW of ``call`` (None where ``needs`` says not): each the package's (``ours_dx()``,
     ``ours_dw()``) or PyTorch's (``theirs``, see :func:`pytorch_gradients`) as the mode says,
     PyTorch's two in one call; in ``"auto"``, PyTorch's are its BLAS GEMMs (made by
-    ``theirs_blas()``, a 1x1's, :mod:`.blas`: only where they are timed or chosen) where those win
+    ``theirs_blas()``, a 1x1's or a weight-bound layer's, :mod:`.blas`: only where they are timed or chosen) where those win
     against ``theirs`` (:func:`.forward.wins`). ``credit_ms``: :func:`_choose`'s, for PyTorch's
     convolution (not its BLAS way). ``ours_both``: the package's two in one kernel (:func:`_run`)."""
     mode = _mode_in_force()

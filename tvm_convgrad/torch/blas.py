@@ -16,8 +16,8 @@ cube's 4.4 / 5.3 / 6.9); on AMD's cores it was the slowest of the three (Zen 4, 
 session: 84-133 GFLOP/s against 138-182), where the timing should leave it unused.
 
 A second BLAS way is a weight-bound layer's dW (:func:`.backward.weight_bound`: megabytes of
-weights over a few dozen output pixels): one GEMM ``dW (O, C*kh*kw) = dy (O, P)^T-major @ cols (P,
-C*kh*kw)`` over the input's im2col columns (``F.unfold``, a copy the size of the pixels' patches,
+weights over a few dozen output pixels): one GEMM ``dW (O, C*kh*kw) = dy (O, P) @ cols (P,
+C*kh*kw)``, dy's rows over the input's im2col columns (``F.unfold``, a copy the size of the pixels' patches,
 not of the weights), its dX PyTorch's convolution (:func:`column_gradients`). ResNet-18's 512 ->
 512 3x3 on 2x2 maps at N=8 (9.4 MB of weights, 32 pixels; the Sapphire Rapids-class guest,
 2026-12-06): dW 0.90 ms hot, 0.97 with its caches emptied, against the package's cube 1.15 / 1.57

@@ -115,7 +115,7 @@ def forward_tile(layer: StreamedLayer) -> tuple[int, int]:
     """The forward's register tile ``(rows, pixels)``: rows of output channels (a divisor of ``O``)
     by pixels, up to 8 each, whose accumulators, loads and broadcasts take 3/4 of the registers
     (``r * a + r + a``, as :func:`.pointwise_backward.tiles`): the most sums, then the squarest.
-    (4 x 4 on AVX-512; 8 x 2, 2 x 8 ran the forward above 5-10% slower.)"""
+    (4 x 4 on AVX-512; 8 x 2 and 2 x 8 ran the forward 4-22% slower.)"""
     budget = layer.registers * 3 // 4
     fitting = [(r, a) for r in range(1, 9) if layer.o % r == 0 for a in range(1, 9) if r * a + r + a <= budget]
     return max(fitting, key=lambda ra: (ra[0] * ra[1], -abs(ra[0] - ra[1])))
@@ -136,7 +136,7 @@ class _PixelRows:
 
 
 def _column(layer: StreamedLayer, c, tap: int):
-    """``m`` of input channel ``c``, kernel tap ``tap`` (``kh * kw + kw``) in the weight's memory order."""
+    """``m`` of input channel ``c``, kernel tap ``tap`` (``row * kw + column``) in the weight's memory order."""
     taps = layer.kh * layer.kw
     return tap * layer.c + c if layer.weights_last else c * taps + tap
 
