@@ -36,6 +36,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script import builder as T
 
+from ...params import out_size
 from .pointwise_backward import PointwiseBackward, PointwiseWriter, tiles
 
 __all__ = ["COLD_PIXELS", "COLD_WEIGHT_BYTES", "StreamedLayer", "forward_tile", "streamed_forward_func",
@@ -78,11 +79,20 @@ class StreamedLayer:
 
     @property
     def ho(self) -> int:
-        return (self.h + self.pads[0] + self.pads[1] - self.dilation[0] * (self.kh - 1) - 1) // self.strides[0] + 1
+        (sh, _), (dh, _), (pt, pb, _, _) = self.strides, self.dilation, self.pads
+        return out_size(self.h, self.kh, sh, pt, pb, dh)
 
     @property
     def wo(self) -> int:
-        return (self.w + self.pads[2] + self.pads[3] - self.dilation[1] * (self.kw - 1) - 1) // self.strides[1] + 1
+        (_, sw), (_, dw), (_, _, pl, pr) = self.strides, self.dilation, self.pads
+        return out_size(self.w, self.kw, sw, pl, pr, dw)
+
+    def memory_shapes(self) -> tuple[tuple, tuple, tuple]:
+        """The shapes of x (and dX), y (and dy) and the weight as they lie in memory: NCHW or NHWC, OIHW or OHWI."""
+        g = self
+        x = (g.n, g.h, g.w, g.c) if g.channels_last else (g.n, g.c, g.h, g.w)
+        y = (g.n, g.ho, g.wo, g.o) if g.channels_last else (g.n, g.o, g.ho, g.wo)
+        return x, y, (g.o, g.kh, g.kw, g.c) if g.weights_last else (g.o, g.c, g.kh, g.kw)
 
     @property
     def pixels(self) -> int:
@@ -122,17 +132,20 @@ def forward_tile(layer: StreamedLayer) -> tuple[int, int]:
 
 
 class _PixelRows:
-    """dy as ``(P, O)`` rows: NHWC memory as it lies, NCHW through its images' planes."""
+    """dy or y as ``(P, O)`` rows: NHWC memory as it lies, NCHW through its images' planes."""
 
-    def __init__(self, dy, layer: StreamedLayer):
+    def __init__(self, t, layer: StreamedLayer):
         g = layer
         self.plane = g.ho * g.wo
         shape = (g.pixels, g.o) if g.channels_last else (g.n, g.o, self.plane)
-        self.flat, self.channels_last = T.decl_buffer(shape, "float32", data=dy.data), g.channels_last
+        self.flat, self.channels_last = T.decl_buffer(shape, "float32", data=t.data), g.channels_last
+
+    def at(self, pixel, o) -> list:
+        """The indices of ``[pixel, o]`` in :attr:`flat`."""
+        return [pixel, o] if self.channels_last else [pixel // self.plane, o, pixel % self.plane]
 
     def __getitem__(self, at):
-        pixel, o = at
-        return self.flat[pixel, o] if self.channels_last else self.flat[pixel // self.plane, o, pixel % self.plane]
+        return self.flat[tuple(self.at(*at))]
 
 
 def _column(layer: StreamedLayer, c, tap: int):
@@ -164,9 +177,7 @@ def streamed_input_grad_func(layer: StreamedLayer, name: str = "streamed_input_g
     lanes, t = gemm.vector_lanes, tiles(gemm)
     groups = g.columns // lanes // t.input_vectors
     full, rest = divmod(g.pixels, t.pixels)
-    x_shape = (g.n, g.h, g.w, g.c) if g.channels_last else (g.n, g.c, g.h, g.w)
-    dy_shape = (g.n, g.ho, g.wo, g.o) if g.channels_last else (g.n, g.o, g.ho, g.wo)
-    w_shape = (g.o, g.kh, g.kw, g.c) if g.weights_last else (g.o, g.c, g.kh, g.kw)
+    x_shape, dy_shape, w_shape = g.memory_shapes()
     with IRBuilder() as builder:
         with T.prim_func():
             T.func_name(name)
@@ -202,7 +213,8 @@ def _im2col(layer: StreamedLayer, x, cols) -> None:
                 T.buffer_store(cols, tirx.if_then_else(inside, value, zero), [pixel, _column(g, c, kh * g.kw + kw)])
 
 
-def _forward_tile(layer: StreamedLayer, w2, cols, y2, bias, lanes: int, rows: int, task, first, pixels: int) -> None:
+def _forward_tile(layer: StreamedLayer, w2, cols, y_rows: _PixelRows, bias, lanes: int, rows: int, task, first,
+                  pixels: int) -> None:  # fmt: skip
     """``y`` of output channels ``[task * rows, +rows)`` at pixels ``[first, first + pixels)``."""
     g = layer
     acc = T.alloc_buffer((rows * pixels, lanes), "float32", scope="local")
@@ -214,15 +226,13 @@ def _forward_tile(layer: StreamedLayer, w2, cols, y2, bias, lanes: int, rows: in
                 with T.vectorized(0, lanes) as lane:
                     product = w2[task * rows + r, vector * lanes + lane] * cols[first + p, vector * lanes + lane]
                     T.buffer_store(acc, acc[r * pixels + p, lane] + product, [r * pixels + p, lane])
-    plane = g.ho * g.wo
     for r in range(rows):
         o = task * rows + r
         for p in range(pixels):
             total = acc[r * pixels + p, 0] if bias is None else bias[o] + acc[r * pixels + p, 0]
             for lane in range(1, lanes):
                 total = total + acc[r * pixels + p, lane]
-            pixel = first + p
-            T.buffer_store(y2, total, [pixel, o] if g.channels_last else [pixel // plane, o, pixel % plane])
+            T.buffer_store(y_rows.flat, total, y_rows.at(first + p, o))
 
 
 def streamed_forward_func(layer: StreamedLayer, bias: bool, name: str = "streamed_forward") -> tirx.PrimFunc:
@@ -230,9 +240,7 @@ def streamed_forward_func(layer: StreamedLayer, bias: bool, name: str = "streame
     g = layer
     lanes, (rows, pixels) = g.gemm().vector_lanes, forward_tile(g)
     full, rest = divmod(g.pixels, pixels)
-    x_shape = (g.n, g.h, g.w, g.c) if g.channels_last else (g.n, g.c, g.h, g.w)
-    y_shape = (g.n, g.ho, g.wo, g.o) if g.channels_last else (g.n, g.o, g.ho, g.wo)
-    w_shape = (g.o, g.kh, g.kw, g.c) if g.weights_last else (g.o, g.c, g.kh, g.kw)
+    x_shape, y_shape, w_shape = g.memory_shapes()
     with IRBuilder() as builder:
         with T.prim_func():
             T.func_name(name)
@@ -242,12 +250,12 @@ def streamed_forward_func(layer: StreamedLayer, bias: bool, name: str = "streame
             b = T.arg("bias", T.buffer((g.o,), "float32")) if bias else None
             y = T.arg("y", T.buffer(y_shape, "float32"))
             w2 = T.decl_buffer((g.o, g.columns), "float32", data=w.data)
-            y2 = T.decl_buffer((g.pixels, g.o) if g.channels_last else (g.n, g.o, g.ho * g.wo), "float32", data=y.data)
+            y_rows = _PixelRows(y, g)
             cols = T.alloc_buffer((g.pixels, g.columns), "float32")
             _im2col(g, x, cols)
             with T.parallel(0, g.o // rows) as task:
                 with T.serial(0, full) as block:
-                    _forward_tile(g, w2, cols, y2, b, lanes, rows, task, block * pixels, pixels)
+                    _forward_tile(g, w2, cols, y_rows, b, lanes, rows, task, block * pixels, pixels)
                 if rest:
-                    _forward_tile(g, w2, cols, y2, b, lanes, rows, task, full * pixels, rest)
+                    _forward_tile(g, w2, cols, y_rows, b, lanes, rows, task, full * pixels, rest)
     return builder.get()
