@@ -19,6 +19,7 @@ import pytest
 from tvm_convgrad import isa_target
 from tvm_convgrad.compile import build_func, pass_context, resolve_target
 from tvm_convgrad.isa import isa_plan
+from tvm_convgrad.schedule.cpu import prefetch
 from tvm_convgrad.schedule.cpu.pointwise_backward import (CHUNK_PIXELS, MAX_WEIGHTS, MIN_REGISTERS, PointwiseBackward,
                                                           chunk_pixels, pointwise_backward_func, tiles)  # fmt: skip
 
@@ -81,6 +82,17 @@ def test_both_gradients_match_the_reference(case, isa):
     layer = _layer(case, target)
     assert layer.fits() == (layer.registers >= MIN_REGISTERS)
     _assert_exact(layer, *_run(layer, target))
+
+
+def test_asking_for_the_rows_ahead_leaves_the_gradients_exact(monkeypatch):
+    """Every layer's rows a stream (STREAM_BYTES 0: dW's steps ask for the runs a chunk ahead, up
+    to the tensors' ends): the same results within the bound, on this host's plan."""
+    monkeypatch.setattr(prefetch, "STREAM_BYTES", 0)
+    target = isa_target("native")
+    for case in CASES:
+        layer = _layer(case, target)
+        assert "tvm_convgrad_prefetch" in pointwise_backward_func(layer).script()
+        _assert_exact(layer, *_run(layer, target))
 
 
 @pytest.mark.parametrize("cores", [1, 3])

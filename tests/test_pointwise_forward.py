@@ -18,6 +18,7 @@ import pytest
 from tvm_convgrad import isa_target, reference
 from tvm_convgrad.compile import build_func, pass_context, resolve_target
 from tvm_convgrad.isa import isa_plan
+from tvm_convgrad.schedule.cpu import prefetch
 from tvm_convgrad.schedule.cpu.pointwise_backward import MIN_REGISTERS, PointwiseBackward
 from tvm_convgrad.schedule.cpu.pointwise_forward import forward_fits, gemm_layer, pointwise_forward_func
 
@@ -86,6 +87,17 @@ def test_the_forward_matches_the_reference(case, isa, bias):
     layer = _layer(case, target)
     assert forward_fits(layer) == (layer.registers >= MIN_REGISTERS)
     _assert_exact(*_run(layer, target, bias))
+
+
+def test_asking_for_the_rows_ahead_leaves_the_forward_exact(monkeypatch):
+    """Every layer's x a stream (STREAM_BYTES 0: each tile asks for the rows a chunk ahead, up to
+    x's end): the same results within the bound, on this host's plan, with a bias."""
+    monkeypatch.setattr(prefetch, "STREAM_BYTES", 0)
+    target = isa_target("native")
+    for case in CASES:
+        layer = _layer(case, target)
+        assert "tvm_convgrad_prefetch" in pointwise_forward_func(layer, True).script()
+        _assert_exact(*_run(layer, target, True))
 
 
 def test_the_kernel_compiles_for_aarch64():

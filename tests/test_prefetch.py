@@ -1,6 +1,7 @@
 """Software prefetch of the streams the CPU kernels read in place (:mod:`tvm_convgrad.schedule.cpu.prefetch`):
 where the rule marks them, what :func:`lower_prefetches` emits (addresses ahead of the iteration,
-clamped into the tensor), the instructions each x86 ISA gets, and the kernels still exact."""
+clamped into the tensor), the instructions each x86 ISA gets, and the kernels still exact; the
+prefetches of the kernels whose loops are written out (:func:`prefetch_run`)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from tvm import s_tir, te, tirx
 
 from tvm_convgrad import build, isa_target, lower, pass_context
 from tvm_convgrad.frontends import onednn
-from tvm_convgrad.isa import host_can_run
-from tvm_convgrad.schedule.cpu.prefetch import CACHE_LINE, PREFETCH, PREFETCH_AHEAD_BYTES, lower_prefetches, prefetch_stream, prefetched_buffers
+from tvm_convgrad.isa import host_can_run, isa_plan
+from tvm_convgrad.schedule.cpu.pointwise_backward import PointwiseBackward, chunk_pixels, pointwise_backward_func
+from tvm_convgrad.schedule.cpu.pointwise_forward import gemm_layer, pointwise_forward_func
+from tvm_convgrad.schedule.cpu.prefetch import (CACHE_LINE, PREFETCH, PREFETCH_AHEAD_BYTES, lower_prefetches, prefetch_stream,
+                                               prefetched_buffers)
 from tvm_convgrad.tools.verify import check_kernel
 
 from conftest import NEON
@@ -161,3 +165,31 @@ def test_lower_prefetches_asks_for_the_iteration_ahead_and_never_past_the_tensor
     b = tvm.runtime.tensor(np.zeros(64, "float32"))
     run["main"](tvm.runtime.tensor(a), b)
     np.testing.assert_allclose(b.numpy(), [a[i * step : (i + 1) * step].astype("float64").sum() for i in range(64)], rtol=1e-5, atol=1e-5)
+
+
+def _clamps(func) -> list[int]:
+    """The last element each prefetch of a kernel written out (:func:`prefetch_run`) is clamped to."""
+    return [int(m) for m in re.findall(r'"tvm_convgrad_prefetch", T\.tvm_access_ptr\(T\.type_annotation\("float32"\), \w+\.data, '
+                                       r"T\.min\(.*?, (\d+)\)", func.script())]  # fmt: skip
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_the_written_out_1x1_kernels_ask_for_their_streams_a_chunk_ahead(isa):
+    """The channels-last 1x1 kernels whose loops are written out read dy and x where they lie: the
+    one-pass backward's dW steps ask for the runs of dy and of x of the pixel a chunk further on,
+    the forward's tiles for the rows of x a chunk further on; every address clamped to its
+    tensor's last element, into L2 on each ISA (cross-compiled); a layer whose tensors are under
+    STREAM_BYTES asks for nothing (its rows stay in the caches)."""
+    target = _target(isa)
+    plan = isa_plan(target)
+    layer = PointwiseBackward(32, 28, 28, 32, 96, False, plan.lanes, plan.registers, 2)  # (x of 3.2 MB, dy of 9.6)
+    m = layer.m
+    backward, forward = pointwise_backward_func(layer), pointwise_forward_func(layer, False)
+    assert set(_clamps(backward)) == {m * 96 - 1, m * 32 - 1} and set(_clamps(forward)) == {m * 32 - 1}
+    assert f"+ {chunk_pixels(layer)}) * 96" in backward.script() and f"+ {chunk_pixels(gemm_layer(layer))}) * 32" in forward.script()
+    with pass_context(target):
+        asm = tvm.compile(tvm.IRModule({"pointwise_backward": backward}), target=target).mod.inspect_source("asm")
+    into_l2, into_l1 = INTO_L2[isa]
+    assert re.search(into_l2, asm) and not re.search(into_l1, asm)
+    small = PointwiseBackward(2, 12, 12, 16, 96, False, plan.lanes, plan.registers, 2)  # (dy of 110 KB)
+    assert _clamps(pointwise_backward_func(small)) == _clamps(pointwise_forward_func(small, True)) == []

@@ -34,11 +34,12 @@ from tvm import s_tir, tirx
 from tvm.ir import StringImm
 from tvm.sym import Analyzer
 from tvm.sym.int_set import IntervalSet
+from tvm.tirx.script import builder as T
 
 from ..common import rewrite_prim_funcs
 
-__all__ = ["CACHE_LINE", "PREFETCH", "PREFETCH_AHEAD_BYTES", "PREFETCH_LOCALITY", "PREFETCH_STREAMS", "STREAM_BYTES", "lower_prefetches", "prefetch_stream", "prefetched_buffers",
-           "read_in_place"]
+__all__ = ["CACHE_LINE", "PREFETCH", "PREFETCH_AHEAD_BYTES", "PREFETCH_LOCALITY", "PREFETCH_STREAMS", "STREAM_BYTES", "lower_prefetches",
+           "prefetch_run", "prefetch_stream", "prefetched_buffers", "read_in_place"]
 
 PREFETCH_STREAMS = True
 """Whether the rules mark the streams they read in place (:func:`prefetch_stream`)."""
@@ -213,6 +214,23 @@ def _prefetch(loop: tirx.For, buffer):
     if not _never_negative(flat):  # (a padded read's region starts before the tensor: rows above the image)
         flat = tirx.max(flat, tirx.IntImm(index, 0))
     flat = tirx.min(flat, tirx.IntImm(index, size - 1))
-    call = tirx.call_extern("void", PREFETCH_HELPER, buffer.access_ptr("r", offset=flat))
-    loop = tirx.For(line, tirx.IntImm(index, 0), tirx.IntImm(index, lines), tirx.ForKind.SERIAL, tirx.Evaluate(call))
+    loop = tirx.For(line, tirx.IntImm(index, 0), tirx.IntImm(index, lines), tirx.ForKind.SERIAL, tirx.Evaluate(_call(buffer, flat)))
     return tirx.AttrStmt(tirx.IntImm("int32", 0), "pragma_import_llvm", StringImm(PREFETCH_LLVM), loop)
+
+
+def _call(buffer, flat):
+    """The helper's call on the address of ``buffer``'s flat element ``flat``."""
+    return tirx.call_extern("void", PREFETCH_HELPER, buffer.access_ptr("r", offset=flat))
+
+
+def prefetch_run(buffer, first, count: int) -> None:
+    """Inside an open ``IRBuilder`` frame (a kernel whose loops are written out): ask for the cache
+    lines of ``buffer``'s flat elements ``[first, first + count)`` (``first`` >= 0, the lines from
+    the one holding ``first``; each address clamped to the buffer's last element), as the marked
+    loops do (:data:`PREFETCH_LLVM`'s helper, into L2)."""
+    itemsize = tvm.DataType(str(buffer.dtype)).bits // 8
+    last = math.prod(int(d) for d in buffer.shape) - 1
+    lines = math.ceil((count * itemsize + CACHE_LINE - itemsize) / CACHE_LINE)  # (the most a run starting mid-line spans)
+    with T.attr(tirx.IntImm("int32", 0), "pragma_import_llvm", StringImm(PREFETCH_LLVM)):
+        for line in range(lines):
+            T.evaluate(_call(buffer, T.min(first + line * (CACHE_LINE // itemsize), last)))
