@@ -18,7 +18,9 @@ import pytest
 from tvm_convgrad import isa_target
 from tvm_convgrad.compile import build_func, pass_context, resolve_target
 from tvm_convgrad.isa import isa_plan
-from tvm_convgrad.schedule.cpu.depthwise_backward import DepthwiseBackward, band_rows, depthwise_backward_func
+from tvm_convgrad.schedule.cpu import prefetch
+from tvm_convgrad.schedule.cpu.depthwise_backward import (ROWS_AHEAD, DepthwiseBackward, band_rows, depthwise_backward_func,
+                                                          rows_ahead)  # fmt: skip
 
 from one_pass import assert_runs_guarded, assert_within_summation_bound, kernels_run, unaligned
 
@@ -84,6 +86,19 @@ def test_both_gradients_match_the_reference(case, isa):
     layer = _layer(case, target)
     assert layer.fits()
     _assert_exact(layer, *_run(layer, target))
+
+
+def test_asking_for_the_rows_ahead_leaves_the_gradients_exact(monkeypatch):
+    """Every layer's x a stream (STREAM_BYTES 0: the dW loop asks for dy's and x's lines
+    ROWS_AHEAD rows on, past an image's rows into the next, clamped to the tensors' ends): the same
+    results within the bound, on this host's plan, every geometry."""
+    monkeypatch.setattr(prefetch, "STREAM_BYTES", 0)
+    target = isa_target("native")
+    for case in CASES:
+        layer = _layer(case, target)
+        if layer.fits():
+            assert rows_ahead(layer) == ROWS_AHEAD
+            _assert_exact(layer, *_run(layer, target))
 
 
 @pytest.mark.parametrize("cores", [1, 3])

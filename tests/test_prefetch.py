@@ -15,6 +15,7 @@ from tvm import s_tir, te, tirx
 from tvm_convgrad import build, isa_target, lower, pass_context
 from tvm_convgrad.frontends import onednn
 from tvm_convgrad.isa import host_can_run, isa_plan
+from tvm_convgrad.schedule.cpu.depthwise_backward import ROWS_AHEAD, DepthwiseBackward, depthwise_backward_func, rows_ahead
 from tvm_convgrad.schedule.cpu.pointwise_backward import PointwiseBackward, chunk_pixels, pointwise_backward_func
 from tvm_convgrad.schedule.cpu.pointwise_forward import gemm_layer, pointwise_forward_func
 from tvm_convgrad.schedule.cpu.prefetch import (CACHE_LINE, PREFETCH, PREFETCH_AHEAD_BYTES, lower_prefetches, prefetch_stream,
@@ -169,8 +170,10 @@ def test_lower_prefetches_asks_for_the_iteration_ahead_and_never_past_the_tensor
 
 def _clamps(func) -> list[int]:
     """The last element each prefetch of a kernel written out (:func:`prefetch_run`) is clamped to."""
-    return [int(m) for m in re.findall(r'"tvm_convgrad_prefetch", T\.tvm_access_ptr\(T\.type_annotation\("float32"\), \w+\.data, '
-                                       r"T\.min\(.*?, (\d+)\)", func.script())]  # fmt: skip
+    calls = re.findall(r'"tvm_convgrad_prefetch", T\.tvm_access_ptr\(T\.type_annotation\("float32"\), \w+\.data, '
+                       r"T\.min\(.*, (\d+)\), (\d+) - T\.min\(", func.script())  # fmt: skip
+    assert all(int(last) == int(size) - 1 for last, size in calls), "each address at most the last element"
+    return [int(last) for last, _ in calls]
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -193,3 +196,24 @@ def test_the_written_out_1x1_kernels_ask_for_their_streams_a_chunk_ahead(isa):
     assert re.search(into_l2, asm) and not re.search(into_l1, asm)
     small = PointwiseBackward(2, 12, 12, 16, 96, False, plan.lanes, plan.registers, 2)  # (dy of 110 KB)
     assert _clamps(pointwise_backward_func(small)) == _clamps(pointwise_forward_func(small, True)) == []
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_the_one_pass_depthwise_kernel_asks_for_its_rows_ahead(isa):
+    """The channels-last depthwise kernel written out: its dW loop asks for the lines of dy and of
+    x it reads ROWS_AHEAD dy rows on, each address clamped to its tensor's last element (and x's
+    to its first: the window's rows may lie above the image), into L2 on each ISA (cross-compiled);
+    a layer whose x is under STREAM_BYTES asks for nothing."""
+    target = _target(isa)
+    lanes = isa_plan(target).lanes
+    layer = DepthwiseBackward(32, 32, 28, 28, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), False, lanes, 2)  # (x of 3.2 MB)
+    func = depthwise_backward_func(layer)
+    assert rows_ahead(layer) == ROWS_AHEAD
+    assert set(_clamps(func)) == {32 * 14 * 14 * 32 - 1, 32 * 28 * 28 * 32 - 1}
+    assert len(_clamps(func)) == 1 + 2 * 2, "dy's pixel and x's stride x stride pixels"
+    with pass_context(target):
+        asm = tvm.compile(tvm.IRModule({"depthwise_backward": func}), target=target).mod.inspect_source("asm")
+    into_l2, into_l1 = INTO_L2[isa]
+    assert re.search(into_l2, asm) and not re.search(into_l1, asm)
+    small = DepthwiseBackward(2, 32, 28, 28, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), False, lanes, 2)
+    assert rows_ahead(small) == 0 and _clamps(depthwise_backward_func(small)) == []

@@ -17,11 +17,12 @@ Zen 4, 2 cores, N=32, ms, hot / cold (a 96 MB buffer written before each call), 
 separate dX and dW kernels: 32 channels on 56x56 1.51 / 1.66 (2.01 / 2.22), 96 on 56x56 at stride 2
 3.45 / 3.96 (4.89 / 4.97), 144 on 28x28 1.93 / 2.20 (2.54 / 2.99). Inside MobileNetV2's
 channels-last f32 step at 32 x 112x112 its ten layers take 14 ms against the pair's 19.5 (profiled),
-and the step ~5 ms less (61 rounds, paired). Asking for the next rows ahead (``llvm.prefetch``, 1,
-2 or 4 dy rows) moved nothing; nor did two channel blocks a pass (each tap's sums and weights of
-both in registers): 32 channels on 56x56 1.41 -> 1.34 ms hot, but 576 on 7x7 0.26 -> 0.30, 192 on
-14x14 0.44 -> 0.56 (three blocks a pass: slower still). One core runs 32 channels on 56x56 in 3.1
-ms and two in 1.3: the kernel is bound by its loops more than by memory.
+and the step ~5 ms less (61 rounds, paired). Where x is a stream, the dW loop asks for the lines it
+reads :data:`ROWS_AHEAD` dy rows on (``llvm.prefetch``). Two channel blocks a pass did not help
+(each tap's sums and weights of both in registers): 32 channels on 56x56 1.41 -> 1.34 ms hot, but
+576 on 7x7 0.26 -> 0.30, 192 on 14x14 0.44 -> 0.56 (three blocks a pass: slower still). One core
+runs 32 channels on 56x56 in 3.1 ms and two in 1.3: in the caches, the kernel is bound by its
+loops more than by memory.
 
 Arguments (NHWC activations, the weight ``(C, 1, KH, KW)`` or ``(C, KH, KW, 1)``: the same memory):
 ``(x, dy, w, dx, dw)``; ``dw`` in the weight's layout. dW's sums: each core its own tasks' rows
@@ -37,14 +38,27 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script import builder as T
 
 from ...params import out_size
+from . import prefetch
 from .one_pass import kernel_arguments, parts_total
 
-__all__ = ["BAND_ROWS", "MAX_BORDER_COLUMNS", "DepthwiseBackward", "band_rows", "depthwise_backward_func", "tap_columns"]
+__all__ = ["BAND_ROWS", "MAX_BORDER_COLUMNS", "ROWS_AHEAD", "DepthwiseBackward", "band_rows", "depthwise_backward_func", "rows_ahead",
+           "tap_columns"]
 
 BAND_ROWS = 4
 """dy rows per task where that leaves every core 4 tasks or more (else one row a task). Zen 4, 2
 cores, N=32, 32 channels on 56x56, ms, hot / cold: 2 rows 1.59 / 1.84, 8 rows 1.57 / 1.84 (the
 separate dX and dW kernels 2.06-2.31 / 2.40-2.71)."""
+
+ROWS_AHEAD = 2
+"""dy rows ahead the dW loop asks for the lines it will read of dy and x (:func:`rows_ahead`), into
+L2 (:mod:`.prefetch`). A Sapphire Rapids-class Xeon, 2 cores, N=32, from memory (256 MB written
+before each call), ms, without / 1 / 2 / 4 rows ahead: 96 channels on 56x56 at stride 2 6.09 /
+5.25 / 5.28 / 5.44, 32 on 56x56 2.55 / 2.25 / 2.16 / 2.14, 144 on 28x28 3.44 / 2.40 / 2.34 / 2.38,
+at stride 2 2.10 / 1.88 / 1.83 / 1.86, 192 on 14x14 1.17 / 0.89 / 0.92 / 0.91 (dy's lines alone, 2
+ahead: 5.94, 2.45, 3.18, 2.01, 1.05). In the caches within 10% either way. Asking for the
+dX rows' lines ahead to write (``prefetchw``) as well: 96 on 56x56 at stride 2 5.3 -> 4.6, 32 on
+56x56 2.1 -> 2.3, 144 on 28x28 the same: left out. (On Zen 4, in the caches, asking for the next
+1, 2 or 4 dy rows had moved nothing.)"""
 
 MAX_BORDER_COLUMNS = 32
 """The most columns a kernel writes out one by one (those a tap's input or dy column is cut from):
@@ -128,6 +142,13 @@ class DepthwiseBackward:
         return self.c % self.lanes == 0 and self.border_columns() <= MAX_BORDER_COLUMNS
 
 
+def rows_ahead(layer: DepthwiseBackward) -> int:
+    """How many dy rows ahead the dW loop asks for its rows of dy and x: :data:`ROWS_AHEAD` where
+    x is a stream (:data:`.prefetch.STREAM_BYTES` or more), else 0."""
+    streams = prefetch.PREFETCH_STREAMS and layer.n * layer.h * layer.w * layer.c * 4 >= prefetch.STREAM_BYTES
+    return ROWS_AHEAD if streams else 0
+
+
 def band_rows(layer: DepthwiseBackward) -> int:
     """dy rows per task: :data:`BAND_ROWS` where the tasks then number 4 a core or more, else 1."""
     rows = min(BAND_ROWS, layer.ho)
@@ -142,8 +163,9 @@ def _live(position: int, ranges: dict[int, tuple[int, int]]) -> list[int]:
 class _Writer:
     """The function's statements, written into the open ``IRBuilder`` frame."""
 
-    def __init__(self, layer: DepthwiseBackward, x, dy, dx, weights, sums):
+    def __init__(self, layer: DepthwiseBackward, x, dy, dx, weights, sums, ahead: int = 0):
         self.layer, self.x, self.dy, self.dx, self.weights, self.sums = layer, x, dy, dx, weights, sums
+        self.ahead = ahead  # (dy rows: where not 0, the dW loop asks for what it reads that far on, _ask_ahead)
         self.zero = tirx.const(0, "float32")
 
     def _lanes(self):
@@ -190,9 +212,26 @@ class _Writer:
 
         if hi > lo:
             with T.serial(lo, hi) as col:
+                if self.ahead and len(kernel_rows) == g.kh:
+                    self._ask_ahead(image, row, col, c1)
                 products(col, range(g.kw))
         for col in border:
             products(col, _live(col, dict(enumerate(ranges))))
+
+    def _ask_ahead(self, image, row, col, c1):
+        """Ask for what column ``col`` of block ``c1`` reads :attr:`ahead` dy rows on (the pixels
+        past this image's rows: the next image's): dy's pixel, and the ``sh x sw`` pixels of x the
+        kernel window reaches first there (its last ``sh`` rows, ``sw`` columns from its left edge),
+        so that over the loop each line of x and dy is asked for about once."""
+        g, L = self.layer, self.layer.lanes
+        (sh, sw), (dh, _), (pt, _, pl, _) = g.strides, g.dilation, g.pads
+        ahead = row + self.ahead
+        prefetch.prefetch_run(self.dy, ((image * g.ho + ahead) * g.wo + col) * g.c + c1 * L, 1)
+        first_row = ahead * sh - pt + (g.kh - 1) * dh - (sh - 1)
+        for j in range(sh):
+            for k in range(sw):
+                pixel = (image * g.h + first_row + j) * g.w + col * sw - pl + k
+                prefetch.prefetch_run(self.x, T.max(pixel * g.c + c1 * L, 0), 1)
 
     def input_grad_rows(self, image, first, end):
         """dX rows ``[first, end)`` (``first`` a multiple of the stride), each from the dy rows its
@@ -275,7 +314,7 @@ def depthwise_backward_func(layer: DepthwiseBackward, name: str = "depthwise_bac
             sums = T.alloc_buffer((g.cores, g.c // L, taps, L), "float32")
             with T.serial(0, taps) as tap, T.serial(0, g.c) as c:
                 T.buffer_store(weights, w[tuple(tap_at(c, tap))], [tap, c])
-            writer = _Writer(layer, x, dy, dx, weights, sums)
+            writer = _Writer(layer, x, dy, dx, weights, sums, rows_ahead(layer))
             with T.parallel(0, g.cores) as part:
                 with T.serial(0, g.c // L) as c1, T.serial(0, taps) as tap, T.vectorized(0, L) as lane:
                     T.buffer_store(sums, tirx.const(0, "float32"), [part, c1, tap, lane])
