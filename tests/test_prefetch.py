@@ -18,8 +18,8 @@ from tvm_convgrad.isa import host_can_run, isa_plan
 from tvm_convgrad.schedule.cpu.depthwise_backward import ROWS_AHEAD, DepthwiseBackward, depthwise_backward_func, rows_ahead
 from tvm_convgrad.schedule.cpu.pointwise_backward import PointwiseBackward, chunk_pixels, pointwise_backward_func
 from tvm_convgrad.schedule.cpu.pointwise_forward import gemm_layer, pointwise_forward_func
-from tvm_convgrad.schedule.cpu.prefetch import (CACHE_LINE, PREFETCH, PREFETCH_AHEAD_BYTES, lower_prefetches, prefetch_stream,
-                                               prefetched_buffers)
+from tvm_convgrad.schedule.cpu.prefetch import (CACHE_LINE, PREFETCH, PREFETCH_AHEAD_BYTES, PREFETCH_WRITE_HELPER, lower_prefetches,
+                                               prefetch_stream, prefetched_buffers)
 from tvm_convgrad.tools.verify import check_kernel
 
 from conftest import NEON
@@ -29,6 +29,12 @@ X86_PREFETCH = (r"prefetcht1\s", r"prefetcht0\s")
 INTO_L2 = {"avx2": X86_PREFETCH, "avx512": X86_PREFETCH, "neon": (r"prfm\s+pldl2keep", r"prfm\s+pldl1keep")}
 """Each ISA's prefetch into L2 (:data:`~tvm_convgrad.schedule.cpu.prefetch.PREFETCH_LOCALITY`),
 and into L1, which it must not be."""
+
+
+TO_WRITE = {"avx2": r"prefetcht1\s", "avx512": r"prefetchw\s", "neon": r"prfm\s+pstl2keep"}
+"""Each ISA's prefetch of a line to be written (:data:`~tvm_convgrad.schedule.cpu.prefetch.PREFETCH_WRITE_LLVM`):
+``prefetchw`` where the target has PRFCHW (Broadwell on, every Zen; LLVM's ``haswell`` has not, and
+asks for the line to read instead), AArch64's ``prfm pstl2keep``."""
 
 
 def _target(isa: str):
@@ -168,9 +174,10 @@ def test_lower_prefetches_asks_for_the_iteration_ahead_and_never_past_the_tensor
     np.testing.assert_allclose(b.numpy(), [a[i * step : (i + 1) * step].astype("float64").sum() for i in range(64)], rtol=1e-5, atol=1e-5)
 
 
-def _clamps(func) -> list[int]:
-    """The last element each prefetch of a kernel written out (:func:`prefetch_run`) is clamped to."""
-    calls = re.findall(r'"tvm_convgrad_prefetch", T\.tvm_access_ptr\(T\.type_annotation\("float32"\), \w+\.data, '
+def _clamps(func, helper: str = "tvm_convgrad_prefetch") -> list[int]:
+    """The last element each of ``helper``'s prefetches in a kernel written out (:func:`prefetch_run`)
+    is clamped to, checked to be its tensor's last."""
+    calls = re.findall(rf'"{helper}", T\.tvm_access_ptr\(T\.type_annotation\("float32"\), \w+\.data, '
                        r"T\.min\(.*, (\d+)\), (\d+) - T\.min\(", func.script())  # fmt: skip
     assert all(int(last) == int(size) - 1 for last, size in calls), "each address at most the last element"
     return [int(last) for last, _ in calls]
@@ -201,19 +208,25 @@ def test_the_written_out_1x1_kernels_ask_for_their_streams_a_chunk_ahead(isa):
 @pytest.mark.parametrize("isa", ISAS)
 def test_the_one_pass_depthwise_kernel_asks_for_its_rows_ahead(isa):
     """The channels-last depthwise kernel written out: its dW loop asks for the lines of dy and of
-    x it reads ROWS_AHEAD dy rows on, each address clamped to its tensor's last element (and x's
-    to its first: the window's rows may lie above the image), into L2 on each ISA (cross-compiled);
-    a layer whose x is under STREAM_BYTES asks for nothing."""
+    x it reads ROWS_AHEAD dy rows on, and, the layer strided, its dX loop for the lines of dX it
+    writes as many dX rows on, to be written; each address clamped to its tensor's last element
+    (and x's to its first: the window's rows may lie above the image), into L2 on each ISA
+    (cross-compiled: TO_WRITE's instructions to write); at
+    stride 1 no write is asked for; a layer whose x is under STREAM_BYTES asks for nothing."""
     target = _target(isa)
     lanes = isa_plan(target).lanes
     layer = DepthwiseBackward(32, 32, 28, 28, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), False, lanes, 2)  # (x of 3.2 MB)
     func = depthwise_backward_func(layer)
+    x_last, dy_last = 32 * 28 * 28 * 32 - 1, 32 * 14 * 14 * 32 - 1
     assert rows_ahead(layer) == ROWS_AHEAD
-    assert set(_clamps(func)) == {32 * 14 * 14 * 32 - 1, 32 * 28 * 28 * 32 - 1}
-    assert len(_clamps(func)) == 1 + 2 * 2, "dy's pixel and x's stride x stride pixels"
+    assert sorted(_clamps(func)) == [dy_last] + [x_last] * 4, "dy's pixel and x's stride x stride pixels"
+    assert _clamps(func, PREFETCH_WRITE_HELPER) == [x_last] * 4, "dX's pixels: two row phases, two column phases each"
     with pass_context(target):
         asm = tvm.compile(tvm.IRModule({"depthwise_backward": func}), target=target).mod.inspect_source("asm")
     into_l2, into_l1 = INTO_L2[isa]
     assert re.search(into_l2, asm) and not re.search(into_l1, asm)
-    small = DepthwiseBackward(2, 32, 28, 28, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), False, lanes, 2)
-    assert rows_ahead(small) == 0 and _clamps(depthwise_backward_func(small)) == []
+    assert re.search(TO_WRITE[isa], asm)
+    unstrided = DepthwiseBackward(32, 32, 28, 28, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), False, lanes, 2)
+    assert _clamps(depthwise_backward_func(unstrided)) and not _clamps(depthwise_backward_func(unstrided), PREFETCH_WRITE_HELPER)
+    small = DepthwiseBackward(2, 32, 28, 28, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), False, lanes, 2)
+    assert rows_ahead(small) == 0 and _clamps(depthwise_backward_func(small)) == _clamps(depthwise_backward_func(small), PREFETCH_WRITE_HELPER) == []

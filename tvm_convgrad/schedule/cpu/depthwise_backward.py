@@ -55,10 +55,15 @@ L2 (:mod:`.prefetch`). A Sapphire Rapids-class Xeon, 2 cores, N=32, from memory 
 before each call), ms, without / 1 / 2 / 4 rows ahead: 96 channels on 56x56 at stride 2 6.09 /
 5.25 / 5.28 / 5.44, 32 on 56x56 2.55 / 2.25 / 2.16 / 2.14, 144 on 28x28 3.44 / 2.40 / 2.34 / 2.38,
 at stride 2 2.10 / 1.88 / 1.83 / 1.86, 192 on 14x14 1.17 / 0.89 / 0.92 / 0.91 (dy's lines alone, 2
-ahead: 5.94, 2.45, 3.18, 2.01, 1.05). In the caches within 10% either way. Asking for the
-dX rows' lines ahead to write (``prefetchw``) as well: 96 on 56x56 at stride 2 5.3 -> 4.6, 32 on
-56x56 2.1 -> 2.3, 144 on 28x28 the same: left out. (On Zen 4, in the caches, asking for the next
-1, 2 or 4 dy rows had moved nothing.)"""
+ahead: 5.94, 2.45, 3.18, 2.01, 1.05). In the caches within 10% either way. (On Zen 4, in the
+caches, asking for the next 1, 2 or 4 dy rows had moved nothing.)
+
+A strided layer's dX rows (each written from fewer dy rows) are asked for as many rows ahead, to be
+written (``prefetchw``: the line owned before the stores reach it), their pixels in the loop that
+writes the row's columns. The same guest, from memory, ms, without / with: 96 on 56x56 at stride 2
+5.31 / 4.40, 144 on 28x28 1.74 / 1.45, 192 on 14x14 0.66 / 0.58, 576 on 7x7 0.50 / 0.45; in the
+caches the same or faster (3.29 / 2.84 on 56x56). At stride 1 they cost: 32 on 56x56 2.42 / 2.64,
+144 on 28x28 2.17 / 2.18."""
 
 MAX_BORDER_COLUMNS = 32
 """The most columns a kernel writes out one by one (those a tap's input or dy column is cut from):
@@ -166,6 +171,7 @@ class _Writer:
     def __init__(self, layer: DepthwiseBackward, x, dy, dx, weights, sums, ahead: int = 0):
         self.layer, self.x, self.dy, self.dx, self.weights, self.sums = layer, x, dy, dx, weights, sums
         self.ahead = ahead  # (dy rows: where not 0, the dW loop asks for what it reads that far on, _ask_ahead)
+        self.write_ahead = ahead if tuple(layer.strides) != (1, 1) else 0  # (dX rows: see ROWS_AHEAD)
         self.zero = tirx.const(0, "float32")
 
     def _lanes(self):
@@ -282,6 +288,9 @@ class _Writer:
 
         if hi > lo:
             with T.serial(lo, hi) as j:
+                if self.write_ahead:  # (the pixels of this step's columns `write_ahead` dX rows on, to be written)
+                    for rw in range(sw):
+                        prefetch.prefetch_run(self.dx, ((image * g.h + h + self.write_ahead) * g.w + rw + j * sw) * g.c + c1 * L, 1, True)
                 for rw in range(sw):
                     column(rw, j, list(phases[rw][1]))
         for rw, ((count, offsets, columns), ((phase_lo, phase_hi), border)) in enumerate(zip(phases, splits)):

@@ -86,6 +86,11 @@ into L2: :data:`PREFETCH_LOCALITY`), the call marked as touching no memory the k
 (``memory(argmem: readwrite)``) it could write where it points: in a tile's steps, the sums
 reached through a pointer (a dW's, which live across chunks) were then stored and loaded again
 at every step instead of held in registers."""
+PREFETCH_WRITE_HELPER = "tvm_convgrad_prefetch_write"
+PREFETCH_WRITE_LLVM = PREFETCH_LLVM.replace(f"@{PREFETCH_HELPER}(", f"@{PREFETCH_WRITE_HELPER}(").replace("ptr %p, i32 0,", "ptr %p, i32 1,")
+"""The helper :func:`prefetch_run` calls for lines to be written: ``llvm.prefetch`` with rw 1 (x86
+``prefetchw``, which asks for the line owned, as a store must; AArch64 ``prfm pstl2keep``), as
+:data:`PREFETCH_LLVM` otherwise."""
 _PREFETCH_OF = re.compile(r'"tvm_convgrad_prefetch", T\.tvm_access_ptr\(T\.type_annotation\("\w+"\), (\w+)\.data')
 
 
@@ -218,19 +223,20 @@ def _prefetch(loop: tirx.For, buffer):
     return tirx.AttrStmt(tirx.IntImm("int32", 0), "pragma_import_llvm", StringImm(PREFETCH_LLVM), loop)
 
 
-def _call(buffer, flat):
-    """The helper's call on the address of ``buffer``'s flat element ``flat``."""
-    return tirx.call_extern("void", PREFETCH_HELPER, buffer.access_ptr("r", offset=flat))
+def _call(buffer, flat, write: bool = False):
+    """The helper's call on the address of ``buffer``'s flat element ``flat`` (:data:`PREFETCH_WRITE_LLVM`'s where ``write``)."""
+    return tirx.call_extern("void", PREFETCH_WRITE_HELPER if write else PREFETCH_HELPER, buffer.access_ptr("r", offset=flat))
 
 
-def prefetch_run(buffer, first, count: int) -> None:
+def prefetch_run(buffer, first, count: int, write: bool = False) -> None:
     """Inside an open ``IRBuilder`` frame (a kernel whose loops are written out): ask for the cache
     lines of ``buffer``'s flat elements ``[first, first + count)`` (``first`` >= 0, the lines from
     the one holding ``first``; each address clamped to the buffer's last element), as the marked
-    loops do (:data:`PREFETCH_LLVM`'s helper, into L2)."""
+    loops do (:data:`PREFETCH_LLVM`'s helper, into L2); ``write``: to be written
+    (:data:`PREFETCH_WRITE_LLVM`'s)."""
     itemsize = tvm.DataType(str(buffer.dtype)).bits // 8
     last = math.prod(int(d) for d in buffer.shape) - 1
     lines = math.ceil((count * itemsize + CACHE_LINE - itemsize) / CACHE_LINE)  # (the most a run starting mid-line spans)
-    with T.attr(tirx.IntImm("int32", 0), "pragma_import_llvm", StringImm(PREFETCH_LLVM)):
+    with T.attr(tirx.IntImm("int32", 0), "pragma_import_llvm", StringImm(PREFETCH_WRITE_LLVM if write else PREFETCH_LLVM)):
         for line in range(lines):
-            T.evaluate(_call(buffer, T.min(first + line * (CACHE_LINE // itemsize), last)))
+            T.evaluate(_call(buffer, T.min(first + line * (CACHE_LINE // itemsize), last), write))
