@@ -776,6 +776,35 @@ def test_auto_forward_times_each_signature_once_and_keeps_the_faster(forward_mod
     assert list(forward_choices().values()) == [False]
 
 
+@pytest.mark.parametrize("kind", ["depthwise", "1x1", "1x1-nchw", "3x3"])
+def test_auto_takes_a_written_out_forward_over_memory_untimed(kind, forward_mode, monkeypatch):
+    """A channels-last fp32 depthwise or 1x1 layer (a forward written out for it) whose input and
+    output reach FROM_MEMORY_BYTES: ``"auto"`` takes the package's forward without timing (nothing
+    timed, not even PyTorch's BLAS way); under the limit it times them; an NCHW 1x1 and a dense 3x3
+    (no written-out forward) are timed at any size. (An ISA of 16 vector registers has no
+    written-out 1x1 forward: timed there too.)"""
+    from tvm_convgrad.compile import resolve_target
+    from tvm_convgrad.isa import isa_plan
+    from tvm_convgrad.torch.kernels import tensors_plan, written_forward
+
+    timed = []
+    monkeypatch.setattr(forward_module, "wins", lambda candidate, incumbent: timed.append(candidate) or False)
+    groups, kernel = (32, 3) if kind == "depthwise" else (1, 3 if kind == "3x3" else 1)
+    layer = Conv2d(32, 32, kernel, padding=kernel // 2, groups=groups)
+    memory = torch.contiguous_format if kind == "1x1-nchw" else torch.channels_last
+    layer, x = layer.to(memory_format=memory), torch.rand(2, 32, 8, 8).contiguous(memory_format=memory)
+    written = written_forward(tensors_plan(x, layer.weight, (1, 1), (kernel // 2,) * 4, (1, 1), groups, kind != "1x1-nchw").call)
+    assert written == (kind == "depthwise" or (kind == "1x1" and isa_plan(resolve_target("llvm")).registers >= 32))
+    for limit, untimed in ((2 * 32 * 8 * 8 * 4 * 2, written), (2 * 32 * 8 * 8 * 4 * 2 + 1, False)):
+        monkeypatch.setattr(forward_module, "FROM_MEMORY_BYTES", limit)
+        timed.clear()
+        forward_mode("auto")
+        y = layer(x)
+        assert list(forward_choices().values()) == [untimed] and bool(timed) != untimed, (limit, timed)
+        expected = torch.nn.functional.conv2d(x, layer.weight, layer.bias, 1, kernel // 2, 1, groups)
+        torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_float64_and_mixed_types_run_pytorchs_forward(forward_mode):
     forward_mode("ours")
     forward_kernel.cache_clear()

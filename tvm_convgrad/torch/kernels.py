@@ -37,16 +37,17 @@ from ..frontends.conv2d import Conv2dGradients
 from ..isa import isa_plan
 from ..schedule.common import target_cores
 from ..schedule.cpu.depthwise_backward import DepthwiseBackward, depthwise_backward_func
+from ..schedule.cpu.depthwise_forward import depthwise_forward_func
 from ..schedule.cpu.pointwise_backward import PointwiseBackward, pointwise_backward_func
 from ..schedule.cpu.pointwise_forward import forward_fits, pointwise_forward_func
 from ..schedule.cpu.weight_stream import StreamedLayer, streamed_forward_func, streamed_input_grad_func
 
-__all__ = ["ALGORITHM", "ALIGNMENT", "CACHED_CALLS", "DTYPES", "PLANNED", "CallPlan", "aligned", "as_layout",
-           "as_weights", "both_grads_kernel", "call_plan", "check_groups", "check_output", "conv_call", "depthwise_layer",
-           "dtype_name", "empty_weights", "forward_kernel", "gradient_plan", "input_grad_kernel", "is_channels_last",
-           "memory_format", "one_pass_layer", "plan_for", "pointwise_forward_kernel", "pointwise_layer",
-           "streamed_forward_kernel", "streamed_input_grad_kernel", "streamed_layer", "tensors_plan", "weight_grad_kernel",
-           "Written"]  # fmt: skip
+__all__ = ["ALGORITHM", "ALIGNMENT", "CACHED_CALLS", "CallPlan", "DTYPES", "PLANNED", "Written", "aligned", "as_layout",
+           "as_weights", "both_grads_kernel", "call_plan", "check_groups", "check_output", "conv_call",
+           "depthwise_forward_kernel", "depthwise_layer", "dtype_name", "empty_weights", "forward_kernel", "gradient_plan",
+           "input_grad_kernel", "is_channels_last", "memory_format", "one_pass_layer", "plan_for", "pointwise_forward_kernel",
+           "pointwise_layer", "streamed_forward_kernel", "streamed_input_grad_kernel", "streamed_layer", "tensors_plan",
+           "weight_grad_kernel", "written_forward"]  # fmt: skip
 
 ALIGNMENT = 64
 """Bytes the kernels take every tensor's data to start on (TVM's ``kAllocAlignment``: their loads
@@ -223,8 +224,7 @@ def _pointwise(call: Conv2dGradients) -> PointwiseBackward | None:
 
 
 def pointwise_layer(call: Conv2dGradients) -> PointwiseBackward | None:
-    """``call`` as :mod:`tvm_convgrad.schedule.cpu.pointwise_backward` takes it (:func:`_pointwise`
-    and :meth:`PointwiseBackward.fits`), or None where that kernel does not."""
+    """``call`` as :mod:`tvm_convgrad.schedule.cpu.pointwise_backward` takes it (:meth:`PointwiseBackward.fits`), else None."""
     layer = _pointwise(call)
     return layer if layer is not None and layer.fits() else None
 
@@ -240,9 +240,23 @@ def pointwise_forward_kernel(call: Conv2dGradients, bias: bool):
     return build_func(pointwise_forward_func(layer, bias, "torch_conv2d_pointwise_forward" + ("_bias" if bias else "")))
 
 
+def written_forward(call: Conv2dGradients) -> bool:
+    """Whether the package's forward of ``call`` is written out for it (:func:`pointwise_forward_kernel`,
+    :func:`depthwise_forward_kernel`: a channels-last fp32 1x1 or depthwise layer; nothing built)."""
+    layer = _pointwise(call)
+    return (layer is not None and forward_fits(layer)) or depthwise_layer(call) is not None
+
+
+@functools.lru_cache(maxsize=CACHED_CALLS)
+def depthwise_forward_kernel(call: Conv2dGradients, bias: bool):
+    """The forward of a depthwise ``call`` written out (:mod:`tvm_convgrad.schedule.cpu.depthwise_forward`,
+    where :func:`depthwise_layer` takes it): ``(input, weight[, bias], output)``; else None."""
+    layer, name = depthwise_layer(call), "torch_conv2d_depthwise_forward" + ("_bias" if bias else "")
+    return None if layer is None else build_func(depthwise_forward_func(layer, bias, name))
+
+
 def one_pass_layer(call: Conv2dGradients) -> DepthwiseBackward | PointwiseBackward | None:
-    """``call`` as a kernel of its dX and dW in one pass over dy takes it: a depthwise layer's
-    (:func:`depthwise_layer`), else a 1x1 one's (:func:`pointwise_layer`), else None."""
+    """``call`` as a one-pass kernel of its dX and dW takes it: :func:`depthwise_layer`'s, :func:`pointwise_layer`'s, or None."""
     return depthwise_layer(call) or pointwise_layer(call)
 
 

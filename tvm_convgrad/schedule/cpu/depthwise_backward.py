@@ -41,8 +41,8 @@ from ...params import out_size
 from . import prefetch
 from .one_pass import kernel_arguments, parts_total
 
-__all__ = ["BAND_ROWS", "MAX_BORDER_COLUMNS", "ROWS_AHEAD", "DepthwiseBackward", "band_rows", "depthwise_backward_func", "rows_ahead",
-           "tap_columns"]
+__all__ = ["BAND_ROWS", "MAX_BORDER_COLUMNS", "ROWS_AHEAD", "DepthwiseBackward", "ask_ahead", "band_rows", "border_split",
+           "depthwise_backward_func", "live_taps", "rows_ahead", "tap_at", "tap_columns"]
 
 BAND_ROWS = 4
 """dy rows per task where that leaves every core 4 tasks or more (else one row a task). Zen 4, 2
@@ -82,7 +82,7 @@ def tap_columns(tap: int, dilation: int, pad: int, stride: int, size_in: int, si
     return lo, max(lo, hi)
 
 
-def _border_split(count: int, ranges) -> tuple[tuple[int, int], list[int]]:
+def border_split(count: int, ranges) -> tuple[tuple[int, int], list[int]]:
     """``((lo, hi), border)``: the positions every range holds (a loop of all taps) and the others."""
     lo = max((r[0] for r in ranges), default=0)
     hi = min((r[1] for r in ranges), default=count)
@@ -135,10 +135,10 @@ class DepthwiseBackward:
 
     def border_columns(self) -> int:
         """How many columns the kernel writes out one by one (dW's and every dX phase's)."""
-        total = len(_border_split(self.wo, self.weight_columns())[1])
+        total = len(border_split(self.wo, self.weight_columns())[1])
         for rw in range(self.strides[1]):
             count, _, columns = self.input_phase(rw)
-            total += len(_border_split(count, columns.values())[1])
+            total += len(border_split(count, columns.values())[1])
         return total
 
     def fits(self) -> bool:
@@ -160,7 +160,30 @@ def band_rows(layer: DepthwiseBackward) -> int:
     return rows if layer.n * _ceil_div(layer.ho, rows) >= 4 * layer.cores else 1
 
 
-def _live(position: int, ranges: dict[int, tuple[int, int]]) -> list[int]:
+def ask_ahead(layer: DepthwiseBackward, x, dy, image, row, col, c1) -> None:
+    """Ask for what column ``col`` of channel block ``c1`` reads at dy (or output) row ``row``, some
+    rows on (the rows past an image's: the next image's): dy's pixel (where ``dy`` is not None),
+    and the ``sh x sw`` pixels of x the kernel window reaches first there (its last ``sh`` rows,
+    ``sw`` columns from its left edge), so that over a loop along the rows each line of x and dy
+    is asked for about once (:func:`.prefetch.prefetch_run`, clamped into the tensors)."""
+    g, L = layer, layer.lanes
+    (sh, sw), (dh, _), (pt, _, pl, _) = g.strides, g.dilation, g.pads
+    if dy is not None:
+        prefetch.prefetch_run(dy, ((image * g.ho + row) * g.wo + col) * g.c + c1 * L, 1)
+    first_row = row * sh - pt + (g.kh - 1) * dh - (sh - 1)
+    for j in range(sh):
+        for k in range(sw):
+            pixel = (image * g.h + first_row + j) * g.w + col * sw - pl + k
+            prefetch.prefetch_run(x, T.max(pixel * g.c + c1 * L, 0), 1)
+
+
+def tap_at(layer: DepthwiseBackward, c, tap) -> list:
+    """The index of channel ``c``'s tap ``tap`` (``kh * kw_count + kw``) in the weight's layout."""
+    kh, kw = tap // layer.kw, tap % layer.kw
+    return [c, kh, kw, 0] if layer.weights_last else [c, 0, kh, kw]
+
+
+def live_taps(position: int, ranges: dict[int, tuple[int, int]]) -> list[int]:
     """The kernel columns whose range (``{kw: (lo, hi)}``) holds a border ``position``."""
     return [kw for kw, (lo, hi) in ranges.items() if lo <= position < hi]
 
@@ -170,7 +193,7 @@ class _Writer:
 
     def __init__(self, layer: DepthwiseBackward, x, dy, dx, weights, sums, ahead: int = 0):
         self.layer, self.x, self.dy, self.dx, self.weights, self.sums = layer, x, dy, dx, weights, sums
-        self.ahead = ahead  # (dy rows: where not 0, the dW loop asks for what it reads that far on, _ask_ahead)
+        self.ahead = ahead  # (dy rows: where not 0, the dW loop asks for what it reads that far on, ask_ahead)
         self.write_ahead = ahead if tuple(layer.strides) != (1, 1) else 0  # (dX rows: see ROWS_AHEAD)
         self.zero = tirx.const(0, "float32")
 
@@ -205,7 +228,7 @@ class _Writer:
         g, L = self.layer, self.layer.lanes
         (_, sw), (_, dw), (_, _, pl, _) = g.strides, g.dilation, g.pads
         ranges = g.weight_columns()
-        (lo, hi), border = _border_split(g.wo, ranges)
+        (lo, hi), border = border_split(g.wo, ranges)
 
         def products(col, taps_w):
             for kh, x_row in kernel_rows:
@@ -219,25 +242,10 @@ class _Writer:
         if hi > lo:
             with T.serial(lo, hi) as col:
                 if self.ahead and len(kernel_rows) == g.kh:
-                    self._ask_ahead(image, row, col, c1)
+                    ask_ahead(g, self.x, self.dy, image, row + self.ahead, col, c1)
                 products(col, range(g.kw))
         for col in border:
-            products(col, _live(col, dict(enumerate(ranges))))
-
-    def _ask_ahead(self, image, row, col, c1):
-        """Ask for what column ``col`` of block ``c1`` reads :attr:`ahead` dy rows on (the pixels
-        past this image's rows: the next image's): dy's pixel, and the ``sh x sw`` pixels of x the
-        kernel window reaches first there (its last ``sh`` rows, ``sw`` columns from its left edge),
-        so that over the loop each line of x and dy is asked for about once."""
-        g, L = self.layer, self.layer.lanes
-        (sh, sw), (dh, _), (pt, _, pl, _) = g.strides, g.dilation, g.pads
-        ahead = row + self.ahead
-        prefetch.prefetch_run(self.dy, ((image * g.ho + ahead) * g.wo + col) * g.c + c1 * L, 1)
-        first_row = ahead * sh - pt + (g.kh - 1) * dh - (sh - 1)
-        for j in range(sh):
-            for k in range(sw):
-                pixel = (image * g.h + first_row + j) * g.w + col * sw - pl + k
-                prefetch.prefetch_run(self.x, T.max(pixel * g.c + c1 * L, 0), 1)
+            products(col, live_taps(col, dict(enumerate(ranges))))
 
     def input_grad_rows(self, image, first, end):
         """dX rows ``[first, end)`` (``first`` a multiple of the stride), each from the dy rows its
@@ -271,7 +279,7 @@ class _Writer:
         g, L = self.layer, self.layer.lanes
         sw = g.strides[1]
         phases = [g.input_phase(rw) for rw in range(sw)]
-        splits = [_border_split(count, columns.values()) for count, _, columns in phases]
+        splits = [border_split(count, columns.values()) for count, _, columns in phases]
         lo, hi = max(split[0][0] for split in splits), min(split[0][1] for split in splits)
         if any(split[0][1] <= split[0][0] for split in splits):
             lo = hi = 0
@@ -300,7 +308,7 @@ class _Writer:
                     with T.serial(start, stop) as j:
                         column(rw, j, list(offsets))
             for j in border:
-                column(rw, j, _live(j, columns))
+                column(rw, j, live_taps(j, columns))
 
 
 def depthwise_backward_func(layer: DepthwiseBackward, name: str = "depthwise_backward") -> tirx.PrimFunc:
@@ -311,18 +319,13 @@ def depthwise_backward_func(layer: DepthwiseBackward, name: str = "depthwise_bac
     tasks = g.n * bands
     w_shape = (g.c, g.kh, g.kw, 1) if g.weights_last else (g.c, 1, g.kh, g.kw)
 
-    def tap_at(c, tap) -> list:
-        """The index of channel ``c``'s tap in the weight's layout."""
-        kh, kw = tap // g.kw, tap % g.kw
-        return [c, kh, kw, 0] if g.weights_last else [c, 0, kh, kw]
-
     with IRBuilder() as builder:
         with T.prim_func():
             x, dy, w, dx, dw = kernel_arguments(name, (g.n, g.h, g.w, g.c), (g.n, g.ho, g.wo, g.c), w_shape)
             weights = T.alloc_buffer((taps, g.c), "float32")  # (each tap's channels contiguous: a vector's load)
             sums = T.alloc_buffer((g.cores, g.c // L, taps, L), "float32")
             with T.serial(0, taps) as tap, T.serial(0, g.c) as c:
-                T.buffer_store(weights, w[tuple(tap_at(c, tap))], [tap, c])
+                T.buffer_store(weights, w[tuple(tap_at(layer, c, tap))], [tap, c])
             writer = _Writer(layer, x, dy, dx, weights, sums, rows_ahead(layer))
             with T.parallel(0, g.cores) as part:
                 with T.serial(0, g.c // L) as c1, T.serial(0, taps) as tap, T.vectorized(0, L) as lane:
@@ -334,6 +337,6 @@ def depthwise_backward_func(layer: DepthwiseBackward, name: str = "depthwise_bac
                     end = T.if_then_else(first + rows >= g.ho, g.h, T.min((first + rows) * g.strides[0], g.h))
                     writer.input_grad_rows(image, T.min(first * g.strides[0], g.h), end)
             with T.serial(0, g.c) as c, T.serial(0, taps) as tap:
-                T.buffer_store(dw, parts_total(sums, g.cores, (c // L, tap, c % L)), tap_at(c, tap))
+                T.buffer_store(dw, parts_total(sums, g.cores, (c // L, tap, c % L)), tap_at(layer, c, tap))
     return builder.get()
 

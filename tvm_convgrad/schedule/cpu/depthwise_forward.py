@@ -1,0 +1,87 @@
+"""The forward of a channels-last fp32 depthwise layer, written as TIR: no pack, no pad.
+
+``y[n, i, j, c] = sum_{kh, kw} x[n, i * sh - pt + kh * dh, j * sw - pl + kw * dw, c] * w[c, kh, kw]``
+(plus the bias). Channels are on the vector lanes, each a contiguous run of NHWC memory (as in
+:mod:`.depthwise_backward`, whose layer and geometry this kernel shares): a task is an image's band
+of :func:`.depthwise_backward.band_rows` output rows; each row's channel blocks in turn, each
+block's taps' weights in registers (a kernel row outside x: its row clamped inside, its weights
+0), the columns whose every tap reads inside x in one loop (each output vector a chain of
+``kh * kw`` FMAs), the border columns one by one with the taps that do. Where x is a stream, the
+loop asks for the lines of x it reads :data:`.depthwise_backward.ROWS_AHEAD` rows on
+(:func:`.depthwise_backward.ask_ahead`).
+
+Arguments: ``(x, w[, bias], y)``, x and y NHWC, the weight ``(C, 1, KH, KW)`` or ``(C, KH, KW, 1)``
+(the same memory), as the package's other forward kernels take them.
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.tirx.script import builder as T
+
+from .depthwise_backward import DepthwiseBackward, ask_ahead, band_rows, border_split, live_taps, rows_ahead, tap_at
+
+__all__ = ["depthwise_forward_func"]
+
+
+def _row(layer: DepthwiseBackward, x, weights, bias, y, image, row, ahead: int):
+    """Output row ``row`` of image ``image``, every channel block."""
+    g, L = layer, layer.lanes
+    (sh, sw), (dh, dw), (pt, _, pl, _) = g.strides, g.dilation, g.pads
+    x_rows = [row * sh - pt + kh * dh for kh in range(g.kh)]
+    ranges = g.weight_columns()
+    (lo, hi), border = border_split(g.wo, ranges)
+    with T.serial(0, g.c // L) as c1:
+        wv = T.alloc_buffer((g.kh * g.kw, L), "float32", scope="local")
+        for kh, x_row in enumerate(x_rows):
+            inside = tirx.all(x_row >= 0, x_row < g.h)
+            for kw in range(g.kw):
+                with T.vectorized(0, L) as lane:
+                    weight = tirx.Select(inside, weights[kh * g.kw + kw, c1 * L + lane], tirx.const(0, "float32"))
+                    T.buffer_store(wv, weight, [kh * g.kw + kw, lane])
+        rows_in = [T.max(0, T.min(x_row, g.h - 1)) for x_row in x_rows]
+
+        def column(col, taps_w):
+            with T.vectorized(0, L) as lane:
+                c = c1 * L + lane
+                value = tirx.const(0, "float32") if bias is None else bias[c]
+                for kh in range(g.kh):
+                    for kw in taps_w:
+                        value = value + x[image, rows_in[kh], col * sw - pl + kw * dw, c] * wv[kh * g.kw + kw, lane]
+                T.buffer_store(y, value, [image, row, col, c])
+
+        if hi > lo:
+            with T.serial(lo, hi) as col:
+                if ahead:
+                    ask_ahead(layer, x, None, image, row + ahead, col, c1)
+                column(col, range(g.kw))
+        for col in border:
+            column(col, live_taps(col, dict(enumerate(ranges))))
+
+
+def depthwise_forward_func(layer: DepthwiseBackward, bias: bool, name: str = "depthwise_forward") -> tirx.PrimFunc:
+    """The forward of ``layer`` (:meth:`.DepthwiseBackward.fits`): ``(x, w[, bias], y)``, see the module docstring."""
+    g = layer
+    taps, rows = g.kh * g.kw, band_rows(layer)
+    bands = -(-g.ho // rows)
+    tasks = g.n * bands
+    w_shape = (g.c, g.kh, g.kw, 1) if g.weights_last else (g.c, 1, g.kh, g.kw)
+    with IRBuilder() as builder:
+        with T.prim_func():
+            T.func_name(name)
+            T.func_attr({"global_symbol": name, "tirx.noalias": True})
+            x = T.arg("x", T.buffer((g.n, g.h, g.w, g.c), "float32"))
+            w = T.arg("w", T.buffer(w_shape, "float32"))
+            b = T.arg("bias", T.buffer((g.c,), "float32")) if bias else None
+            y = T.arg("y", T.buffer((g.n, g.ho, g.wo, g.c), "float32"))
+            weights = T.alloc_buffer((taps, g.c), "float32")  # (each tap's channels contiguous: a vector's load)
+            with T.serial(0, taps) as tap, T.serial(0, g.c) as c:
+                T.buffer_store(weights, w[tuple(tap_at(layer, c, tap))], [tap, c])
+            ahead = rows_ahead(layer)
+            with T.parallel(0, g.cores) as part:
+                with T.serial(part * tasks // g.cores, (part + 1) * tasks // g.cores) as task:
+                    image, first = task // bands, task % bands * rows
+                    with T.serial(0, T.min(rows, g.ho - first)) as r:
+                        _row(layer, x, weights, b, y, image, first + r, ahead)
+    return builder.get()
