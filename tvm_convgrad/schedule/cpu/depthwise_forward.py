@@ -28,6 +28,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script import builder as T
 
+from ...layout import ceil_div
 from .depthwise_backward import DepthwiseBackward, ask_ahead, band_rows, border_split, live_taps, rows_ahead, tap_at
 
 __all__ = ["depthwise_forward_func"]
@@ -72,7 +73,7 @@ def depthwise_forward_func(layer: DepthwiseBackward, bias: bool, name: str = "de
     """The forward of ``layer`` (:meth:`.DepthwiseBackward.fits`): ``(x, w[, bias], y)``, see the module docstring."""
     g = layer
     taps, rows = g.kh * g.kw, band_rows(layer)
-    bands = -(-g.ho // rows)
+    bands = ceil_div(g.ho, rows)
     tasks = g.n * bands
     w_shape = (g.c, g.kh, g.kw, 1) if g.weights_last else (g.c, 1, g.kh, g.kw)
     with IRBuilder() as builder:

@@ -20,9 +20,11 @@ where ``C`` is not a multiple of them), each a contiguous run of NHWC memory; no
   pixel a chunk further on (each run once: dy's in the first vector group, x's in the first rows),
   into L2 (:mod:`.prefetch`): the chunks follow one another in memory, the hardware prefetchers do
   not run that far ahead of 6-14 strided runs. A Sapphire Rapids-class Xeon, 2 cores, N=32, ms,
-  from memory: 16 -> 96 on 56x56 4.5-5.1 -> 3.1-3.4, 32 -> 16 on 56x56 1.15-1.21 -> 1.04-1.10; 24 ->
-  144, 96 -> 24, 144 -> 24 on 28x28 within the noise (1.9-2.1, 1.0-1.1, 1.5-1.6 both ways; asking
-  for each run in every pass, or dy's only, made 144 -> 24 slower: 1.60-1.87).
+  from memory (256 MB written before each call): 16 -> 96 on 56x56 5.6 -> 4.1, 32 -> 16 on 56x56
+  2.2 -> 1.8, 24 -> 144 on 28x28 3.1 -> 2.4, 96 -> 24 2.2 -> 1.9, 144 -> 24 2.8 -> 2.6; called
+  again on the same tensors (this guest's L3 keeps them): 16 -> 96 4.5-5.1 -> 3.1-3.4, 32 -> 16
+  1.15-1.24 -> 1.04-1.15, the 28x28 layers within the noise (asking for each run in every pass, or
+  dy's only, made 144 -> 24 slower: 1.60-1.87 against 1.52-1.56).
 * The two run as the two branches of one loop (step ``2k``: chunk ``k``'s dW, ``2k + 1``: its dX).
   Written one after the other in the loop's body, LLVM allocated the two parts' registers together
   and spilled one part's tile on every FMA (Zen 4, N=8, 256 -> 64 on 56x56: 18.5 ms; as branches

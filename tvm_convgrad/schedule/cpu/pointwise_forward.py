@@ -17,9 +17,11 @@ the cube's / PyTorch's ``F.conv2d``: 24 -> 144 on 28x28 1.21 / 1.81 / 1.38; 32 -
 
 Where x is a stream (:func:`.pointwise_backward.stream_ahead`), each tile asks for x's rows of the
 tile a chunk further on (in the first vector group of output channels). A Sapphire Rapids-class
-Xeon, 2 cores, N=32, ms, without / with (PyTorch's): 16 -> 96 on 56x56 3.22 / 1.49 (10.62, page
-faults on its 38.5 MB y), 32 -> 16 on 56x56 0.66 / 0.54 (0.75); 96 -> 24, 144 -> 24, 24 -> 144 on 28x28
-the same (0.62 / 0.62, 0.98 / 0.97, 0.61 / 0.60).
+Xeon, 2 cores, N=32, ms, without / with (PyTorch's), from memory (256 MB written before each call):
+32 -> 16 on 56x56 2.00 / 1.63 (1.72), 96 -> 24 on 28x28 1.42 / 1.10 (1.41), 144 -> 24 2.19 / 1.67
+(1.87), 24 -> 144 1.39 / 1.35 (1.65), 16 -> 96 on 56x56 3.73 / 3.70 (11.05: page faults on its 38.5 MB
+y); called again on the same tensors, 32 -> 16 0.66 / 0.54 (0.75), 16 -> 96 3.22 / 1.49, the 28x28
+layers the same.
 
 Arguments (NHWC activations, the weight ``(O, C, 1, 1)`` or ``(O, 1, 1, C)``: the same memory):
 ``(x, w[, bias], y)``, as the package's other forward kernels take them.
