@@ -31,6 +31,7 @@ Arguments (NHWC activations, the weight ``(C, 1, KH, KW)`` or ``(C, KH, KW, 1)``
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from tvm import tirx
@@ -42,7 +43,8 @@ from . import prefetch
 from .one_pass import kernel_arguments, parts_total
 
 __all__ = ["BAND_ROWS", "MAX_BORDER_COLUMNS", "ROWS_AHEAD", "DepthwiseBackward", "ask_ahead", "band_rows", "border_split",
-           "depthwise_backward_func", "live_taps", "rows_ahead", "tap_at", "tap_columns"]
+           "core_bands", "depthwise_backward_func", "live_taps", "rows_ahead", "tap_at", "tap_columns",
+           "tap_major_weights"]
 
 BAND_ROWS = 4
 """dy rows per task where that leaves every core 4 tasks or more (else one row a task). Zen 4, 2
@@ -119,6 +121,11 @@ class DepthwiseBackward:
         (_, sw), (_, dw), (_, _, pl, pr) = self.strides, self.dilation, self.pads
         return out_size(self.w, self.kw, sw, pl, pr, dw)
 
+    @property
+    def weight_shape(self) -> tuple[int, int, int, int]:
+        """The weight as it lies in memory: ``(C, 1, KH, KW)``, or ``(C, KH, KW, 1)`` (the same memory)."""
+        return (self.c, self.kh, self.kw, 1) if self.weights_last else (self.c, 1, self.kh, self.kw)
+
     def weight_columns(self) -> list[tuple[int, int]]:
         """Per kernel column, the dy columns whose x column it reads (dW)."""
         (_, sw), (_, dw), (_, _, pl, _) = self.strides, self.dilation, self.pads
@@ -181,6 +188,28 @@ def tap_at(layer: DepthwiseBackward, c, tap) -> list:
     """The index of channel ``c``'s tap ``tap`` (``kh * kw_count + kw``) in the weight's layout."""
     kh, kw = tap // layer.kw, tap % layer.kw
     return [c, kh, kw, 0] if layer.weights_last else [c, 0, kh, kw]
+
+
+def tap_major_weights(layer: DepthwiseBackward, w):
+    """Inside an open ``IRBuilder`` frame: a ``(taps, C)`` buffer of the weight ``w``'s values, each
+    tap's channels contiguous (a vector's load)."""
+    taps = layer.kh * layer.kw
+    weights = T.alloc_buffer((taps, layer.c), "float32")
+    with T.serial(0, taps) as tap, T.serial(0, layer.c) as c:
+        T.buffer_store(weights, w[tuple(tap_at(layer, c, tap))], [tap, c])
+    return weights
+
+
+@contextmanager
+def core_bands(layer: DepthwiseBackward, part):
+    """Inside core ``part``'s iteration of the parallel loop: the loop over its share of the tasks
+    (each an image's band of :func:`band_rows` dy rows, every channel), as ``(image, first row,
+    rows a band)``."""
+    rows = band_rows(layer)
+    bands = _ceil_div(layer.ho, rows)
+    tasks = layer.n * bands
+    with T.serial(part * tasks // layer.cores, (part + 1) * tasks // layer.cores) as task:
+        yield task // bands, task % bands * rows, rows
 
 
 def live_taps(position: int, ranges: dict[int, tuple[int, int]]) -> list[int]:
@@ -314,24 +343,17 @@ class _Writer:
 def depthwise_backward_func(layer: DepthwiseBackward, name: str = "depthwise_backward") -> tirx.PrimFunc:
     """The kernel of ``layer`` (:meth:`DepthwiseBackward.fits`): ``(x, dy, w, dx, dw)``, see the module docstring."""
     g, L = layer, layer.lanes
-    taps, rows = g.kh * g.kw, band_rows(layer)
-    bands = _ceil_div(g.ho, rows)
-    tasks = g.n * bands
-    w_shape = (g.c, g.kh, g.kw, 1) if g.weights_last else (g.c, 1, g.kh, g.kw)
-
+    taps = g.kh * g.kw
     with IRBuilder() as builder:
         with T.prim_func():
-            x, dy, w, dx, dw = kernel_arguments(name, (g.n, g.h, g.w, g.c), (g.n, g.ho, g.wo, g.c), w_shape)
-            weights = T.alloc_buffer((taps, g.c), "float32")  # (each tap's channels contiguous: a vector's load)
+            x, dy, w, dx, dw = kernel_arguments(name, (g.n, g.h, g.w, g.c), (g.n, g.ho, g.wo, g.c), g.weight_shape)
+            weights = tap_major_weights(layer, w)
             sums = T.alloc_buffer((g.cores, g.c // L, taps, L), "float32")
-            with T.serial(0, taps) as tap, T.serial(0, g.c) as c:
-                T.buffer_store(weights, w[tuple(tap_at(layer, c, tap))], [tap, c])
             writer = _Writer(layer, x, dy, dx, weights, sums, rows_ahead(layer))
             with T.parallel(0, g.cores) as part:
                 with T.serial(0, g.c // L) as c1, T.serial(0, taps) as tap, T.vectorized(0, L) as lane:
                     T.buffer_store(sums, tirx.const(0, "float32"), [part, c1, tap, lane])
-                with T.serial(part * tasks // g.cores, (part + 1) * tasks // g.cores) as task:
-                    image, first = task // bands, task % bands * rows
+                with core_bands(layer, part) as (image, first, rows):
                     with T.serial(0, T.min(rows, g.ho - first)) as r:
                         writer.weight_grad_row(part, image, first + r)
                     end = T.if_then_else(first + rows >= g.ho, g.h, T.min((first + rows) * g.strides[0], g.h))

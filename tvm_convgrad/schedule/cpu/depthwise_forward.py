@@ -28,8 +28,9 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script import builder as T
 
-from ...layout import ceil_div
-from .depthwise_backward import DepthwiseBackward, ask_ahead, band_rows, border_split, live_taps, rows_ahead, tap_at
+from .depthwise_backward import (DepthwiseBackward, ask_ahead, border_split, core_bands, live_taps, rows_ahead,
+                                 tap_major_weights)
+from .one_pass import forward_arguments
 
 __all__ = ["depthwise_forward_func"]
 
@@ -72,25 +73,13 @@ def _row(layer: DepthwiseBackward, x, weights, bias, y, image, row, ahead: int):
 def depthwise_forward_func(layer: DepthwiseBackward, bias: bool, name: str = "depthwise_forward") -> tirx.PrimFunc:
     """The forward of ``layer`` (:meth:`.DepthwiseBackward.fits`): ``(x, w[, bias], y)``, see the module docstring."""
     g = layer
-    taps, rows = g.kh * g.kw, band_rows(layer)
-    bands = ceil_div(g.ho, rows)
-    tasks = g.n * bands
-    w_shape = (g.c, g.kh, g.kw, 1) if g.weights_last else (g.c, 1, g.kh, g.kw)
     with IRBuilder() as builder:
         with T.prim_func():
-            T.func_name(name)
-            T.func_attr({"global_symbol": name, "tirx.noalias": True})
-            x = T.arg("x", T.buffer((g.n, g.h, g.w, g.c), "float32"))
-            w = T.arg("w", T.buffer(w_shape, "float32"))
-            b = T.arg("bias", T.buffer((g.c,), "float32")) if bias else None
-            y = T.arg("y", T.buffer((g.n, g.ho, g.wo, g.c), "float32"))
-            weights = T.alloc_buffer((taps, g.c), "float32")  # (each tap's channels contiguous: a vector's load)
-            with T.serial(0, taps) as tap, T.serial(0, g.c) as c:
-                T.buffer_store(weights, w[tuple(tap_at(layer, c, tap))], [tap, c])
+            x, w, b, y = forward_arguments(name, (g.n, g.h, g.w, g.c), g.weight_shape, (g.n, g.ho, g.wo, g.c), bias)
+            weights = tap_major_weights(layer, w)
             ahead = rows_ahead(layer)
             with T.parallel(0, g.cores) as part:
-                with T.serial(part * tasks // g.cores, (part + 1) * tasks // g.cores) as task:
-                    image, first = task // bands, task % bands * rows
+                with core_bands(layer, part) as (image, first, rows):
                     with T.serial(0, T.min(rows, g.ho - first)) as r:
                         _row(layer, x, weights, b, y, image, first + r, ahead)
     return builder.get()

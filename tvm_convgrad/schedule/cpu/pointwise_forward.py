@@ -36,6 +36,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script import builder as T
 
 from ...layout import ceil_div
+from .one_pass import forward_arguments
 from .pointwise_backward import MIN_REGISTERS, PointwiseBackward, PointwiseWriter, chunk_pixels, stream_ahead
 
 __all__ = ["forward_fits", "gemm_layer", "pointwise_forward_func"]
@@ -62,12 +63,7 @@ def pointwise_forward_func(layer: PointwiseBackward, bias: bool, name: str = "po
     w_shape = (g.o, 1, 1, g.c) if g.weights_last else (g.o, g.c, 1, 1)
     with IRBuilder() as builder:
         with T.prim_func():
-            T.func_name(name)
-            T.func_attr({"global_symbol": name, "tirx.noalias": True})
-            x = T.arg("x", T.buffer((g.n, g.h, g.w, g.c), "float32"))
-            w = T.arg("w", T.buffer(w_shape, "float32"))
-            b = T.arg("bias", T.buffer((g.o,), "float32")) if bias else None
-            y = T.arg("y", T.buffer((g.n, g.h, g.w, g.o), "float32"))
+            x, w, b, y = forward_arguments(name, (g.n, g.h, g.w, g.c), w_shape, (g.n, g.h, g.w, g.o), bias)
             views = ((x, (g.m, g.c)), (w, (g.o, g.c)), (y, (g.m, g.o)))
             x2, w2, y2 = (T.decl_buffer(shape, "float32", data=t.data) for t, shape in views)
             w_t = T.alloc_buffer((g.c, g.o), "float32")

@@ -37,6 +37,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script import builder as T
 
 from ...params import out_size
+from .one_pass import forward_arguments
 from .pointwise_backward import PointwiseBackward, PointwiseWriter, tiles
 
 __all__ = ["COLD_PIXELS", "COLD_WEIGHT_BYTES", "StreamedLayer", "forward_tile", "streamed_forward_func",
@@ -243,12 +244,7 @@ def streamed_forward_func(layer: StreamedLayer, bias: bool, name: str = "streame
     x_shape, y_shape, w_shape = g.memory_shapes()
     with IRBuilder() as builder:
         with T.prim_func():
-            T.func_name(name)
-            T.func_attr({"global_symbol": name, "tirx.noalias": True})
-            x = T.arg("x", T.buffer(x_shape, "float32"))
-            w = T.arg("w", T.buffer(w_shape, "float32"))
-            b = T.arg("bias", T.buffer((g.o,), "float32")) if bias else None
-            y = T.arg("y", T.buffer(y_shape, "float32"))
+            x, w, b, y = forward_arguments(name, x_shape, w_shape, y_shape, bias)
             w2 = T.decl_buffer((g.o, g.columns), "float32", data=w.data)
             y_rows = _PixelRows(y, g)
             cols = T.alloc_buffer((g.pixels, g.columns), "float32")
