@@ -157,8 +157,7 @@ class DepthwiseBackward:
 def rows_ahead(layer: DepthwiseBackward) -> int:
     """How many dy rows ahead the dW loop asks for its rows of dy and x: :data:`ROWS_AHEAD` where
     x is a stream (:data:`.prefetch.STREAM_BYTES` or more), else 0."""
-    streams = prefetch.PREFETCH_STREAMS and layer.n * layer.h * layer.w * layer.c * 4 >= prefetch.STREAM_BYTES
-    return ROWS_AHEAD if streams else 0
+    return ROWS_AHEAD if prefetch.is_stream(layer.n * layer.h * layer.w * layer.c * 4) else 0
 
 
 def band_rows(layer: DepthwiseBackward) -> int:

@@ -148,7 +148,7 @@ def stream_ahead(layer: PointwiseBackward, row: int, chunk: int) -> int:
     """How many pixels ahead a kernel over ``layer``'s pixels asks for the rows of ``row`` floats it
     streams: a chunk's (``chunk`` pixels), where those rows are a stream (:data:`.prefetch.STREAM_BYTES`
     or more), else 0."""
-    return chunk if prefetch.PREFETCH_STREAMS and layer.m * row * 4 >= prefetch.STREAM_BYTES else 0
+    return chunk if prefetch.is_stream(layer.m * row * 4) else 0
 
 
 class PointwiseWriter:

@@ -38,8 +38,8 @@ from tvm.tirx.script import builder as T
 
 from ..common import rewrite_prim_funcs
 
-__all__ = ["CACHE_LINE", "PREFETCH", "PREFETCH_AHEAD_BYTES", "PREFETCH_LOCALITY", "PREFETCH_STREAMS", "STREAM_BYTES", "lower_prefetches",
-           "prefetch_run", "prefetch_stream", "prefetched_buffers", "read_in_place"]
+__all__ = ["CACHE_LINE", "PREFETCH", "PREFETCH_AHEAD_BYTES", "PREFETCH_LOCALITY", "PREFETCH_STREAMS", "STREAM_BYTES", "is_stream",
+           "lower_prefetches", "prefetch_run", "prefetch_stream", "prefetched_buffers", "read_in_place"]
 
 PREFETCH_STREAMS = True
 """Whether the rules mark the streams they read in place (:func:`prefetch_stream`)."""
@@ -94,6 +94,12 @@ PREFETCH_WRITE_LLVM = PREFETCH_LLVM.replace(f"@{PREFETCH_HELPER}(", f"@{PREFETCH
 _PREFETCH_OF = re.compile(r'"tvm_convgrad_prefetch", T\.tvm_access_ptr\(T\.type_annotation\("\w+"\), (\w+)\.data')
 
 
+def is_stream(nbytes: int) -> bool:
+    """Whether a tensor of ``nbytes`` is a stream a kernel asks for ahead: :data:`PREFETCH_STREAMS`
+    set and at least :data:`STREAM_BYTES`."""
+    return PREFETCH_STREAMS and nbytes >= STREAM_BYTES
+
+
 def prefetch_stream(sch: s_tir.Schedule, loop, buffer_name: str) -> None:
     """Mark ``loop``: each iteration reads the next part of ``buffer_name`` (a run of it, the
     runs a constant step apart), where :data:`PREFETCH_STREAMS` is set and the buffer (a parameter
@@ -101,7 +107,7 @@ def prefetch_stream(sch: s_tir.Schedule, loop, buffer_name: str) -> None:
     prefetches each of them."""
     (buffer,) = [b for func in sch.mod.functions.values() for b in func.params if b.name == buffer_name]
     size = math.prod(int(d) for d in buffer.shape) * tvm.DataType(str(buffer.dtype)).bits // 8
-    if PREFETCH_STREAMS and size >= STREAM_BYTES:
+    if is_stream(size):
         names = [buffer_name]
         marked = sch.get(loop).annotations.get(PREFETCH)
         if marked is not None:
