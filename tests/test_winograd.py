@@ -16,7 +16,7 @@ from tvm.tirx import ForKind
 
 from framework_cases import Case, arrays, check, expected, placeholders
 from framework_cases import call as case_call
-from tvm_convgrad import ConvGradError, build, isa_target
+from tvm_convgrad import ConvGradError, build, isa_target, lower
 from tvm_convgrad.compile import Workload, resolve_target
 from tvm_convgrad.dsl.compute.winograd import winograd_applies
 from tvm_convgrad.dsl.compute.winograd_rules import WINOGRAD_MIN_TILES, WINOGRAD_TILES_PER_WEIGHTS
@@ -364,15 +364,45 @@ def test_auto_takes_the_same_layers_on_amx_and_zen4_cores(batch, size, channels,
         assert choices(_cpu("znver3"))[:2] == (choice, choice) and amx[2] is False
 
 
-@pytest.mark.parametrize("mcpu, budget", [("emeraldrapids", 1 << 20), ("sapphirerapids", 1 << 20), ("znver4", 512 << 10), ("znver3", 512 << 10),
-                                          ("haswell", 512 << 10), ("x86-64", 512 << 10)])  # fmt: skip
-def test_a_task_holds_half_the_cores_l2_of_transformed_input(mcpu, budget):
-    """A Winograd task's ``wino_v`` fits half its core's L2 (``IsaPlan.l2_bytes``), at least
-    ``WINOGRAD_TASK_BYTES``: every task reads all the transformed weights, so a 2 MB L2 takes
-    whole 14x14 images of 256 channels (7 tile rows, 784 KB) a task, not one tile row."""
+@pytest.mark.parametrize("mcpu, mattr, channels, budget", [
+    ("emeraldrapids", [], 256, 2 << 20), ("emeraldrapids", [], 512, 2 << 20), ("emeraldrapids", [], 128, 512 << 10),
+    ("emeraldrapids", [], 64, 512 << 10), ("sapphirerapids", [], 256, 2 << 20),
+    ("rocketlake", ["+avx512bf16", "+amx-tile", "+amx-bf16"], 256, 2 << 20), ("rocketlake", [], 256, 512 << 10),
+    ("znver4", [], 256, 1 << 20), ("znver4", [], 128, 512 << 10), ("znver3", [], 512, 512 << 10), ("haswell", [], 256, 512 << 10),
+    ("x86-64", [], 256, 1 << 20), ("x86-64", [], 64, 512 << 10)])  # fmt: skip
+def test_a_task_holds_half_the_transformed_weights_of_input_within_the_cores_l2(mcpu, mattr, channels, budget):
+    """A Winograd task's ``wino_v`` is at most half the transformed weights' bytes (every task
+    reads them all: 4 MB at 256 x 256), within its core's L2 (``IsaPlan.l2_bytes``; 2 MB on any
+    target with AMX, a Sapphire Rapids guest that LLVM calls rocketlake too) and at least
+    ``WINOGRAD_TASK_BYTES``: a 2 MB L2 takes two whole 14x14 images of 256 channels (1.6 MB) a
+    task, not one tile row."""
+    from tvm.target import Target
+
+    from tvm_convgrad.isa import X86_TRIPLE
     from tvm_convgrad.schedule.cpu.winograd import WINOGRAD_TASK_BYTES, task_bytes
 
-    assert WINOGRAD_TASK_BYTES == 512 << 10 and task_bytes(isa_plan(_cpu(mcpu))) == budget
+    weight_bytes = 16 * channels * channels * 4  # wino_u: 16 positions of Cin x Cout fp32
+    plan = isa_plan(Target({"kind": "llvm", "mcpu": mcpu, "mattr": mattr, "mtriple": X86_TRIPLE}))
+    assert WINOGRAD_TASK_BYTES == 512 << 10 and task_bytes(plan, weight_bytes) == budget
+
+
+@pytest.mark.parametrize("n, images_a_task", [(8, 2), (4, 1)])
+def test_a_task_of_wide_weights_takes_whole_images(n, images_a_task):
+    """On a 2 MB L2 a 256 -> 256 dX on 14x14 runs whole images a task (two where at least two
+    tasks a core remain), not one tile row: the parallel task loop's extent is the images over
+    the images a task."""
+    from tvm.target import Target
+
+    from tvm_convgrad.isa import X86_TRIPLE
+
+    kw = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], data_format="NCX", weights_format="OIX")
+    dy = te.placeholder((n, 256, 14, 14), "float32", name="diff_dst")
+    dx = onednn.convolution_backward_data(dy, te.placeholder((256, 256, 3, 3), "float32", name="weights"), (n, 256, 14, 14),
+                                          algorithm="winograd", **kw)  # fmt: skip
+    amx = ["+avx512bf16", "+amx-tile", "+amx-bf16"]
+    target = Target({"kind": "llvm", "mcpu": "rocketlake", "mattr": amx, "mtriple": X86_TRIPLE, "num-cores": 2})
+    script = lower(dx, target).script()
+    assert f"T.parallel(T.int64({n // images_a_task}))" in script, script[:2000]
 
 
 def test_the_weights_transform_keeps_its_sums_in_registers():

@@ -26,7 +26,7 @@ from tvm import s_tir
 
 from ...dsl.compute.stages import WINO_D, WINO_DYW, WINO_U, WINO_UP, WINO_V, WINO_VP, WINO_W, WINO_WT, WINO_X, WINO_Y
 from ...layout import C0
-from ..common import loop_extent, loop_position
+from ..common import loop_extent, loop_position, nbytes
 from .loops import CpuMad, producers_named, restore_unit_loops, sum_parts, whole_tiles_and_edge
 from .tiles import largest_divisor, winograd_dw_tile, winograd_tile
 
@@ -36,13 +36,19 @@ WINOGRAD_TASK_BYTES = 512 << 10
 """Fewest bytes of transformed input (``wino_v``) one task may hold (:func:`task_bytes`)."""
 
 
-def task_bytes(plan) -> int:
-    """Most bytes of transformed input (``wino_v``) one task holds: half the core's L2
-    (:attr:`~tvm_convgrad.isa.IsaPlan.l2_bytes`), the rest for the weights' rows and the sums, and
-    at least :data:`WINOGRAD_TASK_BYTES`. Every task reads all the transformed weights, so the
-    fewer the tasks the less of them streams from L3: an Emerald Rapids core (2 MB of L2), 256 ->
-    256 on 14x14 N=8, whole images a task (8 tasks) against a tile row (56): 13.9 -> 9.1 ms."""
-    return max(WINOGRAD_TASK_BYTES, plan.l2_bytes // 2)
+def task_bytes(plan, weight_bytes: int) -> int:
+    """Most bytes of transformed input (``wino_v``) one task holds. Every task reads all the
+    transformed weights (``wino_u``, ``weight_bytes``; 4 MB at 256 x 256 channels, 16 MB at 512):
+    half their bytes, so that a task does enough work for their read, within the core's L2
+    (:attr:`~tvm_convgrad.isa.IsaPlan.l2_bytes`) and at least :data:`WINOGRAD_TASK_BYTES`.
+    Small weights keep small tasks: their read costs little and a task's tiles stay in L2.
+    The Sapphire Rapids-class guest (2 cores, 2 MB of L2 a core), the dX NCHW, N x Cin -> Cout on
+    HxW, ms, against half the L2 (1 MB) and against 512 KB a task: 8 x 256 -> 256 on 14x14 4.17 /
+    4.22 / 5.96 (one tile row a task: the weights read 56 times); 4 x 256 on 14x14 2.76 / 2.77 /
+    4.36; 32 x 512 on 4x4 8.07 / 8.01 / 9.09; 8 x 512 on 8x8 8.22 / 8.19 / 8.84; 32 x 64 on 28x28
+    4.02 / 4.24 / 4.03; 8 x 128 on 28x28 3.54 / 3.61 / 3.64 (an Emerald Rapids core, 256 on 14x14
+    N=8, whole images a task against a tile row: 13.9 -> 9.1 ms)."""
+    return max(WINOGRAD_TASK_BYTES, min(plan.l2_bytes, weight_bytes // 2))
 
 TASKS_PER_CORE = 2
 """Fewest tasks per core: a task takes more tile rows only while this many remain."""
@@ -113,8 +119,9 @@ class WinogradConv(_Transforms):
         turn across its rows and images."""
         sch = self.sch
         (u,) = producers_named(sch, block, (WINO_U, WINO_UP))  # (fp32, or its bf16 pairs)
+        weight_bytes = nbytes(*(w.source for w in sch.get(u).writes))
         self._weights(u)
-        y, task = self._result_tasks(block)
+        y, task = self._result_tasks(block, weight_bytes)
         sch.compute_at(block, task)
         (v,) = producers_named(sch, block, (WINO_V, WINO_VP))
         self._pack(v, task)
@@ -196,11 +203,11 @@ class WinogradConv(_Transforms):
                 continue
             self.placed.add(name)
 
-    def _result_tasks(self, block):
+    def _result_tasks(self, block, weight_bytes: int):
         """``(wino_y, its task loop)``: the frontend's result stage folded into ``wino_y``, whose
         ``(n, i)`` loops become the parallel tasks: a task is ``rows`` tile rows of one image (a
-        divisor of TH), or whole images, as many as keep :data:`WINOGRAD_TASK_BYTES` of
-        ``wino_v`` and :data:`TASKS_PER_CORE` tasks a core."""
+        divisor of TH), or whole images, as many as keep ``wino_v`` within :func:`task_bytes` (of
+        the transformed weights' ``weight_bytes``) and :data:`TASKS_PER_CORE` tasks a core."""
         sch = self.sch
         (y,) = sch.get_consumers(block)
         assert sch.get(y).name_hint == WINO_Y
@@ -209,7 +216,7 @@ class WinogradConv(_Transforms):
         images, rows, cols = loop_extent(sch, n), loop_extent(sch, i), loop_extent(sch, j)
         cin1 = loop_extent(sch, sch.get_loops(block)[-2])
         per_row = 16 * cin1 * C0 * cols * 4  # wino_v of one tile row
-        budget = task_bytes(self.plan)
+        budget = task_bytes(self.plan, weight_bytes)
 
         def fits(rows_per_task: int) -> bool:
             return rows_per_task * per_row <= budget and images * rows // rows_per_task >= TASKS_PER_CORE * self.cores
