@@ -405,6 +405,23 @@ def test_a_task_of_wide_weights_takes_whole_images(n, images_a_task):
     assert f"T.parallel(T.int64({n // images_a_task}))" in script, script[:2000]
 
 
+@pytest.mark.parametrize("rows, images, cols, channels, l2, chunk", [
+    (14, 4, 14, 128, 2 << 20, 2),  # 128 on 28x28: 2 tile rows (448 KB) beside 1 MB of sums, not 7 (1.5 MB)
+    (7, 16, 7, 128, 2 << 20, 7),  # 128 on 14x14: one image (784 KB), not two
+    (28, 4, 28, 64, 2 << 20, 4),  # 64 on 56x56: 4 tile rows (896 KB) within half the L2
+    (7, 4, 7, 256, 2 << 20, 14),  # 256 on 14x14: 4 MB of sums stream anyway: two images (98 tiles), not a tile row
+    (7, 4, 7, 256, 512 << 10, 14),
+    (14, 4, 14, 128, 512 << 10, 7)])  # (no chunk fits a 512 KB L2 beside 1 MB of sums: 64 tiles or more)
+def test_a_dw_chunk_is_the_largest_that_fits_the_l2_beside_its_sums(rows, images, cols, channels, l2, chunk):
+    """A Winograd dW chunk's transforms fit half the L2 and, with its part's sums (16 x Cin x Cout
+    fp32), the whole of it, as many tile rows as do; where none fits, at least
+    ``WINOGRAD_DW_CHUNK_TILES`` tiles (each chunk reads and writes the sums)."""
+    from tvm_convgrad.schedule.cpu.winograd import dw_chunk_rows
+
+    tile_bytes, sums_bytes = 16 * 2 * channels * 4, 16 * channels * channels * 4
+    assert dw_chunk_rows(rows, images, cols, tile_bytes, sums_bytes, l2) == chunk
+
+
 def test_the_weights_transform_keeps_its_sums_in_registers():
     """``wino_u`` is each position's constant combination of the nine taps, no sum over the taps
     (a tap-by-tap sum read and wrote each of the 16 rows nine times: at 256 channels and more the
