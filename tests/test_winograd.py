@@ -64,6 +64,7 @@ _CASES = [
     ("conv_v2", 1, 48, 16, (14, 10), ((1, 1), (1, 1)), "NCX", "OIX", False),  # one image: its tile rows in parts
     ("conv_v2", 2, 16, 32, (7, 9), ((0, 2), (2, 0)), "NXC", "XIO", False),  # an odd dy (its tiles' last row and column 0), pads 0..2
     ("conv_v2", 2, 256, 256, (14, 14), ((1, 1), (1, 1)), "NCX", "OIX", False),  # 256 x 256 weights a tap (AVX-512's "auto" takes it on 384 tiles)
+    ("conv_v2", 1, 256, 128, (6, 10), ((0, 2), (1, 1)), "NXC", "XIO", False),  # 2 MB of sums: the positions in parts (2 or 4 cores), one image
     ("fwd", 2, 512, 512, (8, 8), ((1, 1), (1, 1)), "NXC", "OXI", False),  # 512 x 512 on few whole tiles (AVX-512's "auto" from 128 of them)
     ("data", 8, 512, 512, (4, 4), ((1, 1), (1, 1)), "NCX", "OIX", False),  # ResNet-18's last 3x3 on 112x112 images (N=32 there)
 ]
@@ -137,9 +138,35 @@ def test_the_winograd_dw_sums_parts_of_the_tiles_in_registers_and_transforms_eac
     register tile (``R`` input channels x ``V`` Cout rows unrolled, 16 lanes vectorized), a part of
     the tiles per core (``wino_dw_rf``) with its chunks' ``wino_v`` and ``wino_d`` made in the task,
     the parts summed after, the result folded into ``wino_w``."""
-    case = _case("conv_v2", 4, 64, 64, (16, 16), data_format=data_format, weights_format="OIX" if data_format == "NCX" else "OXI")
-    tile = winograd_dw_tile(64, 4, isa_plan(resolve_target(isa_target(isa))))
+    case = _case("conv_v2", 4, 32, 32, (16, 16), data_format=data_format, weights_format="OIX" if data_format == "NCX" else "OXI")
+    tile = winograd_dw_tile(32, 2, isa_plan(resolve_target(isa_target(isa))))  # (sums of 64 KB: within half of AVX2's 256 KB L2)
     _check_schedule(isa, case, tile, ("diff_weights",), ("wino_v", "wino_d", "wino_dw_rf_update", "wino_w"))
+
+
+@pytest.mark.parametrize("data_format", ["NCX", "NXC"])
+def test_a_winograd_dw_whose_sums_outgrow_the_l2_shares_out_the_positions(data_format):
+    """A dW of 256 x 256 weights a tap (4 MB of sums) on 2 cores: each core sums every tile at 8 of
+    the 16 positions (no ``wino_dw_rf``: one parallel loop of 2 over the mad, its chunks'
+    ``wino_v`` and ``wino_d`` made in it at its 8 positions); on 3 cores (16 positions do not
+    share out) the tiles in parts, as for small weights."""
+    from tvm.target import Target
+
+    from tvm_convgrad.isa import X86_TRIPLE
+    from tvm_convgrad.schedule.cpu.winograd import positions_in_parts
+
+    case = _case("conv_v2", 2, 256, 256, (14, 14), data_format=data_format, weights_format="OIX" if data_format == "NCX" else "OXI")
+    for cores, by_position in ((2, True), (3, False)):
+        target = Target({"kind": "llvm", "mcpu": "skylake-avx512", "mtriple": X86_TRIPLE, "num-cores": cores})
+        sch = rule_for(target).apply(Workload.of(case_call(case, *placeholders(case))).prim_func(target), target)
+        names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
+        assert ("wino_dw_rf_update" in names) != by_position, names
+        if by_position:
+            (part, *_) = sch.get_loops(sch.get_sblock("wino_dw_update"))
+            assert sch.get(part).kind == ForKind.PARALLEL and int(sch.get(part).extent) == cores
+            for stage in ("wino_v", "wino_d"):
+                assert sch.get(sch.get_loops(sch.get_sblock(stage))[0]).same_as(sch.get(part)), stage
+    assert positions_in_parts(16 * 256 * 256 * 4, 2 << 20, 2) and not positions_in_parts(16 * 128 * 128 * 4, 2 << 20, 2)
+    assert positions_in_parts(16 * 128 * 128 * 4, 1 << 20, 4) and not positions_in_parts(16 * 256 * 256 * 4, 2 << 20, 1)
 
 
 def test_winograd_tiles_fit_the_registers():

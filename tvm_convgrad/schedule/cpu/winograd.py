@@ -30,8 +30,8 @@ from ..common import loop_extent, loop_position, nbytes
 from .loops import CpuMad, producers_named, restore_unit_loops, sum_parts, whole_tiles_and_edge
 from .tiles import largest_divisor, winograd_dw_tile, winograd_tile
 
-__all__ = ["FUSED_ROWS_BELOW", "TASKS_PER_CORE", "WINOGRAD_DW_CHUNK_TILES", "WINOGRAD_TASK_BYTES", "WinogradConv", "WinogradFilterGrad", "dw_chunk_rows",
-           "task_bytes"]
+__all__ = ["FUSED_ROWS_BELOW", "TASKS_PER_CORE", "WINOGRAD_DW_CHUNK_TILES", "WINOGRAD_TASK_BYTES", "WinogradConv", "WinogradFilterGrad",
+           "dw_chunk_rows", "positions_in_parts", "task_bytes"]
 
 WINOGRAD_TASK_BYTES = 512 << 10
 """Fewest bytes of transformed input (``wino_v``) one task may hold (:func:`task_bytes`)."""
@@ -266,10 +266,25 @@ def dw_chunk_rows(rows: int, images: int, cols: int, tile_bytes: int, sums_bytes
     return min([t for t in options if t >= least] or [options[-1]])
 
 
+def positions_in_parts(sums_bytes: int, l2_bytes: int, cores: int) -> bool:
+    """Whether a Winograd dW's cores share out the 16 positions, each summing every tile at its
+    own, rather than the tiles, each summing its part at every position (``rfactor``): where a
+    part's sums (``sums_bytes``: 16 x Cin x Cout fp32) outgrow half the core's L2 (``l2_bytes``),
+    so that every chunk streams them in and out, and the cores divide the positions. Split by
+    position, a core's sums and each tile's transforms are its share of them (the chunks' traffic
+    halved on 2 cores), at the cost of each core loading every window of x and dy. The Sapphire
+    Rapids-class guest (2 cores, 2 MB of L2), 256 -> 256 on 14x14 (4 MB of sums), dW ms, by
+    position against by tile: N=8 NCHW 5.65-5.71 / 5.92-5.97, NHWC 6.38-6.41 / 6.93-6.98; N=16
+    10.5 / 10.6-11.6 and 11.1 / 12.7-12.8; N=4 3.05 / 3.45; 28x28 N=8 21.1 / 21.0-21.2; 128 ->
+    128 on 28x28 (1 MB of sums, in L2) 5.76 against 4.71: by tile."""
+    return cores > 1 and 16 % cores == 0 and sums_bytes > l2_bytes // 2
+
+
 class WinogradFilterGrad(_Transforms):
     """The Winograd dW mad ``wino_dw[co1, ci, xi, co0]`` (the sum over the tiles ``n, i, j``): each
     core sums a part of the tiles (``rfactor``; the parts added in a fixed order after, so results
-    do not vary run to run), walking them in chunks: a chunk's ``wino_v`` and ``wino_d`` made in
+    do not vary run to run), or where the sums outgrow the L2 every tile at its share of the
+    positions (:func:`positions_in_parts`), walking them in chunks: a chunk's ``wino_v`` and ``wino_d`` made in
     the task (every position, unrolled: in cache), then register tiles of ``R`` input channels x
     ``V`` Cout rows summing the chunk's tiles (:func:`.tiles.winograd_dw_tile`) into the part's sums;
     ``wino_w`` (the 3x3 weight gradient, the frontend's result folded into it) a pass after."""
@@ -278,6 +293,8 @@ class WinogradFilterGrad(_Transforms):
         sch, plan = self.sch, self.plan
         co1, ci, xi, co0, n, i, j = sch.get_loops(block)
         cout1, cin, images, rows, cols = (loop_extent(sch, lp) for lp in (co1, ci, n, i, j))
+        if positions_in_parts(16 * cin * cout1 * C0 * 4, plan.l2_bytes, self.cores):
+            return self._position_parts(block)
         parts = largest_divisor(images, self.cores) if images >= self.cores else 1
         if parts > 1:
             part, n = sch.split(n, [parts, None])
@@ -288,11 +305,20 @@ class WinogradFilterGrad(_Transforms):
         sch.reorder(part, co1, ci, xi, co0, n, i, j)
         rf = sch.rfactor(part, 0)
         sum_parts(sch, block)
-        part, co1, ci, xi, co0, n, i, j = sch.get_loops(rf)
+        part, *loops = sch.get_loops(rf)
+        self._tiles_in_chunks(rf, part, loops, 16 * (cin + cout1 * C0) * 4, 16 * cin * cout1 * C0 * 4)
+
+    def _tiles_in_chunks(self, block, part, loops, tile_bytes: int, sums_bytes: int):
+        """The mad ``block`` under the parallel ``part`` loop over its ``loops`` ``(co1, ci, xi, co0,
+        n, i, j)``: its tiles walked in chunks (:func:`dw_chunk_rows` of a part's ``sums_bytes`` and
+        a tile's ``tile_bytes`` of transforms, counted as fp32), each chunk's ``wino_v`` and ``wino_d``
+        made in it, register tiles of ``R`` input channels x ``V`` Cout rows."""
+        sch, plan = self.sch, self.plan
+        co1, ci, xi, co0, n, i, j = loops
+        cout1, cin, images, rows, cols = (loop_extent(sch, lp) for lp in (co1, ci, n, i, j))
         r, v = winograd_dw_tile(cin, cout1, plan)
         ci_o, ci_r = sch.split(ci, [None, r])
         co1_o, co1_v = sch.split(co1, [None, v])
-        tile_bytes, sums_bytes = 16 * (cin + cout1 * C0) * 4, 16 * cin * cout1 * C0 * 4  # (counted as fp32)
         chunk = dw_chunk_rows(rows, images, cols, tile_bytes, sums_bytes, plan.l2_bytes)
         if chunk < rows:  # rows of one image
             i_o, i_i = sch.split(i, [None, chunk])
@@ -302,10 +328,22 @@ class WinogradFilterGrad(_Transforms):
             chunks, steps = [n_o], [n_i, i]
         sch.reorder(part, *chunks, xi, co1_o, ci_o, *steps, j, ci_r, co1_v, co0)
         sch.parallel(part)
-        for pack in producers_named(sch, rf, self.packs):
+        for pack in producers_named(sch, block, self.packs):
             self._pack(pack, chunks[-1])
-        self.register_tile(rf, [ci_r, co1_v], co0, chunks[0])  # (the part's sums zeroed before its first chunk, in registers within each)
+        self.register_tile(block, [ci_r, co1_v], co0, chunks[0])  # (a part's sums zeroed before its first chunk)
         self._result()
+
+    def _position_parts(self, block):
+        """:meth:`schedule` with each core summing every tile at its share of the 16 positions
+        (:func:`positions_in_parts`): no rfactor, each core's sums its own positions' rows of
+        ``wino_dw``; a chunk's ``wino_v`` and ``wino_d`` made at the core's positions only."""
+        sch, plan = self.sch, self.plan
+        co1, ci, xi, co0, n, i, j = sch.get_loops(block)
+        cout1, cin, images, rows, cols = (loop_extent(sch, lp) for lp in (co1, ci, n, i, j))
+        part, xi = sch.split(xi, [self.cores, None])
+        share = 16 // self.cores
+        tile_bytes, sums_bytes = share * (cin + cout1 * C0) * 4, share * cin * cout1 * C0 * 4
+        self._tiles_in_chunks(block, part, (co1, ci, xi, co0, n, i, j), tile_bytes, sums_bytes)
 
     packs = (WINO_V, WINO_D)
     """The mad's operand stages, each made per chunk (:meth:`_pack`)."""
