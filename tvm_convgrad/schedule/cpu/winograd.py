@@ -335,15 +335,14 @@ class WinogradFilterGrad(_Transforms):
 
     def _position_parts(self, block):
         """:meth:`schedule` with each core summing every tile at its share of the 16 positions
-        (:func:`positions_in_parts`): no rfactor, each core's sums its own positions' rows of
+        (:func:`positions_in_parts`): no rfactor, each core summing into its own positions' rows of
         ``wino_dw``; a chunk's ``wino_v`` and ``wino_d`` made at the core's positions only."""
-        sch, plan = self.sch, self.plan
+        sch = self.sch
         co1, ci, xi, co0, n, i, j = sch.get_loops(block)
-        cout1, cin, images, rows, cols = (loop_extent(sch, lp) for lp in (co1, ci, n, i, j))
+        cout, cin = loop_extent(sch, co1) * C0, loop_extent(sch, ci)
         part, xi = sch.split(xi, [self.cores, None])
         share = 16 // self.cores
-        tile_bytes, sums_bytes = share * (cin + cout1 * C0) * 4, share * cin * cout1 * C0 * 4
-        self._tiles_in_chunks(block, part, (co1, ci, xi, co0, n, i, j), tile_bytes, sums_bytes)
+        self._tiles_in_chunks(block, part, (co1, ci, xi, co0, n, i, j), share * (cin + cout) * 4, share * cin * cout * 4)
 
     packs = (WINO_V, WINO_D)
     """The mad's operand stages, each made per chunk (:meth:`_pack`)."""
