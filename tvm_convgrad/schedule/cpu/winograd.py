@@ -31,7 +31,7 @@ from .loops import CpuMad, producers_named, restore_unit_loops, sum_parts, whole
 from .tiles import largest_divisor, winograd_dw_tile, winograd_tile
 
 __all__ = ["FUSED_ROWS_BELOW", "TASKS_PER_CORE", "WINOGRAD_DW_CHUNK_TILES", "WINOGRAD_TASK_BYTES", "WinogradConv", "WinogradFilterGrad",
-           "dw_chunk_rows", "positions_in_parts", "task_bytes"]
+           "POSITIONS", "dw_chunk_rows", "positions_in_parts", "task_bytes"]
 
 WINOGRAD_TASK_BYTES = 512 << 10
 """Fewest bytes of transformed input (``wino_v``) one task may hold (:func:`task_bytes`)."""
@@ -266,6 +266,16 @@ def dw_chunk_rows(rows: int, images: int, cols: int, tile_bytes: int, sums_bytes
     return min([t for t in options if t >= least] or [options[-1]])
 
 
+POSITIONS = 16
+"""F(2x2, 3x3)'s transform positions (4 x 4): the dW's 16 GEMMs."""
+
+
+def _dw_bytes(positions: int, cin: int, cout: int) -> tuple[int, int]:
+    """``(tile_bytes, sums_bytes)`` of a dW at ``positions`` of the :data:`POSITIONS`: one tile's
+    transforms (``wino_v`` and ``wino_d``) and the sums, counted as fp32."""
+    return positions * (cin + cout) * 4, positions * cin * cout * 4
+
+
 def positions_in_parts(sums_bytes: int, l2_bytes: int, cores: int) -> bool:
     """Whether a Winograd dW's cores share out the 16 positions, each summing every tile at its
     own, rather than the tiles, each summing its part at every position (``rfactor``): where a
@@ -277,7 +287,7 @@ def positions_in_parts(sums_bytes: int, l2_bytes: int, cores: int) -> bool:
     position against by tile: N=8 NCHW 5.65-5.71 / 5.92-5.97, NHWC 6.38-6.41 / 6.93-6.98; N=16
     10.5 / 10.6-11.6 and 11.1 / 12.7-12.8; N=4 3.05 / 3.45; 28x28 N=8 21.1 / 21.0-21.2; 128 ->
     128 on 28x28 (1 MB of sums, in L2) 5.76 against 4.71: by tile."""
-    return cores > 1 and 16 % cores == 0 and sums_bytes > l2_bytes // 2
+    return cores > 1 and POSITIONS % cores == 0 and sums_bytes > l2_bytes // 2
 
 
 class WinogradFilterGrad(_Transforms):
@@ -290,23 +300,22 @@ class WinogradFilterGrad(_Transforms):
     ``wino_w`` (the 3x3 weight gradient, the frontend's result folded into it) a pass after."""
 
     def schedule(self, block):
-        sch, plan = self.sch, self.plan
+        sch = self.sch
         co1, ci, xi, co0, n, i, j = sch.get_loops(block)
-        cout1, cin, images, rows, cols = (loop_extent(sch, lp) for lp in (co1, ci, n, i, j))
-        if positions_in_parts(16 * cin * cout1 * C0 * 4, plan.l2_bytes, self.cores):
-            return self._position_parts(block)
+        cout, cin, images, rows = loop_extent(sch, co1) * C0, loop_extent(sch, ci), loop_extent(sch, n), loop_extent(sch, i)
+        if positions_in_parts(_dw_bytes(POSITIONS, cin, cout)[1], self.plan.l2_bytes, self.cores):
+            return self._position_parts(block, cin, cout)
         parts = largest_divisor(images, self.cores) if images >= self.cores else 1
         if parts > 1:
             part, n = sch.split(n, [parts, None])
         else:  # one image: its tile rows in parts
             parts = largest_divisor(rows, self.cores)
             part, i = sch.split(i, [parts, None])
-        images, rows = loop_extent(sch, n), loop_extent(sch, i)
         sch.reorder(part, co1, ci, xi, co0, n, i, j)
         rf = sch.rfactor(part, 0)
         sum_parts(sch, block)
         part, *loops = sch.get_loops(rf)
-        self._tiles_in_chunks(rf, part, loops, 16 * (cin + cout1 * C0) * 4, 16 * cin * cout1 * C0 * 4)
+        self._tiles_in_chunks(rf, part, loops, *_dw_bytes(POSITIONS, cin, cout))
 
     def _tiles_in_chunks(self, block, part, loops, tile_bytes: int, sums_bytes: int):
         """The mad ``block`` under the parallel ``part`` loop over its ``loops`` ``(co1, ci, xi, co0,
@@ -333,16 +342,14 @@ class WinogradFilterGrad(_Transforms):
         self.register_tile(block, [ci_r, co1_v], co0, chunks[0])  # (a part's sums zeroed before its first chunk)
         self._result()
 
-    def _position_parts(self, block):
+    def _position_parts(self, block, cin: int, cout: int):
         """:meth:`schedule` with each core summing every tile at its share of the 16 positions
         (:func:`positions_in_parts`): no rfactor, each core summing into its own positions' rows of
         ``wino_dw``; a chunk's ``wino_v`` and ``wino_d`` made at the core's positions only."""
         sch = self.sch
         co1, ci, xi, co0, n, i, j = sch.get_loops(block)
-        cout, cin = loop_extent(sch, co1) * C0, loop_extent(sch, ci)
         part, xi = sch.split(xi, [self.cores, None])
-        share = 16 // self.cores
-        self._tiles_in_chunks(block, part, (co1, ci, xi, co0, n, i, j), share * (cin + cout) * 4, share * cin * cout * 4)
+        self._tiles_in_chunks(block, part, (co1, ci, xi, co0, n, i, j), *_dw_bytes(POSITIONS // self.cores, cin, cout))
 
     packs = (WINO_V, WINO_D)
     """The mad's operand stages, each made per chunk (:meth:`_pack`)."""
