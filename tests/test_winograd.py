@@ -397,7 +397,7 @@ def test_auto_takes_the_same_layers_on_amx_and_zen4_cores(batch, size, channels,
     ("rocketlake", ["+avx512bf16", "+amx-tile", "+amx-bf16"], 256, 2 << 20), ("rocketlake", [], 256, 512 << 10),
     ("znver4", [], 256, 1 << 20), ("znver4", [], 128, 512 << 10), ("znver3", [], 512, 512 << 10), ("haswell", [], 256, 512 << 10),
     ("x86-64", [], 256, 1 << 20), ("x86-64", [], 64, 512 << 10)])  # fmt: skip
-def test_a_task_holds_half_the_transformed_weights_of_input_within_the_cores_l2(mcpu, mattr, channels, budget):
+def test_a_winograd_tasks_input_is_half_the_transformed_weights_within_the_cores_l2(mcpu, mattr, channels, budget):
     """A Winograd task's ``wino_v`` is at most half the transformed weights' bytes (every task
     reads them all: 4 MB at 256 x 256), within its core's L2 (``IsaPlan.l2_bytes``; 2 MB on any
     target with AMX, a Sapphire Rapids guest that LLVM calls rocketlake too) and at least
