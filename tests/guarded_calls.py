@@ -277,6 +277,9 @@ FIXED = {
                                  dtype="bfloat16", effective_pads=(1, 1), algorithm="winograd"),  # fmt: skip
     "dw-ncx-winograd-256": Case("conv_v2", 2, 256, 256, 1, (14, 14), (14, 14), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format="NCX",
                                 weights_format="OIX", effective_pads=(1, 1), algorithm="winograd"),  # fmt: skip
+    # (2 MB of sums or more: on 2 or 4 cores each sums every tile at its share of the 16 positions, no rfactor)
+    "dw-nxc-winograd-positions": Case("conv_v2", 1, 256, 128, 1, (6, 10), (6, 10), (3, 3), (1, 1), (0, 1), (2, 1), (1, 1),
+                                      weights_format="XIO", effective_pads=(0, 1), algorithm="winograd"),  # fmt: skip
     # 512 x 512 weights on few whole tiles (AVX-512's "auto" takes the forward and dX from 128 of them): 8x8 NXC, 4x4 NCX
     "fwd-nxc-winograd-512": Case("fwd", 2, 512, 512, 1, (8, 8), (8, 8), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), weights_format="OXI",
                                  effective_pads=(1, 1), algorithm="winograd"),  # fmt: skip
