@@ -55,7 +55,7 @@ C0 = 16
 
 
 def ceil_div(a: int, b: int) -> int:
-    """``ceil(a / b)`` for non-negative ints (TBE's ``ceil``)."""
+    """``ceil(a / b)`` for ints, ``b`` > 0 (TBE's ``ceil``; a negative ``a`` too: floor division)."""
     return (a + b - 1) // b
 
 

@@ -38,6 +38,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script import builder as T
 
+from ...layout import ceil_div
 from ...params import out_size
 from . import prefetch
 from .one_pass import kernel_arguments, parts_total
@@ -72,14 +73,10 @@ MAX_BORDER_COLUMNS = 32
 a wider border (a dilated kernel wider than its input) is left to the separate kernels."""
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def tap_columns(tap: int, dilation: int, pad: int, stride: int, size_in: int, size_out: int) -> tuple[int, int]:
     """``(lo, hi)``: the output positions ``o`` in ``[0, size_out)`` whose input ``o * stride - pad
     + tap * dilation`` lies in ``[0, size_in)``; ``lo == hi`` where none does."""
-    lo = max(0, _ceil_div(pad - tap * dilation, stride))
+    lo = max(0, ceil_div(pad - tap * dilation, stride))
     hi = min(size_out, (size_in - 1 + pad - tap * dilation) // stride + 1)
     return lo, max(lo, hi)
 
@@ -135,7 +132,7 @@ class DepthwiseBackward:
         """dX's columns ``rw + j * stride``: their count, and per kernel column reaching them its dy
         column's offset from ``j`` and the ``j`` whose dy column lies inside dy."""
         (_, sw), (_, dw), (_, _, pl, _) = self.strides, self.dilation, self.pads
-        count = max(0, _ceil_div(self.w - rw, sw))
+        count = max(0, ceil_div(self.w - rw, sw))
         offsets = {kw: (rw + pl - kw * dw) // sw for kw in range(self.kw) if (rw + pl - kw * dw) % sw == 0}
         columns = {kw: (max(0, -off), max(max(0, -off), min(count, self.wo - off))) for kw, off in offsets.items()}
         return count, offsets, columns
@@ -163,7 +160,7 @@ def rows_ahead(layer: DepthwiseBackward) -> int:
 def band_rows(layer: DepthwiseBackward) -> int:
     """dy rows per task: :data:`BAND_ROWS` where the tasks then number 4 a core or more, else 1."""
     rows = min(BAND_ROWS, layer.ho)
-    return rows if layer.n * _ceil_div(layer.ho, rows) >= 4 * layer.cores else 1
+    return rows if layer.n * ceil_div(layer.ho, rows) >= 4 * layer.cores else 1
 
 
 def ask_ahead(layer: DepthwiseBackward, x, dy, image, row, col, c1) -> None:
@@ -205,7 +202,7 @@ def core_bands(layer: DepthwiseBackward, part):
     (each an image's band of :func:`band_rows` dy rows, every channel), as ``(image, first row,
     rows a band)``."""
     rows = band_rows(layer)
-    bands = _ceil_div(layer.ho, rows)
+    bands = ceil_div(layer.ho, rows)
     tasks = layer.n * bands
     with T.serial(part * tasks // layer.cores, (part + 1) * tasks // layer.cores) as task:
         yield task // bands, task % bands * rows, rows

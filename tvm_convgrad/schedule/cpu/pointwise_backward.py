@@ -94,6 +94,11 @@ class PointwiseBackward:
         return self.n * self.h * self.w
 
     @property
+    def weight_shape(self) -> tuple[int, int, int, int]:
+        """The weight as it lies in memory: ``(O, C, 1, 1)``, or ``(O, 1, 1, C)`` (channels-last)."""
+        return (self.o, 1, 1, self.c) if self.weights_last else (self.o, self.c, 1, 1)
+
+    @property
     def vector_lanes(self) -> int:
         """Lanes of the vectors along the input channels: the most of ``lanes``, its halves, down to
         4, that divides ``c``; 0 where none does."""
@@ -229,10 +234,9 @@ def pointwise_backward_func(layer: PointwiseBackward, name: str = "pointwise_bac
     g, L = layer, layer.vector_lanes
     size = chunk_pixels(layer)
     chunks = ceil_div(g.m, size)
-    w_shape = (g.o, 1, 1, g.c) if g.weights_last else (g.o, g.c, 1, 1)
     with IRBuilder() as builder:
         with T.prim_func():
-            arguments = kernel_arguments(name, (g.n, g.h, g.w, g.c), (g.n, g.h, g.w, g.o), w_shape)
+            arguments = kernel_arguments(name, (g.n, g.h, g.w, g.c), (g.n, g.h, g.w, g.o), g.weight_shape)
             views = [T.decl_buffer(shape, "float32", data=t.data) for t, shape in
                      zip(arguments, ((g.m, g.c), (g.m, g.o), (g.o, g.c), (g.m, g.c), (g.o, g.c)))]  # fmt: skip
             sums = T.alloc_buffer((g.cores, g.o, g.c), "float32")

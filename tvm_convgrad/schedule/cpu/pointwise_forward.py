@@ -60,10 +60,9 @@ def pointwise_forward_func(layer: PointwiseBackward, bias: bool, name: str = "po
     g, gemm = layer, gemm_layer(layer)
     size = chunk_pixels(gemm)
     chunks = ceil_div(g.m, size)
-    w_shape = (g.o, 1, 1, g.c) if g.weights_last else (g.o, g.c, 1, 1)
     with IRBuilder() as builder:
         with T.prim_func():
-            x, w, b, y = forward_arguments(name, (g.n, g.h, g.w, g.c), w_shape, (g.n, g.h, g.w, g.o), bias)
+            x, w, b, y = forward_arguments(name, (g.n, g.h, g.w, g.c), g.weight_shape, (g.n, g.h, g.w, g.o), bias)
             views = ((x, (g.m, g.c)), (w, (g.o, g.c)), (y, (g.m, g.o)))
             x2, w2, y2 = (T.decl_buffer(shape, "float32", data=t.data) for t, shape in views)
             w_t = T.alloc_buffer((g.c, g.o), "float32")
