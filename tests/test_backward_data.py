@@ -171,6 +171,32 @@ def test_a_dx_of_a_cout_not_whole_blocks_sums_its_real_channels_only(data_format
     check(built(*inputs), expected(case, *inputs), built, case.name())
 
 
+@pytest.mark.parametrize("data_format, size, stride", [("NCX", (28, 28), 2), ("NXC", (28, 28), 2), ("NCX", (14, 14), 1), ("NXC", (7, 7), 1)])
+def test_a_3x3_dx_tile_takes_several_result_blocks_on_avx512(monkeypatch, data_format, size, stride):
+    """A 3x3 dX on AVX-512 (64 -> 64 channels: 4 result blocks, 4 of reduction): the tiles of its
+    phases with taps take several result blocks, as a 1x1's do, each broadcast dy value feeding
+    them all (:meth:`~tvm_convgrad.schedule.cpu.cube.CubeInputGrad._block_tiles_apply`; a
+    stride-2 phase's rows of 14 pixels x 2 blocks: 16 loads a step for 28 FMAs, not 15 for 14).
+    Exact where the host runs AVX-512."""
+    from tvm_convgrad import isa_target
+    from tvm_convgrad.isa import host_can_run
+    from tvm_convgrad.schedule.cpu import cube
+
+    target = isa_target("avx512")
+    taken = []
+    rule = cube.CubeInputGrad._block_tiles_apply
+    monkeypatch.setattr(cube.CubeInputGrad, "_block_tiles_apply", lambda self, reduction: taken.append((reduction[1:3], rule(self, reduction))) or taken[-1][1])  # fmt: skip
+    out = tuple((extent + 2 - 3) // stride + 1 for extent in size)
+    case = Case("data", 2, 64, 64, 1, size, out, (3, 3), (stride, stride), (1, 1), (1, 1), (1, 1), data_format=data_format,
+                weights_format="OIX" if data_format == "NCX" else "XIO", dtype="float32", effective_pads=(1, 1))  # fmt: skip
+    kernel = build(call(case, *placeholders(case)), target=target, schedules=None)
+    assert kernel.formulation == "cube" and any(several for taps, several in taken if taps != [1, 1])
+    if not host_can_run(target):
+        pytest.skip("this host cannot run AVX-512 code")
+    inputs = arrays(case, seed=6)
+    check(kernel(*inputs), expected(case, *inputs), kernel, case.name())
+
+
 def test_rank_3_folds_the_depth_into_the_batch():
     """A 3-D dX is the 2-D cube with one mad per depth x row x column phase (``dx_cc_<rd>_<rh>_<rw>``)
     over ``N*D_rd`` rows, its depth taps in the Cout-block reduction."""

@@ -2,7 +2,7 @@
 
 * dW: :mod:`.cube_dw` (the same tiles, ``R`` Cout rows x 16 Cin lanes).
 * dX (:class:`CubeInputGrad`, ``dx_cc_<rh>_<rw>``, one per stride phase): a tile is ``TH x TW``
-  output pixels of one 16-channel block (:func:`.tiles.dx_tile`; of two where a 1x1's loads
+  output pixels of one 16-channel block (:func:`.tiles.dx_tile`; of several where its loads
   would outrun its FMAs, :func:`.tiles.block_tile`), the reduction ``(co1, taps, co0)`` inside,
   each step one w_col row per block times ``TH*TW`` broadcast dy values. The
   channel blocks are taken in groups whose weights fit a core's cache, the pixels streaming past
@@ -31,7 +31,7 @@ WEIGHTS_IN_CACHE = 512 * 1024  # bytes of w_col kept in a core's L2 while dX wal
 PACK_X_PER_BAND = True  # the forward's x packed per band of output rows, in the band's task (:meth:`CubeForward._band_tasks`)
 X_BAND_IN_CACHE = 256 * 1024  # bytes of packed x per band
 X_CHUNK_IN_CACHE = 256 * 1024  # bytes of a strided forward's x per image and group weights per reduction chunk (:meth:`CubeForward._reduction_chunks`)
-BLOCK_TILES_MIN_REDUCTION = 4  # fewest reduction channel blocks of a 1x1 tile over several result blocks (:meth:`CubeInputGrad._blocks_per_tile`)
+BLOCK_TILES_MIN_REDUCTION = 4  # fewest reduction channel blocks of a tile over several result blocks (:meth:`CubeInputGrad._blocks_per_tile`)
 FLAT_TASKS_PER_CORE = 4  # flat pixel tiles (one image per task) where there are this many tasks per core
 
 
@@ -42,12 +42,12 @@ class CubeInputGrad(CpuMad):
     weights = W_COL  # the pack of the weights (the vector operand)
     images_first_by_traffic = False  # the images outside the channel-block groups where that moves fewer bytes
     write_back_in_task = True  # the result stage computed inside the mad's parallel task (one mad, one consumer)
-    block_tiles = True  # a 1x1's tile takes several result channel blocks (:meth:`_blocks_per_tile`)
+    block_tiles = True  # a tile takes several result channel blocks (:meth:`_blocks_per_tile`)
     flat_pixels = True  # where a row needs an edge tile: an image's pixels one axis, tiled across rows (:meth:`_flat_pixel_tiles`)
 
     def schedule(self, block):
         """dX phase: pixel tiles ``(j_i x i_i)`` x 16 lanes (or a part of them, :func:`dx_tile`;
-        a 1x1's tile x several channel blocks, :meth:`_blocks_per_tile`), reduction ``[co1, mh,
+        a tile x several channel blocks, :meth:`_blocks_per_tile`), reduction ``[co1, mh,
         mw, co0]`` inside.
 
         The channel blocks ``c1`` are taken in groups whose w_col fits a core's cache
@@ -94,19 +94,23 @@ class CubeInputGrad(CpuMad):
 
     def _blocks_per_tile(self, pixels: int, v: int, blocks: int, reduction: list[int]) -> int:
         """Result channel blocks per tile of ``pixels x v`` registers (:func:`.tiles.block_tile`,
-        of the ``blocks`` a task's group has) where :attr:`block_tiles` and the mad is a 1x1's
-        (``reduction``: the extents of its ``[co1, mh, mw, co0]``, one tap) over at least
-        :data:`BLOCK_TILES_MIN_REDUCTION` channel blocks; else 1. A Sapphire Rapids-class core,
-        against one block a tile: 3x3 dX on 14x14 maps 0.85-0.9x channels-last, as fast NCHW,
-        on 28x28 1.15x; the 1x1 dX of MobileNetV2's 24 -> 96 on 56x56 (2 blocks of reduction, its
-        tiles' stores as many as its loads) 0.8x."""
+        of the ``blocks`` a task's group has) where :meth:`_block_tiles_apply` (``reduction``:
+        the extents of the mad's ``[co1, mh, mw, co0]``); else 1."""
         return block_tile(pixels, v, blocks, self.plan) if self._block_tiles_apply(reduction) else 1
 
     def _block_tiles_apply(self, reduction: list[int]) -> bool:
-        """Whether a tile may take several result blocks (:meth:`_blocks_per_tile`): a 1x1's mad
-        (``reduction``: its ``[co1, mh, mw, co0]`` extents) over enough channel blocks, not tuned."""
-        steps, *taps, lanes = reduction  # (co1 x co0: whole blocks x 16 lanes, or runs of a Cout not whole blocks)
-        return self.block_tiles and not self.tunable and taps == [1, 1] and ceil_div(steps * lanes, C0) >= BLOCK_TILES_MIN_REDUCTION
+        """Whether a tile may take several result blocks (:meth:`_blocks_per_tile`): a mad
+        (``reduction``: its ``[co1, mh, mw, co0]`` extents) over at least
+        :data:`BLOCK_TILES_MIN_REDUCTION` channel blocks, not tuned; any taps. The Sapphire
+        Rapids-class guest (2 cores), dX ms NCHW / channels-last, several blocks a tile against
+        one: ResNet-50's stride-2 3x3 of 256 on 28x28 (phases 14x14), N=8, 7.2 / 7.1 against
+        8.4 / 8.2, 128 on 56x56 7.5 / 7.1 against 8.6 / 8.1; 512 on 14x14 level (7x7 phases);
+        stride 1 (the cube's): 32 x 128 on 28x28 26.3 / 25.9 against 30.1 / 29.7, 8 x 64 on
+        56x56 7.6 against 8.5, 32 x 256 on 7x7 channels-last 7.7 against 8.4, 8 x 256 on 14x14
+        7.3 / 6.8 against 7.4 / 7.2, 8 x 512 on 7x7 level. The 1x1 dX of MobileNetV2's 24 -> 96
+        on 56x56 (2 blocks of reduction, its tiles' stores as many as its loads) ran 0.8x."""
+        steps, _, _, lanes = reduction  # (co1 x co0: whole blocks x 16 lanes, or runs of a Cout not whole blocks)
+        return self.block_tiles and not self.tunable and ceil_div(steps * lanes, C0) >= BLOCK_TILES_MIN_REDUCTION
 
     def _band_tasks(self, block, n, outer: list, j_o, th: int, under: bool) -> tuple[list, list, list]:
         """``(the task's loops, the loops inside a task above its tiles, the packs made per
