@@ -197,6 +197,44 @@ def test_a_3x3_dx_tile_takes_several_result_blocks_on_avx512(monkeypatch, data_f
     check(kernel(*inputs), expected(case, *inputs), kernel, case.name())
 
 
+@pytest.mark.parametrize("mcpu, mattr, taps, budget", [
+    ("sapphirerapids", [], 9, 1 << 20), ("sapphirerapids", [], 1, 512 << 10),
+    ("rocketlake", ["+avx512bf16", "+amx-tile", "+amx-bf16"], 4, 1 << 20), ("znver4", [], 9, 512 << 10), ("haswell", [], 9, 512 << 10)])  # fmt: skip
+def test_a_dx_group_of_a_mad_with_taps_keeps_half_the_l2_of_weights(mcpu, mattr, taps, budget):
+    """The w_col a dX (or forward) group of result blocks keeps in cache: half the core's L2 for a
+    mad with taps (2 MB on a core with AMX), at least 512 KB; a 1x1's 512 KB."""
+    from tvm.target import Target
+
+    from tvm_convgrad.isa import X86_TRIPLE, isa_plan
+    from tvm_convgrad.schedule.cpu.cube import WEIGHTS_IN_CACHE, weights_in_cache
+
+    plan = isa_plan(Target({"kind": "llvm", "mcpu": mcpu, "mattr": mattr, "mtriple": X86_TRIPLE}))
+    assert WEIGHTS_IN_CACHE == 512 << 10 and weights_in_cache(plan, taps) == budget
+
+
+def test_a_512_channel_3x3_dx_tile_takes_two_result_blocks_on_a_2mb_l2(monkeypatch):
+    """ResNet-50's 512 -> 512 3x3 dX at stride 2 on a 2 MB L2 (a Sapphire Rapids guest): a result
+    block's weights are 295 KB, so a group of two fits half the L2 and its phases' 7-pixel tiles
+    take both blocks (one a tile where a group held 512 KB). Exact where the host runs it."""
+    from tvm.target import Target
+
+    from tvm_convgrad.isa import X86_TRIPLE, host_can_run
+    from tvm_convgrad.schedule.cpu import cube
+
+    target = Target({"kind": "llvm", "mcpu": "sapphirerapids", "mtriple": X86_TRIPLE, "num-cores": 2})
+    taken = []
+    chosen = cube.block_tile
+    monkeypatch.setattr(cube, "block_tile", lambda *a: taken.append(chosen(*a)) or taken[-1])
+    case = Case("data", 2, 512, 512, 1, (14, 14), (7, 7), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), data_format="NCX",
+                weights_format="OIX", dtype="float32", effective_pads=(1, 1))  # fmt: skip
+    kernel = build(call(case, *placeholders(case)), target=target, schedules=None)
+    assert kernel.formulation == "cube" and 2 in taken
+    if not host_can_run(target):
+        pytest.skip("this host cannot run the target's code")
+    inputs = arrays(case, seed=7)
+    check(kernel(*inputs), expected(case, *inputs), kernel, case.name())
+
+
 def test_rank_3_folds_the_depth_into_the_batch():
     """A 3-D dX is the 2-D cube with one mad per depth x row x column phase (``dx_cc_<rd>_<rh>_<rw>``)
     over ``N*D_rd`` rows, its depth taps in the Cout-block reduction."""

@@ -19,13 +19,15 @@ import tvm
 from tvm import s_tir, tirx
 
 from ...dsl.compute.stages import FMAP_PAD, W_COL, W_CONV
+from ...isa import IsaPlan
 from ...layout import C0, ceil_div
 from ..common import buffer_bytes, loop_extent, nbytes
 from .loops import CpuMad, reads_of, whole_tiles_and_edge
 from .prefetch import prefetch_stream, read_in_place
 from .tiles import ALIASED_TILE_PIXELS, L1_SET_STRIDE, MAX_TILE_PIXELS, block_tile, divisors, dx_tile, flat_block_tile, largest_divisor
 
-__all__ = ["BLOCK_TILES_MIN_REDUCTION", "FLAT_TASKS_PER_CORE", "PACK_X_PER_BAND", "WEIGHTS_IN_CACHE", "X_BAND_IN_CACHE", "X_CHUNK_IN_CACHE", "CubeForward", "CubeInputGrad"]
+__all__ = ["BLOCK_TILES_MIN_REDUCTION", "FLAT_TASKS_PER_CORE", "PACK_X_PER_BAND", "WEIGHTS_IN_CACHE", "X_BAND_IN_CACHE",
+           "X_CHUNK_IN_CACHE", "CubeForward", "CubeInputGrad", "weights_in_cache"]
 
 WEIGHTS_IN_CACHE = 512 * 1024  # bytes of w_col kept in a core's L2 while dX walks the pixels
 PACK_X_PER_BAND = True  # the forward's x packed per band of output rows, in the band's task (:meth:`CubeForward._band_tasks`)
@@ -33,6 +35,19 @@ X_BAND_IN_CACHE = 256 * 1024  # bytes of packed x per band
 X_CHUNK_IN_CACHE = 256 * 1024  # bytes of a strided forward's x per image and group weights per reduction chunk (:meth:`CubeForward._reduction_chunks`)
 BLOCK_TILES_MIN_REDUCTION = 4  # fewest reduction channel blocks of a tile over several result blocks (:meth:`CubeInputGrad._blocks_per_tile`)
 FLAT_TASKS_PER_CORE = 4  # flat pixel tiles (one image per task) where there are this many tasks per core
+
+
+def weights_in_cache(plan: IsaPlan, taps: int) -> int:
+    """Bytes of w_col a group of result channel blocks keeps in a core's cache while the pixels
+    stream past (:meth:`CubeInputGrad.schedule`, the dX and the forward): :data:`WEIGHTS_IN_CACHE`,
+    and for a mad of several ``taps`` half the core's L2 (:attr:`~tvm_convgrad.isa.IsaPlan.l2_bytes`)
+    where that is more. On a 2 MB L2, 512 x 512 3x3 weights (295 KB a result block) then come two
+    blocks a group, and a tile takes both (:func:`.tiles.block_tile`), not one. The Sapphire
+    Rapids-class guest (2 cores, 2 MB of L2), dX ms at N=8, half the L2 against 512 KB: 512 on
+    14x14 at stride 2 8.4-8.5 / 9.8-9.9, 512 on 7x7 6.8 / 7.0-7.2, 256 on 28x28 at stride 2 7.1 /
+    7.4, 32 x 256 on 7x7 channels-last 7.4 / 7.7; their forwards level. A 1x1 keeps 512 KB:
+    1024 -> 512 on 14x14 7.6 / 7.5, 2048 -> 512 on 7x7 channels-last 3.4 / 3.1."""
+    return max(WEIGHTS_IN_CACHE, plan.l2_bytes // 2) if taps > 1 else WEIGHTS_IN_CACHE
 
 
 class CubeInputGrad(CpuMad):
@@ -51,7 +66,7 @@ class CubeInputGrad(CpuMad):
         mw, co0]`` inside.
 
         The channel blocks ``c1`` are taken in groups whose w_col fits a core's cache
-        (WEIGHTS_IN_CACHE): a group's weights stay in cache while the pixels stream past, once
+        (:func:`weights_in_cache`): a group's weights stay in cache while the pixels stream past, once
         per group (all of them in one group when the weights fit, one block per group when a
         single block's panel is that large).
         """
@@ -59,7 +74,8 @@ class CubeInputGrad(CpuMad):
         weight_bytes = buffer_bytes(sch, self.weights)
         *_, n, c1, j, i, c0, co1, mh, mw, co0 = sch.get_loops(block)
         blocks, rows, cols = loop_extent(sch, c1), loop_extent(sch, j), loop_extent(sch, i)
-        group = largest_divisor(blocks, WEIGHTS_IN_CACHE // max(1, weight_bytes // blocks))
+        budget = weights_in_cache(self.plan, loop_extent(sch, mh) * loop_extent(sch, mw))
+        group = largest_divisor(blocks, budget // max(1, weight_bytes // blocks))
         th, tw, v = dx_tile(rows, cols, self.plan, whole=not self.edge_tiles, max_pixels=self._max_tile_pixels(block))
         under = self.under_task(block)
         if not self.tunable and not under and self._image_tiles(block, group):
