@@ -436,12 +436,14 @@ def test_a_task_of_wide_weights_takes_whole_images(n, images_a_task):
     (14, 4, 14, 128, 2 << 20, 2),  # 128 on 28x28: 2 tile rows (448 KB) beside 1 MB of sums, not 7 (1.5 MB)
     (7, 16, 7, 128, 2 << 20, 7),  # 128 on 14x14: one image (784 KB), not two
     (28, 4, 28, 64, 2 << 20, 4),  # 64 on 56x56: 4 tile rows (896 KB) within half the L2
-    (7, 4, 7, 256, 2 << 20, 14),  # 256 on 14x14: 4 MB of sums stream anyway: two images (98 tiles), not a tile row
-    (7, 4, 7, 256, 512 << 10, 14),
+    (7, 4, 7, 256, 2 << 20, 7),  # 256 on 14x14: 4 MB of sums stream anyway: one image (49 tiles, nearest 64), not two nor a row
+    (7, 4, 7, 256, 512 << 10, 7),
+    (14, 4, 14, 256, 2 << 20, 7),  # 256 on 28x28: 7 tile rows (98 tiles), not 2 (28)
+    (4, 16, 4, 256, 2 << 20, 16),  # 256 on 7x7: 4 images (64 tiles)
     (14, 4, 14, 128, 512 << 10, 7)])  # (no chunk fits a 512 KB L2 beside 1 MB of sums: 64 tiles or more)
 def test_a_dw_chunk_is_the_largest_that_fits_the_l2_beside_its_sums(rows, images, cols, channels, l2, chunk):
     """A Winograd dW chunk's transforms fit half the L2 and, with its part's sums (16 x Cin x Cout
-    fp32), the whole of it, as many tile rows as do; where none fits, at least
+    fp32), the whole of it, as many tile rows as do; where none fits, the chunk nearest
     ``WINOGRAD_DW_CHUNK_TILES`` tiles (each chunk reads and writes the sums)."""
     from tvm_convgrad.schedule.cpu.winograd import dw_chunk_rows
 

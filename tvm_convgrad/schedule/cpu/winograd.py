@@ -240,9 +240,9 @@ class WinogradConv(_Transforms):
 
 
 WINOGRAD_DW_CHUNK_TILES = 64
-"""Fewest tiles a dW chunk sums (whole tile rows of an image, or whole images) where its part's
-sums (16 x Cin x Cout floats) do not fit the core's L2 beside it: each chunk then reads and writes
-them once (:func:`dw_chunk_rows`)."""
+"""About how many tiles a dW chunk sums (whole tile rows of an image, or whole images) where its
+part's sums (16 x Cin x Cout floats) do not fit the core's L2 beside it: each chunk then reads and
+writes them once (:func:`dw_chunk_rows`)."""
 
 
 def dw_chunk_rows(rows: int, images: int, cols: int, tile_bytes: int, sums_bytes: int, l2_bytes: int) -> int:
@@ -251,19 +251,22 @@ def dw_chunk_rows(rows: int, images: int, cols: int, tile_bytes: int, sums_bytes
     ``wino_v`` and ``wino_d``) are made in its task; its part's sums (``sums_bytes``) are read and
     written once per chunk. The largest chunk whose transforms fit half the core's L2
     (``l2_bytes``) and, beside the sums, the whole of it (the sums then stay there); where none
-    does, the smallest of at least :data:`WINOGRAD_DW_CHUNK_TILES` tiles. The Sapphire
-    Rapids-class guest (2 cores, 2 MB of L2), dW ms, NCHW / NHWC, that chunk against 64 tiles or
-    more: 8 x 128 -> 128 on 28x28 (1 MB of sums) 2 tile rows (28 tiles, 448 KB) 4.56 / 4.47
-    against 7 rows 5.46 / 5.45; 32 x 128 on 14x14 one image (49 tiles) 4.67 / 4.59 against two
-    5.54 / 5.37; 64 channels keep 4 tile rows on 56x56 (896 KB; a chunk as large as fits beside
-    their sums, 1.6 MB, ran 4-12% slower); 256 -> 256 on 14x14 (4 MB of sums) keeps two images
-    (one tile row a chunk: 13.68 against 5.81)."""
+    does, the chunk nearest :data:`WINOGRAD_DW_CHUNK_TILES` tiles (of two as near, the larger).
+    The Sapphire Rapids-class guest (2 cores, 2 MB of L2), dW ms, NCHW / NHWC, that chunk against
+    64 tiles or more: 8 x 128 -> 128 on 28x28 (1 MB of sums) 2 tile rows (28 tiles, 448 KB) 4.56 /
+    4.47 against 7 rows 5.46 / 5.45; 32 x 128 on 14x14 one image (49 tiles) 4.67 / 4.59 against
+    two 5.54 / 5.37; 64 channels keep 4 tile rows on 56x56 (896 KB; a chunk as large as fits
+    beside their sums, 1.6 MB, ran 4-12% slower). Where none fits, the nearest against the
+    smallest of 64 or more: 256 -> 256 on 14x14 at N=8 (4 MB of sums; 2 MB a core split by
+    position) one image (49 tiles) 5.14 / 5.73 against two 5.54 / 6.03 (by tile 5.50 / 6.12 against
+    6.04 / 6.58; one tile row 13.68 against 5.81), N=16 9.82 against 10.66, N=4 2.92 against 3.12;
+    on 28x28 7 tile rows (98 tiles) 21.1 against 2 rows 22.4 and an image 21.4; 32 x 256 on 7x7
+    4 images (64 tiles) 7.63 against 2 7.74 and 1 10.22."""
     options = [d for d in range(1, rows) if rows % d == 0] + [rows * k for k in range(1, images + 1) if images % k == 0]
     fitting = [t for t in options if t * cols * tile_bytes <= min(l2_bytes // 2, l2_bytes - sums_bytes)]
     if fitting:
         return max(fitting)
-    least = -(-WINOGRAD_DW_CHUNK_TILES // cols)
-    return min([t for t in options if t >= least] or [options[-1]])
+    return min(options, key=lambda t: (abs(t * cols - WINOGRAD_DW_CHUNK_TILES), -t))
 
 
 POSITIONS = 16
