@@ -171,7 +171,8 @@ def test_a_dx_of_a_cout_not_whole_blocks_sums_its_real_channels_only(data_format
     check(built(*inputs), expected(case, *inputs), built, case.name())
 
 
-@pytest.mark.parametrize("data_format, size, stride", [("NCX", (28, 28), 2), ("NXC", (28, 28), 2), ("NCX", (14, 14), 1), ("NXC", (7, 7), 1)])
+@pytest.mark.parametrize("data_format, size, stride", [("NCX", (28, 28), 2), ("NXC", (28, 28), 2), ("NCX", (14, 14), 1),
+                                                       ("NXC", (7, 7), 1)])
 def test_a_3x3_dx_tile_takes_several_result_blocks_on_avx512(monkeypatch, data_format, size, stride):
     """A 3x3 dX on AVX-512 (64 -> 64 channels: 4 result blocks, 4 of reduction): the tiles of its
     phases with taps take several result blocks, as a 1x1's do, each broadcast dy value feeding

@@ -440,7 +440,7 @@ def test_a_task_of_wide_weights_takes_whole_images(n, images_a_task):
     (7, 4, 7, 256, 512 << 10, 7),
     (14, 4, 14, 256, 2 << 20, 7),  # 256 on 28x28: 7 tile rows (98 tiles), not 2 (28)
     (4, 16, 4, 256, 2 << 20, 16),  # 256 on 7x7: 4 images (64 tiles)
-    (14, 4, 14, 128, 512 << 10, 7)])  # (no chunk fits a 512 KB L2 beside 1 MB of sums: 64 tiles or more)
+    (14, 4, 14, 128, 512 << 10, 7)])  # (no chunk fits a 512 KB L2 beside 1 MB of sums: the nearest 64 tiles, 98)
 def test_a_dw_chunk_is_the_largest_that_fits_the_l2_beside_its_sums(rows, images, cols, channels, l2, chunk):
     """A Winograd dW chunk's transforms fit half the L2 and, with its part's sums (16 x Cin x Cout
     fp32), the whole of it, as many tile rows as do; where none fits, the chunk nearest

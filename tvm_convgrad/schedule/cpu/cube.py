@@ -33,7 +33,7 @@ WEIGHTS_IN_CACHE = 512 * 1024  # bytes of w_col kept in a core's L2 while dX wal
 PACK_X_PER_BAND = True  # the forward's x packed per band of output rows, in the band's task (:meth:`CubeForward._band_tasks`)
 X_BAND_IN_CACHE = 256 * 1024  # bytes of packed x per band
 X_CHUNK_IN_CACHE = 256 * 1024  # bytes of a strided forward's x per image and group weights per reduction chunk (:meth:`CubeForward._reduction_chunks`)
-BLOCK_TILES_MIN_REDUCTION = 4  # fewest reduction channel blocks of a tile over several result blocks (:meth:`CubeInputGrad._blocks_per_tile`)
+BLOCK_TILES_MIN_REDUCTION = 4  # fewest reduction channel blocks of a tile over several result blocks (_blocks_per_tile)
 FLAT_TASKS_PER_CORE = 4  # flat pixel tiles (one image per task) where there are this many tasks per core
 
 
