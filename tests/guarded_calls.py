@@ -195,6 +195,12 @@ FIXED = {
     "dx-ncx-1x1-block-tiles": Case("data", 2, 56, 80, 1, (14, 14), (14, 14), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), data_format="NCX",
                                    weights_format="OIX", effective_pads=(0, 0)),  # fmt: skip
     "dw-paired-cin-blocks": Case("conv_v2", 2, 56, 40, 1, (9, 9), (9, 9), (3, 3), (1, 1), **_PADS1),
+    # ... a 3x3 dX's tap phases too: stride 2 NCX (56 result channels: a partial block), stride 1 NXC; 512 x 512 at stride 2 (on a
+    # 2 MB L2 a channel group of two blocks, weights_in_cache, and tiles of both)
+    "dx-ncx-3x3-s2-block-tiles": Case("data", 2, 56, 80, 1, (13, 11), (7, 6), (3, 3), (2, 2), data_format="NCX", weights_format="OIX",
+                                      **_PADS1),  # fmt: skip
+    "dx-nxc-3x3-block-tiles": Case("data", 2, 56, 80, 1, (9, 7), (9, 7), (3, 3), (1, 1), **_PADS1),
+    "dx-ncx-512-s2": Case("data", 1, 512, 512, 1, (14, 14), (7, 7), (3, 3), (2, 2), data_format="NCX", weights_format="OIX", **_PADS1),
     # a batch of 4x4 maps (8 images: 128 pixels): each live-tap region of the dX and the forward its own mad, tiled across the images
     "dx-4x4-regions-across-images": Case("data", 8, 40, 24, 1, (4, 4), (4, 4), (3, 3), (1, 1), data_format="NCX", weights_format="OIX",
                                          **_PADS1),  # fmt: skip
