@@ -52,6 +52,7 @@ SHAPES = {
 BROADCAST_TILES = [s for s in SHAPES if "lanes" not in s and "depthwise" not in s]  # the 16x16 cube
 # the cube tiles over 2 or more channel blocks (AVX-512)
 BLOCK_TILES = ["dx-cube-3x3", "dx-cube-7x7", "dx-cube-1x1-blocks", "dw-cube-3x3", "dw-cube-1x1-direct"]
+PARTLY_BLOCK_TILES = ["dx-cube-3x3"]  # ... but not every loop: a padded 3x3's inner rows in 16-pixel tiles of one block
 
 
 @pytest.mark.parametrize(
@@ -237,8 +238,8 @@ def test_hot_loops_use_the_isa_registers_and_never_spill(isa, shape):
             assert loop.broadcast_fmas + 2 * shared == loop.fmas, loop.lines
             shares.append(shared > 0)
         assert any(shares) == (shape in BLOCK_TILES), shares  # (dX 14 pixels x 2 blocks, dW 8 Cout rows x 2 Cin blocks)
-        # (every loop, but for a padded 3x3's inner rows, whose 16-pixel tiles take one block)
-        assert all(shares) or shape not in BLOCK_TILES or shape == "dx-cube-3x3", shares
+        if shape in BLOCK_TILES and shape not in PARTLY_BLOCK_TILES:
+            assert all(shares), shares
         assert max(loop.fmas for loop in loops) >= 7
     if isa == "avx2":
         assert "zmm" not in kernel.source and "{1to" not in kernel.source
