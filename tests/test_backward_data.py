@@ -236,6 +236,33 @@ def test_a_512_channel_3x3_dx_tile_takes_two_result_blocks_on_a_2mb_l2(monkeypat
     check(kernel(*inputs), expected(case, *inputs), kernel, case.name())
 
 
+@pytest.mark.parametrize("data_format", ["NCX", "NXC"])
+def test_a_tile_across_the_images_takes_several_result_blocks_on_avx512(monkeypatch, data_format):
+    """A 3x3 dX on 7x7 maps, N=8 (64 -> 64 channels): its live-tap regions run across the images
+    (:func:`~tvm_convgrad.dsl.compute.phases.across_images`), and on AVX-512 a border row's tiles
+    (8 images x 7 pixels, tiles dividing them) take several result blocks
+    (:meth:`~tvm_convgrad.schedule.cpu.cube.CubeInputGrad._image_tiles`). Exact where the host
+    runs AVX-512."""
+    from tvm_convgrad import isa_target
+    from tvm_convgrad.isa import host_can_run
+    from tvm_convgrad.schedule.cpu import cube
+
+    target = isa_target("avx512")
+    taken = []
+    chosen = cube.flat_block_tile
+    monkeypatch.setattr(cube, "flat_block_tile", lambda pixels, *a, whole=False: taken.append((pixels, whole, chosen(pixels, *a, whole=whole))) or taken[-1][2])  # fmt: skip
+    case = Case("data", 8, 64, 64, 1, (7, 7), (7, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), data_format=data_format,
+                weights_format="OIX" if data_format == "NCX" else "XIO", dtype="float32", effective_pads=(1, 1))  # fmt: skip
+    kernel = build(call(case, *placeholders(case)), target=target, schedules=None)
+    across = [(pixels, tile) for pixels, whole, tile in taken if whole]
+    assert kernel.formulation == "cube" and (56, (14, 2)) in across
+    assert all(pixels % tw == 0 and blocks > 1 for pixels, (tw, blocks) in across)
+    if not host_can_run(target):
+        pytest.skip("this host cannot run AVX-512 code")
+    inputs = arrays(case, seed=8)
+    check(kernel(*inputs), expected(case, *inputs), kernel, case.name())
+
+
 def test_rank_3_folds_the_depth_into_the_batch():
     """A 3-D dX is the 2-D cube with one mad per depth x row x column phase (``dx_cc_<rd>_<rh>_<rw>``)
     over ``N*D_rd`` rows, its depth taps in the Cout-block reduction."""

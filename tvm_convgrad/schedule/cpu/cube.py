@@ -34,6 +34,7 @@ PACK_X_PER_BAND = True  # the forward's x packed per band of output rows, in the
 X_BAND_IN_CACHE = 256 * 1024  # bytes of packed x per band
 X_CHUNK_IN_CACHE = 256 * 1024  # bytes of a strided forward's x per image and group weights per reduction chunk (:meth:`CubeForward._reduction_chunks`)
 BLOCK_TILES_MIN_REDUCTION = 4  # fewest reduction channel blocks of a tile over several result blocks (_blocks_per_tile)
+IMAGE_BLOCK_TILES = True  # tiles across the images take several result blocks too (:meth:`CubeInputGrad._image_tiles`)
 FLAT_TASKS_PER_CORE = 4  # flat pixel tiles (one image per task) where there are this many tasks per core
 
 
@@ -224,16 +225,22 @@ class CubeInputGrad(CpuMad):
         """Images smaller than a tile (a 1x1 map: ResNet's last layers on 32x32 images, whose tile
         would be one pixel, one accumulator waiting on its own FMA chain): the images' pixels one
         axis ``p = (n*rows + j)*cols + i``, tiled by :func:`dx_tile` across the images (a tile
-        divides them), the tasks channel-block groups x pixel tiles. False (nothing changed)
-        where the batch is too small for a tile of two images, or the block's iterators cannot
-        take the layout."""
+        divides them), the tasks channel-block groups x pixel tiles. On AVX-512 a tile takes
+        several of its group's result blocks where :meth:`_block_tiles_apply` (as a flat task's,
+        :func:`.tiles.flat_block_tile`, its pixels dividing the batch's): the border regions of
+        a 3x3 on 7x7 maps (a row of 7 pixels, N=8: 14 x 2 blocks, not 14 x 1). The Sapphire
+        Rapids-class guest, dX ms, N=8 unless named, several blocks / one: 512 on 7x7 7.3-7.4 /
+        7.7-7.9 (channels-last 7.0-8.5 / 7.6-9.0), N=4 4.1 / 4.3-4.4; 32 x 512 on 4x4 10.5-10.7 /
+        11.5-11.6; 256 on 7x7 channels-last 1.6 / 1.7-1.8, on 4x4 0.58-0.59 / 0.61-0.66; 512 on
+        2x2 and the forwards level. False (nothing changed) where the batch is too small for a
+        tile of two images, or the block's iterators cannot take the layout."""
         sch = self.sch
         if len(sch.get(block).iter_vars) != 9:  # (n, c1, j, i, c0 | co1, mh, mw, co0): 2-D, one image axis
             return False
         n, c1, j, i, *_ = sch.get_loops(block)
         images, rows, cols = loop_extent(sch, n), loop_extent(sch, j), loop_extent(sch, i)
-        pixels = images * rows * cols
-        _, tw, v = dx_tile(1, pixels, self.plan, whole=True, max_pixels=self._max_tile_pixels(block))
+        pixels, most = images * rows * cols, self._max_tile_pixels(block)
+        _, tw, v = dx_tile(1, pixels, self.plan, whole=True, max_pixels=most)
         if tw < 2 * rows * cols:
             return False
         try:
@@ -242,13 +249,18 @@ class CubeInputGrad(CpuMad):
             return False
         c1, p, c0, co1, mh, mw, co0 = sch.get_loops(block)
         c1_o, c1_i = self.split(c1, group, loop_extent(sch, c1))
+        b = 1
+        reduction = [loop_extent(sch, lp) for lp in (co1, mh, mw, co0)]
+        if IMAGE_BLOCK_TILES and v == self.plan.registers_per_row and self._block_tiles_apply(reduction):
+            tw, b = flat_block_tile(pixels, v, group, self.plan, most, whole=True)
+        c1_i, c1_b = self.split_blocks(c1_i, b)
         p_o, p_i = sch.split(p, [None, tw])
         lane_groups, c0 = sch.split(c0, [None, v * self.plan.lanes])
-        sch.reorder(c1_o, p_o, c1_i, lane_groups, co1, mh, mw, co0, p_i, c0)
+        sch.reorder(c1_o, p_o, c1_i, lane_groups, co1, mh, mw, co0, p_i, *c1_b, c0)
         task = sch.fuse(c1_o, p_o)
         sch.parallel(task)
         self.write_back_in(block, task)
-        self.register_tile(block, [p_i], c0, co1)
+        self.register_tile(block, [p_i, *c1_b], c0, co1)
         return True
 
     def _reduction_chunks(self, block, blocks: int, images: int, group_weight_bytes: int) -> int:

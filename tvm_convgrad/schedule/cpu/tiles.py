@@ -101,7 +101,7 @@ def block_tile(pixels: int, v: int, blocks: int, plan: IsaPlan) -> int:
     return min(options, key=lambda b: (step_cycles(pixels, v * b, plan) / (pixels * b), b), default=1)
 
 
-def flat_block_tile(pixels: int, v: int, blocks: int, plan: IsaPlan, max_pixels: int = MAX_TILE_PIXELS) -> tuple[int, int]:
+def flat_block_tile(pixels: int, v: int, blocks: int, plan: IsaPlan, max_pixels: int = MAX_TILE_PIXELS, whole: bool = False) -> tuple[int, int]:  # fmt: skip
     """``(TW, B)`` of a 1x1 dX (or forward) tile over an image's ``pixels`` as one axis: ``TW``
     pixels (where they do not divide the image, its last pixels one narrower tile) x ``B`` of the
     ``blocks`` 16-channel result blocks (a divisor) x ``v`` registers of each block's row; the
@@ -110,14 +110,15 @@ def flat_block_tile(pixels: int, v: int, blocks: int, plan: IsaPlan, max_pixels:
     the fewest pixels. A 7x7 image (49 pixels) of 4 blocks, AVX-512: 13 x 2 (15 loads a step for
     26 FMAs; 13 x 1 took 14 for 13; 7 x 4 would take the 32nd register); a Sapphire Rapids-class
     core, the 1x1 dX of 2048 -> 512 channels on 7x7, N=8, NCHW 3.3 -> 2.6-2.7 ms, 512 -> 2048
-    3.7 -> 3.0-3.1."""
+    3.7 -> 3.0-3.1. ``whole``: only ``TW`` that divide the pixels (tiles across a batch's images,
+    whose flat axis a partition would not keep affine)."""
     options = []
     for b in divisors(blocks, plan.accumulators // v):
         for tw in range(1, min(pixels, max_pixels, plan.accumulators // (v * b)) + 1):
-            if (tw + 1) * v * b + 1 > plan.registers:
+            if (tw + 1) * v * b + 1 > plan.registers or (whole and pixels % tw):
                 continue
-            whole, edge = divmod(pixels, tw)
-            cycles = whole * step_cycles(tw, v * b, plan) + (step_cycles(edge, v * b, plan) if edge else 0)
+            tiles, edge = divmod(pixels, tw)
+            cycles = tiles * step_cycles(tw, v * b, plan) + (step_cycles(edge, v * b, plan) if edge else 0)
             options.append((cycles / b, b, tw))
     _, b, tw = min(options)
     return tw, b
