@@ -205,6 +205,11 @@ FIXED = {
     "dx-4x4-regions-across-images": Case("data", 8, 40, 24, 1, (4, 4), (4, 4), (3, 3), (1, 1), data_format="NCX", weights_format="OIX",
                                          **_PADS1),  # fmt: skip
     "fwd-4x4-regions-across-images": Case("fwd", 8, 40, 24, 1, (4, 4), (4, 4), (3, 3), (1, 1), **_PADS1),
+    # ... with 16 channel blocks (on 2 cores): tasks of two blocks over the batch, each packing its weights and running every
+    # region (the dX's result a partial block)
+    "dx-4x4-regions-batch-tasks": Case("data", 4, 250, 256, 1, (4, 4), (4, 4), (3, 3), (1, 1), data_format="NCX",
+                                       weights_format="OIX", **_PADS1),
+    "fwd-4x4-regions-batch-tasks": Case("fwd", 4, 256, 250, 1, (4, 4), (4, 4), (3, 3), (1, 1), **_PADS1),
     # dX reading dy where it lies (a 1x1 without padding): 40 dy channels (a partial block read in place), a stride-2 phase on
     # NCX, extended groups
     "dx-nxc-1x1-dy-in-place": Case("data", 2, 24, 40, 1, (7, 9), (7, 9), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),

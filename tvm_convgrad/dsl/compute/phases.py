@@ -52,7 +52,9 @@ core, the 3x3 dX of 512 channels, NCHW / channels-last, region by region per ima
 the images: 4x4 N=32 11.2 / 22.3 -> 7.6 / 7.3 ms, N=8 3.0 / 5.9 -> 2.2 / 2.2, N=4 1.8 / 3.2 -> 1.5 /
 1.5; 7x7 N=8 6.2 / 7.9 -> 5.5 / 5.4, N=4 3.8 / 4.5 -> 3.4 / 3.3; but N=1-2 (4x4 0.94 -> 1.24 N=1)
 and 7x7 N=16 (784 pixels: 12.8 -> 20.3) faster region by region per image
-(:func:`tvm_convgrad.schedule.cpu.regions.regions_one_by_one`)."""
+(:func:`tvm_convgrad.schedule.cpu.regions.regions_one_by_one`). Where the channel blocks make two
+a task for every core, the CPU rule runs such regions in tasks of channel blocks over the batch
+(:func:`tvm_convgrad.schedule.cpu.regions.batch_task_blocks`)."""
 MAX_REGIONS = 5  # ... of at most this many regions (a 3x3 axis has 3, a 5x5 atrous one 5)
 MIN_BAND = 2  # a row region of fewer rows keeps the column phases whole (:func:`region_grid`)
 TINY_MAP = 4

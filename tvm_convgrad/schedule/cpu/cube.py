@@ -72,6 +72,8 @@ class CubeInputGrad(CpuMad):
         single block's panel is that large).
         """
         sch = self.sch
+        if not self.tunable and self._batch_tiles(block):
+            return
         weight_bytes = buffer_bytes(sch, self.weights)
         *_, n, c1, j, i, c0, co1, mh, mw, co0 = sch.get_loops(block)
         blocks, rows, cols = loop_extent(sch, c1), loop_extent(sch, j), loop_extent(sch, i)
@@ -213,6 +215,36 @@ class CubeInputGrad(CpuMad):
             self.register_tile(copy, [p_i, *c1_b], c0, (chunk or [co1])[0])
         return True
 
+    def _blocks_across(self, pixels: int, tw: int, v: int, blocks: int, reduction: list[int], most: int) -> tuple[int, int]:
+        """``(TW, B)`` of a tile across a batch's images (:meth:`_image_tiles`, :meth:`_batch_tiles`):
+        ``tw`` pixels x ``v`` registers of one block, or several of the ``blocks`` result blocks
+        where :meth:`_block_tiles_apply` (``reduction``: the mad's ``[co1, mh, mw, co0]`` extents)
+        and a register holds a block's row (:func:`.tiles.flat_block_tile`, the tiles dividing the
+        ``pixels``)."""
+        if IMAGE_BLOCK_TILES and v == self.plan.registers_per_row and self._block_tiles_apply(reduction):
+            return flat_block_tile(pixels, v, blocks, self.plan, most, whole=True)
+        return tw, 1
+
+    def _batch_tiles(self, block) -> bool:
+        """A mad under a task of channel blocks over the whole batch (a live-tap region's, its
+        pixels one iterator ``p = (n*rows + j)*cols + i``: :func:`.regions.regions_one_by_one`),
+        tiled across the images and the task's blocks as :meth:`_image_tiles` tiles (tiles that
+        divide the pixels). False (nothing changed) for any other mad."""
+        sch = self.sch
+        if len(sch.get(block).iter_vars) != 7 or not self.under_task(block):
+            return False
+        *_, c1, p, c0, co1, mh, mw, co0 = sch.get_loops(block)
+        pixels, most = loop_extent(sch, p), self._max_tile_pixels(block)
+        _, tw, v = dx_tile(1, pixels, self.plan, whole=True, max_pixels=most)
+        reduction = [loop_extent(sch, lp) for lp in (co1, mh, mw, co0)]
+        tw, b = self._blocks_across(pixels, tw, v, loop_extent(sch, c1), reduction, most)
+        c1_i, c1_b = self.split_blocks(c1, b)
+        p_o, p_i = sch.split(p, [None, tw])
+        lane_groups, c0 = sch.split(c0, [None, v * self.plan.lanes])
+        sch.reorder(c1_i, p_o, lane_groups, co1, mh, mw, co0, p_i, *c1_b, c0)
+        self.register_tile(block, [p_i, *c1_b], c0, co1)
+        return True
+
     def _prefetch(self, block, tile_loop, tile_rows: int):
         """The tiles of ``tile_loop`` made to prefetch the broadcast operand ahead of them
         (:mod:`.prefetch`) where it is a framework tensor read in place (a parameter of the
@@ -249,10 +281,7 @@ class CubeInputGrad(CpuMad):
             return False
         c1, p, c0, co1, mh, mw, co0 = sch.get_loops(block)
         c1_o, c1_i = self.split(c1, group, loop_extent(sch, c1))
-        b = 1
-        reduction = [loop_extent(sch, lp) for lp in (co1, mh, mw, co0)]
-        if IMAGE_BLOCK_TILES and v == self.plan.registers_per_row and self._block_tiles_apply(reduction):
-            tw, b = flat_block_tile(pixels, v, group, self.plan, most, whole=True)
+        tw, b = self._blocks_across(pixels, tw, v, group, [loop_extent(sch, lp) for lp in (co1, mh, mw, co0)], most)
         c1_i, c1_b = self.split_blocks(c1_i, b)
         p_o, p_i = sch.split(p, [None, tw])
         lane_groups, c0 = sch.split(c0, [None, v * self.plan.lanes])

@@ -254,15 +254,17 @@ def pack_in_source_axes(sch: s_tir.Schedule, pack, task):
         sch.reorder(*order)
 
 
-def channel_block_task(sch: s_tir.Schedule, block, phase: str, min_tasks: int = 1, images_outer: bool = True, blocks: int = 1):
+def channel_block_task(sch: s_tir.Schedule, block, phase: str, min_tasks: int = 1, images_outer: bool = True, blocks: int = 1,
+                       images_inside: bool = False):  # fmt: skip
     """A dX result ``block`` (unscheduled: an image loop, then its channels and two pixel axes in
     the layout's order) as parallel tasks of one image's block of 16 channels (``blocks`` of
     them): the channel loop (:func:`result_channel_var`'s) split by ``16*blocks``, the image and
     channel-block loops fused outermost and parallel (``images_outer=False``: the channel blocks
-    outside, so a core's consecutive tasks share a block's weights); below the task the channel
-    loop first for a channels-first result (NCX), last otherwise (NXC). Returns ``(task, the
-    task's channel loop, [the pixel loops])``, or None, unchanged, where the block is not of that
-    form or makes fewer than ``min_tasks``."""
+    outside, so a core's consecutive tasks share a block's weights; ``images_inside``: each task
+    the blocks of every image, the image loop first below it); below the task the channel loop
+    first for a channels-first result (NCX), last otherwise (NXC). Returns ``(task, the task's
+    channel loop, [the pixel loops])``, or None, unchanged, where the block is not of that form or
+    makes fewer than ``min_tasks``."""
     stmt = sch.get(block)
     loops = sch.get_loops(block)
     realize = sch.get(loops[-1]).body
@@ -274,14 +276,15 @@ def channel_block_task(sch: s_tir.Schedule, block, phase: str, min_tasks: int = 
         return None
     n, *spatial = loops
     channel_loop = loop_of[channel]
-    if sch.get(channel_loop).same_as(sch.get(n)) or loop_extent(sch, n) * -(-loop_extent(sch, channel_loop) // (C0 * blocks)) < min_tasks:
+    tasks = -(-loop_extent(sch, channel_loop) // (C0 * blocks)) * (1 if images_inside else loop_extent(sch, n))
+    if sch.get(channel_loop).same_as(sch.get(n)) or tasks < min_tasks:
         return None
     rest = [lp for lp in spatial if not sch.get(lp).same_as(sch.get(channel_loop))]
     channels_first = sch.get(spatial[0]).same_as(sch.get(channel_loop))
     c1, c0 = sch.split(channel_loop, [None, C0 * blocks])
-    outer = [n, c1] if images_outer else [c1, n]
-    sch.reorder(*outer, *([c0, *rest] if channels_first else [*rest, c0]))
-    task = sch.fuse(*outer)
+    outer = [c1] if images_inside else [n, c1] if images_outer else [c1, n]
+    sch.reorder(*outer, *([n] if images_inside else []), *([c0, *rest] if channels_first else [*rest, c0]))
+    task = sch.fuse(*outer) if len(outer) > 1 else c1
     sch.parallel(task)
     return task, c0, rest
 

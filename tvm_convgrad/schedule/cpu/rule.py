@@ -121,7 +121,9 @@ class CpuRule(Rule):
             annotations = sch.get(block).annotations
             if READ_IN_PLACE in annotations or (config.plan.converts_fp16 and CONVERT_IN_PLACE in annotations):
                 sch.compute_inline(block)
-        placed: set[str] = (phases_plane_by_plane(sch, config.cores) | regions_one_by_one(sch, config.cores)) if not tunable else set()
+        placed: set[str] = set()
+        if not tunable:
+            placed = phases_plane_by_plane(sch, config.cores) | regions_one_by_one(sch, config.cores, config.plan)
         per_image = phases_image_by_image(sch) if PHASES_PER_IMAGE and not placed else set()
         found = mads(sch)
         on_mads = {sch.get(mad).name_hint for mad, _ in found}
