@@ -31,13 +31,13 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ...dsl.compute.phases import ACROSS_IMAGES_MIN, ACROSS_IMAGES_PIXELS, across_images
-from ...dsl.compute.stages import CONV_CC, DX_CC, PHASE_AXES, W_CONV, W_COL, phase_firsts
-from ...layout import C0
+from ...dsl.compute.stages import CONV_CC, DX_CC, PHASE_AXES, W_COL, W_CONV, phase_firsts
 from ...isa import IsaPlan
+from ...layout import C0
 from ..common import buffer_bytes, loop_extent, stage_blocks
+from .cube import weights_in_cache
 from .elementwise import in_source_order
 from .loops import channel_block_task, channels_last_result, producers_named, restore_unit_loops
-from .cube import weights_in_cache
 from .tiles import divisors, most_blocks_a_task
 
 __all__ = ["ACROSS_IMAGES_MIN", "ACROSS_IMAGES_PIXELS", "BATCH_TILE_BLOCKS", "NXC_TASK_BLOCKS", "TASKS_PER_CORE",
