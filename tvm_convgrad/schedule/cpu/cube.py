@@ -231,7 +231,9 @@ class CubeInputGrad(CpuMad):
         tiled across the images and the task's blocks as :meth:`_image_tiles` tiles (tiles that
         divide the pixels). False (nothing changed) for any other mad."""
         sch = self.sch
-        if len(sch.get(block).iter_vars) != 7 or not self.under_task(block):
+        stmt = sch.get(block)
+        flat = len(stmt.iter_vars) == 7 and len(stmt.writes[0].source.shape) == 3  # (its sums re-laid (C1, N*rows*cols, 16))
+        if not flat or not self.under_task(block):
             return False
         *_, c1, p, c0, co1, mh, mw, co0 = sch.get_loops(block)
         pixels, most = loop_extent(sch, p), self._max_tile_pixels(block)
