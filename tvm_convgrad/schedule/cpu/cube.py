@@ -215,13 +215,14 @@ class CubeInputGrad(CpuMad):
             self.register_tile(copy, [p_i, *c1_b], c0, (chunk or [co1])[0])
         return True
 
-    def _blocks_across(self, pixels: int, tw: int, v: int, blocks: int, reduction: list[int], most: int) -> tuple[int, int]:
+    def _blocks_across(self, pixels: int, tw: int, v: int, blocks: int, reduction: list, most: int) -> tuple[int, int]:
         """``(TW, B)`` of a tile across a batch's images (:meth:`_image_tiles`, :meth:`_batch_tiles`):
         ``tw`` pixels x ``v`` registers of one block, or several of the ``blocks`` result blocks
-        where :meth:`_block_tiles_apply` (``reduction``: the mad's ``[co1, mh, mw, co0]`` extents)
+        where :meth:`_block_tiles_apply` (``reduction``: the mad's ``[co1, mh, mw, co0]`` loops)
         and a register holds a block's row (:func:`.tiles.flat_block_tile`, the tiles dividing the
         ``pixels``)."""
-        if IMAGE_BLOCK_TILES and v == self.plan.registers_per_row and self._block_tiles_apply(reduction):
+        extents = [loop_extent(self.sch, lp) for lp in reduction]
+        if IMAGE_BLOCK_TILES and v == self.plan.registers_per_row and self._block_tiles_apply(extents):
             return flat_block_tile(pixels, v, blocks, self.plan, most, whole=True)
         return tw, 1
 
@@ -238,8 +239,7 @@ class CubeInputGrad(CpuMad):
         *_, c1, p, c0, co1, mh, mw, co0 = sch.get_loops(block)
         pixels, most = loop_extent(sch, p), self._max_tile_pixels(block)
         _, tw, v = dx_tile(1, pixels, self.plan, whole=True, max_pixels=most)
-        reduction = [loop_extent(sch, lp) for lp in (co1, mh, mw, co0)]
-        tw, b = self._blocks_across(pixels, tw, v, loop_extent(sch, c1), reduction, most)
+        tw, b = self._blocks_across(pixels, tw, v, loop_extent(sch, c1), [co1, mh, mw, co0], most)
         c1_i, c1_b = self.split_blocks(c1, b)
         p_o, p_i = sch.split(p, [None, tw])
         lane_groups, c0 = sch.split(c0, [None, v * self.plan.lanes])
@@ -283,7 +283,7 @@ class CubeInputGrad(CpuMad):
             return False
         c1, p, c0, co1, mh, mw, co0 = sch.get_loops(block)
         c1_o, c1_i = self.split(c1, group, loop_extent(sch, c1))
-        tw, b = self._blocks_across(pixels, tw, v, group, [loop_extent(sch, lp) for lp in (co1, mh, mw, co0)], most)
+        tw, b = self._blocks_across(pixels, tw, v, group, [co1, mh, mw, co0], most)
         c1_i, c1_b = self.split_blocks(c1_i, b)
         p_o, p_i = sch.split(p, [None, tw])
         lane_groups, c0 = sch.split(c0, [None, v * self.plan.lanes])

@@ -37,7 +37,7 @@ from ...layout import C0
 from ..common import buffer_bytes, loop_extent, stage_blocks
 from .cube import weights_in_cache
 from .elementwise import in_source_order
-from .loops import channel_block_task, channels_last_result, producers_named, restore_unit_loops
+from .loops import channel_block_task, channels_last_result, pack_under, producers_named, restore_unit_loops
 from .tiles import divisors, most_blocks_a_task
 
 __all__ = ["ACROSS_IMAGES_MIN", "ACROSS_IMAGES_PIXELS", "BATCH_TILE_BLOCKS", "NXC_TASK_BLOCKS", "TASKS_PER_CORE",
@@ -158,10 +158,8 @@ def _partition(sch: s_tir.Schedule, result: str, phases: list[str], spans, grid:
     if batch is not None:  # the task's weights packed in it, into the core's cache, for every region
         for pack in packs:
             packed.add(sch.get(pack).name_hint)
-            sch.compute_at(pack, task)
-            *_, lanes = loops = sch.get_loops(pack)[1:]
-            in_source_order(sch, pack, loops[:-1])
-            sch.vectorize(lanes)
+            pack_under(sch, pack, task)
+            in_source_order(sch, pack, sch.get_loops(pack)[1:-1])  # (below the task, above the lanes)
     if channels_last:
         channels, _ = sch.split(channels, [None, C0])
     for row_part, (top, _), cuts, band in zip(_split_at(sch, rows, row_cuts), row_edges, col_cuts, band_spans):
