@@ -248,7 +248,8 @@ FIXED = {
     "dw-nxc-chunk-cut": Case("conv_v2", 8, 64, 128, 1, (28, 28), (14, 14), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), effective_pads=(1, 1)),
     "dx-nxc-1x1-dy-in-place-grouped": Case("data", 2, 48, 40, 2, (5, 6), (5, 6), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
     # streams read in place with prefetches (schedule.cpu.prefetch: tensors of 2 MB or more, the addresses clamped to the tensor's
-    # end): a 1x1 dX's NXC dy and a 1x1 forward's NXC src, 9.6 MB each; an NCX 1x1 dX whose 7x7 planes are packed (PLANAR_IN_PLACE_BYTES)
+    # end): a 1x1 dX's NXC dy and a 1x1 forward's NXC src, 9.6 MB each; an NCX 1x1 dX on 7x7 planes (PLANAR_IN_PLACE_BYTES:
+    # packed for narrow tiles, read in place on AVX-512, WIDE_TILES_IN_PLACE)
     "dx-nxc-1x1-prefetch": Case("data", 32, 16, 96, 1, (28, 28), (28, 28), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
     "fwd-nxc-1x1-prefetch": Case("fwd", 32, 96, 24, 1, (28, 28), (28, 28), (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), effective_pads=(0, 0)),
     # ... a 1x1 dW's strided runs (16 of dy's 96 channels a step and x's 32, both streams, cores owning Cout blocks; 144 -> 24:

@@ -65,7 +65,8 @@ from .dx_amx import amx_phases
 from .pairs import pair, pair_dot
 from .phases import (AxisPhase, DepthFold, DyWindow, axis_phases, depth_fold, dy_window, live_tap_regions, region_split_below,
                      phase_stage_name, region_grid)
-from .stages import C_DDR, DX_PX, DX_TAG, DY_PAD, DY_ROWS, FORMULATION, MAD_TAG, PHASE_AXES, READ_IN_PLACE, W_COL, W_T, Formulation
+from .stages import (C_DDR, DX_PX, DX_TAG, DY_PAD, DY_ROWS, FORMULATION, MAD_TAG, PHASE_AXES, READ_IN_PLACE, W_COL, W_T,
+                     WIDE_TILES_IN_PLACE, Formulation)
 
 __all__ = ["AxisPhase", "axis_phases", "conv2d_backprop_input_compute", "phase_stage_name", "pixel_lanes_input_grad"]
 
@@ -76,11 +77,14 @@ ms, 64 -> 256 on 56x56 7.4 -> 5.6 / 7.7 -> 5.7, the stride-2 256 -> 512 on 56x56
 10.2; a layer whose dy is the smaller side, 256 -> 64, unchanged)."""
 
 PLANAR_IN_PLACE_BYTES = 1024
-"""A channel-planar (NCX) dy is read in place only where its planes are at least this large: the
-cube's tiles broadcast a few pixels of every plane in turn, and on a small map each tile walks the
-image's whole dy again, a few words of each line (Zen 3, N=8, ResNet-50's 512 -> 2048 and 2048 ->
-512 1x1 dX on 7x7 planes of 196 B: packed 1.56x and 1.38x faster, 1024 -> 256 on 14x14 (784 B)
-1.01-1.08x; on 28x28 and 56x56 in place stays 1.2-1.4x faster)."""
+"""A channel-planar (NCX) dy whose planes are smaller than this is read in place only where the
+schedule's tiles are wide (``WIDE_TILES_IN_PLACE``): the cube's tiles broadcast a few pixels of
+every plane in turn, and on a small map each tile walks the image's whole dy again. AVX2's 6-pixel
+tiles read a few words of each line (Zen 3, N=8, ResNet-50's 512 -> 2048 and 2048 -> 512 1x1 dX on
+7x7 planes of 196 B: packed 1.56x and 1.38x faster, 1024 -> 256 on 14x14 (784 B) 1.01-1.08x); AVX-512's
+14-pixel tiles read most of each line (Zen 4, N=8, cold: 256 -> 1024 on 14x14 4.98 -> 4.27 ms in
+place, 512 -> 2048 on 7x7 4.47 -> 4.21, 2048 -> 512 on 7x7 4.80 -> 4.69). On 28x28 and 56x56 in
+place is 1.2-1.4x faster on both."""
 
 PIXEL_LANES_MAX_CIN = 8  # at most half the lanes of a channel block would be real channels
 
@@ -222,8 +226,10 @@ def _cube_phases(filters: te.Tensor, dy: te.Tensor, params: ConvGradParams, grid
                            name=W_COL, tag=W_COL)  # fmt: skip
     else:  # fp32 dy that the taps read without padding is read in place, as the forward reads an unpadded x
         small_planes = planar and g.ho * g.wo * tvm.DataType(ACC).bits // 8 < PLANAR_IN_PLACE_BYTES
-        in_place = DY_IN_PLACE and fold is None and dy.dtype == ACC and window.unpadded and c1_dy <= g.c1_y and not small_planes
-        dy_pad = dy if in_place else te.compute((dy_rows, c1_dy, *window.shape, C0), pad_value, name=DY_PAD, tag=DY_PAD)
+        in_place = DY_IN_PLACE and fold is None and dy.dtype == ACC and window.unpadded and c1_dy <= g.c1_y
+        attrs = {WIDE_TILES_IN_PLACE: 1} if in_place else None  # (small planes: the schedule's tiles decide)
+        packed = (dy_rows, c1_dy, *window.shape, C0)
+        dy_pad = dy if in_place and not small_planes else te.compute(packed, pad_value, name=DY_PAD, tag=DY_PAD, attrs=attrs)
         w_col = te.compute((g.c1_x, col_blocks, g.kh, g.kw, C0, C0), col_value, name=W_COL, tag=W_COL)
 
     step = real_channel_run(g.cout, dy.dtype, pairs) if fold is None and g.groups == 1 else 0  # (2-D, one group)

@@ -55,7 +55,7 @@ from typing import Iterable
 __all__ = [
     "AMX_STEPS", "ARGUMENT_STAGES", "C_DDR", "CONVERT_IN_PLACE", "CONV_PX", "CONV_DW", "CONV_DW_PX", "READ_IN_PLACE", "X_ROWS", "X_PLANE", "W_PLANE", "DIFF_SRC", "DIFF_WEIGHTS", "DST", "SRC_5HD", "DSP_DW", "DW_CC", "DW_CC_T", "DW_DDR", "DW_DW", "DX_CC", "DX_DW", "DX_PHASE_PREFIXES",
     "DX_PX", "DX_AMX", "DY_5HD", "DY_AMX", "W_AMX", "DY_DW", "DY_PACKS", "DY_PAD", "DY_ROWS", "DW_TAG", "DX_TAG", "FMAP_5HD", "FMAP_DW", "FMAP_L1", "FORMULATION", "Formulation",
-    "GRADS_2_MATRIX", "GRADS_DW", "KERNEL_H", "KERNEL_W", "PAD_CUTS_H", "PAD_CUTS_W", "LAYOUT_ADAPTER", "LAYOUT_IN_TAG", "LAYOUT_OUT_TAG", "MAD_TAG", "PACK_STAGES", "WEIGHTS_FRACZ", "W_COL", "W_DW", "W_T", "WINO_D", "WINO_DP", "WINO_DW", "WINO_DYW", "WINO_M", "WINO_U", "WINO_UP", "WINO_V", "WINO_VP", "WINO_W", "WINO_WT", "WINO_X", "WINO_Y",
+    "GRADS_2_MATRIX", "GRADS_DW", "KERNEL_H", "KERNEL_W", "PAD_CUTS_H", "PAD_CUTS_W", "LAYOUT_ADAPTER", "LAYOUT_IN_TAG", "LAYOUT_OUT_TAG", "MAD_TAG", "PACK_STAGES", "WEIGHTS_FRACZ", "W_COL", "W_DW", "WIDE_TILES_IN_PLACE", "W_T", "WINO_D", "WINO_DP", "WINO_DW", "WINO_DYW", "WINO_M", "WINO_U", "WINO_UP", "WINO_V", "WINO_VP", "WINO_W", "WINO_WT", "WINO_X", "WINO_Y",
     "X_STEP", "formulation", "phase_firsts", "phase_name", "PHASE_AXES", "FMAP_PAD", "W_CONV", "CONV_CC", "CONV_RES", "CONV_TAG",
 ]  # fmt: skip
 
@@ -164,6 +164,12 @@ READ_IN_PLACE = "read_in_place"
 """Attribute of a pack whose every value is one fp32 input element (no padding, no conversion):
 the planar pixel-lane dX's ``dy_rows`` of a dy it reads without padding, the forward's ``x_rows``. The CPU schedule
 inlines it (its mad reads the input where it lies); a CUDA schedule keeps it a pack."""
+WIDE_TILES_IN_PLACE = "wide_tiles_in_place"
+"""Attribute of a pack whose every value is one fp32 input element but whose input's planes are small:
+a cube dX's ``dy_pad`` of an NCX dy under ``PLANAR_IN_PLACE_BYTES`` a plane. A CPU schedule whose
+channel block is one vector register (AVX-512: tiles of up to 14 pixels x 2 blocks, most of a
+small plane's line each) inlines it; with narrower vectors (AVX2: 6-pixel tiles, each walking
+every plane again for a few words) and on CUDA it stays a pack."""
 LAYOUT_ADAPTER = "layout_adapter"
 """Attribute of a frontend's layout stage: ``"in"`` (a framework-layout input seen as 5HD, inlined
 into the compute's packing stage) or ``"out"`` (the compute's result written in the framework's

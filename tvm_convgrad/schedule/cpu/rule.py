@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from ...dsl.compute.stages import CONVERT_IN_PLACE, DY_ROWS, FMAP_L1, READ_IN_PLACE, Formulation
+from ...dsl.compute.stages import CONVERT_IN_PLACE, DY_ROWS, FMAP_L1, READ_IN_PLACE, WIDE_TILES_IN_PLACE, Formulation
 from ...isa import IsaPlan, isa_plan
 from ..base import Config, Rule, mads
 from ..common import inline_layout_stages, stage_blocks, target_cores
@@ -117,9 +117,11 @@ class CpuRule(Rule):
     def schedule(self, sch: s_tir.Schedule, target: Target, tunable: bool = False, config: CpuConfig | None = None) -> s_tir.Schedule:
         config = config or self.get_config(target)
         inline_layout_stages(sch)
+        wide = config.plan.registers_per_row == 1  # (a channel block one register: tiles wide enough to read small planes)
         for block in stage_blocks(sch):  # the mads read those inputs in place (converting as they load, where the target does)
             annotations = sch.get(block).annotations
-            if READ_IN_PLACE in annotations or (config.plan.converts_fp16 and CONVERT_IN_PLACE in annotations):
+            if (READ_IN_PLACE in annotations or (wide and WIDE_TILES_IN_PLACE in annotations)
+                    or (config.plan.converts_fp16 and CONVERT_IN_PLACE in annotations)):
                 sch.compute_inline(block)
         placed: set[str] = set()
         if not tunable:
