@@ -21,7 +21,7 @@ PARALLEL_TASKS = 64  # a pack's parallel loop: the fewest outer loops that make 
 BLOCK_ROWS_IN_L1 = 32 * 1024
 """Bytes of one 16-channel block's rows of an image (all of a result's reads) that stay in L1 while its
 16 channels are written in turn, whatever the loop order: above them :func:`channel_blocks_outside`
-walks the blocks outermost. The NCX dX of a 3x3 at stride 2 (four phases' sums), N=8, Zen 4, cold:
+walks the result block by block. The NCX dX of a 3x3 at stride 2 (four phases' sums), N=8, Zen 4, cold:
 128 -> 128 on 56x56 (200 KB a block) 11.0 -> 10.6 ms, 256 -> 256 on 28x28 (50 KB) 9.65 -> 9.38;
 on 14x14 (12.5 KB) the blocks outermost were slower (512 -> 512, N=8: 10.9 -> 11.4; 128 -> 256,
 N=32: 4.9 -> 5.4)."""
@@ -74,10 +74,12 @@ def channel_blocks_outside(sch: s_tir.Schedule, block, loops: list) -> list | No
     one lane of it per channel pass over all the rows. Only where a block's rows of an image (all
     the reads) outgrow :data:`BLOCK_ROWS_IN_L1`; None where any of that does not hold."""
     stmt = sch.get(block)
-    rows = {len(r.region) for r in stmt.reads}
-    if len(stmt.reads) < 2 or len(rows) > 1 or any(int(r.source.shape[-1]) != C0 for r in stmt.reads):
+    ranks = {len(r.region) for r in stmt.reads}
+    if len(stmt.reads) < 2 or len(ranks) > 1 or any(int(r.source.shape[-1]) != C0 for r in stmt.reads):
         return None
-    if sum(nbytes(r.source) // int(r.source.shape[0]) // int(r.source.shape[1]) for r in stmt.reads) <= BLOCK_ROWS_IN_L1:
+    # (the sums are (N, C1, ..., 16): a block's rows of an image, all the reads)
+    block_rows = sum(nbytes(r.source) // int(r.source.shape[0]) // int(r.source.shape[1]) for r in stmt.reads)
+    if block_rows <= BLOCK_ROWS_IN_L1:
         return None
     steps = _read_steps(sch, block, stmt.reads[0], loops)
     lanes = [k for k, step in enumerate(steps or []) if step == 1]
