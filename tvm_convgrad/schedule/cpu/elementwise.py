@@ -23,7 +23,7 @@ BLOCK_ROWS_IN_L1 = 32 * 1024
 16 channels are written in turn, whatever the loop order: above them :func:`channel_blocks_outside`
 walks the result block by block. The NCX dX of a 3x3 at stride 2 (four phases' sums), N=8, Zen 4, cold:
 128 -> 128 on 56x56 (200 KB a block) 11.0 -> 10.6 ms, 256 -> 256 on 28x28 (50 KB) 9.65 -> 9.38;
-on 14x14 (12.5 KB) the blocks outermost were slower (512 -> 512, N=8: 10.9 -> 11.4; 128 -> 256,
+on 14x14 (12.5 KB) the block order was slower (512 -> 512, N=8: 10.9 -> 11.4; 128 -> 256,
 N=32: 4.9 -> 5.4)."""
 
 
